@@ -1,0 +1,104 @@
+"""Greedy / temperature / top-k / top-p sampling with a counter-based RNG (SPEC D6).
+
+The draw for codebook k at step s uses `u(seed, s, k)`, a pure function of three integers, so the torch
+path and the GPU kernels pick the same index for the same logits, and a take is reproduced from its seed
+alone. All 8 codebooks are sampled independently with the same settings (SPEC Part 2 §5.1).
+
+Order of operations (SG `sampler.py`): `p = softmax(logits / T)` in fp32 → top-k keeps the k largest
+(ties: lower index) → top-p, on the top-k-renormalised mass, keeps the shortest prefix in descending-p
+order whose mass reaches `top_p` (at least one entry) → renormalise → walk the kept entries in
+ascending index and take the first whose running mass exceeds u. Comparisons happen in fp32.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+
+import numpy as np
+import torch
+
+MASK64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+MIX1 = 0xBF58476D1CE4E5B9
+MIX2 = 0x94D049BB133111EB
+
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_TOP_K = 30
+DEFAULT_TOP_P = 0.8
+
+
+def splitmix64(x: int) -> int:
+    """One splitmix64 output for a 64-bit state x (Python ints, wrapped to 64 bits)."""
+    z = (x + GOLDEN) & MASK64
+    z = ((z ^ (z >> 30)) * MIX1) & MASK64
+    z = ((z ^ (z >> 27)) * MIX2) & MASK64
+    return z ^ (z >> 31)
+
+
+def uniform(seed: int, step: int, k: int) -> float:
+    """u(seed, step, k) in [0, 1): 24 random bits, exactly representable in fp32."""
+    return (splitmix64(splitmix64(seed & MASK64) ^ ((step * 8 + k) & MASK64)) >> 40) * 2.0 ** -24
+
+
+def _splitmix64_np(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        z = x + np.uint64(GOLDEN)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(MIX1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(MIX2)
+        return z ^ (z >> np.uint64(31))
+
+
+def uniforms(seed: int, step: int, codebooks: int = 8, steps: int = 1) -> torch.Tensor:
+    """u(seed, s, k) for s in [step, step + steps) and k < codebooks, as fp32 [steps, codebooks]
+    (or [codebooks] when steps == 1). Vectorised over numpy uint64 (wrap-around arithmetic)."""
+    base = _splitmix64_np(np.array([seed & MASK64], dtype=np.uint64))
+    counters = (np.arange(step, step + steps, dtype=np.uint64)[:, None] * np.uint64(8)
+                + np.arange(codebooks, dtype=np.uint64)[None, :])
+    bits = _splitmix64_np(base ^ counters) >> np.uint64(40)
+    u = torch.from_numpy((bits.astype(np.float64) * 2.0 ** -24).astype(np.float32))
+    return u[0] if steps == 1 else u
+
+
+def new_seed() -> int:
+    """A random 63-bit seed (reported with the take so it can be reproduced)."""
+    return secrets.randbits(63)
+
+
+def check_options(temperature: float, top_k: int, top_p: float) -> None:
+    """Raise ValueError with a sentence the user can act on."""
+    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a number ≥ 0 (0 = greedy); got {temperature!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)):
+        raise ValueError(f"top_k must be an integer (0 or less disables it); got {top_k!r}")
+    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (1 disables it); got {top_p!r}")
+
+
+def sample(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """One code per row of `logits` [K, V]; `u` [K] are the uniforms of this step. Returns LongTensor [K]."""
+    logits = logits.float()
+    if temperature == 0:
+        return logits.argmax(-1)  # raw logits; torch returns the first (lowest) index on ties
+    probs = torch.softmax(logits / temperature, dim=-1)
+    vocab = probs.shape[-1]
+    # Descending order with ties to the lower index: a stable sort keeps the original index order.
+    order = torch.sort(probs, dim=-1, descending=True, stable=True).indices
+    ranked = probs.gather(-1, order)
+    keep = torch.ones_like(ranked, dtype=torch.bool)
+    if 0 < top_k < vocab:
+        keep[:, top_k:] = False
+    if top_p < 1:
+        mass = torch.where(keep, ranked, 0.0)
+        mass = mass / mass.sum(-1, keepdim=True)
+        total = torch.cumsum(mass, -1)
+        before = torch.cat([torch.zeros_like(total[:, :1]), total[:, :-1]], -1)  # mass strictly before
+        keep &= before < top_p
+    kept = torch.zeros_like(keep).scatter_(-1, order, keep)
+    mass = torch.where(kept, probs, 0.0)
+    running = torch.cumsum(mass, -1) / mass.sum(-1, keepdim=True)
+    # Running mass is non-decreasing and only steps up at kept entries, so the first index with
+    # running > u is a kept entry; `sum(running <= u)` is that index without a data-dependent branch.
+    pick = (running <= u.to(running.device, running.dtype)[:, None]).sum(-1)
+    last_kept = vocab - 1 - kept.flip(-1).long().argmax(-1)  # rounding fallback when u ≥ total
+    return torch.minimum(pick, last_kept)
