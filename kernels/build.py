@@ -1,0 +1,208 @@
+"""Compile every `KernelSpec` ahead of time into committed cubins, with no GPU and no driver.
+
+    python -m kernels.build                   # all kernels, all archs -> kernels/cubin/<target>/
+    python -m kernels.build --arch 90         # one arch
+    python -m kernels.build --check           # rebuild into a temp dir, compare with the committed files
+
+Triton 3.9 compiles to cubin without a driver (KERNELS.md §1). Two settings make the result
+reproducible: TRITON_DEFAULT_FP_FUSION=1 pins FMA contraction (its default flips in 3.10) and
+TRITON_DISABLE_LINE_INFO=1 keeps the checkout path out of the cubin, so a rebuild anywhere is
+byte-identical and `--check` can compare sha256 values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import inspect
+import os
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from kernels import manifest as mf
+from kernels.spec import ARCHS, KernelSpec
+
+os.environ["TRITON_DEFAULT_FP_FUSION"] = "1"
+os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
+# A repo-local cache (gitignored) makes an unchanged rebuild take seconds; the cache key covers the
+# source, options, target and Triton version, so a hit is the same cubin a fresh compile would give.
+os.environ.setdefault("TRITON_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".triton_cache"))
+
+# Op-family modules, in the order the decode step uses them.
+KERNEL_MODULES = tuple(f"kernels.{m}" for m in
+                       ("norm", "gemv", "rope_kv", "attention", "mlp", "head", "sampler", "gemm"))
+
+
+def source_hash(module) -> str:
+    return mf.sha256(inspect.getsource(module).encode())
+
+
+def collect(modules=KERNEL_MODULES) -> dict[str, list[KernelSpec]]:
+    """module name -> its KERNELS list. A module that does not exist is an error, not a silent skip."""
+    out = {}
+    for name in modules:
+        if importlib.util.find_spec(name) is None:
+            raise SystemExit(f"kernel module {name} not found")
+        specs = getattr(importlib.import_module(name), "KERNELS", None)
+        if not isinstance(specs, list) or not all(isinstance(s, KernelSpec) for s in specs):
+            raise SystemExit(f"{name} must end with `KERNELS = [KernelSpec(...), ...]`")
+        out[name] = specs
+    names = [s.name for specs in out.values() for s in specs]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise SystemExit(f"duplicate KernelSpec names: {dupes}")
+    return out
+
+
+def _ast_source(spec: KernelSpec):
+    from triton.compiler import ASTSource
+
+    fn = spec.fn
+    signature, attrs = {}, {}
+    for i, arg in enumerate(fn.arg_names):
+        if arg in spec.constexprs:
+            signature[arg] = "constexpr"
+        elif arg in spec.signature:
+            signature[arg] = spec.signature[arg]
+            if arg in spec.divisibility_16:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            raise SystemExit(f"{spec.name}: parameter {arg!r} of {fn.__name__} is in neither signature nor constexprs")
+    extra = set(spec.signature) - set(fn.arg_names)
+    if extra or list(spec.signature) != [a for a in fn.arg_names if a in spec.signature]:
+        raise SystemExit(f"{spec.name}: signature keys must be {fn.__name__}'s non-constexpr parameters in order "
+                         f"(unknown: {sorted(extra)})")
+    return ASTSource(fn=fn, signature=signature, constexprs=dict(spec.constexprs), attrs=attrs)
+
+
+def compile_spec(spec: KernelSpec, module: str, cc: int) -> tuple[bytes, mf.KernelEntry]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    k = triton.compile(_ast_source(spec), target=GPUTarget("cuda", cc, 32),
+                       options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages))
+    md = k.metadata
+    if md.launch_cooperative_grid or md.launch_pdl or md.tensordesc_meta or md.tmem_size:
+        raise SystemExit(f"{spec.name} sm_{cc}: needs cooperative/PDL/TMA/TMEM launch support the runtime lacks")
+    cubin = k.asm["cubin"]
+    entry = mf.KernelEntry(
+        name=spec.name, symbol=md.name, cubin=f"{spec.name}.cubin", sha256=mf.sha256(cubin), module=module,
+        num_warps=md.num_warps, num_stages=md.num_stages, num_ctas=md.num_ctas, shared=md.shared,
+        global_scratch_size=md.global_scratch_size, global_scratch_align=md.global_scratch_align,
+        profile_scratch_size=md.profile_scratch_size, profile_scratch_align=md.profile_scratch_align,
+        constexprs={k: (v if isinstance(v, (bool, int, float)) else str(v)) for k, v in spec.constexprs.items()},
+        params=mf.make_params(spec.signature))
+    return cubin, entry
+
+
+def _compile_job(module: str, spec_name: str, cc: int):
+    spec = next(s for s in importlib.import_module(module).KERNELS if s.name == spec_name)
+    t0 = time.perf_counter()
+    cubin, entry = compile_spec(spec, module, cc)
+    return cc, cubin, entry, time.perf_counter() - t0
+
+
+def build(out_root: Path, archs=ARCHS, modules=KERNEL_MODULES, jobs: int | None = None,
+          log=print) -> dict[int, mf.Manifest]:
+    """Compile all specs of `modules` for `archs` and write `<out_root>/<target>/` (replacing it)."""
+    import triton
+
+    by_module = collect(modules)
+    jobs_list = [(m, s.name, cc) for m, specs in by_module.items() for s in specs for cc in s.archs if cc in archs]
+    jobs = jobs or min(len(jobs_list), os.cpu_count() or 1) or 1
+    results: dict[int, list] = {cc: [] for cc in archs}
+    if jobs > 1:
+        import multiprocessing
+
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            done = list(pool.map(_compile_job, *zip(*jobs_list))) if jobs_list else []
+    else:
+        done = [_compile_job(*j) for j in jobs_list]
+    for cc, cubin, entry, secs in done:
+        results[cc].append((cubin, entry))
+        log(f"  {mf.TARGETS[cc]:8s} {entry.name:32s} {len(cubin):7d} B  shared {entry.shared:6d}  {secs:5.2f} s")
+    sources = {m: source_hash(importlib.import_module(m)) for m in by_module}
+    manifests = {}
+    for cc in archs:
+        d = Path(out_root) / mf.TARGETS[cc]
+        if d.exists():
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
+        for cubin, entry in results[cc]:
+            (d / entry.cubin).write_bytes(cubin)
+        m = mf.Manifest(cc=cc, target=mf.TARGETS[cc], triton=triton.__version__, sources=sources,
+                        kernels={e.name: e for _, e in results[cc]}, root=d)
+        (d / mf.MANIFEST).write_text(m.to_json())
+        manifests[cc] = m
+    return manifests
+
+
+def check(committed: Path = mf.CUBIN_DIR, archs=ARCHS, modules=KERNEL_MODULES, jobs=None, log=print) -> list[str]:
+    """Rebuild into a temp dir; return one line per difference from the committed tree (empty = in sync)."""
+    problems = []
+    with tempfile.TemporaryDirectory() as tmp:
+        build(Path(tmp), archs, modules, jobs, log=lambda *_: None)
+        for cc in archs:
+            target = mf.TARGETS[cc]
+            new = (Path(tmp) / target / mf.MANIFEST).read_text()
+            old_path = Path(committed) / target / mf.MANIFEST
+            if not old_path.exists():
+                problems.append(f"{target}: no committed manifest")
+                continue
+            if old_path.read_text() == new:
+                continue
+            before = len(problems)
+            fresh = mf.load(cc, Path(tmp))
+            try:
+                old = mf.load(cc, Path(committed), verify_hashes=False)
+            except mf.ManifestError as exc:
+                problems.append(str(exc))
+                continue
+            for m, h in fresh.sources.items():
+                if old.sources.get(m) != h:
+                    problems.append(f"{target}: {m} changed since the cubins were built")
+            for name in sorted(set(fresh.kernels) | set(old.kernels)):
+                a, b = old.kernels.get(name), fresh.kernels.get(name)
+                if a is None or b is None:
+                    problems.append(f"{target}/{name}: {'not committed' if a is None else 'no longer built'}")
+                elif a != b:
+                    what = [f for f in a.__dataclass_fields__ if getattr(a, f) != getattr(b, f)]
+                    problems.append(f"{target}/{name}: differs in {', '.join(what)}")
+            if len(problems) == before:
+                problems.append(f"{target}: manifest differs (triton {old.triton} vs {fresh.triton}?)")
+    return problems
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kernels.build", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arch", default=",".join(map(str, ARCHS)), help="comma-separated compute capabilities")
+    ap.add_argument("--check", action="store_true", help="rebuild into a temp dir and compare with the committed cubins")
+    ap.add_argument("--out", type=Path, default=mf.CUBIN_DIR)
+    ap.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: CPU count)")
+    args = ap.parse_args(argv)
+    archs = tuple(int(a) for a in args.arch.split(","))
+    unknown = [a for a in archs if a not in mf.TARGETS]
+    if unknown:
+        ap.error(f"unsupported arch {unknown}; choose from {sorted(mf.TARGETS)}")
+    t0 = time.perf_counter()
+    if args.check:
+        problems = check(args.out, archs, jobs=args.jobs)
+        for p in problems:
+            print("STALE", p)
+        print(f"{'OK' if not problems else 'FAIL'}: committed cubins {'match' if not problems else 'differ from'} "
+              f"a fresh build ({time.perf_counter() - t0:.1f} s)")
+        return 1 if problems else 0
+    manifests = build(args.out, archs, jobs=args.jobs)
+    total = sum((m.root / e.cubin).stat().st_size for m in manifests.values() for e in m.kernels.values())
+    n = sum(len(m.kernels) for m in manifests.values())
+    print(f"built {n} cubins ({total / 1024:.0f} KiB) into {args.out} in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""Ahead-of-time cubin build: determinism, manifests against the cubins' own parameter tables, and
+SASS checks (tensor-core instructions, wide loads, no spills) — all without a GPU.
+
+Two sets of cubins are checked: the small kernels of `tests/kernel_fixture.py`, built here into a
+temp dir (they prove the checks themselves catch what they claim to), and the committed
+`kernels/cubin/<target>/` built from the product kernels.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from kernels import manifest as mf
+
+triton = pytest.importorskip("triton", reason="Triton is not installed (pip install -r requirements-dev.txt)")
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE = ("tests.kernel_fixture",)
+
+
+@cache
+def tools() -> tuple[str, dict]:
+    """cuobjdump (pip nvidia-cuda-cuobjdump 13.x, else the one in Triton's wheel) and an environment
+    whose PATH finds Triton's nvdisasm, which `cuobjdump -sass` runs."""
+    triton_bin = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    candidates = []
+    try:
+        import nvidia
+
+        candidates += [Path(p) / "cu13" / "bin" / "cuobjdump" for p in nvidia.__path__]
+    except ImportError:
+        pass
+    candidates.append(triton_bin / "cuobjdump")
+    exe = next((str(c) for c in candidates if c.exists()), None) or shutil.which("cuobjdump")
+    if exe is None:
+        pytest.skip("no cuobjdump (pip install nvidia-cuda-cuobjdump)")
+    env = dict(os.environ, PATH=f"{triton_bin}{os.pathsep}{os.environ.get('PATH', '')}")
+    return exe, env
+
+
+def cuobjdump(flag: str, cubin: Path) -> str:
+    exe, env = tools()
+    out = subprocess.run([exe, flag, str(cubin)], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def kparam_info(cubin: Path) -> list[tuple[int, int]]:
+    """(offset, size) per parameter ordinal from the cubin's EIATTR_KPARAM_INFO."""
+    rows = re.findall(r"Ordinal\s*:\s*0x([0-9a-f]+)\s+Offset\s*:\s*0x([0-9a-f]+)\s+Size\s*:\s*0x([0-9a-f]+)",
+                      cuobjdump("-elf", cubin))
+    table = {int(o, 16): (int(off, 16), int(s, 16)) for o, off, s in rows}
+    assert sorted(table) == list(range(len(table))), f"gaps in KPARAM_INFO ordinals: {sorted(table)}"
+    return [table[i] for i in range(len(table))]
+
+
+def sass_ops(cubin: Path) -> list[str]:
+    return re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.x]+)", cuobjdump("-sass", cubin))
+
+
+WIDE_LOAD = re.compile(r"^LDG\..*\.(128|256)$|^LDGSTS\..*\.128$")
+SPILL = re.compile(r"^(STL|LDL)(\.|$)")
+
+
+def tensor_core_ops(ops: list[str], prefix: str) -> list[str]:
+    return [o for o in ops if o.startswith(prefix)]
+
+
+def assert_no_spills(cubin: Path) -> None:
+    spills = [o for o in sass_ops(cubin) if SPILL.match(o)]
+    assert not spills, f"{cubin.name} spills to local memory: {spills[:4]}"
+    usage = cuobjdump("-res-usage", cubin)
+    assert re.search(r"STACK:0\b", usage) and re.search(r"LOCAL:0\b", usage), usage
+
+
+def expected_mma(kind: str, target: str) -> str:
+    """SASS matrix op a tensor-core kernel must contain: Hopper uses warpgroup GMMA (64-row tiles),
+    Ada and consumer Blackwell the warp-level mma.sync forms (KERNELS.md §1c)."""
+    hopper = target == "sm_90a"
+    return {"fp8": "QGMMA" if hopper else "QMMA.16832.F32.E4M3.E4M3",
+            "bf16": "HGMMA" if hopper else "HMMA.16816.F32.BF16"}[kind]
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixture kernels: the machinery itself
+
+@pytest.fixture(scope="module")
+def fixture_build(tmp_path_factory) -> Path:
+    from kernels import build
+
+    out = tmp_path_factory.mktemp("cubin")
+    build.build(out, modules=FIXTURE, jobs=1, log=lambda *_: None)
+    return out
+
+
+def test_fixture_build_is_deterministic(fixture_build, tmp_path, monkeypatch):
+    from kernels import build
+
+    # A cold compile into a fresh cache: the bytes must not depend on cache state or paths.
+    monkeypatch.setenv("TRITON_ALWAYS_COMPILE", "1")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    build.build(tmp_path / "again", modules=FIXTURE, jobs=1, log=lambda *_: None)
+    for cc, target in mf.TARGETS.items():
+        a = (fixture_build / target / mf.MANIFEST).read_text()
+        assert a == (tmp_path / "again" / target / mf.MANIFEST).read_text()
+        assert mf.load(cc, fixture_build).kernels
+
+
+def test_fixture_manifest_matches_cubin_param_table(fixture_build):
+    for cc in mf.TARGETS:
+        m = mf.load(cc, fixture_build)
+        for e in m.kernels.values():
+            ours = [(p.offset, p.size) for p in e.params]
+            assert kparam_info(m.root / e.cubin) == ours, (m.target, e.name)
+            assert e.params[-2].name == "global_scratch" and e.params[-1].name == "profile_scratch"
+
+
+def test_fixture_mixed_scalars_pack_natively(fixture_build):
+    e = mf.load(90, fixture_build).kernels["fixture_scale"]
+    # X, Out (8+8), alpha f32 @16, n i32 @20, seed i64 @24 (8-aligned), then the two scratch pointers.
+    assert [(p.name, p.offset, p.size) for p in e.params] == [
+        ("X", 0, 8), ("Out", 8, 8), ("alpha", 16, 4), ("n", 20, 4), ("seed", 24, 8),
+        ("global_scratch", 32, 8), ("profile_scratch", 40, 8)]
+    assert e.struct_format == "PPfiqPP"
+
+
+@pytest.mark.parametrize("target", sorted(mf.TARGETS.values()))
+def test_fixture_sass(fixture_build, target):
+    d = fixture_build / target
+    fp8 = sass_ops(d / "fixture_gemm_fp8.cubin")
+    bf16 = sass_ops(d / "fixture_gemm_bf16.cubin")
+    assert tensor_core_ops(fp8, expected_mma("fp8", target)), f"{target} fp8 GEMM has no {expected_mma('fp8', target)}"
+    assert tensor_core_ops(bf16, expected_mma("bf16", target)), target
+    # The check must discriminate: the bf16 GEMM has no fp8 MMA and vice versa.
+    assert not tensor_core_ops(bf16, expected_mma("fp8", target))
+    assert not tensor_core_ops(fp8, expected_mma("bf16", target))
+    gemv = sass_ops(d / "fixture_gemv_bf16.cubin")
+    assert any(WIDE_LOAD.match(o) for o in gemv), f"{target} GEMV has no 128-bit loads: {sorted(set(gemv))}"
+    for cubin in d.glob("*.cubin"):
+        assert_no_spills(cubin)
+
+
+def test_fixture_check_detects_stale_cubins(fixture_build, tmp_path):
+    from kernels import build
+
+    committed = tmp_path / "committed"
+    shutil.copytree(fixture_build, committed)
+    assert build.check(committed, modules=FIXTURE, jobs=1) == []
+    m = mf.load(89, committed)
+    tampered = m.kernels["fixture_scale"]
+    (m.root / tampered.cubin).write_bytes(b"\0" * 16)
+    text = (m.root / mf.MANIFEST).read_text().replace(tampered.sha256, "0" * 64)
+    (m.root / mf.MANIFEST).write_text(text)
+    problems = build.check(committed, archs=(89,), modules=FIXTURE, jobs=1)
+    assert problems == ["sm_89/fixture_scale: differs in sha256"], problems
+
+
+def test_manifest_load_reports_missing_and_unsupported(tmp_path):
+    with pytest.raises(mf.ManifestError, match="compute capability 8.0"):
+        mf.load(80, tmp_path)
+    with pytest.raises(mf.ManifestError, match="python -m kernels.build"):
+        mf.load(90, tmp_path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Committed product cubins
+
+def committed() -> list[tuple[int, str]]:
+    out = []
+    for cc, target in mf.TARGETS.items():
+        if (mf.CUBIN_DIR / target / mf.MANIFEST).exists():
+            out += [(cc, name) for name in mf.load(cc).kernels]
+    return out
+
+
+COMMITTED = committed()
+needs_committed = pytest.mark.skipif(not COMMITTED, reason="no committed cubins yet (python -m kernels.build)")
+
+
+@needs_committed
+@pytest.mark.parametrize("cc,name", COMMITTED)
+def test_committed_param_table_and_spills(cc, name):
+    m = mf.load(cc)
+    e = m.kernels[name]
+    assert kparam_info(m.root / e.cubin) == [(p.offset, p.size) for p in e.params], (m.target, name)
+    assert_no_spills(m.root / e.cubin)
+
+
+def _kind(name: str) -> str | None:
+    if "gemm" in name:
+        return "fp8" if "fp8" in name else "bf16"
+    return "gemv" if "gemv" in name else None
+
+
+@needs_committed
+@pytest.mark.parametrize("cc,name", [(cc, n) for cc, n in COMMITTED if _kind(n)])
+def test_committed_sass(cc, name):
+    m = mf.load(cc)
+    ops = sass_ops(m.root / m.kernels[name].cubin)
+    kind = _kind(name)
+    if kind == "gemv":
+        assert any(WIDE_LOAD.match(o) for o in ops), f"{m.target}/{name}: no 128-bit loads: {sorted(set(ops))}"
+    else:
+        assert tensor_core_ops(ops, expected_mma(kind, m.target)), f"{m.target}/{name}: no {expected_mma(kind, m.target)}"
+
+
+@needs_committed
+@pytest.mark.slow
+def test_committed_cubins_are_up_to_date():
+    out = subprocess.run([sys.executable, "-m", "kernels.build", "--check"], cwd=REPO, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
