@@ -1,0 +1,403 @@
+"""The studio's service layer: one engine, one GPU queue, shared by the Gradio page and the HTTP API.
+
+`StudioService` owns policy only: request validation, voice and style resolution, a FIFO queue that lets
+one generation run at a time (a single GPU worker thread; everyone else waits with a reported position),
+cancellation, and a bounded history of takes. The engine does the work.
+
+    service = StudioService(engine, voices, presets)
+    req = SynthesisRequest(text="Hello there.", voice_id="narrator", style="calm", seed=7)
+    for chunk in service.stream(req):          # engine Chunks; the last one has final=True
+        play(chunk.audio)
+    req.warnings                               # tag-lint and resolution notes, filled before the first chunk
+    service.history[-1].recipe()               # settings + seed + voice id that reproduce the take
+
+Cancel with `req.cancel.set()` (from any thread): a waiting request leaves the queue at once, a running
+one stops at the engine's next chunk boundary and the worker moves on to the next request.
+
+HTTP API integration (for studio/api.py): app.py builds the Gradio `Blocks`, launches it, and then calls
+`studio.api.register(blocks.app, service, api_key=...)` — i.e. routes are added to Gradio's own FastAPI
+app (`blocks.app`), so the page, `/v1/audio/speech` and MCP share one port and this one service. Use
+`service.stream()` / `service.synthesize()` for generation, `service.run_exclusive(fn)` for any other GPU
+work (e.g. encoding a voice), and `studio.formats.encode_audio()` for response bodies.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from engine.config import FRAME_RATE, SAMPLE_RATE
+from engine.tokenizer import CONTROL_TAGS, estimate_seconds, lint_tags
+
+MAX_TEXT_CHARS = 4096  # the OpenAI speech API's `input` limit
+MAX_FRAMES = 8192  # the backbone's context: no take can be longer than this many frames (~327 s)
+MAX_SEED = 2**31 - 1
+
+
+class ServiceBusy(TimeoutError):
+    """The request waited longer than the queue timeout for its turn on the GPU."""
+
+
+class ServiceClosed(RuntimeError):
+    """The service was shut down."""
+
+
+@dataclass
+class SynthesisRequest:
+    """One generation. `style` is a preset name or a raw tag prefix (SPEC D1); `voice_id` names a saved
+    voice (id or name); `ref_audio=(samples, sample_rate)` + `ref_text` clone a voice for this request
+    only. `seed=None` draws a random seed, recorded in the take so it can be reused."""
+
+    text: str
+    voice_id: str | None = None
+    style: str | None = None
+    temperature: float = 0.8
+    top_k: int = 30
+    top_p: float = 0.8
+    seed: int | None = None
+    max_frames: int | None = None
+    repeat_guard: int | None = 32
+    ref_audio: tuple[np.ndarray, int] | None = None
+    ref_text: str | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    on_position: Callable[[int], None] | None = None  # called with 1, 2, … while waiting; 0 when started
+    warnings: list[str] = field(default_factory=list)
+    source: str = "api"  # "ui" or "api", recorded in the history
+
+    def validate(self) -> None:
+        """Raise ValueError with a sentence the user can act on."""
+        if not isinstance(self.text, str) or not self.text.strip():
+            raise ValueError("Text is empty: type something to say.")
+        if len(self.text) > MAX_TEXT_CHARS:
+            raise ValueError(f"Text is {len(self.text)} characters; the limit is {MAX_TEXT_CHARS}. Split it.")
+        if not 0.0 <= float(self.temperature) <= 2.0:
+            raise ValueError("Temperature must be between 0 (greedy) and 2.")
+        if not 0.0 < float(self.top_p) <= 1.0:
+            raise ValueError("top-p must be in (0, 1].")
+        if int(self.top_k) < 0:
+            raise ValueError("top-k must be 0 (off) or a positive number of candidates.")
+        if self.seed is not None and not 0 <= int(self.seed) <= MAX_SEED:
+            raise ValueError(f"Seed must be between 0 and {MAX_SEED}, or empty for a random one.")
+        if self.max_frames is not None and not 1 <= int(self.max_frames) <= MAX_FRAMES:
+            raise ValueError(f"Max length must be between 1 and {MAX_FRAMES} frames ({MAX_FRAMES // FRAME_RATE} s).")
+        if self.voice_id is not None and self.ref_audio is not None:
+            raise ValueError("Give either a saved voice or a reference clip, not both.")
+        if self.ref_audio is not None:
+            audio, sr = self.ref_audio
+            if not isinstance(sr, int | np.integer) or sr <= 0 or np.asarray(audio).size == 0:
+                raise ValueError("The reference clip is empty or has no sample rate; upload or record it again.")
+
+    def settings(self) -> dict[str, Any]:
+        return {"temperature": float(self.temperature), "top_k": int(self.top_k), "top_p": float(self.top_p),
+                "max_frames": self.max_frames, "repeat_guard": self.repeat_guard}
+
+
+@dataclass
+class Take:
+    """One finished (or stopped) generation, as the history keeps it."""
+
+    id: int
+    created: float
+    text: str  # what the user typed
+    prompt_text: str  # what the model saw: style prefix + text
+    voice_id: str | None
+    voice_name: str | None
+    style: str | None
+    settings: dict[str, Any]
+    seed: int
+    metrics: Any
+    audio: np.ndarray
+    sample_rate: int
+    warnings: list[str]
+    source: str
+
+    @property
+    def stop_reason(self) -> str:
+        return getattr(self.metrics, "stop_reason", "") or ""
+
+    @property
+    def seconds(self) -> float:
+        return len(self.audio) / self.sample_rate
+
+    def recipe(self) -> dict[str, Any]:
+        """Everything needed to reproduce this take (PRODUCT §7.7)."""
+        return {"text": self.text, "voice_id": self.voice_id, "style": self.style, "seed": self.seed,
+                **self.settings}
+
+
+class _Job:
+    """One unit of GPU work in the queue. `work(job)` runs on the worker thread and puts results in `out`."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, work: Callable[["_Job"], None], cancel: threading.Event):
+        self.id = next(self._ids)
+        self.work = work
+        self.cancel = cancel
+        self.started = False
+        self.out: queue.Queue = queue.Queue()
+
+
+_DONE = object()
+
+
+class StudioService:
+    """One engine, one GPU worker, a FIFO queue in front of it, a bounded history behind it."""
+
+    def __init__(self, engine, voices=None, presets=None, *, history_size: int = 50,
+                 queue_timeout: float = 600.0, max_queue: int = 64):
+        self.engine = engine
+        self.voices = voices
+        self.presets = presets
+        self.queue_timeout = queue_timeout
+        self.max_queue = max_queue
+        self.history: collections.deque[Take] = collections.deque(maxlen=history_size)
+        self._take_ids = itertools.count(1)
+        self._cond = threading.Condition()
+        self._waiting: collections.deque[_Job] = collections.deque()
+        self._running: _Job | None = None
+        self._closed = False
+        self._worker = threading.Thread(target=self._work_loop, name="higgs-gpu", daemon=True)
+        self._worker.start()
+
+    # ---------------------------------------------------------------- queue
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting or running."""
+        with self._cond:
+            return len(self._waiting) + (self._running is not None)
+
+    def _work_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                job = self._running = self._waiting.popleft()
+                job.started = True
+                self._cond.notify_all()
+            try:
+                if not job.cancel.is_set():
+                    job.work(job)
+            except BaseException as exc:  # handed to the caller's thread, never kills the worker
+                job.out.put(exc)
+            finally:
+                job.out.put(_DONE)
+                with self._cond:
+                    self._running = None
+                    self._cond.notify_all()
+
+    def _submit(self, work: Callable[[_Job], None], cancel: threading.Event) -> _Job:
+        job = _Job(work, cancel)
+        with self._cond:
+            if self._closed:
+                raise ServiceClosed("The studio is shutting down.")
+            if len(self._waiting) >= self.max_queue:
+                raise ServiceBusy(f"The queue is full ({self.max_queue} requests waiting); try again shortly.")
+            self._waiting.append(job)
+            self._cond.notify_all()
+        return job
+
+    def _wait_turn(self, job: _Job, on_position: Callable[[int], None] | None, timeout: float | None) -> bool:
+        """Block until `job` reaches the worker. Returns False if it was cancelled while waiting."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last = None
+        with self._cond:
+            while not job.started:
+                if job.cancel.is_set() or (deadline is not None and time.monotonic() >= deadline):
+                    self._waiting.remove(job)
+                    self._cond.notify_all()
+                    if job.cancel.is_set():
+                        return False
+                    raise ServiceBusy(f"Waited {timeout:.0f} s for the GPU without getting a turn; try again.")
+                position = self._waiting.index(job) + 1 + (self._running is not None)
+                if on_position is not None and position != last:
+                    on_position(position)
+                last = position
+                # Cancellation is an Event outside this condition, so wake up a few times a second to see it.
+                self._cond.wait(0.1)
+        if on_position is not None:
+            on_position(0)
+        return True
+
+    def _results(self, job: _Job) -> Iterator[Any]:
+        while True:
+            item = job.out.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def run_exclusive(self, fn: Callable[..., Any], *args, timeout: float | None = None, **kwargs) -> Any:
+        """Run `fn(*args, **kwargs)` on the GPU worker, in turn with generations (e.g. encoding a voice)."""
+        job = self._submit(lambda j: j.out.put(("value", fn(*args, **kwargs))), threading.Event())
+        self._wait_turn(job, None, self.queue_timeout if timeout is None else timeout)
+        for item in self._results(job):
+            return item[1]
+        raise RuntimeError("GPU work finished without a result")
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            for job in self._waiting:
+                job.cancel.set()
+            self._cond.notify_all()
+
+    # ---------------------------------------------------------------- generation
+
+    def resolve_style(self, style: str | None) -> str:
+        """A preset name or a raw tag prefix → the tag prefix to put before the text (SPEC D1)."""
+        style = (style or "").strip()
+        if not style:
+            return ""
+        if style.startswith("<|"):
+            return style
+        if self.presets is not None:
+            preset = self.presets.get(style)
+            if preset is not None:
+                return getattr(preset, "prefix", None) or preset.get("prefix", "")
+        raise ValueError(f"Unknown style preset {style!r}; pick one from the list or write tags like "
+                         "<|emotion:contemplation|>.")
+
+    def resolve_voice(self, voice_id: str | None):
+        """A saved voice's id or name → its library record (None for zero-shot)."""
+        if not voice_id:
+            return None
+        if self.voices is None:
+            raise ValueError("No voice library is configured; use a reference clip instead.")
+        voice = self.voices.get(voice_id)
+        if voice is None:
+            raise ValueError(f"No saved voice called {voice_id!r}; check the Voices tab.")
+        return voice
+
+    def _voice_ref(self, voice):
+        """The engine's VoiceRef for a library voice; the library caches the codes it encodes."""
+        return self.voices.voice_ref(voice.id, encode=self.engine.encode_voice)
+
+    def prepare(self, request: SynthesisRequest) -> tuple[str, Any, Any]:
+        """Validate and resolve `request`: returns (prompt_text, voice_record, voice_ref_or_None).
+        Fills `request.warnings` and `request.seed`. Runs on the caller's thread except for encoding."""
+        request.validate()
+        request.warnings.clear()
+        voice = self.resolve_voice(request.voice_id)
+        style = request.style
+        if style is None and voice is not None and getattr(voice, "style", None):
+            style = voice.style
+        prefix = self.resolve_style(style)
+        text = request.text.strip()
+        prompt_text = f"{prefix}{text}" if prefix and not text.startswith(prefix) else text
+        clone = voice is not None or request.ref_audio is not None
+        request.warnings.extend(f"{w.tag}: {w.message}" for w in lint_tags(prompt_text, clone=clone))
+        if request.seed is None:
+            request.seed = secrets.randbelow(MAX_SEED)
+        request.seed = int(request.seed)
+        return prompt_text, voice, style
+
+    def stream(self, request: SynthesisRequest) -> Iterator[Any]:
+        """Validate, queue, generate: yields the engine's Chunks (the last has `final=True`) and records the
+        take in the history. Raises ValueError for bad requests, ServiceBusy when the queue wait times out."""
+        prompt_text, voice, style = self.prepare(request)
+        engine = self.engine
+
+        def work(job: _Job) -> None:
+            if voice is not None:
+                ref = self._voice_ref(voice)
+            elif request.ref_audio is not None:
+                audio, sr = request.ref_audio
+                ref = engine.encode_voice(np.asarray(audio, dtype=np.float32), int(sr), transcript=request.ref_text)
+            else:
+                ref = None
+            chunks = engine.generate_stream(
+                prompt_text, voice=ref, temperature=float(request.temperature), top_k=int(request.top_k),
+                top_p=float(request.top_p), seed=request.seed, max_frames=request.max_frames,
+                repeat_guard=request.repeat_guard)
+            try:
+                for chunk in chunks:
+                    job.out.put(chunk)
+                    if job.cancel.is_set():
+                        break
+            finally:
+                chunks.close()  # frees the engine at once when stopped early
+
+        job = self._submit(work, request.cancel)
+        pieces: list[np.ndarray] = []
+        last = None
+        try:
+            if not self._wait_turn(job, request.on_position, self.queue_timeout):
+                return
+            for chunk in self._results(job):
+                if len(chunk.audio):
+                    pieces.append(np.asarray(chunk.audio, dtype=np.float32))
+                last = chunk
+                if chunk.final:
+                    break
+                yield chunk
+        finally:
+            if last is None or not last.final:
+                request.cancel.set()  # stopped, failed or abandoned by the consumer: free the worker
+        if last is None:
+            return
+        if not last.final:
+            last = dataclasses.replace(last, audio=np.zeros(0, np.float32), final=True,
+                                       metrics=_with_stop_reason(last.metrics, "cancelled"))
+        self._record(request, prompt_text, voice, style, last.metrics, pieces)
+        yield last
+
+    def synthesize(self, request: SynthesisRequest) -> Take:
+        """Generate to the end and return the recorded take."""
+        for _ in self.stream(request):
+            pass
+        if not self.history or self.history[-1].seed != request.seed:
+            raise RuntimeError("The generation was cancelled before it produced audio.")
+        return self.history[-1]
+
+    def _record(self, request, prompt_text, voice, style, metrics, pieces) -> Take:
+        take = Take(
+            id=next(self._take_ids), created=time.time(), text=request.text, prompt_text=prompt_text,
+            voice_id=getattr(voice, "id", None), voice_name=getattr(voice, "name", None), style=style,
+            settings=request.settings(), seed=request.seed, metrics=metrics,
+            audio=np.concatenate(pieces) if pieces else np.zeros(0, np.float32), sample_rate=SAMPLE_RATE,
+            warnings=list(request.warnings), source=request.source)
+        self.history.append(take)
+        return take
+
+    def take(self, take_id: int) -> Take | None:
+        return next((t for t in self.history if t.id == int(take_id)), None)
+
+    # ---------------------------------------------------------------- status
+
+    def estimate(self, text: str) -> dict[str, float]:
+        """Duration estimate for text before generating (PRODUCT §7.11): seconds and frames."""
+        seconds = estimate_seconds(text or "")
+        return {"seconds": seconds, "frames": int(round(seconds * FRAME_RATE))}
+
+    def status(self) -> dict[str, Any]:
+        """Engine facts for the status panel and `/health`-style routes."""
+        info = dict(getattr(self.engine, "info", None) or {})
+        keys = ("checkpoint", "device", "precision", "backend", "kernel_arch", "kernel_loader", "demo")
+        status = {k: info.get(k) for k in keys}
+        status.update({k: v for k, v in info.items() if k not in status})
+        status["demo"] = bool(status.get("demo"))
+        status["queue_depth"] = self.queue_depth
+        status["control_tags"] = len(CONTROL_TAGS)
+        return status
+
+
+def _with_stop_reason(metrics, reason: str):
+    try:
+        return dataclasses.replace(metrics, stop_reason=reason)
+    except (TypeError, ValueError):
+        return metrics

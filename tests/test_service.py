@@ -1,0 +1,252 @@
+"""StudioService policy on a scripted fake engine: FIFO order and positions, cancel, validation,
+style/voice resolution, history bound. (The real engine runs in the client and browser tests.)"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from studio.service import ServiceBusy, StudioService, SynthesisRequest
+
+
+@dataclass
+class FakeMetrics:
+    frames: int = 0
+    seed: int | None = None
+    stop_reason: str = ""
+
+
+@dataclass
+class FakeChunk:
+    audio: np.ndarray
+    metrics: FakeMetrics
+    final: bool
+
+
+@dataclass
+class FakeEngine:
+    """Yields `frames` chunks of 960 samples, `delay` seconds apart; logs the order texts start in."""
+
+    frames: int = 3
+    delay: float = 0.0
+    started: list = field(default_factory=list)
+    closed: list = field(default_factory=list)
+    calls: list = field(default_factory=list)
+    info: dict = field(default_factory=lambda: {"checkpoint": "tiny", "device": "cpu", "precision": "fp32",
+                                                "backend": "torch", "demo": True})
+
+    def generate_stream(self, text, *, voice=None, seed=None, max_frames=None, **kw):
+        self.started.append(text)
+        self.calls.append(dict(text=text, voice=voice, seed=seed, max_frames=max_frames, **kw))
+        n = max_frames or self.frames
+        try:
+            for i in range(n):
+                time.sleep(self.delay)
+                yield FakeChunk(np.full(960, 0.1, np.float32), FakeMetrics(i + 1, seed), False)
+            yield FakeChunk(np.zeros(0, np.float32), FakeMetrics(n, seed, "eoc"), True)
+        finally:
+            self.closed.append(text)
+
+    def encode_voice(self, audio, sample_rate, transcript=None):
+        return ("ref", len(audio), sample_rate, transcript)
+
+
+class FakePresets:
+    def get(self, name):
+        return {"calm": {"prefix": "<|emotion:contentment|><|prosody:speed_slow|>"}}.get(name)
+
+
+@dataclass
+class FakeVoice:
+    id: str
+    name: str
+    style: str | None = None
+
+
+class FakeVoices:
+    def __init__(self):
+        self.v = FakeVoice("voice_abc", "Ann", style="calm")
+
+    def get(self, key):
+        return self.v if key in (self.v.id, self.v.name) else None
+
+    def voice_ref(self, voice_id, encode):
+        return ("cached", voice_id)
+
+
+@pytest.fixture
+def svc():
+    s = StudioService(FakeEngine(), FakeVoices(), FakePresets(), history_size=3)
+    yield s
+    s.close()
+
+
+def run(svc, **kw):
+    req = SynthesisRequest(**kw)
+    chunks = list(svc.stream(req))
+    return req, chunks
+
+
+def test_stream_yields_chunks_and_records_take(svc):
+    req, chunks = run(svc, text="Hello there.", seed=5)
+    assert [c.final for c in chunks] == [False, False, False, True]
+    take = svc.history[-1]
+    assert take.seed == 5 and take.stop_reason == "eoc" and len(take.audio) == 3 * 960
+    assert take.recipe() == {"text": "Hello there.", "voice_id": None, "style": None, "seed": 5, "temperature": 0.8,
+                             "top_k": 30, "top_p": 0.8, "max_frames": None, "repeat_guard": 32}
+
+
+def test_random_seed_is_drawn_and_recorded(svc):
+    req, _ = run(svc, text="Hi.")
+    assert isinstance(req.seed, int) and svc.history[-1].seed == req.seed == svc.engine.calls[-1]["seed"]
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(text="  "), "empty"),
+    (dict(text="x" * 5000), "limit"),
+    (dict(text="a", temperature=3), "Temperature"),
+    (dict(text="a", top_p=0), "top-p"),
+    (dict(text="a", top_k=-1), "top-k"),
+    (dict(text="a", seed=-4), "Seed"),
+    (dict(text="a", max_frames=0), "Max length"),
+    (dict(text="a", voice_id="Ann", ref_audio=(np.ones(10), 24000)), "not both"),
+    (dict(text="a", ref_audio=(np.zeros(0), 24000)), "reference clip"),
+    (dict(text="a", style="nonexistent"), "Unknown style"),
+    (dict(text="a", voice_id="Bob"), "No saved voice"),
+])
+def test_validation_errors(svc, kw, match):
+    with pytest.raises(ValueError, match=match):
+        run(svc, **kw)
+    assert svc.engine.started == []
+
+
+def test_style_preset_and_raw_prefix_and_lint(svc):
+    req, _ = run(svc, text="Good night.", style="calm")
+    assert svc.engine.started[-1] == "<|emotion:contentment|><|prosody:speed_slow|>Good night."
+    req, _ = run(svc, text="Hi <|emotion:bogus|> there.", style="<|style:whispering|>")
+    assert svc.engine.started[-1].startswith("<|style:whispering|>Hi")
+    assert any("bogus" in w for w in req.warnings)
+
+
+def test_saved_voice_by_name_uses_cached_ref_and_default_style(svc):
+    run(svc, text="Hello.", voice_id="Ann")
+    call = svc.engine.calls[-1]
+    assert call["voice"] == ("cached", "voice_abc")
+    assert call["text"].startswith("<|emotion:contentment|>")  # the voice's default style
+    assert svc.history[-1].voice_id == "voice_abc" and svc.history[-1].voice_name == "Ann"
+
+
+def test_one_off_reference_clip_is_encoded(svc):
+    run(svc, text="Hello.", ref_audio=(np.ones(2400, np.float32), 24000), ref_text="Hi")
+    assert svc.engine.calls[-1]["voice"] == ("ref", 2400, 24000, "Hi")
+
+
+def test_history_is_bounded(svc):
+    for i in range(5):
+        run(svc, text=f"take {i}.", seed=i)
+    assert [t.text for t in svc.history] == ["take 2.", "take 3.", "take 4."]
+    assert svc.take(svc.history[0].id) is svc.history[0]
+
+
+def test_fifo_order_and_positions():
+    svc = StudioService(FakeEngine(frames=5, delay=0.05), None, None)
+    positions: dict[int, list[int]] = {i: [] for i in range(4)}
+    threads = []
+    for i in range(4):
+        req = SynthesisRequest(text=f"r{i}.", seed=1, on_position=positions[i].append)
+        threads.append(threading.Thread(target=lambda r=req: list(svc.stream(r))))
+        threads[-1].start()
+        time.sleep(0.03)  # submission order r0, r1, r2, r3
+    assert svc.queue_depth >= 3
+    for t in threads:
+        t.join(10)
+    assert svc.engine.started == ["r0.", "r1.", "r2.", "r3."]
+    assert positions[3][0] == 4 and positions[3] == sorted(positions[3], reverse=True) and positions[3][-1] == 0
+    assert positions[0][-1] == 0 and svc.queue_depth == 0
+    svc.close()
+
+
+def test_cancel_running_stops_promptly_and_next_starts():
+    svc = StudioService(FakeEngine(frames=1000, delay=0.01), None, None)
+    long = SynthesisRequest(text="long.", seed=1)
+    nxt = SynthesisRequest(text="next.", seed=2, max_frames=2)
+    got = []
+
+    def consume():
+        for c in svc.stream(long):
+            got.append(c)
+
+    t = threading.Thread(target=consume)
+    t.start()
+    while len(got) < 3:
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    long.cancel.set()
+    chunks = list(svc.stream(nxt))
+    assert time.monotonic() - t0 < 1.0
+    t.join(5)
+    assert got[-1].final and got[-1].metrics.stop_reason == "cancelled" and len(got) < 100
+    assert "long." in svc.engine.closed
+    assert chunks[-1].final and chunks[-1].metrics.stop_reason == "eoc"
+    assert [t.stop_reason for t in svc.history] == ["cancelled", "eoc"]
+    svc.close()
+
+
+def test_cancel_while_waiting_leaves_queue():
+    svc = StudioService(FakeEngine(frames=30, delay=0.01), None, None)
+    first = threading.Thread(target=lambda: list(svc.stream(SynthesisRequest(text="a.", seed=1))))
+    first.start()
+    time.sleep(0.05)
+    req = SynthesisRequest(text="b.", seed=1)
+    threading.Timer(0.05, req.cancel.set).start()
+    assert list(svc.stream(req)) == []
+    first.join(5)
+    assert svc.engine.started == ["a."]
+    svc.close()
+
+
+def test_abandoned_consumer_frees_the_worker():
+    svc = StudioService(FakeEngine(frames=1000, delay=0.01), None, None)
+    gen = svc.stream(SynthesisRequest(text="a.", seed=1))
+    next(gen)
+    gen.close()
+    t0 = time.monotonic()
+    list(svc.stream(SynthesisRequest(text="b.", seed=1, max_frames=1)))
+    assert time.monotonic() - t0 < 1.0
+    svc.close()
+
+
+def test_queue_timeout():
+    svc = StudioService(FakeEngine(frames=100, delay=0.01), None, None, queue_timeout=0.1)
+    first = threading.Thread(target=lambda: list(svc.stream(SynthesisRequest(text="a.", seed=1))))
+    first.start()
+    time.sleep(0.05)
+    with pytest.raises(ServiceBusy):
+        list(svc.stream(SynthesisRequest(text="b.", seed=1)))
+    first.join(5)
+    svc.close()
+
+
+def test_engine_error_reaches_caller_and_worker_survives(svc):
+    def boom(*a, **k):
+        raise RuntimeError("CUDA out of memory")
+        yield
+
+    good = svc.engine.generate_stream
+    svc.engine.generate_stream = boom
+    with pytest.raises(RuntimeError, match="out of memory"):
+        run(svc, text="a.")
+    svc.engine.generate_stream = good
+    _, chunks = run(svc, text="b.")
+    assert chunks[-1].final
+
+
+def test_run_exclusive_and_status(svc):
+    assert svc.run_exclusive(lambda x: x * 2, 21) == 42
+    st = svc.status()
+    assert st["device"] == "cpu" and st["demo"] is True and st["queue_depth"] == 0 and st["control_tags"] == 43
+    assert svc.estimate("Hello world, this is thirty chars.")["frames"] > 0
