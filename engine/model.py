@@ -1,0 +1,255 @@
+"""Torch reference math of the Higgs Audio v3 TTS model: a Qwen3 backbone fed by a text embedding and a
+fused 8-codebook audio embedding, read out by the tied audio head (SPEC Part 2 §3, D4).
+
+No I/O, no sampling. `HiggsModel` implements the step interface of docs/ARCHITECTURE.md:
+
+    prefill(ids[L], ref_rows[R, 8] | None, start) -> fp32 logits [8, 1026]   (writes KV [start, start + L))
+    decode(row[8], pos)                           -> fp32 logits [8, 1026]   (writes KV at pos)
+
+One sequence at a time (batch 1), so tensors carry no batch dimension: activations are [L, hidden],
+attention works on [heads, L, head_dim].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import AUDIO_PLACEHOLDER, Dims
+
+LAYER_SUFFIXES = (
+    "input_layernorm.weight", "post_attention_layernorm.weight",
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+)
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class RMSNorm(nn.Module):
+    """Qwen3 RMSNorm: normalise in fp32, cast back, then scale (the transformers order of operations)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def rope_table(dims: Dims, length: int, dtype: torch.dtype, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [length, head_dim] for NeoX half rotation. Computed in fp32 exactly as transformers does,
+    then ROUNDED TO BF16 VALUES in every precision (SPEC D4: the model was trained with bf16 tables;
+    unrounded fp32 tables move the parity logits by ~1e-3), then stored in the compute dtype."""
+    d = dims.head_dim
+    inv_freq = 1.0 / (dims.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    freqs = torch.arange(length, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    cos = emb.cos().to(torch.bfloat16).to(dtype)
+    sin = emb.sin().to(torch.bfloat16).to(dtype)
+    return cos.to(device), sin.to(device)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [heads, L, d]; cos/sin [L, d]. `x·cos + rotate_half(x)·sin`."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class KVCache(nn.Module):
+    """Preallocated keys and values of one layer, [kv_heads, max_len, head_dim] each. Positions are
+    written in place, so decode allocates no cache memory and the prefix of earlier calls stays valid."""
+
+    def __init__(self, kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype, device=None):
+        super().__init__()
+        self.register_buffer("k", torch.zeros(kv_heads, max_len, head_dim, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(kv_heads, max_len, head_dim, dtype=dtype, device=device), persistent=False)
+
+    def update(self, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = start + k.shape[1]
+        self.k[:, start:end] = k
+        self.v[:, start:end] = v
+        return self.k[:, :end], self.v[:, :end]
+
+
+class Attention(nn.Module):
+    def __init__(self, dims: Dims):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = dims.heads, dims.kv_heads, dims.head_dim
+        self.q_proj = nn.Linear(dims.hidden, dims.heads * dims.head_dim, bias=False)
+        self.k_proj = nn.Linear(dims.hidden, dims.kv_heads * dims.head_dim, bias=False)
+        self.v_proj = nn.Linear(dims.hidden, dims.kv_heads * dims.head_dim, bias=False)
+        self.o_proj = nn.Linear(dims.heads * dims.head_dim, dims.hidden, bias=False)
+        self.q_norm = RMSNorm(dims.head_dim, dims.rms_eps)
+        self.k_norm = RMSNorm(dims.head_dim, dims.rms_eps)
+        self.cache: KVCache | None = None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        n = x.shape[0]
+        # [L, heads·d] → [heads, L, d]; per-head RMSNorm on q and k comes before RoPE (Qwen3).
+        q = self.q_norm(self.q_proj(x).view(n, self.heads, self.head_dim)).transpose(0, 1)
+        k = self.k_norm(self.k_proj(x).view(n, self.kv_heads, self.head_dim)).transpose(0, 1)
+        v = self.v_proj(x).view(n, self.kv_heads, self.head_dim).transpose(0, 1)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        keys, values = self.cache.update(start, k, v)
+        # GQA without copying K/V: query head h reads kv head h // group, so fold the group into the
+        # query length: [kv_heads, group·L, d] against [kv_heads, T, d].
+        group = self.heads // self.kv_heads
+        q = q.reshape(self.kv_heads, group * n, self.head_dim)
+        if mask is not None:
+            mask = mask.repeat(group, 1)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        out = out.view(self.heads, n, self.head_dim).transpose(0, 1).reshape(n, self.heads * self.head_dim)
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    def __init__(self, dims: Dims):
+        super().__init__()
+        self.gate_proj = nn.Linear(dims.hidden, dims.intermediate, bias=False)
+        self.up_proj = nn.Linear(dims.hidden, dims.intermediate, bias=False)
+        self.down_proj = nn.Linear(dims.intermediate, dims.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, dims: Dims):
+        super().__init__()
+        self.input_layernorm = RMSNorm(dims.hidden, dims.rms_eps)
+        self.self_attn = Attention(dims)
+        self.post_attention_layernorm = RMSNorm(dims.hidden, dims.rms_eps)
+        self.mlp = MLP(dims)
+
+    def forward(self, x, cos, sin, start, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, start, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class HiggsModel(nn.Module):
+    """Backbone + embeddings + tied audio head of one checkpoint, in one compute dtype.
+
+    The text embedding keeps the dtype it was stored in (the parity fixture stores it in bf16; the real
+    table is 151936 × 2560) and only looked-up rows are cast to the compute dtype, so an fp32 run never
+    materialises a second full-vocab copy. Everything else is converted per tensor at load."""
+
+    def __init__(self, dims: Dims, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        super().__init__()
+        self.dims, self.dtype, self.device = dims, dtype, torch.device(device)
+        self.layers = nn.ModuleList(Block(dims) for _ in range(dims.layers))
+        self.norm = RMSNorm(dims.hidden, dims.rms_eps)
+        self.text_embedding = nn.Embedding(dims.vocab, dims.hidden)
+        self.audio_embedding = nn.Embedding(dims.audio_rows, dims.hidden)
+        # Row k of a sampled row indexes block k of the fused table: W[code + 1026·k].
+        self.register_buffer("offsets", torch.arange(dims.codebooks) * dims.codebook_vocab, persistent=False)
+        self.max_len = 0
+        self.cos = self.sin = None
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def from_state_dict(cls, dims: Dims, state: dict[str, torch.Tensor], *, dtype: torch.dtype = torch.float32,
+                        device: str | torch.device = "cpu", max_len: int = 4096) -> "HiggsModel":
+        """Build on the meta device, then assign each stored tensor converted to its target dtype, so the
+        weights are never held twice in two dtypes."""
+        with torch.device("meta"):
+            model = cls(dims, dtype, device)
+        expected = dict(model.named_parameters())
+        missing = sorted(set(expected) - set(state))
+        unexpected = sorted(set(state) - set(expected))
+        if missing or unexpected:
+            raise ValueError(f"backbone weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        converted = {}
+        for name, param in expected.items():
+            tensor = state[name]
+            if tuple(tensor.shape) != tuple(param.shape):
+                raise ValueError(f"{name} has shape {tuple(tensor.shape)}, config.json implies {tuple(param.shape)}")
+            target = tensor.dtype if name == "text_embedding.weight" else dtype
+            converted[name] = tensor.to(device=device, dtype=target)
+        model.load_state_dict(converted, assign=True)
+        model.offsets = torch.arange(dims.codebooks, device=device) * dims.codebook_vocab
+        model.requires_grad_(False)
+        model.setup_cache(max_len)
+        return model
+
+    def setup_cache(self, max_len: int) -> None:
+        """Preallocate the KV cache and RoPE tables for sequences up to max_len positions."""
+        max_len = min(max_len, self.dims.max_positions)
+        if max_len == self.max_len:
+            return
+        self.max_len = max_len
+        for layer in self.layers:
+            layer.self_attn.cache = KVCache(self.dims.kv_heads, max_len, self.dims.head_dim, self.dtype, self.device)
+        self.cos, self.sin = rope_table(self.dims, max_len, self.dtype, self.device)
+
+    # ---------------------------------------------------------------- embeddings and head
+    def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.text_embedding.weight).to(self.dtype)
+
+    def embed_audio(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [..., 8] of codes in [0, 1026) → Σ_k W[row_k + 1026·k], in the backbone dtype."""
+        return F.embedding(rows + self.offsets, self.audio_embedding.weight).sum(-2)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden [hidden] → fp32 logits [8, 1026] through the tied audio table."""
+        return (self.audio_embedding.weight @ h).float().view(self.dims.codebooks, self.dims.codebook_vocab)
+
+    def embed_prompt(self, ids: torch.Tensor, ref_rows: torch.Tensor | None) -> torch.Tensor:
+        """Text embeddings, with the k-th AUDIO_PLACEHOLDER position taking the fused embedding of
+        ref_rows[k] (SPEC Part 2 §4). The placeholder's own id never reaches the table."""
+        slots = ids == AUDIO_PLACEHOLDER
+        x = self.embed_text(torch.where(slots, 0, ids))
+        count = int(slots.sum())
+        if count:
+            if ref_rows is None or ref_rows.shape[0] < count:
+                got = 0 if ref_rows is None else ref_rows.shape[0]
+                raise ValueError(f"prompt has {count} reference-audio placeholders but {got} reference rows")
+            x[slots] = self.embed_audio(ref_rows[:count].to(self.device))
+        return x
+
+    # ---------------------------------------------------------------- the step interface
+    def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """x [L, hidden] at positions [start, start + L) → final-normed hidden state of the last position."""
+        n = x.shape[0]
+        if start + n > self.max_len:
+            raise ValueError(f"sequence of {start + n} positions exceeds the cache of {self.max_len}")
+        cos, sin = self.cos[start:start + n], self.sin[start:start + n]
+        mask = None
+        if n > 1:  # causal over the new segment; every cached position before `start` is visible
+            mask = torch.ones(n, start + n, dtype=torch.bool, device=x.device).tril(start)
+        for layer in self.layers:
+            x = layer(x, cos, sin, start, mask)
+        return self.norm(x[-1])
+
+    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor, ref_rows: torch.Tensor | None = None, start: int = 0) -> torch.Tensor:
+        ids = ids.to(self.device)
+        return self.head(self.forward(self.embed_prompt(ids, ref_rows), start))
+
+    @torch.inference_mode()
+    def decode(self, row: torch.Tensor, pos: int) -> torch.Tensor:
+        return self.head(self.forward(self.embed_audio(row.to(self.device))[None], pos))
+
+
+def param_count(dims: Dims) -> int:
+    """Backbone + embedding parameters of a checkpoint (used to pick a default precision)."""
+    attn = dims.hidden * dims.head_dim * (2 * dims.heads + 2 * dims.kv_heads) + 2 * dims.head_dim
+    mlp = 3 * dims.hidden * dims.intermediate
+    per_layer = attn + mlp + 2 * dims.hidden
+    return dims.layers * per_layer + dims.hidden * (1 + dims.vocab + dims.audio_rows)
+
+
+def rel_error(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """max|x − ref| / max|ref| (the parity fixture's logit metric)."""
+    x, ref = torch.as_tensor(x).double(), torch.as_tensor(ref).double()
+    return float((x - ref).abs().max() / ref.abs().max())
+
+
+__all__ = ["HiggsModel", "KVCache", "rope_table", "param_count", "rel_error", "DTYPES", "LAYER_SUFFIXES"]
