@@ -123,12 +123,14 @@ def prepare_reference(audio: AudioSource, *, sample_rate: int | None = None, max
 
 def trim_bounds(wav: np.ndarray, rate: int, *, top_db: float = TRIM_TOP_DB,
                 margin_seconds: float = TRIM_MARGIN_SECONDS) -> tuple[int, int]:
-    """[start, end) of the part of `wav` louder than `top_db` below its loudest frame, plus a margin."""
+    """[start, end) of the part of `wav` louder than `top_db` below its loudest frame, plus a margin.
+    Bounds are taken at frame centres: a frame that only grazes the sound already passes the threshold,
+    so its edge would add up to a whole frame of silence on top of the margin."""
     rms, hop, frame = _frame_rms(wav, rate)
     loud = np.flatnonzero(rms >= rms.max() * 10 ** (-top_db / 20))
     margin = int(margin_seconds * rate)
-    start = max(0, int(loud[0]) * hop - margin)
-    end = min(len(wav), int(loud[-1]) * hop + frame + margin)
+    start = max(0, int(loud[0]) * hop + frame // 2 - margin)
+    end = min(len(wav), int(loud[-1]) * hop + frame // 2 + margin)
     return start, end
 
 
