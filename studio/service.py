@@ -73,6 +73,8 @@ class SynthesisRequest:
     on_position: Callable[[int], None] | None = None  # called with 1, 2, … while waiting; 0 when started
     warnings: list[str] = field(default_factory=list)
     source: str = "api"  # "ui" or "api", recorded in the history
+    take: "Take | None" = None  # set when the take is recorded
+    finished: threading.Event = field(default_factory=threading.Event)
 
     def validate(self) -> None:
         """Raise ValueError with a sentence the user can act on."""
@@ -307,62 +309,65 @@ class StudioService:
         return prompt_text, voice, style
 
     def stream(self, request: SynthesisRequest) -> Iterator[Any]:
-        """Validate, queue, generate: yields the engine's Chunks (the last has `final=True`) and records the
-        take in the history. Raises ValueError for bad requests, ServiceBusy when the queue wait times out."""
+        """Validate, queue, generate: yields the engine's Chunks (the last has `final=True`). Raises ValueError
+        for bad requests, ServiceBusy when the queue wait times out.
+
+        The take is recorded on the worker side, so it lands in the history (and in `request.take`, with
+        `request.finished` set) even when the consumer goes away; a stopped take ends with a final chunk
+        whose `metrics.stop_reason` is "cancelled"."""
         prompt_text, voice, style = self.prepare(request)
-        engine = self.engine
-
-        def work(job: _Job) -> None:
-            if voice is not None:
-                ref = self._voice_ref(voice)
-            elif request.ref_audio is not None:
-                audio, sr = request.ref_audio
-                ref = engine.encode_voice(np.asarray(audio, dtype=np.float32), int(sr), transcript=request.ref_text)
-            else:
-                ref = None
-            chunks = engine.generate_stream(
-                prompt_text, voice=ref, temperature=float(request.temperature), top_k=int(request.top_k),
-                top_p=float(request.top_p), seed=request.seed, max_frames=request.max_frames,
-                repeat_guard=request.repeat_guard)
-            try:
-                for chunk in chunks:
-                    job.out.put(chunk)
-                    if job.cancel.is_set():
-                        break
-            finally:
-                chunks.close()  # frees the engine at once when stopped early
-
-        job = self._submit(work, request.cancel)
-        pieces: list[np.ndarray] = []
-        last = None
+        job = self._submit(lambda job: self._generate(job, request, prompt_text, voice, style), request.cancel)
         try:
             if not self._wait_turn(job, request.on_position, self.queue_timeout):
                 return
-            for chunk in self._results(job):
+            yield from self._results(job)
+        finally:
+            if not request.finished.is_set():
+                request.cancel.set()  # stopped, failed or abandoned by the consumer: free the worker
+
+    def _generate(self, job: _Job, request: SynthesisRequest, prompt_text: str, voice, style) -> None:
+        engine = self.engine
+        if voice is not None:
+            ref = self._voice_ref(voice)
+        elif request.ref_audio is not None:
+            audio, sr = request.ref_audio
+            ref = engine.encode_voice(np.asarray(audio, dtype=np.float32), int(sr), transcript=request.ref_text)
+        else:
+            ref = None
+        chunks = engine.generate_stream(
+            prompt_text, voice=ref, temperature=float(request.temperature), top_k=int(request.top_k),
+            top_p=float(request.top_p), seed=request.seed, max_frames=request.max_frames,
+            repeat_guard=request.repeat_guard)
+        pieces: list[np.ndarray] = []
+        last = None
+        try:
+            for chunk in chunks:
                 if len(chunk.audio):
                     pieces.append(np.asarray(chunk.audio, dtype=np.float32))
                 last = chunk
                 if chunk.final:
                     break
-                yield chunk
+                job.out.put(chunk)
+                if job.cancel.is_set():
+                    break
         finally:
-            if last is None or not last.final:
-                request.cancel.set()  # stopped, failed or abandoned by the consumer: free the worker
+            chunks.close()  # frees the engine at once when stopped early
         if last is None:
             return
         if not last.final:
             last = dataclasses.replace(last, audio=np.zeros(0, np.float32), final=True,
                                        metrics=_with_stop_reason(last.metrics, "cancelled"))
-        self._record(request, prompt_text, voice, style, last.metrics, pieces)
-        yield last
+        request.take = self._record(request, prompt_text, voice, style, last.metrics, pieces)
+        request.finished.set()
+        job.out.put(last)
 
     def synthesize(self, request: SynthesisRequest) -> Take:
         """Generate to the end and return the recorded take."""
         for _ in self.stream(request):
             pass
-        if not self.history or self.history[-1].seed != request.seed:
+        if request.take is None:
             raise RuntimeError("The generation was cancelled before it produced audio.")
-        return self.history[-1]
+        return request.take
 
     def _record(self, request, prompt_text, voice, style, metrics, pieces) -> Take:
         take = Take(

@@ -95,6 +95,7 @@ def test_stream_yields_chunks_and_records_take(svc):
     req, chunks = run(svc, text="Hello there.", seed=5)
     assert [c.final for c in chunks] == [False, False, False, True]
     take = svc.history[-1]
+    assert req.take is take and req.finished.is_set()
     assert take.seed == 5 and take.stop_reason == "eoc" and len(take.audio) == 3 * 960
     assert take.recipe() == {"text": "Hello there.", "voice_id": None, "style": None, "seed": 5, "temperature": 0.8,
                              "top_k": 30, "top_p": 0.8, "max_frames": None, "repeat_guard": 32}
@@ -211,12 +212,15 @@ def test_cancel_while_waiting_leaves_queue():
 
 def test_abandoned_consumer_frees_the_worker():
     svc = StudioService(FakeEngine(frames=1000, delay=0.01), None, None)
-    gen = svc.stream(SynthesisRequest(text="a.", seed=1))
+    req = SynthesisRequest(text="a.", seed=1)
+    gen = svc.stream(req)
     next(gen)
     gen.close()
     t0 = time.monotonic()
     list(svc.stream(SynthesisRequest(text="b.", seed=1, max_frames=1)))
     assert time.monotonic() - t0 < 1.0
+    # The abandoned take is still recorded on the worker side, marked as stopped.
+    assert req.finished.wait(2) and req.take.stop_reason == "cancelled" and len(req.take.audio) >= 960
     svc.close()
 
 
