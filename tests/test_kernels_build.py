@@ -218,3 +218,37 @@ def test_committed_cubins_are_up_to_date():
     out = subprocess.run([sys.executable, "-m", "kernels.build", "--check"], cwd=REPO, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_fixture_launcher_buffer_matches_cubin_param_table(fixture_build):
+    """What the PyCUDA launcher sends (Packed.buffer) puts each argument at the offset and size the
+    cubin's EIATTR_KPARAM_INFO declares: sentinel values are read back from those byte ranges."""
+    import struct
+
+    import torch
+
+    from kernels.runtime import pack_args
+
+    dtypes = {"*bf16": torch.bfloat16, "*fp32": torch.float32, "*fp8e4nv": torch.float8_e4m3fn}
+    for cc in mf.TARGETS:
+        m = mf.load(cc, fixture_build)
+        for e in m.kernels.values():
+            args, expect = [], []
+            for i, p in enumerate(e.user_params):
+                if p.type.startswith("*"):
+                    t = torch.empty(4, dtype=dtypes[p.type])
+                    args.append(t)
+                    expect.append(t.data_ptr())
+                elif p.type == "fp32":
+                    args.append(1.5 + i)
+                    expect.append(1.5 + i)
+                else:
+                    args.append(1000 + i)
+                    expect.append(1000 + i)
+            packed = pack_args(e, args, scratch=(0xAAAA0000, 0xBBBB0000), device_type="cpu")
+            buf = packed.buffer()
+            table = kparam_info(m.root / e.cubin)
+            assert len(buf) >= table[-1][0] + table[-1][1]
+            for (off, size), code, value in zip(table, packed.format, expect + [0xAAAA0000, 0xBBBB0000]):
+                assert struct.calcsize("@" + code) == size
+                assert struct.unpack_from("@" + code, buf, off)[0] == value, (m.target, e.name, off)

@@ -1,0 +1,354 @@
+"""Load the committed cubins for this GPU and launch them on a stream torch shares.
+
+    ok, reason = runtime.available()          # safe anywhere: never hangs, never raises
+    k = runtime.CubinKernels()                # manifest + cubins for the device's arch
+    with torch.cuda.stream(k.stream):
+        k.launch("gemv_bf16", (160,), x, w, None, None, None, y, 2560, 2560, 2560)
+    g = runtime.capture_graph(step, k.stream) # whole decode step as one CUDA graph; g.replay()
+
+Loaders. PyCUDA is the product's loader: `pycuda.autoprimaryctx` (not `autoinit`, whose private context
+would make torch's pointers invalid) shares the primary context with torch, and torch adopts PyCUDA's
+stream through `torch.cuda.ExternalStream(stream.handle)` — PyCUDA cannot wrap a foreign stream, so the
+sharing has to go that way round. Where PyCUDA is not installed or fails to initialise, `cuda.core`
+loads the same cubins and launches on a torch stream directly. Graphs are captured with torch on that
+shared stream: capture happens in the driver, so it records either loader's cuLaunchKernel calls.
+
+Probe first. With no driver, `cuda.core`'s `ObjectCode.from_cubin` fails in a way that leaves a lock
+held and the next driver call hangs (KERNELS.md §4), so `available()` asks libcuda itself through
+ctypes before anything imports PyCUDA or cuda.core.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernels import manifest as mf
+
+_SMEM_OPT_IN = 48 * 1024  # above this a kernel must opt in to dynamic shared memory
+
+# Triton pointer type -> torch dtype name, to refuse a tensor of the wrong dtype before it reaches a kernel.
+_POINTER_DTYPES = {"*bf16": "bfloat16", "*fp16": "float16", "*fp32": "float32", "*fp8e4nv": "float8_e4m3fn",
+                   "*i64": "int64", "*i32": "int32", "*i16": "int16", "*i8": "int8", "*u8": "uint8", "*i1": "bool"}
+_INT_RANGES = {"i32": (-2**31, 2**31), "u32": (0, 2**32), "i64": (-2**63, 2**63), "u64": (0, 2**64)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver probe (ctypes only)
+
+@dataclass(frozen=True)
+class Probe:
+    ok: bool
+    reason: str
+    cc: int | None = None
+    name: str = ""
+
+
+def _cc_text(cc: int) -> str:
+    return f"{cc // 10}.{cc % 10}"
+
+
+def probe_driver(device: int = 0) -> Probe:
+    """Ask libcuda for the device's compute capability; one clear sentence when that is impossible."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return Probe(False, "no NVIDIA driver: libcuda.so.1 is not installed on this machine")
+
+    def err_name(code: int) -> str:
+        s = ctypes.c_char_p()
+        if hasattr(cuda, "cuGetErrorName") and cuda.cuGetErrorName(code, ctypes.byref(s)) == 0 and s.value:
+            return s.value.decode()
+        return f"CUresult {code}"
+
+    rc = cuda.cuInit(0)
+    if rc == 34:   # CUDA_ERROR_STUB_LIBRARY
+        return Probe(False, "libcuda.so.1 is a stub library: no NVIDIA driver is installed")
+    if rc == 100:  # CUDA_ERROR_NO_DEVICE
+        return Probe(False, "the NVIDIA driver reports no CUDA-capable device")
+    if rc:
+        return Probe(False, f"cuInit failed ({err_name(rc)})")
+    count = ctypes.c_int()
+    rc = cuda.cuDeviceGetCount(ctypes.byref(count))
+    if rc or count.value <= device:
+        return Probe(False, f"no CUDA device {device} (driver sees {count.value})")
+    dev = ctypes.c_int()
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    name = ctypes.create_string_buffer(256)
+    if (cuda.cuDeviceGet(ctypes.byref(dev), device)
+            or cuda.cuDeviceGetAttribute(ctypes.byref(major), 75, dev)    # COMPUTE_CAPABILITY_MAJOR
+            or cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev)):  # COMPUTE_CAPABILITY_MINOR
+        return Probe(False, f"could not read the compute capability of CUDA device {device}")
+    cuda.cuDeviceGetName(name, 256, dev)
+    return Probe(True, "", cc=major.value * 10 + minor.value, name=name.value.decode(errors="replace"))
+
+
+def loader_candidates() -> list[str]:
+    """Loaders whose package is installed, in preference order (found without importing them)."""
+    out = []
+    if importlib.util.find_spec("pycuda") is not None:
+        out.append("pycuda")
+    try:
+        if importlib.util.find_spec("cuda.core") is not None:
+            out.append("cuda.core")
+    except ModuleNotFoundError:
+        pass
+    return out
+
+
+@functools.cache
+def _available(device: int, root: str) -> tuple[bool, str]:
+    p = probe_driver(device)
+    if not p.ok:
+        return False, p.reason
+    try:
+        m = mf.load(p.cc, Path(root))
+    except mf.ManifestError as exc:
+        return False, f"{p.name}: {exc}"
+    try:
+        import torch
+    except ImportError:
+        return False, "torch is not installed"
+    if not torch.cuda.is_available():
+        return False, f"{p.name} is present but this torch build has no CUDA (torch {torch.__version__})"
+    loaders = loader_candidates()
+    if not loaders:
+        return False, f"{p.name}: neither PyCUDA nor cuda-core is installed (pip install -r requirements-gpu.txt)"
+    return True, f"{p.name} (CC {_cc_text(p.cc)}): {len(m.kernels)} {m.target} cubins, loader {loaders[0]}"
+
+
+def available(device: int = 0, root: Path = mf.CUBIN_DIR) -> tuple[bool, str]:
+    """(True, description) when the cubin path can run on `device`, else (False, one-sentence reason).
+    Cached; touches only ctypes, the manifest and torch — never PyCUDA or cuda.core."""
+    return _available(device, str(root))
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument packing (pure: tested on the CPU against the manifests)
+
+@dataclass
+class Packed:
+    values: list            # Python ints / floats in parameter order, scratch pointers last
+    format: str             # struct codes, one per value (what PyCUDA's prepare() takes)
+
+    def buffer(self) -> bytes:
+        """The argument buffer as the driver receives it from PyCUDA (native alignment)."""
+        return struct.pack("@" + self.format, *self.values)
+
+
+def pack_args(entry: mf.KernelEntry, args, scratch=(0, 0), device_type: str = "cuda") -> Packed:
+    """Typed launch arguments for `entry`: tensors -> device pointers (dtype checked), None -> null
+    pointer, ints -> range-checked integers, floats -> fp32; then Triton's two hidden scratch pointers."""
+    params = entry.user_params
+    if len(args) != len(params):
+        raise TypeError(f"{entry.name} takes {len(params)} arguments ({', '.join(p.name for p in params)}), "
+                        f"got {len(args)}")
+    values = []
+    for p, a in zip(params, args):
+        if p.type.startswith("*"):
+            if a is None:
+                values.append(0)
+                continue
+            dtype = getattr(a, "dtype", None)
+            if dtype is None or not hasattr(a, "data_ptr"):
+                raise TypeError(f"{entry.name}.{p.name} ({p.type}) needs a tensor, got {type(a).__name__}")
+            want = _POINTER_DTYPES.get(p.type)
+            if want and str(dtype).removeprefix("torch.") != want:
+                raise TypeError(f"{entry.name}.{p.name} expects {want}, got {dtype}")
+            if a.device.type != device_type:
+                raise TypeError(f"{entry.name}.{p.name} is on {a.device}, expected a {device_type} tensor")
+            values.append(a.data_ptr())
+        elif p.type in _INT_RANGES:
+            if isinstance(a, bool) or not isinstance(a, int):
+                raise TypeError(f"{entry.name}.{p.name} ({p.type}) needs an int, got {type(a).__name__}")
+            lo, hi = _INT_RANGES[p.type]
+            if not lo <= a < hi:
+                raise OverflowError(f"{entry.name}.{p.name}={a} does not fit {p.type}")
+            values.append(a)
+        elif p.type in ("fp32", "fp64"):
+            values.append(float(a))
+        else:
+            raise TypeError(f"{entry.name}.{p.name}: unsupported parameter type {p.type}")
+    values += list(scratch)
+    return Packed(values, entry.struct_format)
+
+
+def grid3(grid) -> tuple[int, int, int]:
+    g = (grid,) if isinstance(grid, int) else tuple(grid)
+    if not 1 <= len(g) <= 3 or any(int(x) < 1 for x in g):
+        raise ValueError(f"grid must be 1-3 positive ints, got {grid}")
+    return tuple(int(x) for x in g) + (1,) * (3 - len(g))
+
+
+# ---------------------------------------------------------------------------------------------
+# Loaders
+
+class PyCudaLoader:
+    """PyCUDA on the primary context; torch adopts PyCUDA's stream."""
+
+    name = "pycuda"
+    device_type = "cuda"
+
+    def __init__(self, device: int):
+        import torch
+
+        torch.cuda.init()
+        os.environ.setdefault("CUDA_DEVICE", str(device))  # autoprimaryctx picks its device from this
+        import pycuda.autoprimaryctx  # noqa: F401  (retains + pushes the primary context torch uses)
+        import pycuda.driver as drv
+
+        self.drv = drv
+        self.pycuda_stream = drv.Stream()
+        self.stream = torch.cuda.ExternalStream(self.pycuda_stream.handle, device=torch.device("cuda", device))
+
+    def load(self, cubin: bytes, entry: mf.KernelEntry):
+        module = self.drv.module_from_buffer(cubin)
+        fn = module.get_function(entry.symbol)
+        if entry.shared > _SMEM_OPT_IN:
+            fn.set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, entry.shared)
+        fn.prepare(entry.struct_format)
+        return module, fn
+
+    def launch(self, handle, grid, block, shared: int, packed: Packed) -> None:
+        handle[1].prepared_async_call(grid, block, self.pycuda_stream, *packed.values, shared_size=shared)
+
+
+class CudaCoreLoader:
+    """cuda-core (binary wheels, no build); launches on a torch stream directly."""
+
+    name = "cuda.core"
+    device_type = "cuda"
+    _NUMPY = {"P": "uint64", "i": "int32", "I": "uint32", "q": "int64", "Q": "uint64", "f": "float32", "d": "float64"}
+
+    def __init__(self, device: int):
+        import numpy as np
+        import torch
+
+        try:
+            from cuda.core import Device, LaunchConfig, ObjectCode, launch
+        except ImportError:  # cuda-core < 0.4 kept the API under .experimental
+            from cuda.core.experimental import Device, LaunchConfig, ObjectCode, launch
+        from cuda.bindings import driver
+
+        self.np, self.driver = np, driver
+        self.ObjectCode, self.LaunchConfig, self._launch = ObjectCode, LaunchConfig, launch
+        self.device = device
+        Device(device).set_current()  # the primary context, as torch uses
+        self.stream = torch.cuda.Stream(device=torch.device("cuda", device))
+
+    def load(self, cubin: bytes, entry: mf.KernelEntry):
+        obj = self.ObjectCode.from_cubin(cubin)
+        kernel = obj.get_kernel(entry.symbol)
+        if entry.shared > _SMEM_OPT_IN:
+            (err,) = self.driver.cuKernelSetAttribute(
+                self.driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, entry.shared,
+                kernel.handle, self.driver.CUdevice(self.device))
+            if err != self.driver.CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"{entry.name}: cannot allow {entry.shared} B of shared memory ({err})")
+        types = [getattr(self.np, self._NUMPY[c]) for c in entry.struct_format]
+        return obj, kernel, types
+
+    def launch(self, handle, grid, block, shared: int, packed: Packed) -> None:
+        _, kernel, types = handle
+        args = [t(v) for t, v in zip(types, packed.values)]
+        self._launch(self.stream, self.LaunchConfig(grid=grid, block=block, shmem_size=shared), kernel, *args)
+
+
+LOADERS = {"pycuda": PyCudaLoader, "cuda.core": CudaCoreLoader}
+
+
+def open_loader(device: int, preference: str = "auto"):
+    """First loader that initialises; RuntimeError listing why each failed."""
+    names = loader_candidates() if preference == "auto" else [preference]
+    failures = []
+    for name in names:
+        try:
+            return LOADERS[name](device)
+        except Exception as exc:  # ImportError, pycuda.driver.Error, cuda errors: try the next one
+            failures.append(f"{name}: {type(exc).__name__}: {exc}")
+    raise RuntimeError("no cubin loader could start (" + ("; ".join(failures) or "none installed") + ")")
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+
+class _Kernel:
+    __slots__ = ("entry", "handle", "runtime", "scratch", "scratch_grid")
+
+    def __init__(self, entry, handle, runtime):
+        self.entry, self.handle, self.runtime = entry, handle, runtime
+        self.scratch, self.scratch_grid = [], 0
+
+    def _scratch(self, grid) -> tuple[int, int]:
+        e = self.entry
+        if not (e.global_scratch_size or e.profile_scratch_size):
+            return (0, 0)
+        n = grid[0] * grid[1] * grid[2] * e.num_ctas
+        if n > self.scratch_grid:  # grow once per larger grid; warm-up before capture does this
+            import torch
+
+            self.scratch = [torch.empty(max(size * n, 1), dtype=torch.uint8, device=self.runtime.device) if size
+                            else None for size in (e.global_scratch_size, e.profile_scratch_size)]
+            self.scratch_grid = n
+        return tuple(t.data_ptr() if t is not None else 0 for t in self.scratch)
+
+    def __call__(self, grid, *args) -> None:
+        g = grid3(grid)
+        packed = pack_args(self.entry, args, self._scratch(g), self.runtime.loader.device_type)
+        self.runtime.loader.launch(self.handle, g, self.entry.block, self.entry.shared, packed)
+
+
+class CubinKernels:
+    """The committed cubins for one device, by KernelSpec name: `k.launch(name, grid, *args)` or
+    `k[name](grid, *args)`. Launches go to `k.stream` (a torch stream); run torch work on it too."""
+
+    def __init__(self, device: int = 0, *, loader="auto", root: Path = mf.CUBIN_DIR, cc: int | None = None):
+        if isinstance(loader, str):
+            ok, reason = available(device, root)
+            if not ok:
+                raise RuntimeError(f"cubin kernels unavailable: {reason}")
+            cc = probe_driver(device).cc
+            loader = open_loader(device, loader)
+        self.loader = loader
+        self.device = f"cuda:{device}" if loader.device_type == "cuda" else loader.device_type
+        self.manifest = mf.load(cc, root)
+        self.stream = loader.stream
+        self._kernels = {name: _Kernel(e, loader.load(self.manifest.cubin_bytes(name), e), self)
+                         for name, e in self.manifest.kernels.items()}
+
+    @property
+    def loader_name(self) -> str:
+        return self.loader.name
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._kernels
+
+    def __getitem__(self, name: str) -> _Kernel:
+        try:
+            return self._kernels[name]
+        except KeyError:
+            raise KeyError(f"no cubin named {name!r} for {self.manifest.target}") from None
+
+    def launch(self, name: str, grid, *args) -> None:
+        self[name](grid, *args)
+
+
+def capture_graph(fn, stream, *, warmup: int = 2, pool=None):
+    """Run `fn` `warmup` times on `stream` (lazy allocations, scratch, cuBLAS handles), then capture
+    one call into a torch CUDA graph. `fn` must read positions and inputs from device buffers so that
+    `graph.replay()` after updating those buffers in place does the next step."""
+    import torch
+
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream, pool=pool):
+        fn()
+    return graph
