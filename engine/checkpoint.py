@@ -104,18 +104,19 @@ def _download(repo_id: str, progress: bool) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.utils import disable_progress_bars, enable_progress_bars, are_progress_bars_disabled
 
-    advice = (f"Download it once with `hf download {repo_id} --local-dir ./{repo_id.split('/')[-1]}` on a machine "
-              "with access to huggingface.co and pass that directory, or start with --demo to try the studio "
-              "on a tiny random checkpoint.")
+    advice = (f"There is no local directory {repo_id!r}, so it was taken as a hub id. Download it once with "
+              f"`hf download {repo_id} --local-dir ./{repo_id.split('/')[-1]}` on a machine with access to "
+              "huggingface.co and pass that directory, or start with --demo to try the studio on a tiny random "
+              "checkpoint.")
     was_disabled = are_progress_bars_disabled()
     if not progress:
         disable_progress_bars()
     try:
         return Path(snapshot_download(repo_id, allow_patterns=ALLOW_PATTERNS))
     except Exception as exc:  # the hub raises a zoo of HTTP/offline/validation errors; all mean the same here
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"could not get {repo_id} from the Hugging Face hub ({type(exc).__name__}: "
-                              f"{reason[:200]}). {advice}") from None
+        first = (str(exc).strip().splitlines() or [""])[0].split(". ")[0].rstrip(".")
+        reason = f"{type(exc).__name__}: {first[:200]}" if first else type(exc).__name__
+        raise CheckpointError(f"could not get {repo_id} from the Hugging Face hub ({reason}). {advice}") from None
     finally:
         if not progress and not was_disabled:
             enable_progress_bars()
