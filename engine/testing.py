@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -242,7 +241,7 @@ def demo_checkpoint() -> Path:
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=root.parent, prefix=".demo-"))
     try:
-        write_tiny_checkpoint(staging, dims=replace(TINY_DIMS), seed=0, codec=True)
+        write_tiny_checkpoint(staging, dims=TINY_DIMS, seed=0, codec=True)
         (staging / ".complete").write_text("ok\n")
         shutil.rmtree(root, ignore_errors=True)
         os.replace(staging, root)
