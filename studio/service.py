@@ -38,10 +38,13 @@ import numpy as np
 
 from engine.config import FRAME_RATE, SAMPLE_RATE
 from engine.tokenizer import CONTROL_TAGS, estimate_seconds, lint_tags
+from studio.presets import apply_preset, check_style_prefix
+from studio.voices import Consent
 
 MAX_TEXT_CHARS = 4096  # the OpenAI speech API's `input` limit
 MAX_FRAMES = 8192  # the backbone's context: no take can be longer than this many frames (~327 s)
-MAX_SEED = 2**31 - 1
+MAX_SEED = 2**63 - 1  # seeds are 63-bit (SPEC D6)
+RANDOM_SEED_BITS = 31  # drawn seeds stay below 2**31: exact in JSON numbers and in the browser
 
 
 class ServiceBusy(TimeoutError):
@@ -261,18 +264,17 @@ class StudioService:
     # ---------------------------------------------------------------- generation
 
     def resolve_style(self, style: str | None) -> str:
-        """A preset name or a raw tag prefix → the tag prefix to put before the text (SPEC D1)."""
+        """A preset name or a raw tag prefix → the checked tag prefix to put before the text (SPEC D1)."""
         style = (style or "").strip()
         if not style:
             return ""
         if style.startswith("<|"):
-            return style
-        if self.presets is not None:
-            preset = self.presets.get(style)
-            if preset is not None:
-                return getattr(preset, "prefix", None) or preset.get("prefix", "")
-        raise ValueError(f"Unknown style preset {style!r}; pick one from the list or write tags like "
-                         "<|emotion:contemplation|>.")
+            return check_style_prefix(style)
+        preset = self.presets.get(style) if self.presets is not None else None
+        if preset is None:
+            raise ValueError(f"Unknown style preset {style!r}; pick one from the list or write tags like "
+                             "<|emotion:contemplation|>.")
+        return preset.prefix
 
     def resolve_voice(self, voice_id: str | None):
         """A saved voice's id or name → its library record (None for zero-shot)."""
@@ -280,14 +282,11 @@ class StudioService:
             return None
         if self.voices is None:
             raise ValueError("No voice library is configured; use a reference clip instead.")
-        voice = self.voices.get(voice_id)
-        if voice is None:
-            raise ValueError(f"No saved voice called {voice_id!r}; check the Voices tab.")
-        return voice
+        return self.voices.get(voice_id)  # VoiceNotFound is a ValueError with a sentence for the user
 
-    def _voice_ref(self, voice):
-        """The engine's VoiceRef for a library voice; the library caches the codes it encodes."""
-        return self.voices.voice_ref(voice.id, encode=self.engine.encode_voice)
+    def _encode_codes(self, wav24k: np.ndarray):
+        """The library's encoder callback: prepared 24 kHz audio → codec codes [T, 8]. Runs on the worker."""
+        return self.engine.encode_voice(wav24k, SAMPLE_RATE).codes.cpu().numpy()
 
     def prepare(self, request: SynthesisRequest) -> tuple[str, Any, Any]:
         """Validate and resolve `request`: returns (prompt_text, voice_record, voice_ref_or_None).
@@ -298,13 +297,11 @@ class StudioService:
         style = request.style
         if style is None and voice is not None and getattr(voice, "style", None):
             style = voice.style
-        prefix = self.resolve_style(style)
-        text = request.text.strip()
-        prompt_text = f"{prefix}{text}" if prefix and not text.startswith(prefix) else text
+        prompt_text = apply_preset(request.text.strip(), self.resolve_style(style))
         clone = voice is not None or request.ref_audio is not None
         request.warnings.extend(f"{w.tag}: {w.message}" for w in lint_tags(prompt_text, clone=clone))
         if request.seed is None:
-            request.seed = secrets.randbelow(MAX_SEED)
+            request.seed = secrets.randbits(RANDOM_SEED_BITS)
         request.seed = int(request.seed)
         return prompt_text, voice, style
 
@@ -328,7 +325,7 @@ class StudioService:
     def _generate(self, job: _Job, request: SynthesisRequest, prompt_text: str, voice, style) -> None:
         engine = self.engine
         if voice is not None:
-            ref = self._voice_ref(voice)
+            ref = self.voices.voice_ref(voice.id, encode=self._encode_codes)  # codes cached in the library
         elif request.ref_audio is not None:
             audio, sr = request.ref_audio
             ref = engine.encode_voice(np.asarray(audio, dtype=np.float32), int(sr), transcript=request.ref_text)
@@ -337,10 +334,11 @@ class StudioService:
         chunks = engine.generate_stream(
             prompt_text, voice=ref, temperature=float(request.temperature), top_k=int(request.top_k),
             top_p=float(request.top_p), seed=request.seed, max_frames=request.max_frames,
-            repeat_guard=request.repeat_guard)
+            repeat_guard=request.repeat_guard, cancel=request.cancel)
         pieces: list[np.ndarray] = []
         last = None
         try:
+            # The engine watches `cancel` every frame and ends with a final "cancelled" chunk.
             for chunk in chunks:
                 if len(chunk.audio):
                     pieces.append(np.asarray(chunk.audio, dtype=np.float32))
@@ -348,10 +346,8 @@ class StudioService:
                 if chunk.final:
                     break
                 job.out.put(chunk)
-                if job.cancel.is_set():
-                    break
         finally:
-            chunks.close()  # frees the engine at once when stopped early
+            chunks.close()
         if last is None:
             return
         if not last.final:
@@ -381,6 +377,37 @@ class StudioService:
 
     def take(self, take_id: int) -> Take | None:
         return next((t for t in self.history if t.id == int(take_id)), None)
+
+    # ---------------------------------------------------------------- voices and presets
+
+    def list_voices(self) -> list:
+        return self.voices.list() if self.voices is not None else []
+
+    def save_voice(self, audio: np.ndarray, sample_rate: int, *, name: str, transcript: str | None = None,
+                   description: str = "", style: str | None = None, seed: int | None = None,
+                   consent: "Consent | bool" = False, asserted_by: str = "studio user"):
+        """Prepare, encode (on the GPU worker, in turn) and save a voice. `consent` must be given: either a
+        `Consent` record or True (the user ticked the box), else ValueError."""
+        if self.voices is None:
+            raise ValueError("No voice library is configured.")
+        if consent is True:
+            consent = Consent(asserted_by=asserted_by)
+        if not isinstance(consent, Consent):
+            raise ValueError("Confirm that you have the speaker's permission (tick the consent box) to save a voice.")
+        return self.voices.add((int(sample_rate), np.asarray(audio, dtype=np.float32)), name=name,
+                               transcript=transcript or None, description=description or "",
+                               style=self.resolve_style(style), seed=seed, consent=consent,
+                               encode=lambda wav: self.run_exclusive(self._encode_codes, wav))
+
+    def list_styles(self) -> list[tuple[str, str]]:
+        """(name, prefix) of every style preset, built-in first."""
+        return [(p.name, p.prefix) for p in self.presets.list()] if self.presets is not None else []
+
+    def save_style(self, name: str, style: str, *, description: str = ""):
+        """Save the current style (a preset name or tag prefix) as a user preset; returns the preset."""
+        if self.presets is None:
+            raise ValueError("No preset store is configured.")
+        return self.presets.add(name, self.resolve_style(style), description=description)
 
     # ---------------------------------------------------------------- status
 

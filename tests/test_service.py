@@ -39,13 +39,16 @@ class FakeEngine:
     info: dict = field(default_factory=lambda: {"checkpoint": "tiny", "device": "cpu", "precision": "fp32",
                                                 "backend": "torch", "demo": True})
 
-    def generate_stream(self, text, *, voice=None, seed=None, max_frames=None, **kw):
+    def generate_stream(self, text, *, voice=None, seed=None, max_frames=None, cancel=None, **kw):
         self.started.append(text)
         self.calls.append(dict(text=text, voice=voice, seed=seed, max_frames=max_frames, **kw))
         n = max_frames or self.frames
         try:
             for i in range(n):
                 time.sleep(self.delay)
+                if cancel is not None and cancel.is_set():  # the real engine checks every frame
+                    yield FakeChunk(np.zeros(0, np.float32), FakeMetrics(i, seed, "cancelled"), True)
+                    return
                 yield FakeChunk(np.full(960, 0.1, np.float32), FakeMetrics(i + 1, seed), False)
             yield FakeChunk(np.zeros(0, np.float32), FakeMetrics(n, seed, "eoc"), True)
         finally:
@@ -55,9 +58,15 @@ class FakeEngine:
         return ("ref", len(audio), sample_rate, transcript)
 
 
+@dataclass
+class FakePreset:
+    name: str
+    prefix: str
+
+
 class FakePresets:
     def get(self, name):
-        return {"calm": {"prefix": "<|emotion:contentment|><|prosody:speed_slow|>"}}.get(name)
+        return {"calm": FakePreset("calm", "<|emotion:contentment|><|prosody:speed_slow|>")}.get(name)
 
 
 @dataclass
@@ -72,7 +81,9 @@ class FakeVoices:
         self.v = FakeVoice("voice_abc", "Ann", style="calm")
 
     def get(self, key):
-        return self.v if key in (self.v.id, self.v.name) else None
+        if key not in (self.v.id, self.v.name):
+            raise ValueError(f"No saved voice called {key!r}")
+        return self.v
 
     def voice_ref(self, voice_id, encode):
         return ("cached", voice_id)
