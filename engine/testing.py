@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from .checkpoint import CODEC_PREFIX, expected_shapes, stored_name
-from .config import Dims
-from .tokenizer import ADDED_FIRST, ADDED_LAST, CONTROL_TAGS
+from .config import AUDIO_PLACEHOLDER, Dims
+from .tokenizer import ADDED_FIRST, ADDED_LAST, CONTROL_TAGS, ENDOFTEXT
 
 # Pre-tokenizer split of Qwen2's tokenizer.json (SPEC D3).
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -152,8 +152,8 @@ def tiny_config(dims: Dims) -> dict:
     return {
         "architectures": ["HiggsMultimodalQwen3ForConditionalGeneration"],
         "model_type": "higgs_multimodal_qwen3",
-        "audio_token_id": -100,
-        "ignore_index": -100,
+        "audio_token_id": AUDIO_PLACEHOLDER,
+        "ignore_index": AUDIO_PLACEHOLDER,
         "text_config": {
             "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
             "hidden_size": dims.hidden, "intermediate_size": dims.intermediate,
@@ -163,7 +163,7 @@ def tiny_config(dims: Dims) -> dict:
             "max_window_layers": dims.layers, "tie_word_embeddings": True,
             "rope_parameters": {"rope_theta": dims.rope_theta, "rope_type": "default"},
             "attention_bias": False, "attention_dropout": 0.0, "hidden_act": "silu",
-            "bos_token_id": 151643, "eos_token_id": 151643, "pad_token_id": None, "use_cache": True,
+            "bos_token_id": ENDOFTEXT, "eos_token_id": ENDOFTEXT, "pad_token_id": None, "use_cache": True,
             "dtype": "float32",
         },
         "audio_encoder_config": {

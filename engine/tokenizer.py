@@ -128,6 +128,13 @@ _TAG_RE = re.compile(r"<\|[^<>|]{0,64}\|>")
 _SENTENCE_END = re.compile(r"""[.!?…。！？][\s"'”’)\]]*$""")
 
 
+def _ends_sentence(chunk: str) -> bool:
+    """Whether text following `chunk` starts a sentence: it ends in . ! ? (perhaps closed by quotes or
+    brackets) or in a line break."""
+    chunk = chunk.rstrip(" \t")
+    return chunk.endswith("\n") or bool(_SENTENCE_END.search(chunk))
+
+
 def lint_tags(text: str, *, clone: bool = False) -> list[TagWarning]:
     """Check inline tags against the rules of SPEC D2.
 
@@ -144,7 +151,7 @@ def lint_tags(text: str, *, clone: bool = False) -> list[TagWarning]:
     for match in _TAG_RE.finditer(text):
         before = text[cursor:match.start()]
         if before.strip():
-            at_sentence_start = bool(_SENTENCE_END.search(before.rstrip(" \t"))) or before.rstrip(" \t").endswith("\n")
+            at_sentence_start = _ends_sentence(before)
         cursor = match.end()
         raw = match.group()
         tag = CONTROL_TAGS.get(raw)

@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 
-from engine.config import AUDIO_PLACEHOLDER
 from engine.prompt import Prompt, VoiceRef, build_prompt, clone_ids, zero_shot_ids
 from engine.testing import TINY_DIMS, reference_tokenizer_path
 from engine.tokenizer import AUDIO, REF_AUDIO, REF_TEXT, TEXT, TTS, HiggsTokenizer

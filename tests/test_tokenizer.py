@@ -170,6 +170,6 @@ def test_lint_clone_mode_warns_on_a_leading_emotion_only():
 def test_estimate_seconds():
     assert T.estimate_seconds("a" * 15) == pytest.approx(1.0)
     assert T.estimate_seconds("<|emotion:awe|>" + "a" * 30) == pytest.approx(2.0)
-    assert T.estimate_seconds("word   " * 5) == pytest.approx(len("word word word word word") / 15)  # runs of spaces count once
+    assert T.estimate_seconds("word   " * 5) == pytest.approx(len("word word word word word") / 15)  # one space per run
     assert T.estimate_seconds("a <|prosody:pause|> b <|prosody:long_pause|>") == pytest.approx(len("a b") / 15 + 1.5)
     assert T.estimate_seconds("") == 0.0
