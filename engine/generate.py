@@ -23,7 +23,8 @@ from .delay import StopRule, default_max_frames, undelay
 from .model import DTYPES, HiggsModel, param_count
 from .sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, check_options, new_seed, sample, uniforms
 
-# Streaming schedule: push frames to the codec after 2 frames, then in growing groups up to one second
+# Streaming schedule: the codec holds back its right look-ahead (`StreamDecoder.right` frames), so the
+# first push comes once look-ahead + 2 frames exist, then pushes grow 4, 8, 16 up to one second of frames
 # (each push decodes a window of left + new + right frames, so small pushes cost more per frame; the
 # first one is small because time-to-first-audio is what a listener notices).
 FIRST_PUSH_FRAMES = 2
@@ -329,6 +330,7 @@ class Engine:
             u = u.to(self.device)
             stream = self.codec.stream() if audio else None
             pos, pushed, push_size = len(prompt.ids), 0, FIRST_PUSH_FRAMES
+            next_push = getattr(stream, "right", 0) + FIRST_PUSH_FRAMES
             ttfa = None
             loop_started = time.perf_counter()
             loop_s = 0.0
@@ -359,11 +361,12 @@ class Engine:
                     logits = self.model.decode(torch.tensor(row, device=self.device), pos)
                     pos += 1
                 complete = len(rule.rows) - rule.delay
-                if audio and complete - pushed >= push_size and not rule.done:
+                if audio and complete >= next_push and not rule.done:
                     self._sync()
                     loop_s = time.perf_counter() - loop_started
                     chunk = push(complete)
                     pushed, push_size = complete, min(2 * push_size, MAX_PUSH_FRAMES)
+                    next_push = complete + push_size
                     if len(chunk):
                         if ttfa is None:
                             ttfa = 1e3 * (time.perf_counter() - started)
