@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from .config import Dims
 
@@ -159,8 +160,6 @@ def _tied_heads(config: dict) -> bool:
 
 def load_checkpoint(source: str | Path, *, progress: bool = True) -> Checkpoint:
     """Load a Higgs Audio v3 checkpoint from a directory or hub id, validated against its config.json."""
-    from safetensors import safe_open
-
     root = resolve(source, progress=progress)
     config_path = root / "config.json"
     try:
@@ -171,12 +170,36 @@ def load_checkpoint(source: str | Path, *, progress: bool = True) -> Checkpoint:
     except (ValueError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"{config_path}: {exc}") from None
 
+    backbone: dict[str, torch.Tensor] = {}
+    codec: dict[str, torch.Tensor] = {}
+    for file, entries in _plan(root, dims, tied=_tied_heads(config)).items():
+        with safe_open(str(file), framework="pt") as f:  # memory-mapped: one tensor at a time
+            for key, is_codec, name in entries:
+                (codec if is_codec else backbone)[name] = f.get_tensor(key)
+    if not codec:
+        log.warning("%s holds no codec tensors (%s*); it can generate codes but not audio", root, CODEC_PREFIX)
+
+    codec_config = None
+    if (root / "codec_config.json").exists():
+        try:
+            codec_config = json.loads((root / "codec_config.json").read_text())
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{root / 'codec_config.json'} is not valid JSON ({exc})") from None
+    tokenizer_path = root / "tokenizer.json"
+    return Checkpoint(root=root, dims=dims, backbone=backbone, codec=codec,
+                      tokenizer_path=tokenizer_path if tokenizer_path.exists() else None,
+                      codec_config=codec_config, source=str(source))
+
+
+def _plan(root: Path, dims: Dims, *, tied: bool) -> dict[Path, list[tuple[str, bool, str]]]:
+    """Check every stored key and backbone shape against `dims` from the safetensors headers alone, and
+    return what to read: file → (stored key, is codec, internal name). All problems are reported at once."""
     shapes = expected_shapes(dims)
-    tied = _tied_heads(config)
-    plan: list[tuple[Path, str, str, str]] = []  # (file, stored key, destination, internal name)
+    plan: dict[Path, list[tuple[str, bool, str]]] = {}
     seen: set[str] = set()
     unexpected, wrong_shape, heads = [], [], []
     for file, keys in _weight_files(root).items():
+        entries = plan.setdefault(file, [])
         with safe_open(str(file), framework="pt") as f:
             available = set(f.keys())
             for key in keys if keys is not None else sorted(available):
@@ -184,7 +207,7 @@ def load_checkpoint(source: str | Path, *, progress: bool = True) -> Checkpoint:
                     raise CheckpointError(f"{file.name} lacks {key}, which model.safetensors.index.json places "
                                           "there; re-download the checkpoint")
                 if key.startswith(CODEC_PREFIX):
-                    plan.append((file, key, "codec", key[len(CODEC_PREFIX):]))
+                    entries.append((key, True, key[len(CODEC_PREFIX):]))
                     continue
                 if key.startswith(HEAD_PREFIX):
                     heads.append(key)
@@ -197,13 +220,13 @@ def load_checkpoint(source: str | Path, *, progress: bool = True) -> Checkpoint:
                 if shape != shapes[name]:
                     wrong_shape.append(f"{key} is {list(shape)}, expected {list(shapes[name])}")
                 seen.add(name)
-                plan.append((file, key, "backbone", name))
-    missing = [stored_name(n) for n in shapes if n not in seen]
+                entries.append((key, False, name))
     if heads and not tied:
-        unexpected.extend(heads)  # an untied head would change the model's output; we only implement tied heads
+        unexpected.extend(heads)  # an untied head would change the output; only tied heads are implemented
     elif heads:
         log.info("ignoring %d stored head tensors (%s): the heads are tied to the embeddings", len(heads), heads[0])
 
+    missing = [stored_name(n) for n in shapes if n not in seen]
     problems = []
     if missing:
         problems.append(f"{len(missing)} missing: {_listing(missing)}")
@@ -214,25 +237,7 @@ def load_checkpoint(source: str | Path, *, progress: bool = True) -> Checkpoint:
     if problems:
         raise CheckpointError(f"the weights in {root} do not match its config.json ({'; '.join(problems)}). "
                               "Re-download the checkpoint, or check that config.json belongs to these weights.")
-
-    backbone: dict[str, torch.Tensor] = {}
-    codec: dict[str, torch.Tensor] = {}
-    by_file: dict[Path, list[tuple[str, str, str]]] = {}
-    for file, key, dest, name in plan:
-        by_file.setdefault(file, []).append((key, dest, name))
-    for file, entries in by_file.items():
-        with safe_open(str(file), framework="pt") as f:
-            for key, dest, name in entries:
-                (backbone if dest == "backbone" else codec)[name] = f.get_tensor(key)
-    if not codec:
-        log.warning("%s holds no codec tensors (%s*); it can generate codes but not audio", root, CODEC_PREFIX)
-
-    codec_config_path = root / "codec_config.json"
-    codec_config = json.loads(codec_config_path.read_text()) if codec_config_path.exists() else None
-    tokenizer_path = root / "tokenizer.json"
-    return Checkpoint(root=root, dims=dims, backbone=backbone, codec=codec,
-                      tokenizer_path=tokenizer_path if tokenizer_path.exists() else None,
-                      codec_config=codec_config, source=str(source))
+    return plan
 
 
 def stored_name(internal: str) -> str:
