@@ -1,0 +1,71 @@
+"""M = 1 GEMV for the decode step: y[n] = Σ_k x[k]·W[n, k] (· scales) (+ residual[n]).
+
+Decode is weight-bandwidth bound (every weight byte is read once per step), so this kernel exists to stream W
+at full bandwidth: each program owns BLOCK_N output rows and walks K in BLOCK_K chunks whose per-thread
+slices are 16-byte vector loads (8 bf16 or 16 fp8 values); the product is accumulated elementwise in fp32 and
+reduced once at the end. Variants: BF16 weights, FP8 e4m3 weights with per-output-channel fp32 scales
+(weight-only: bf16 activations) and W8A8 (fp8 activations with a static per-tensor scale, as written by the
+fused norm / silu·mul quantisers). The epilogue optionally adds the residual stream (in place is fine: each
+element is read and written by the same program), which removes the separate add kernel after o_proj and
+down_proj. The product is rounded to the output dtype before the residual add, as an unfused
+`residual + linear(x)` would.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.spec import KernelSpec
+
+
+@triton.jit
+def gemv_kernel(X, W, W_SCALE, X_SCALE, R, Y, N, K, stride_w,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                HAS_W_SCALE: tl.constexpr, HAS_X_SCALE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < N
+    cols = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    w_ptrs = W + rows.to(tl.int64)[:, None] * stride_w + cols[None, :]
+    for k0 in range(0, K, BLOCK_K):
+        kmask = (k0 + cols) < K
+        x = tl.load(X + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptrs + k0, mask=rmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        acc += w * x[None, :]
+    y = tl.sum(acc, axis=1)
+    if HAS_W_SCALE:
+        y = y * tl.load(W_SCALE + rows, mask=rmask, other=0.0)
+    if HAS_X_SCALE:
+        y = y * tl.load(X_SCALE)
+    if HAS_RESIDUAL:
+        r = tl.load(R + rows, mask=rmask, other=0.0).to(tl.float32)
+        y = y.to(Y.dtype.element_ty).to(tl.float32) + r
+    tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=rmask)
+
+
+# 16 rows per program: N = 2560 gives 160 programs, the fused qkv (6144) 384, gate_up (19456) 1216 — more than
+# one wave on 132 SMs for every matrix. BLOCK_K makes each thread issue 16-byte loads (4 warps, 128 threads).
+GEMV_TILES = {"bf16": dict(BLOCK_N=16, BLOCK_K=256), "fp8": dict(BLOCK_N=16, BLOCK_K=512)}
+
+
+def _spec(name, x, w, y, *, w_scale, x_scale, residual):
+    tiles = GEMV_TILES["fp8" if w == "*fp8e4nv" else "bf16"]
+    return KernelSpec(
+        name=name, fn=gemv_kernel,
+        signature={"X": x, "W": w, "W_SCALE": "*fp32", "X_SCALE": "*fp32", "R": "*bf16", "Y": y,
+                   "N": "i32", "K": "i32", "stride_w": "i32"},
+        constexprs=dict(tiles, HAS_W_SCALE=w_scale, HAS_X_SCALE=x_scale, HAS_RESIDUAL=residual),
+        num_warps=4, divisibility_16=("X", "W", "Y", "K", "stride_w"))
+
+
+KERNELS = [
+    _spec("gemv_bf16", "*bf16", "*bf16", "*bf16", w_scale=False, x_scale=False, residual=False),
+    _spec("gemv_bf16_res", "*bf16", "*bf16", "*bf16", w_scale=False, x_scale=False, residual=True),
+    _spec("gemv_bf16_f32out", "*bf16", "*bf16", "*fp32", w_scale=False, x_scale=False, residual=False),
+    _spec("gemv_w8a16", "*bf16", "*fp8e4nv", "*bf16", w_scale=True, x_scale=False, residual=False),
+    _spec("gemv_w8a16_res", "*bf16", "*fp8e4nv", "*bf16", w_scale=True, x_scale=False, residual=True),
+    _spec("gemv_w8a8", "*fp8e4nv", "*fp8e4nv", "*bf16", w_scale=True, x_scale=True, residual=False),
+    _spec("gemv_w8a8_res", "*fp8e4nv", "*fp8e4nv", "*bf16", w_scale=True, x_scale=True, residual=True),
+]

@@ -1,0 +1,221 @@
+"""Typed torch-level launchers for the Triton kernels: the model code calls `ops.gemv(x, w, out=..., residual=...)`,
+never raw pointers or grids.
+
+These launch the `@triton.jit` functions through Triton's own launcher, so the same call runs on a GPU
+(JIT) and on the CPU under TRITON_INTERPRET=1 (the CI tests). `kernels/runtime.py` provides the same op names
+and arguments backed by the committed cubins. Tiles are the ones the cubins are built with (each kernel
+file's `*_TILE(S)` dict, also used by its `KERNELS` entries). Outputs may be preallocated (`out=`) so a
+captured CUDA graph reuses the same buffers; positions, lengths and sampler state are device tensors.
+
+Conventions: activations bf16; FP8 tensors are `torch.float8_e4m3fn` with fp32 scales (weights: per output
+channel `[N]`, activations: per tensor `[1]`, static); KV caches `[kv_heads, max_pos, head_dim]` bf16.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+
+from kernels.attention import DECODE_TILES, LOG2E, PREFILL_TILES, attn_combine_kernel, decode_attn_split_kernel, \
+    prefill_attn_kernel
+from kernels.common import FP8_MAX
+from kernels.gemm import GEMM_TILES, gemm_kernel
+from kernels.gemv import GEMV_TILES, gemv_kernel
+from kernels.head import HEAD_TILES, audio_head_kernel
+from kernels.mlp import SILU_TILE, silu_mul_kernel
+from kernels.norm import NORM_TILE, rmsnorm_kernel
+from kernels.rope_kv import qk_norm_rope_kv_kernel
+from kernels.sampler import SAMPLER_TILE, sample_kernel
+
+FP8 = torch.float8_e4m3fn
+
+# Sampler state layout (int64 device tensor), see kernels/sampler.py.
+STATE_STEP, STATE_SEED, STATE_TOP_K, STATE_COUNTDOWN, STATE_DONE = range(5)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dim() == 2 else x.view(1, -1)
+
+
+# ---------------------------------------------------------------------------------------------- norm / MLP
+def rmsnorm(x, w, eps: float, *, out=None, residual=None, scale=None):
+    """y = rmsnorm(x (+ residual)) · w over the last dim of x [M, N] (or [N]).
+
+    residual: bf16 like x; the sum x + residual is stored back into `residual` (the residual stream) and is
+    what gets normalised. scale: fp32 [1] static activation scale → `out` is FP8 e4m3 of y / scale.
+    """
+    x2 = _rows(x)
+    m, n = x2.shape
+    assert n <= NORM_TILE["BLOCK_N"], f"rmsnorm row of {n} exceeds the tile"
+    if out is None:
+        out = torch.empty(x.shape, dtype=FP8 if scale is not None else x.dtype, device=x.device)
+    out2 = _rows(out)
+    res2 = _rows(residual) if residual is not None else x2
+    rmsnorm_kernel[(m,)](x2, w, out2, res2, scale if scale is not None else w, n, eps, x2.stride(0),
+                         out2.stride(0), res2.stride(0), HAS_RESIDUAL=residual is not None,
+                         QUANT=scale is not None, num_warps=8, **NORM_TILE)
+    return out
+
+
+def silu_mul(gate_up, *, out=None, scale=None):
+    """y = silu(gate) · up for gate_up [M, 2·I] = [gate | up]; FP8 output when `scale` ([1] fp32) is given."""
+    gu = _rows(gate_up)
+    m, two_i = gu.shape
+    inter = two_i // 2
+    if out is None:
+        shape = (*gate_up.shape[:-1], inter)
+        out = torch.empty(shape, dtype=FP8 if scale is not None else gate_up.dtype, device=gate_up.device)
+    out2 = _rows(out)
+    grid = (m, triton.cdiv(inter, SILU_TILE["BLOCK"]))
+    silu_mul_kernel[grid](gu, out2, scale if scale is not None else gu, inter, gu.stride(0), out2.stride(0),
+                          QUANT=scale is not None, num_warps=4, **SILU_TILE)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- linear
+def gemv(x, w, *, w_scale=None, x_scale=None, out=None, residual=None, out_dtype=torch.bfloat16):
+    """y[N] = x[K] · w[N, K]ᵀ (M = 1 decode path). FP8 weights need `w_scale` [N]; FP8 activations need
+    `x_scale` [1]. residual [N] bf16 is added in the epilogue (out may be the residual itself)."""
+    n, k = w.shape
+    assert x.numel() == k, f"gemv: x has {x.numel()} elements, weight expects {k}"
+    if out is None:
+        out = torch.empty(n, dtype=out_dtype, device=x.device)
+    tiles = GEMV_TILES["fp8" if w.dtype == FP8 else "bf16"]
+    grid = (triton.cdiv(n, tiles["BLOCK_N"]),)
+    gemv_kernel[grid](x, w, w_scale if w_scale is not None else out, x_scale if x_scale is not None else out,
+                      residual if residual is not None else out, out, n, k, w.stride(0),
+                      HAS_W_SCALE=w_scale is not None, HAS_X_SCALE=x_scale is not None,
+                      HAS_RESIDUAL=residual is not None, num_warps=4, **tiles)
+    return out
+
+
+def gemm(a, w, *, w_scale=None, a_scale=None, out=None, residual=None):
+    """C[M, N] = a[M, K] · w[N, K]ᵀ on the tensor cores (prefill). Scales and residual as in `gemv`."""
+    m, k = a.shape
+    n = w.shape[0]
+    if out is None:
+        out = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
+    tiles = GEMM_TILES["fp8" if a.dtype == FP8 else "bf16"]
+    res = residual if residual is not None else out
+    grid = (triton.cdiv(m, tiles["BLOCK_M"]), triton.cdiv(n, tiles["BLOCK_N"]))
+    gemm_kernel[grid](a, w, w_scale if w_scale is not None else out, a_scale if a_scale is not None else out, res,
+                      out, m, n, k, a.stride(0), w.stride(0), out.stride(0), res.stride(0),
+                      HAS_W_SCALE=w_scale is not None, HAS_A_SCALE=a_scale is not None,
+                      HAS_RESIDUAL=residual is not None, num_warps=4, num_stages=3, **tiles)
+    return out
+
+
+def linear(x, w, *, w_scale=None, x_scale=None, out=None, residual=None):
+    """GEMV for one row, GEMM otherwise."""
+    if x.dim() == 1 or x.shape[0] == 1:
+        y = gemv(x, w, w_scale=w_scale, x_scale=x_scale, out=None if out is None else out.view(-1),
+                 residual=None if residual is None else residual.view(-1))
+        return y.view(*x.shape[:-1], w.shape[0])
+    return gemm(x, w, w_scale=w_scale, a_scale=x_scale, out=out, residual=residual)
+
+
+def audio_head(h, w, norm_w, eps: float, *, out=None):
+    """fp32 logits [codebooks·vocab] = rmsnorm(h, norm_w) · wᵀ for one hidden row h (the final norm fused)."""
+    n, k = w.shape
+    if out is None:
+        out = torch.empty(n, dtype=torch.float32, device=h.device)
+    audio_head_kernel[(triton.cdiv(n, HEAD_TILES["BLOCK_N"]),)](h, norm_w, w, out, n, k, eps, w.stride(0),
+                                                                HAS_NORM=True, num_warps=4, **HEAD_TILES)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- attention
+def qk_norm_rope_kv(qkv, q_norm, k_norm, cos, sin, pos, k_cache, v_cache, *, heads: int, kv_heads: int,
+                    eps: float, q_out=None):
+    """For rows of the fused qkv output [M, (heads + 2·kv_heads)·D]: per-head RMSNorm + NeoX RoPE of q and
+    k at positions pos[0] + i; k and v go into the caches [kv_heads, max_pos, D]; returns q [M, heads, D]."""
+    qkv2 = _rows(qkv)
+    m = qkv2.shape[0]
+    d = k_cache.shape[-1]
+    assert qkv2.shape[1] == (heads + 2 * kv_heads) * d
+    if q_out is None:
+        q_out = torch.empty((m, heads, d), dtype=qkv.dtype, device=qkv.device)
+    qk_norm_rope_kv_kernel[(m, heads + kv_heads)](
+        qkv2, q_norm, k_norm, cos, sin, pos, q_out, k_cache, v_cache, heads, kv_heads, eps, qkv2.stride(0),
+        heads * d, k_cache.stride(0), k_cache.stride(1), HEAD_DIM=d, num_warps=1)
+    return q_out
+
+
+def attention_scratch(heads: int, head_dim: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Preallocated split-K partials (max, sum, acc) for `decode_attention`."""
+    s = DECODE_TILES["NUM_SPLITS"]
+    return (torch.empty(heads * s, dtype=torch.float32, device=device),
+            torch.empty(heads * s, dtype=torch.float32, device=device),
+            torch.empty(heads * s * head_dim, dtype=torch.float32, device=device))
+
+
+def decode_attention(q, k_cache, v_cache, pos, *, out=None, scratch=None):
+    """One query row q [heads, D] (or [1, heads, D]) at position pos[0] against cache positions [0, pos[0]]."""
+    kv_heads, _, d = k_cache.shape
+    heads = q.numel() // d
+    if out is None:
+        out = torch.empty((heads, d), dtype=q.dtype, device=q.device)
+    m_part, l_part, acc_part = scratch if scratch is not None else attention_scratch(heads, d, q.device)
+    qk_scale = LOG2E / math.sqrt(d)
+    decode_attn_split_kernel[(kv_heads, DECODE_TILES["NUM_SPLITS"])](
+        q, k_cache, v_cache, pos, m_part, l_part, acc_part, qk_scale, heads // kv_heads,
+        k_cache.stride(0), k_cache.stride(1), HEAD_DIM=d, num_warps=4, **DECODE_TILES)
+    attn_combine_kernel[(heads,)](m_part, l_part, acc_part, out, HEAD_DIM=d,
+                                  NUM_SPLITS=DECODE_TILES["NUM_SPLITS"], num_warps=2)
+    return out
+
+
+def prefill_attention(q, k_cache, v_cache, pos, *, out=None):
+    """Causal attention for q [M, heads, D] at positions pos[0] + i over the cache [0, pos[0] + i]."""
+    m, heads, d = q.shape
+    kv_heads = k_cache.shape[0]
+    if out is None:
+        out = torch.empty_like(q)
+    grid = (triton.cdiv(m, PREFILL_TILES["BLOCK_M"]), heads)
+    prefill_attn_kernel[grid](q, k_cache, v_cache, pos, out, m, LOG2E / math.sqrt(d), heads // kv_heads,
+                              q.stride(0), out.stride(0), k_cache.stride(0), k_cache.stride(1), HEAD_DIM=d,
+                              num_warps=4, num_stages=2, **PREFILL_TILES)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+def sampler_state(seed: int, top_k: int, temperature: float, top_p: float, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fresh (state int64[5], params fp32[2]) for a take; `seed` is an unsigned 64-bit value."""
+    seed = int(seed) & (2**64 - 1)
+    signed = seed - 2**64 if seed >= 2**63 else seed
+    state = torch.tensor([0, signed, int(top_k), -1, 0], dtype=torch.int64, device=device)
+    params = torch.tensor([float(temperature), float(top_p)], dtype=torch.float32, device=device)
+    return state, params
+
+
+def sample(logits, embed, state, params, rows, x_out):
+    """Sample row `state[0]` from fp32 logits [8, 1026] (or flat), store it in rows [max_rows, 8] int32,
+    advance step / stop state in `state`, and write the row's fused embedding (embed [8208, hidden]) into
+    x_out [hidden] bf16."""
+    hidden = embed.shape[1]
+    sample_kernel[(1,)](logits, embed, state, params, rows, x_out, hidden, rows.shape[0], num_warps=8,
+                        **SAMPLER_TILE)
+    return x_out
+
+
+# ---------------------------------------------------------------------------------------------- host helpers
+def rope_tables(theta: float, head_dim: int, max_pos: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """bf16 cos/sin tables [max_pos, head_dim] of SPEC D4: fp32 angles, `cat(freqs, freqs)`, rounded to bf16."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = torch.arange(max_pos, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(torch.bfloat16).to(device), emb.sin().to(torch.bfloat16).to(device)
+
+
+def quantize_weight_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel FP8 e4m3: (w8 [N, K], scale fp32 [N]) with w ≈ w8 · scale[:, None]."""
+    amax = w.float().abs().amax(dim=1).clamp(min=1e-12)
+    scale = amax / FP8_MAX
+    return (w.float() / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale.contiguous()
+
+
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Static per-tensor FP8 e4m3 of x / scale (what the fused norm / silu·mul quantisers compute)."""
+    return (x.float() / scale.float()).clamp(-FP8_MAX, FP8_MAX).to(FP8)

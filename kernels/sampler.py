@@ -1,0 +1,157 @@
+"""The whole per-step sampling tail in one single-program kernel: 8 codebooks sampled per SPEC D6, the
+delay-window BOC forcing and the SGLang-Omni stop state of D5, the row written to a device history, and
+the fused audio embedding of that row written as the next step's input.
+
+Why one program: the step after it needs all 8 picks (the embedding sums the 8 rows), so a per-codebook
+grid would need a second launch or a cross-CTA handshake; the 8 × 1026 logits fit one [8, 2048] tile,
+and the embedding is 8 rows of W (40 KB). Every input that changes per step or per take lives in device
+memory, so the kernel is captured once in the decode graph:
+
+  state  int64[5]: step (rows sampled so far), seed, top_k, eoc countdown (-1 = no EOC yet), done flag
+  params fp32[2] : temperature, top_p
+  rows   int32[max_rows, 8]: row `step` is written here; x_out bf16[hidden]: Σ_k W[row_k + 1026·k]
+
+Sampling (D6), per codebook, everything in fp32: greedy (temperature ≤ 0) = argmax of the raw logits, ties
+to the lowest index. Otherwise p = softmax(logits / T); top-k (0 < k < 1026) keeps the k largest p, ties
+to the lower index; q = p / Σ kept; top-p (< 1) orders the kept entries by descending p (ties: lower index
+first) and keeps the shortest prefix whose q-mass reaches top_p (at least one); r = q / Σ kept; the pick is
+the first kept index, walking in ascending index, whose running r-sum exceeds u(seed, step, k)
+(splitmix64 counter RNG, uint64 wrap-around). Instead of sorting, both cuts find their threshold value by
+a 30-step bisection on the fp32 bit pattern (non-negative floats order like their bits) and then resolve
+ties at the threshold by index with a cumulative count — O(30·V) work, no O(V²) ranks, no sort.
+Masses are fp32 tree sums, so a different summation order (e.g. a sequential CPU loop) can only change a
+pick when u or top_p falls within float rounding of a boundary.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.spec import KernelSpec
+
+@triton.jit
+def _splitmix64(x):
+    x = x + 0x9E3779B97F4A7C15
+    z = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+    return z ^ (z >> 31)
+
+
+@triton.jit
+def _largest_bits_with_count(bits, keep, need, N_ROWS: tl.constexpr):
+    """Per row, the largest t with #{kept i: bits_i ≥ t} ≥ need (need ≥ 1 and ≤ #kept)."""
+    lo = tl.zeros((N_ROWS,), tl.int32)
+    hi = tl.max(tl.where(keep, bits, 0), axis=1)      # the answer is the bit pattern of a kept entry
+    for _ in tl.static_range(30):
+        mid = lo + (hi - lo + 1) // 2
+        cnt = tl.sum((keep & (bits >= mid[:, None])).to(tl.int32), axis=1)
+        ok = cnt >= need
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid - 1)
+    return lo
+
+
+@triton.jit
+def _largest_bits_with_mass(bits, keep, q, top_p, N_ROWS: tl.constexpr):
+    """Per row, the largest t with Σ{q_i: kept, bits_i ≥ t} ≥ top_p (0 when no t qualifies)."""
+    lo = tl.zeros((N_ROWS,), tl.int32)
+    hi = tl.max(tl.where(keep, bits, 0), axis=1)      # the answer is the bit pattern of a kept entry
+    for _ in tl.static_range(30):
+        mid = lo + (hi - lo + 1) // 2
+        mass = tl.sum(tl.where(keep & (bits >= mid[:, None]), q, 0.0), axis=1)
+        ok = mass >= top_p
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid - 1)
+    return lo
+
+
+@triton.jit
+def sample_kernel(LOGITS, EMBED, STATE, PARAMS, ROWS, X_OUT, hidden, max_rows,
+                  CODEBOOKS: tl.constexpr, VOCAB: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+                  MIN_EOC_STEP: tl.constexpr, TAIL_ROWS: tl.constexpr):
+    step = tl.load(STATE + 0)
+    seed = tl.load(STATE + 1)
+    top_k = tl.load(STATE + 2)
+    countdown = tl.load(STATE + 3)
+    done = tl.load(STATE + 4)
+    temperature = tl.load(PARAMS + 0)
+    top_p = tl.load(PARAMS + 1)
+
+    cb = tl.arange(0, CODEBOOKS)
+    v = tl.arange(0, BLOCK_V)
+    valid = (v < VOCAB)[None, :] & (cb >= 0)[:, None]                       # [CODEBOOKS, BLOCK_V]
+    logits = tl.load(LOGITS + cb[:, None] * VOCAB + v[None, :], mask=valid, other=float("-inf"))
+    pick = tl.argmax(logits, axis=1, tie_break_left=True).to(tl.int32)
+
+    if temperature > 0.0:
+        z = logits / temperature
+        e = tl.where(valid, tl.exp(z - tl.max(z, axis=1)[:, None]), 0.0)
+        p = e / tl.sum(e, axis=1)[:, None]
+        bits = p.to(tl.int32, bitcast=True)
+        vv = v[None, :] + cb[:, None] * 0                                    # index, broadcast to the tile
+        keep = valid
+        if (top_k > 0) & (top_k < VOCAB):
+            k32 = top_k.to(tl.int32)
+            t = _largest_bits_with_count(bits, keep, k32, CODEBOOKS)
+            above = keep & (bits > t[:, None])
+            tie = keep & (bits == t[:, None])
+            tie_rank = tl.cumsum(tie.to(tl.int32), axis=1) - tie.to(tl.int32)
+            room = k32 - tl.sum(above.to(tl.int32), axis=1)
+            keep = above | (tie & (tie_rank < room[:, None]))
+        q = tl.where(keep, p, 0.0)
+        q = q / tl.sum(q, axis=1)[:, None]
+        if top_p < 1.0:
+            t = _largest_bits_with_mass(bits, keep, q, top_p, CODEBOOKS)
+            above = keep & (bits > t[:, None])
+            tie = keep & (bits == t[:, None])
+            tie_rank = tl.cumsum(tie.to(tl.int32), axis=1) - tie.to(tl.int32)
+            mass_above = tl.sum(tl.where(above, q, 0.0), axis=1)
+            q_tie = tl.max(tl.where(tie, q, 0.0), axis=1)
+            before = mass_above[:, None] + tie_rank.to(tl.float32) * q_tie[:, None]
+            keep = above | (tie & ((tie_rank == 0) | (before < top_p)))
+            q = tl.where(keep, q, 0.0)
+            q = q / tl.sum(q, axis=1)[:, None]
+        # Counter RNG: u = (splitmix64(splitmix64(seed) ^ (step·8 + k)) >> 40) · 2⁻²⁴
+        ctr = (step * CODEBOOKS + cb).to(tl.uint64)
+        bits64 = _splitmix64(_splitmix64(seed.to(tl.uint64, bitcast=True)) ^ ctr)
+        u = (bits64 >> 40).to(tl.float32) * 5.9604644775390625e-08
+        running = tl.cumsum(q, axis=1)
+        first = tl.min(tl.where(keep & (running > u[:, None]), vv, BLOCK_V), axis=1)
+        last_kept = tl.max(tl.where(keep, vv, -1), axis=1)                  # u beyond the rounded total
+        pick = tl.where(first < BLOCK_V, first, last_kept).to(tl.int32)
+
+    # Delay window (D5): codebook k is BOC until step k.
+    pick = tl.where(cb.to(tl.int64) > step, VOCAB - 2, pick)
+
+    # Stop state (D5): EOC on codebook 0 counts from step MIN_EOC_STEP; TAIL_ROWS more rows follow it.
+    cb0 = tl.sum(tl.where(cb == 0, pick, 0), axis=0)
+    started = countdown >= 0
+    trigger = (countdown < 0) & (step >= MIN_EOC_STEP) & (cb0 == VOCAB - 1)
+    new_count = tl.where(trigger, TAIL_ROWS, tl.where(started, tl.maximum(countdown - 1, 0), countdown))
+    new_done = tl.where((trigger | started) & (new_count == 0), 1, done)
+
+    tl.store(ROWS + step * CODEBOOKS + cb, pick, mask=(cb.to(tl.int64) * 0 + step) < max_rows)
+    tl.store(STATE + 0, step + 1)
+    tl.store(STATE + 3, new_count.to(tl.int64))
+    tl.store(STATE + 4, new_done.to(tl.int64))
+
+    # Next input: the fused embedding of the row, summed in fp32, rounded once (SPEC Part 2 §3.2).
+    erow = (pick + cb * VOCAB).to(tl.int64)
+    hh = tl.arange(0, BLOCK_H)
+    for h0 in range(0, hidden, BLOCK_H):
+        hmask = (h0 + hh) < hidden
+        w = tl.load(EMBED + erow[:, None] * hidden + (h0 + hh)[None, :], mask=(cb >= 0)[:, None] & hmask[None, :],
+                    other=0.0)
+        tl.store(X_OUT + h0 + hh, tl.sum(w.to(tl.float32), axis=0).to(X_OUT.dtype.element_ty), mask=hmask)
+
+
+SAMPLER_TILE = dict(CODEBOOKS=8, VOCAB=1026, BLOCK_V=2048, BLOCK_H=512, MIN_EOC_STEP=8, TAIL_ROWS=6)
+
+KERNELS = [
+    KernelSpec(
+        name="sample_embed", fn=sample_kernel,
+        signature={"LOGITS": "*fp32", "EMBED": "*bf16", "STATE": "*i64", "PARAMS": "*fp32", "ROWS": "*i32",
+                   "X_OUT": "*bf16", "hidden": "i32", "max_rows": "i32"},
+        constexprs=SAMPLER_TILE, num_warps=8, divisibility_16=("LOGITS", "EMBED", "X_OUT", "hidden")),
+]
