@@ -31,11 +31,18 @@ TRIM_FRAME_SECONDS = 0.02
 TRIM_HOP_SECONDS = 0.005
 # Kept on each side of the detected sound, so soft onsets (/s/, /h/) and release tails survive the trim.
 TRIM_MARGIN_SECONDS = 0.04
+# A side is trimmed only when it holds more silence than this. Besides sparing clips that are already
+# tight, it makes preparation idempotent: a prepared clip (margin + < 1 frame of padding) passes through
+# unchanged, so code that prepares again before encoding encodes exactly the stored samples.
+TRIM_MIN_SECONDS = 0.1
 # A clip whose loudest sample is below −60 dBFS holds nothing the encoder can use.
 SILENCE_PEAK = 10 ** (-60 / 20)
 # Loudness: bring the speech (non-silent frames) to −20 dBFS RMS, but never let the peak pass 0.95.
 TARGET_RMS = 10 ** (-20 / 20)
 MAX_PEAK = 0.95
+# Gains smaller than this are not applied (inaudible, and keeps preparation idempotent), unless the
+# peak is over MAX_PEAK.
+GAIN_TOLERANCE_DB = 0.5
 # Refuse to decode more than this: a reference is seconds long, an hour-long upload is a mistake.
 MAX_DECODE_SECONDS = 20 * 60
 
@@ -111,7 +118,7 @@ def prepare_reference(audio: AudioSource, *, sample_rate: int | None = None, max
         notes.append(f"resampled from {rate} Hz to {SAMPLE_RATE} Hz")
 
     wav, gain_db = normalize_loudness(wav, SAMPLE_RATE)
-    if abs(gain_db) >= 1.0:
+    if gain_db:
         notes.append(f"made {'louder' if gain_db > 0 else 'quieter'} by {abs(gain_db):.1f} dB")
 
     pad = -len(wav) % SAMPLES_PER_FRAME
@@ -125,13 +132,15 @@ def trim_bounds(wav: np.ndarray, rate: int, *, top_db: float = TRIM_TOP_DB,
                 margin_seconds: float = TRIM_MARGIN_SECONDS) -> tuple[int, int]:
     """[start, end) of the part of `wav` louder than `top_db` below its loudest frame, plus a margin.
     Bounds are taken at frame centres: a frame that only grazes the sound already passes the threshold,
-    so its edge would add up to a whole frame of silence on top of the margin."""
+    so its edge would add up to a whole frame of silence on top of the margin. A side with no more than
+    `TRIM_MIN_SECONDS` of silence is left as it is."""
     rms, hop, frame = _frame_rms(wav, rate)
     loud = np.flatnonzero(rms >= rms.max() * 10 ** (-top_db / 20))
     margin = int(margin_seconds * rate)
     start = max(0, int(loud[0]) * hop + frame // 2 - margin)
     end = min(len(wav), int(loud[-1]) * hop + frame // 2 + margin)
-    return start, end
+    least = int(TRIM_MIN_SECONDS * rate)
+    return (start if start > least else 0), (end if len(wav) - end > least else len(wav))
 
 
 def normalize_loudness(wav: np.ndarray, rate: int) -> tuple[np.ndarray, float]:
@@ -142,7 +151,10 @@ def normalize_loudness(wav: np.ndarray, rate: int) -> tuple[np.ndarray, float]:
     speech_rms = float(np.sqrt(np.mean(active ** 2)))
     peak = float(np.max(np.abs(wav)))
     gain = min(TARGET_RMS / speech_rms, MAX_PEAK / peak)
-    return (wav * gain).astype(np.float32), 20 * float(np.log10(gain))
+    gain_db = 20 * float(np.log10(gain))
+    if abs(gain_db) < GAIN_TOLERANCE_DB and peak <= MAX_PEAK:  # the peak cap is never waived
+        return wav.astype(np.float32), 0.0
+    return (wav * gain).astype(np.float32), gain_db
 
 
 def _frame_rms(wav: np.ndarray, rate: int) -> tuple[np.ndarray, int, int]:

@@ -150,6 +150,28 @@ def test_already_prepared_clip_is_unchanged_in_length():
     assert not any("resampled" in n or "trimmed" in n for n in out.notes)
 
 
+def test_preparation_is_idempotent():
+    """Preparing a prepared clip (as stored by the voice library, 16-bit) changes nothing, so an encoder
+    that prepares its input again encodes exactly the stored samples."""
+    rate = 44100
+    once = prepare_reference((rate, padded(speechlike(2.5, rate, amplitude=0.05), rate, 0.7, 0.9)))
+    assert any("trimmed" in n for n in once.notes) and any("louder" in n for n in once.notes)
+    twice = prepare_reference((SAMPLE_RATE, once.wav))
+    np.testing.assert_array_equal(twice.wav, once.wav)
+    assert twice.notes == []
+    stored = np.round(once.wav * 32768).astype(np.int16)
+    again = prepare_reference((SAMPLE_RATE, stored))
+    np.testing.assert_array_equal(again.wav, stored / np.float32(32768))
+
+
+def test_tight_clip_is_not_trimmed():
+    rate = SAMPLE_RATE
+    sound = speechlike(2.0, rate)
+    out = prepare_reference((rate, padded(sound, rate, 0.05, 0.05)))
+    assert not any("trimmed" in n for n in out.notes)
+    assert len(out.wav) == -(-(len(sound) + 2 * int(0.05 * rate)) // SAMPLES_PER_FRAME) * SAMPLES_PER_FRAME
+
+
 def test_loudness_is_normalised_without_clipping():
     rate = SAMPLE_RATE
     quiet = prepare_reference((rate, speechlike(3.0, rate, amplitude=0.01)))

@@ -239,6 +239,25 @@ def test_bad_encoder_output_stores_nothing(lib, bad_codes, match):
     assert not lib.get(voice.id).has_codes
 
 
+def test_encoder_that_prepares_again_sees_the_stored_samples(lib):
+    """engine.encode_voice runs prepare_reference on what it is given; on library audio that must be a
+    no-op, or the codes would describe different samples (or a different frame count) than audio.wav."""
+    from engine.audio import prepare_reference
+
+    seen = []
+
+    def encode(wav):
+        again = prepare_reference((SAMPLE_RATE, wav)).wav
+        seen.append(np.array_equal(again, wav))
+        return fake_encode()(again)
+
+    voice = lib.add((44100, clip(rate=44100)[1]), name="Twice", consent=CONSENT, encode=encode)
+    lazy = lib.add(clip(pitch=230, seed=12), name="Later", consent=CONSENT)
+    lib.ensure_codes(lazy.id, encode)
+    assert seen == [True, True]
+    np.testing.assert_array_equal(voice.codes(), fake_encode()(voice.wav()))
+
+
 def test_voice_ref_for_the_engine(lib):
     pytest.importorskip("torch")
     prompt = pytest.importorskip("engine.prompt")
