@@ -74,7 +74,7 @@ def load_audio(source: AudioSource, *, sample_rate: int | None = None) -> tuple[
     `source` is a path, encoded bytes, a binary file object, Gradio's `(sample_rate, ndarray)` tuple
     (int16 / int32 / float, shape [n] or [n, channels]) or a bare ndarray with `sample_rate`.
     WAV/FLAC/OGG/MP3 go through libsndfile; anything else (m4a, webm, …) through audioread/ffmpeg."""
-    data, rate, _ = _decode(source, sample_rate)
+    data, rate = _decode(source, sample_rate)
     return _downmix(data), rate
 
 
@@ -87,7 +87,8 @@ def prepare_reference(audio: AudioSource, *, sample_rate: int | None = None, max
     zero-pad the end to whole 960-sample frames. `notes` lists, in words, what was changed."""
     if not 0 < min_seconds < max_seconds:
         raise ValueError(f"need 0 < min_seconds < max_seconds (got {min_seconds}, {max_seconds})")
-    data, rate, notes = _decode(audio, sample_rate)
+    data, rate = _decode(audio, sample_rate)
+    notes: list[str] = []
     if data.shape[1] > 1:
         notes.append(f"mixed {data.shape[1]} channels down to mono")
     wav = _downmix(data)
@@ -181,9 +182,8 @@ def _downmix(data: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(data.mean(axis=1) if data.shape[1] > 1 else data[:, 0], dtype=np.float32)
 
 
-def _decode(source: AudioSource, sample_rate: int | None) -> tuple[np.ndarray, int, list[str]]:
-    """Any accepted source → (float32 [n, channels], rate, notes), validated: non-empty, finite."""
-    notes: list[str] = []
+def _decode(source: AudioSource, sample_rate: int | None) -> tuple[np.ndarray, int]:
+    """Any accepted source → (float32 [n, channels], rate), validated: non-empty, finite."""
     if isinstance(source, tuple):
         if len(source) != 2 or not isinstance(source[1], np.ndarray):
             raise ReferenceAudioError("Audio given as a tuple must be (sample_rate, samples), as Gradio provides it.")
@@ -199,7 +199,7 @@ def _decode(source: AudioSource, sample_rate: int | None) -> tuple[np.ndarray, i
     if not np.all(np.isfinite(data)):
         raise ReferenceAudioError("The reference clip contains invalid samples (NaN or infinity). "
                                   "Re-export it from your audio editor and try again.")
-    return data, rate, notes
+    return data, rate
 
 
 def _check_rate(rate) -> int:

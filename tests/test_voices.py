@@ -399,7 +399,7 @@ def test_oversized_bundle_and_too_many_entries(tmp_path, source, monkeypatch):
     many = {f"f{i}/voice.json": b"{}" for i in range(voices_mod.MAX_IMPORT_VOICES * 4 + 1)}
     with pytest.raises(VoiceImportError, match="entries"):
         target.import_zip(_zip(many))
-    # A declared size that lies: the reader stops at the limit regardless of the header.
+    # One entry over its own limit (64 KiB for voice.json), though the bundle is small.
     with pytest.raises(VoiceImportError, match="limit"):
         target.import_zip(_zip({"a/voice.json": b" " * (ENTRY_LIMITS["voice.json"] + 1)}))
     assert target.list() == []
