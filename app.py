@@ -1,0 +1,137 @@
+"""Start Higgs Studio: parse flags and environment, load the engine once, warm it up, launch the page
+with the OpenAI-compatible API on the same port.
+
+    python app.py --demo                      # tiny random checkpoint: everything works, the audio is noise
+    python app.py --checkpoint ./higgs-tts-3-4b --port 7860 --mcp --api-key secret
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_CHECKPOINT = "bosonai/higgs-tts-3-4b"
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    env = os.environ
+    on_spaces = bool(env.get("SPACE_ID"))
+    p = argparse.ArgumentParser(description="Higgs Studio: a fast voice studio for Higgs Audio v3 TTS-4B.")
+    p.add_argument("--checkpoint", default=env.get("HIGGS_CHECKPOINT", DEFAULT_CHECKPOINT),
+                   help="checkpoint directory or Hugging Face id (env HIGGS_CHECKPOINT)")
+    p.add_argument("--demo", action="store_true", default=_env_flag("HIGGS_DEMO"),
+                   help="use a tiny random checkpoint (no download; the audio is noise) (env HIGGS_DEMO=1)")
+    p.add_argument("--device", default=env.get("HIGGS_DEVICE", "auto"), choices=["auto", "cpu", "cuda"])
+    p.add_argument("--precision", default=env.get("HIGGS_PRECISION", "auto"), choices=["auto", "fp8", "bf16", "fp32"])
+    p.add_argument("--host", default="0.0.0.0" if on_spaces else env.get("GRADIO_SERVER_NAME", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(env.get("PORT") or env.get("GRADIO_SERVER_PORT") or 7860))
+    p.add_argument("--share", action="store_true", help="also open a public gradio.live link")
+    p.add_argument("--mcp", action="store_true", default=_env_flag("GRADIO_MCP_SERVER"),
+                   help="serve the studio's tools over MCP at /gradio_api/mcp/")
+    p.add_argument("--api-key", default=env.get("HIGGS_API_KEY"), help="require this Bearer key on /v1/* routes")
+    p.add_argument("--voices-dir", default=env.get("HIGGS_VOICES_DIR"), help="where saved voices live")
+    p.add_argument("--remote", default=env.get("HIGGS_REMOTE"),
+                   help="drive a running vLLM-Omni / SGLang-Omni server at this URL instead of a local model")
+    return p.parse_args(argv)
+
+
+def configure_spaces() -> None:
+    """On Hugging Face Spaces keep downloads on the persistent volume so restarts don't re-fetch 9 GB."""
+    if os.environ.get("SPACE_ID") and Path("/data").is_dir():
+        os.environ.setdefault("HF_HOME", "/data/.huggingface")
+
+
+def load_engine(args: argparse.Namespace):
+    """The engine (or a remote client with the same interface); exits with one clear sentence on failure."""
+    if args.remote:
+        try:
+            from studio.remote import RemoteEngine
+        except ImportError:
+            sys.exit("--remote is not available in this build (studio/remote.py is missing); drop the flag.")
+        return RemoteEngine(args.remote)
+
+    from engine.checkpoint import CheckpointError
+    from engine.generate import Engine
+
+    if args.demo:
+        from engine.testing import demo_checkpoint
+        source = demo_checkpoint()
+    else:
+        source = args.checkpoint
+    print(f"Loading {source} (device={args.device}, precision={args.precision}) …", flush=True)
+    t0 = time.perf_counter()
+    try:
+        engine = Engine.load(source, device=args.device, precision=args.precision)
+    except CheckpointError as exc:
+        sys.exit(f"\nCannot load the checkpoint: {exc}\n\nTo try the studio without it: python app.py --demo")
+    except (ValueError, RuntimeError) as exc:  # device / precision / backend not available here
+        sys.exit(f"\nCannot start the engine: {exc}")
+    print(f"Loaded in {time.perf_counter() - t0:.1f} s: {engine.info.get('device')} · {engine.info.get('precision')}"
+          f" · {engine.info.get('backend')}" + (" · DEMO (random weights, the audio is noise)"
+                                                  if engine.info.get("demo") else ""), flush=True)
+    return engine
+
+
+def warm_up(engine) -> None:
+    """One short take so the first user's TTFA doesn't include lazy initialisation (allocator, kernels)."""
+    t0 = time.perf_counter()
+    try:
+        for _ in engine.generate_stream("Warm up.", seed=0, max_frames=8):
+            pass
+    except Exception as exc:  # a failed warm-up is not fatal: the first request will show the real error
+        logging.getLogger("higgs.studio").warning("warm-up failed: %s", exc)
+        return
+    print(f"Warmed up in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    args = parse_args(argv)
+    configure_spaces()
+    engine = load_engine(args)
+    warm_up(engine)
+
+    from studio.page import Page, launch_kwargs
+    from studio.presets import PresetStore
+    from studio.service import StudioService
+    from studio.voices import VoiceLibrary
+
+    voices = VoiceLibrary(args.voices_dir)
+    presets = PresetStore(voices.root / "presets.json")
+    service = StudioService(engine, voices, presets)
+    page = Page(service)
+    demo = page.build()
+    demo.queue(default_concurrency_limit=1, max_size=64)
+    try:
+        demo.launch(server_name=args.host, server_port=args.port, share=args.share, mcp_server=args.mcp,
+                    prevent_thread_lock=True, show_error=False, allowed_paths=[str(page.out_dir)],
+                    **launch_kwargs())
+    except OSError as exc:
+        sys.exit(f"Cannot listen on {args.host}:{args.port} ({exc}). Pick another port with --port or PORT.")
+    try:
+        from studio import api
+    except ImportError:
+        api = None
+    if api is not None:
+        api.register(demo.app, service, api_key=args.api_key)
+        print(f"OpenAI-compatible API: POST {demo.local_url.rstrip('/')}/v1/audio/speech"
+              + (" (Bearer key required)" if args.api_key else ""), flush=True)
+    if args.mcp:
+        print(f"MCP server: {demo.local_url.rstrip('/')}/gradio_api/mcp/", flush=True)
+    try:
+        demo.block_thread()
+    finally:
+        service.close()
+
+
+if __name__ == "__main__":
+    main()

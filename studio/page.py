@@ -1,0 +1,405 @@
+"""The Gradio page: layout and wiring over `StudioService` (generation, voices, presets, history).
+
+Everything here is policy-free: validation, queueing and recording live in the service, formatting in
+`render.py`. Errors the user can act on become `gr.Error` / `gr.Warning` toasts, never tracebacks.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import threading
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+
+from engine.config import SAMPLE_RATE
+from studio import render
+from studio.formats import available_formats, to_pcm16, write_audio
+from studio.service import MAX_FRAMES, MAX_SEED, ServiceBusy, StudioService, SynthesisRequest
+
+log = logging.getLogger("higgs.studio")
+
+GPU_QUEUE = "gpu"  # concurrency_id shared by every event that touches the engine
+NO_VOICE, CLIP_VOICE = "", "__clip__"
+STREAM_SECONDS = 1.0  # after the first chunk, stream in ~1 s pieces (Gradio's advice for smooth HLS playback)
+
+
+class Page:
+    """Builds the Blocks and holds per-session live requests (so Stop can cancel the right one)."""
+
+    def __init__(self, service: StudioService):
+        self.service = service
+        self.out_dir = Path(tempfile.mkdtemp(prefix="higgs-studio-"))
+        self._active: dict[str, SynthesisRequest] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ helpers
+
+    def voice_choices(self) -> list[tuple[str, str]]:
+        voices = self.service.list_voices()
+        return [("None (zero-shot)", NO_VOICE), ("Reference clip below (one-off)", CLIP_VOICE)] + \
+               [(v.name, v.id) for v in voices]
+
+    def style_choices(self) -> list[tuple[str, str]]:
+        styles = self.service.list_styles()
+        return ([] if any(not prefix for _, prefix in styles) else [("(none)", "")]) + styles
+
+    def take_file(self, take, fmt: str = "wav") -> str:
+        path = self.out_dir / f"take-{take.id}-seed{take.seed}.{fmt}"
+        if not path.exists():
+            write_audio(path, take.audio, take.sample_rate)
+        return str(path)
+
+    def take_outputs(self, take, takes: list[int]) -> tuple:
+        """(take player, download button, history table, takes state, last seed) for a finished take."""
+        takes = takes + [take.id] if take.id not in takes else takes
+        rows = render.history_rows(t for t in map(self.service.take, takes) if t is not None)
+        wav = self.take_file(take)
+        return wav, gr.update(value=wav, label="Download WAV"), rows, takes, take.seed
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, text, style, voice, clip, clip_text, temperature, top_p, top_k, seed, max_frames,
+                 repeat_guard, takes, request: gr.Request):
+        """Stream a take: audio chunks into the live player and the metrics panel, then the full take."""
+        ref = None
+        if voice == CLIP_VOICE:
+            if clip is None:
+                raise gr.Error("Voice is set to the reference clip, but no clip is loaded. Upload or record one.")
+            ref = (self._clip_array(clip), clip[0])
+        req = SynthesisRequest(
+            text=text or "", voice_id=voice if voice not in (NO_VOICE, CLIP_VOICE) else None,
+            style=style or None, temperature=temperature, top_k=int(top_k), top_p=top_p,
+            seed=None if seed is None or seed < 0 else int(seed), max_frames=int(max_frames) or None,
+            repeat_guard=int(repeat_guard) or None, ref_audio=ref, ref_text=clip_text or None, source="ui")
+        key = request.session_hash if request else "local"
+        with self._lock:
+            self._active[key] = req
+        yield {self.live: None, self.metrics: render.metrics_html(state="waiting", note="waiting for the GPU")}
+        buffer, sent, last = [], 0, None
+        try:
+            for chunk in self.service.stream(req):
+                last = chunk
+                if len(chunk.audio):
+                    buffer.append(chunk.audio)
+                samples = sum(len(b) for b in buffer)
+                sent_s = (sent + samples) / SAMPLE_RATE
+                if buffer and (chunk.final or sent == 0 or samples >= STREAM_SECONDS * SAMPLE_RATE):
+                    piece = np.concatenate(buffer)
+                    buffer, sent = [], sent + len(piece)
+                    yield {self.live: (SAMPLE_RATE, to_pcm16(piece)),
+                           self.metrics: render.metrics_html(chunk.metrics, state="streaming", seconds=sent_s,
+                                                             warnings=req.warnings)}
+        except ValueError as exc:  # bad request: text, settings, voice, style, reference clip
+            raise gr.Error(str(exc)) from None
+        except ServiceBusy as exc:
+            raise gr.Error(str(exc)) from None
+        except Exception as exc:
+            log.exception("generation failed")
+            raise gr.Error(f"Generation failed: {exc}") from None
+        finally:
+            if not req.finished.is_set():
+                req.cancel.set()  # Gradio closed us (Stop, client cancel, tab closed): free the GPU now
+            with self._lock:
+                if self._active.get(key) is req:
+                    del self._active[key]
+        if req.take is None:
+            return
+        take = req.take
+        state = "stopped" if take.stop_reason == "cancelled" else "done"
+        wav, dl, rows, takes, last_seed = self.take_outputs(take, takes or [])
+        yield {self.metrics: render.metrics_html(last.metrics, state=state, seconds=take.seconds,
+                                                 warnings=req.warnings),
+               self.take_audio: wav, self.download: dl, self.history: rows, self.takes: takes,
+               self.last_seed: last_seed, self.result: render.result_json(take, req.warnings)}
+
+    def stop(self, takes, request: gr.Request):
+        """Cancel this session's running take; show what was generated before the stop."""
+        with self._lock:
+            req = self._active.get(request.session_hash if request else "local")
+        if req is None:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        req.cancel.set()
+        if not req.finished.wait(5.0) or req.take is None:
+            return render.metrics_html(state="stopped"), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        take = req.take
+        return (render.metrics_html(take.metrics, state="stopped", seconds=take.seconds),
+                *self.take_outputs(take, takes or []))
+
+    @staticmethod
+    def _clip_array(clip) -> np.ndarray:
+        sr, data = clip
+        data = np.asarray(data)
+        if data.dtype.kind == "i":
+            data = data.astype(np.float32) / np.iinfo(data.dtype).max
+        return data.astype(np.float32).mean(axis=1) if data.ndim == 2 else data.astype(np.float32)
+
+    # ------------------------------------------------------------------ building
+
+    def build(self) -> gr.Blocks:
+        svc = self.service
+        with gr.Blocks(title="Higgs Studio") as demo:
+            self.header = gr.HTML(render.header_html(svc.status()))
+            self.takes, self.last_seed = gr.State([]), gr.State(None)
+            with gr.Tabs():
+                with gr.Tab("Studio", id="studio"):
+                    self._studio_tab()
+                with gr.Tab("Voices", id="voices"):
+                    self._voices_tab()
+            self.save_voice.click(self._save_voice, [self.clip, self.clip_text, self.voice_name, self.voice_desc,
+                                                     self.style, self.consent], [self.voice, self.voices_table],
+                                  concurrency_id=GPU_QUEUE, concurrency_limit=1, api_visibility="private")
+            demo.load(self.refresh_lists, None, [self.voice, self.style], queue=False, api_visibility="private")
+        self.demo = demo
+        return demo
+
+    def refresh_lists(self):
+        return gr.update(choices=self.voice_choices()), gr.update(choices=self.style_choices())
+
+    def _studio_tab(self):
+        svc = self.service
+        with gr.Row(equal_height=False):
+            with gr.Column(scale=3):
+                self.text = gr.Textbox(label="Text", lines=6, max_lines=20, elem_id="text", autofocus=True,
+                                       placeholder="Type what to say. Put delivery tags at the start of a sentence.")
+                self.estimate = gr.HTML(render.estimate_html(""), elem_id="estimate")
+                with gr.Accordion("Tag palette", open=True):
+                    gr.HTML(render.palette_html(), js_on_load=render.PALETTE_JS, elem_id="palette")
+                with gr.Row():
+                    self.style = gr.Dropdown(self.style_choices(), value="", label="Style preset",
+                                             allow_custom_value=True, scale=3, elem_id="style",
+                                             info="A tag prefix put before the text; pick one or type tags.")
+                    self.voice = gr.Dropdown(self.voice_choices(), value=NO_VOICE, label="Voice", scale=3,
+                                             allow_custom_value=True, elem_id="voice",
+                                             info="A saved voice, a one-off clip, or none (zero-shot).")
+                with gr.Row():
+                    generate = gr.Button("Generate", variant="primary", scale=3, elem_id="generate-btn")
+                    stop = gr.Button("Stop", variant="stop", scale=1, elem_id="stop-btn")
+                with gr.Accordion("Save the style as a preset", open=False):
+                    with gr.Row():
+                        preset_name = gr.Textbox(label="Preset name", scale=3)
+                        save_preset = gr.Button("Save preset", scale=1)
+                with gr.Accordion("Clone a voice", open=False, elem_id="clone"):
+                    self.clip = gr.Audio(label="Reference clip (3-15 s of clear speech)", type="numpy",
+                                         sources=["upload", "microphone"], elem_id="clip")
+                    self.clip_text = gr.Textbox(label="Transcript of the clip (improves cloning a lot)",
+                                                elem_id="clip-text")
+                    with gr.Row():
+                        self.voice_name = gr.Textbox(label="Name", elem_id="voice-name")
+                        self.voice_desc = gr.Textbox(label="Description", elem_id="voice-desc")
+                    self.consent = gr.Checkbox(label="I am this speaker, or I have their permission to clone this voice.",
+                                          elem_id="consent")
+                    self.save_voice = gr.Button("Save as voice", elem_id="save-voice")
+                with gr.Row():
+                    temperature = gr.Slider(0, 1.5, value=0.8, step=0.05, label="Temperature", scale=3,
+                                            info="0 = greedy (can loop); ~0.8-1.0 is lively and stable")
+                    seed = gr.Number(-1, label="Seed (-1 = random)", precision=0, minimum=-1, maximum=MAX_SEED,
+                                     scale=2, elem_id="seed")
+                    with gr.Column(scale=1, min_width=110):
+                        random_seed = gr.Button("Random", size="sm")
+                        reuse_seed = gr.Button("Reuse last", size="sm")
+                with gr.Accordion("Advanced", open=False):
+                    with gr.Row():
+                        top_p = gr.Slider(0.05, 1.0, value=0.8, step=0.05, label="top-p")
+                        top_k = gr.Slider(0, 200, value=30, step=1, label="top-k (0 = off)")
+                    with gr.Row():
+                        max_frames = gr.Number(0, label=f"Max length, frames (0 = auto; 25 = 1 s; ≤ {MAX_FRAMES})",
+                                               precision=0, minimum=0, maximum=MAX_FRAMES, elem_id="max-frames")
+                        repeat_guard = gr.Number(32, label="Repeat guard, frames (0 = off)", precision=0, minimum=0,
+                                                 elem_id="repeat-guard")
+            with gr.Column(scale=2):
+                self.live = gr.Audio(label="Live", streaming=True, autoplay=True, interactive=False,
+                                     elem_id="live")
+                self.metrics = gr.HTML(render.metrics_html(), label="Metrics", elem_id="metrics")
+                self.result = gr.JSON(label="Result", visible=False)  # the take's metrics and recipe, for API clients
+                self.take_audio = gr.Audio(label="Take", type="filepath", interactive=False, elem_id="take")
+                with gr.Row():
+                    fmt = gr.Dropdown([f for f in available_formats() if f != "pcm"], value="wav",
+                                      label="Format", scale=1, min_width=90)
+                    self.download = gr.DownloadButton("Download WAV", scale=2, elem_id="download")
+        with gr.Accordion("History (this session)", open=True):
+            self.history = gr.Dataframe(headers=render.HISTORY_HEADERS, interactive=False, wrap=True, label="History",
+                                        elem_id="history")
+            with gr.Row():
+                with gr.Column(scale=2):
+                    hist_audio = gr.Audio(label="Selected take", type="filepath", interactive=False)
+                    use_settings = gr.Button("Use these settings")
+                recipe = gr.Code(label="Recipe (settings + seed + voice id)", language="json", scale=3)
+            selected = gr.State(None)
+
+        inputs = [self.text, self.style, self.voice, self.clip, self.clip_text, temperature, top_p, top_k,
+                  seed, max_frames, repeat_guard, self.takes]
+        gen_event = generate.click(self.generate, inputs, [self.live, self.metrics, self.take_audio, self.download,
+                                                           self.history, self.takes, self.last_seed, self.result],
+                                   api_name="generate", concurrency_id=GPU_QUEUE, concurrency_limit=1)
+        stop.click(self.stop, [self.takes], [self.metrics, self.take_audio, self.download, self.history,
+                                             self.takes, self.last_seed],
+                   cancels=[gen_event], queue=False, api_name="stop")
+
+        lint_inputs = [self.text, self.voice, max_frames]
+        # .change, not .input: it also fires for palette inserts and "use these settings".
+        for trigger in (self.text.change, self.voice.change, max_frames.change):
+            trigger(lambda t, v, m: render.estimate_html(t, clone=bool(v), max_frames=int(m or 0) or None),
+                    lint_inputs, self.estimate, queue=False, show_progress="hidden", trigger_mode="always_last",
+                    api_visibility="private")
+        self.voice.change(self._voice_style, self.voice, self.style, queue=False, api_visibility="private")
+        self.clip.change(lambda c, v: CLIP_VOICE if c is not None and v == NO_VOICE else gr.skip(),
+                         [self.clip, self.voice], self.voice, queue=False, api_visibility="private")
+        random_seed.click(lambda: -1, None, seed, queue=False, api_visibility="private")
+        reuse_seed.click(self._reuse_seed, self.last_seed, seed, queue=False, api_visibility="private")
+        fmt.change(self._download_as, [fmt, self.takes], self.download, api_visibility="private")
+        save_preset.click(self._save_preset, [preset_name, self.style, self.text], self.style,
+                          api_visibility="private")
+        self.history.select(self._select_take, self.takes, [selected, hist_audio, recipe], api_visibility="private")
+        use_settings.click(self._use_settings, selected, [self.text, self.style, self.voice, temperature, top_p,
+                                                          top_k, seed, max_frames, repeat_guard],
+                           api_visibility="private")
+
+    # ------------------------------------------------------------------ small handlers
+
+    @staticmethod
+    def _reuse_seed(last):
+        if last is None:
+            gr.Warning("No take yet in this session: generate one first.")
+            return gr.skip()
+        return last
+
+    def _voice_style(self, voice_id):
+        voice = self.service.voices.get(voice_id) if voice_id not in (NO_VOICE, CLIP_VOICE) else None
+        return getattr(voice, "style", None) or gr.skip()
+
+    def _download_as(self, fmt, takes):
+        take = self.service.take(takes[-1]) if takes else None
+        if take is None:
+            return gr.update(label=f"Download {fmt.upper()}")
+        try:
+            return gr.update(value=self.take_file(take, fmt), label=f"Download {fmt.upper()}")
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from None
+
+    def _save_preset(self, name, style, text):
+        try:
+            prefix = self.service.save_style(name, style, text)
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from None
+        gr.Info(f"Saved preset {name!r}.")
+        return gr.update(choices=self.style_choices(), value=prefix)
+
+    def _save_voice(self, clip, transcript, name, description, style, consent):
+        if clip is None:
+            raise gr.Error("Upload or record a reference clip first.")
+        try:
+            voice = self.service.save_voice(self._clip_array(clip), clip[0], name=name, transcript=transcript,
+                                            description=description, style=style or None, consent=consent)
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from None
+        gr.Info(f"Saved voice {voice.name!r}.")
+        return gr.update(choices=self.voice_choices(), value=voice.id), self._voice_rows()
+
+    def _select_take(self, takes, evt: gr.SelectData):
+        rows = list(reversed(takes or []))
+        if evt.index is None or evt.index[0] >= len(rows):
+            return gr.skip(), gr.skip(), gr.skip()
+        take = self.service.take(rows[evt.index[0]])
+        if take is None:
+            raise gr.Error("That take has left the history (it keeps the latest takes only).")
+        return take.id, self.take_file(take), render.recipe_json(take)
+
+    def _use_settings(self, take_id):
+        take = self.service.take(take_id) if take_id is not None else None
+        if take is None:
+            raise gr.Error("Select a take in the history first.")
+        s = take.settings
+        return (take.text, take.style or "", take.voice_id or NO_VOICE, s["temperature"], s["top_p"], s["top_k"],
+                take.seed, s["max_frames"] or 0, s["repeat_guard"] or 0)
+
+    # ------------------------------------------------------------------ voices tab
+
+    def _voice_rows(self):
+        return [[v.name, v.id, getattr(v, "style", "") or "", (getattr(v, "transcript", "") or "")[:80],
+                 getattr(v, "description", "") or ""] for v in self.service.list_voices()]
+
+    def _voices_tab(self):
+        gr.Markdown("Saved voices: a reference clip, its transcript, a default style, and a consent record. "
+                    "Select a row to preview and edit it.")
+        self.voices_table = gr.Dataframe(self._voice_rows(), headers=["name", "id", "style", "transcript",
+                                                                      "description"],
+                                         interactive=False, wrap=True, elem_id="voices-table")
+        current = gr.State(None)
+        with gr.Row():
+            with gr.Column():
+                preview = gr.Audio(label="Reference clip", type="filepath", interactive=False)
+                export_one = gr.DownloadButton("Export this voice")
+            with gr.Column():
+                name = gr.Textbox(label="Name")
+                transcript = gr.Textbox(label="Transcript", lines=2)
+                description = gr.Textbox(label="Description")
+                style = gr.Textbox(label="Default style (tag prefix)")
+                with gr.Row():
+                    save = gr.Button("Save changes", variant="primary")
+                    confirm = gr.Checkbox(label="Yes, delete it", value=False)
+                    delete = gr.Button("Delete", variant="stop")
+        with gr.Row():
+            with gr.Column():
+                export_all = gr.Button("Export all voices (.zip)")
+                export_file = gr.File(label="Voice bundle", interactive=False)
+            bundle = gr.File(label="Import a voice bundle (.zip)", file_types=[".zip"])
+        fields = [name, transcript, description, style]
+
+        def select(evt: gr.SelectData):
+            voice = self.service.voices.get(self.voice_rows_ids()[evt.index[0]])
+            return (voice.id, self.service.voice_audio_path(voice), voice.name, voice.transcript or "",
+                    voice.description or "", voice.style or "", self.service.export_voices([voice.id]))
+
+        def save_changes(voice_id, *values):
+            if not voice_id:
+                raise gr.Error("Select a voice first.")
+            try:
+                self.service.update_voice(voice_id, **dict(zip(("name", "transcript", "description", "style"), values)))
+            except ValueError as exc:
+                raise gr.Error(str(exc)) from None
+            gr.Info("Saved.")
+            return self._voice_rows(), gr.update(choices=self.voice_choices())
+
+        def remove(voice_id, sure):
+            if not voice_id:
+                raise gr.Error("Select a voice first.")
+            if not sure:
+                raise gr.Error("Tick 'Yes, delete it' to confirm.")
+            self.service.voices.delete(voice_id)
+            return self._voice_rows(), gr.update(choices=self.voice_choices(), value=NO_VOICE), None, False
+
+        def import_bundle(path):
+            if not path:
+                return gr.skip(), gr.skip()
+            try:
+                added = self.service.import_voices(path)
+            except ValueError as exc:
+                raise gr.Error(str(exc)) from None
+            gr.Info(f"Imported {len(added)} voice(s).")
+            return self._voice_rows(), gr.update(choices=self.voice_choices())
+
+        priv = dict(api_visibility="private")
+        self.voices_table.select(select, None, [current, preview, *fields, export_one], **priv)
+        save.click(save_changes, [current, *fields], [self.voices_table, self.voice], **priv)
+        delete.click(remove, [current, confirm], [self.voices_table, self.voice, current, confirm], **priv)
+        export_all.click(lambda: self.service.export_voices(None), None, export_file, **priv)
+        bundle.upload(import_bundle, bundle, [self.voices_table, self.voice], **priv)
+
+    def voice_rows_ids(self) -> list[str]:
+        return [v.id for v in self.service.list_voices()]
+
+
+def build_page(service: StudioService) -> gr.Blocks:
+    return Page(service).build()
+
+
+def launch_kwargs() -> dict:
+    """Arguments that Gradio 6 takes at launch() rather than Blocks(): theme and CSS."""
+    theme = gr.themes.Soft(primary_hue="indigo", secondary_hue="blue", neutral_hue="slate",
+                           font=["Inter", "ui-sans-serif", "system-ui", "sans-serif"],
+                           font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
+    return {"theme": theme, "css": render.CSS}
+

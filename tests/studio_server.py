@@ -1,0 +1,64 @@
+"""Start `python app.py --demo` on a free localhost port for the client and browser tests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 240  # load + warm-up of the tiny demo model, on a busy 2-core CI machine
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def need_ffmpeg() -> None:
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("ffmpeg is not on PATH: Gradio's streaming audio output needs it (apt-get install ffmpeg)")
+
+
+@contextlib.contextmanager
+def running_studio(tmp: Path, *args: str):
+    """Yield the base URL of a studio started with --demo; its output goes to `tmp/app.log`."""
+    port = free_port()
+    env = {**os.environ, "HIGGS_VOICES_DIR": str(tmp / "voices"), "GRADIO_ANALYTICS_ENABLED": "False",
+           "PYTHONUNBUFFERED": "1"}
+    env.pop("SPACE_ID", None)
+    log = open(tmp / "app.log", "w")
+    proc = subprocess.Popen([sys.executable, "app.py", "--demo", "--port", str(port), *args], cwd=REPO, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"app.py exited with {proc.returncode}:\n{(tmp / 'app.log').read_text()[-3000:]}")
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"app.py did not answer in {START_TIMEOUT_S} s:\n"
+                                   f"{(tmp / 'app.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
