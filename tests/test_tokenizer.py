@@ -58,9 +58,9 @@ def test_matches_tiktoken_on_ordinary_text(tok):
     import base64
     import unicodedata
 
-    from engine.testing import _ranks_path
+    from engine.testing import ranks_path
 
-    ranks = {base64.b64decode(t): int(r) for t, r in (l.split() for l in _ranks_path().read_bytes().splitlines() if l)}
+    ranks = {base64.b64decode(t): int(r) for t, r in (l.split() for l in ranks_path().read_bytes().splitlines() if l)}
     enc = tiktoken.Encoding("qwen", pat_str=QWEN2_SPLIT, mergeable_ranks=ranks, special_tokens={})
     texts = ["Hello, world!  Ça va?  日本語のテキストです。", "def f(x):\n\treturn x**2  # 12345 \r\n\n",
              "Ünïcödé naïve café — “quotes” … emoji 🎉🤖", "I'll've we're THEY'RE don't", "   spaces   ",
