@@ -1,0 +1,693 @@
+"""OpenAI-compatible HTTP routes on the studio's own FastAPI app: same process, same engine, same queue.
+
+    studio.api.register(app, service, api_key=None)
+
+adds `POST /v1/audio/speech`, the voice routes `GET|POST /v1/audio/voices`, `GET|DELETE
+/v1/audio/voices/{id}`, `GET /v1/models` and `GET /health` (docs/API.md has the fields and examples).
+Routes only: they validate, translate the request into a `SynthesisRequest`, and format what
+`StudioService` yields. Generation, queueing and voice storage happen in the service and the library.
+
+Three decisions shape this module:
+* **No instruction slot** (SPEC D1): `instructions` may be a style preset name or a prefix of known inline
+  tags; plain-language instructions are refused with a 400, because the model would read them aloud.
+* **Auth before bodies**: with an API key set, every `/v1/*` route checks `Authorization: Bearer` from the
+  headers alone and answers 401 before a byte of the body is read (so routes parse bodies themselves
+  instead of through FastAPI's body parameters, which are read before any dependency runs).
+* **Streaming is the default** (OpenAI's `stream_format="audio"`): `pcm` and `wav` go out as frames are
+  decoded (`wav` with a streaming header whose sizes are 0xFFFFFFFF); flac/mp3/opus/aac are encoded once
+  the take is complete. A request never takes the server down: every failure becomes a JSON error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import json
+import logging
+import re
+import struct
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import anyio
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from engine.audio import ReferenceAudioError, load_audio
+from engine.config import SAMPLE_RATE
+from studio.formats import MIME, FormatError, available_formats, encode_audio, to_pcm16
+from studio.presets import check_style_prefix
+from studio.service import MAX_TEXT_CHARS, ServiceBusy, ServiceClosed, SynthesisRequest
+from studio.voices import DEFAULT_CONSENT_STATEMENT, Consent, VoiceNotFound
+
+log = logging.getLogger("higgs.api")
+
+MODEL_IDS = ("higgs-audio-v3-tts", "higgs-tts-3")
+# OpenAI's built-in voice names. Clients (Open WebUI, the SDK's examples) send them by default; they are
+# not Higgs voices, so unless a saved voice has that name they mean "the default voice": zero-shot.
+OPENAI_VOICES = frozenset("alloy ash ballad coral echo fable onyx nova sage shimmer verse marin cedar".split())
+DEFAULT_VOICE = "default"
+MAX_UPLOAD_BYTES = 10 * 1024 * 1024  # reference clips: Boson's and SGLang-Omni's limit
+# A JSON speech body may carry a base64 clip (4/3 of 10 MB) beside the text; anything larger is refused
+# before it is parsed.
+MAX_JSON_BYTES = 16 * 1024 * 1024
+FORM_OVERHEAD = 64 * 1024  # multipart boundaries and the small text fields around the clip
+SPEED_RANGE = (0.25, 4.0)
+REQUEST_TIMEOUT_S = 600.0
+
+# `speed` has no direct control in Higgs: it becomes one of the four prosody speed tags.
+_SPEED_TAGS = ("<|prosody:speed_very_slow|>", "<|prosody:speed_slow|>", "<|prosody:speed_fast|>",
+               "<|prosody:speed_very_fast|>")
+_TAG_RE = re.compile(r"<\|[^<>|]{0,64}\|>")
+_TAGS_ONLY_RE = re.compile(r"^(\s*<\|[^<>|]{0,64}\|>)+\s*$")
+
+
+class ApiError(Exception):
+    """An error the client can act on, answered as OpenAI's `{"error": {...}}` body."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+
+    def response(self) -> JSONResponse:
+        kind = {401: "authentication_error", 404: "not_found_error", 503: "server_busy", 504: "timeout"}.get(
+            self.status, "invalid_request_error" if self.status < 500 else "server_error")
+        body = {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+# ---------------------------------------------------------------------------------------------- request model
+
+class SpeechRequest(BaseModel):
+    """The body of `POST /v1/audio/speech`: OpenAI's fields plus the Higgs extensions."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str = MODEL_IDS[0]
+    input: str
+    voice: str | dict | None = None
+    instructions: str | None = Field(default=None, max_length=4096)
+    response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = "mp3"
+    speed: float = 1.0
+    stream_format: Literal["audio", "sse"] = "audio"
+    stream: bool | None = None  # SGLang-Omni / vLLM-Omni / Boson spelling; False asks for one buffered body
+    # Higgs extensions (SGLang-Omni names).
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    max_frames: int | None = None
+    max_new_tokens: int | None = None  # SGLang-Omni / vLLM-Omni name for max_frames
+    repeat_guard: int | None = 32  # stop a take whose last N frames repeat; null disables it
+    ref_audio: str | None = None
+    ref_text: str | None = None
+
+    @field_validator("response_format", "stream_format", mode="before")
+    @classmethod
+    def _lower(cls, v):
+        return v.lower() if isinstance(v, str) else v
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ())) or "body"
+        parts.append(f"`{where}`: {err.get('msg', 'invalid')}")
+    return "Invalid request: " + "; ".join(parts)
+
+
+def speed_tag(speed: float) -> str:
+    """`speed` → the prosody tag that approximates it ('' for normal speed). Out of range → ValueError."""
+    lo, hi = SPEED_RANGE
+    if not lo <= speed <= hi:
+        raise ValueError(f"speed must be between {lo} and {hi} (got {speed:g}).")
+    if speed <= 0.6:
+        return _SPEED_TAGS[0]
+    if speed < 0.9:
+        return _SPEED_TAGS[1]
+    if speed >= 1.6:
+        return _SPEED_TAGS[3]
+    if speed > 1.15:
+        return _SPEED_TAGS[2]
+    return ""
+
+
+def check_instructions(instructions: str) -> str:
+    """Accept `instructions` made only of known sentence-level tags (a style prefix); refuse anything the
+    model would read aloud."""
+    text = instructions.strip()
+    if not _TAGS_ONLY_RE.match(text):
+        raise ApiError(400, "Higgs Audio v3 has no instruction slot: plain-language `instructions` would be read "
+                            "aloud as part of the speech. Send a style preset name (GET /v1/audio/styles lists "
+                            "them) or inline tags such as <|emotion:contemplation|><|prosody:speed_slow|>.",
+                       param="instructions", code="unsupported_instructions")
+    try:
+        return check_style_prefix(text)
+    except ValueError as exc:
+        raise ApiError(400, f"`instructions`: {exc}", param="instructions", code="invalid_style") from None
+
+
+def decode_ref_audio(value: str) -> bytes:
+    """`ref_audio` as base64 or a `data:audio/...;base64,` URL → the encoded clip's bytes."""
+    value = value.strip()
+    if value.startswith(("http://", "https://", "file:")):
+        raise ApiError(400, "`ref_audio` must be base64 or a data URL; this server does not fetch URLs or files.",
+                       param="ref_audio")
+    if value.startswith("data:"):
+        head, _, value = value.partition(",")
+        if ";base64" not in head:
+            raise ApiError(400, "`ref_audio` data URL must be base64-encoded (data:audio/wav;base64,...).",
+                           param="ref_audio")
+    try:
+        data = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ApiError(400, "`ref_audio` is not valid base64.", param="ref_audio") from None
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise ApiError(413, f"`ref_audio` is {len(data) / 1e6:.1f} MB; the limit is {MAX_UPLOAD_BYTES // 2**20} MB.",
+                       param="ref_audio")
+    return data
+
+
+# ---------------------------------------------------------------------------------------------- voices
+
+def voice_json(voice) -> dict[str, Any]:
+    """One saved voice (`studio.voices.Voice`) as the API shows it (the same fields in both list shapes)."""
+    try:
+        created = int(datetime.fromisoformat(voice.created).timestamp())
+    except (TypeError, ValueError):
+        created = None
+    return {"id": voice.id, "object": "audio.voice", "name": voice.name, "ref_text": voice.transcript or None,
+            "description": voice.description or None, "style": voice.style or None, "seed": voice.seed,
+            "seconds": round(voice.seconds, 2), "created_at": created}
+
+
+_DEFAULT_VOICE_JSON = {"id": DEFAULT_VOICE, "object": "audio.voice", "name": "Default (zero-shot)", "ref_text": None,
+                       "description": "The model's own voice, no reference clip.", "style": None, "seed": None,
+                       "seconds": None, "created_at": None}
+
+
+@dataclass
+class _Resolved:
+    voice: Any  # the saved `Voice`, or None for zero-shot
+    note: str | None = None
+
+
+def resolve_voice(service, voice) -> _Resolved:
+    """`voice` as sent (a string, `{"id": ...}` or nothing) → a saved voice, or zero-shot with a note."""
+    if isinstance(voice, dict):
+        key = voice.get("id")
+        if not isinstance(key, str) or not key:
+            raise ApiError(422, "`voice` as an object must be {\"id\": \"<voice id>\"}.", param="voice")
+        voice = key
+    if voice is None or not str(voice).strip() or str(voice).strip().lower() == DEFAULT_VOICE:
+        return _Resolved(None)
+    key = str(voice).strip()
+    if service.voices is not None:
+        try:
+            return _Resolved(service.voices.get(key))
+        except VoiceNotFound:
+            pass
+    if key.lower() in OPENAI_VOICES:
+        return _Resolved(None, f"'{key}' is an OpenAI voice name and no saved voice has it: used the default "
+                               f"(zero-shot) voice")
+    raise ApiError(404, f"No voice {key!r}. GET /v1/audio/voices lists the saved voices; omit `voice` (or send "
+                        f"\"default\") for the zero-shot voice.", param="voice", code="voice_not_found")
+
+
+# ---------------------------------------------------------------------------------------------- audio helpers
+
+def streaming_wav_header(sample_rate: int = SAMPLE_RATE) -> bytes:
+    """A 16-bit mono WAV header for a stream of unknown length: RIFF and data sizes are 0xFFFFFFFF, the
+    convention libsndfile, ffmpeg and browsers read as 'until the end of the stream'."""
+    unknown = 0xFFFFFFFF
+    fmt = struct.pack("<HHIIHH", 1, 1, sample_rate, sample_rate * 2, 2, 16)
+    return b"RIFF" + struct.pack("<I", unknown) + b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + \
+        b"data" + struct.pack("<I", unknown)
+
+
+def _metric(metrics, name, default=None):
+    value = getattr(metrics, name, None) if metrics is not None else None
+    return default if value is None else value
+
+
+def metric_headers(metrics, seed, *, final: bool) -> dict[str, str]:
+    headers = {"x-sample-rate": str(SAMPLE_RATE), "X-Seed": str(seed)}
+    ttfa = _metric(metrics, "ttfa_ms")
+    if ttfa is not None:
+        headers["X-TTFA-ms"] = f"{float(ttfa):.1f}"
+    if final:
+        for header, name, fmt in (("X-RTF", "rtf", "{:.4f}"), ("X-Frames", "frames", "{:d}"),
+                                  ("X-Stop-Reason", "stop_reason", "{}")):
+            value = _metric(metrics, name)
+            if value not in (None, ""):
+                headers[header] = fmt.format(int(value) if fmt == "{:d}" else value)
+    return headers
+
+
+def _ascii_header(text: str) -> str:
+    return text.encode("ascii", "replace").decode().replace("\n", " ")[:1000]
+
+
+# ---------------------------------------------------------------------------------------------- the routes
+
+class SpeechAPI:
+    """The routes' state: the service, the key, the limits, and a thread limiter of its own (requests
+    waiting for their turn on the GPU sit in threads; they must not starve Gradio's own thread pool)."""
+
+    def __init__(self, service, *, api_key: str | None, request_timeout: float):
+        self.service = service
+        self.api_key = api_key or None
+        self.request_timeout = request_timeout
+        self.limiter = anyio.CapacityLimiter(max(8, int(getattr(service, "max_queue", 64)) + 4))
+
+    # ------------------------------------------------------------ plumbing
+
+    def check_auth(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise ApiError(401, "Missing or wrong API key: send `Authorization: Bearer <key>`.",
+                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    async def read_body(self, request: Request, limit: int) -> bytes:
+        """The body, refused with 413 as soon as it passes `limit` (never buffered beyond it)."""
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            raise ApiError(413, f"Request body is {int(declared) / 1e6:.1f} MB; the limit is {limit / 1e6:.0f} MB.")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, f"Request body is over the {limit / 1e6:.0f} MB limit.")
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        request._body = body  # so request.form() parses what was already read
+        return body
+
+    async def in_thread(self, fn, *args):
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+    # ------------------------------------------------------------ speech
+
+    async def speech(self, request: Request) -> Response:
+        self.check_auth(request)
+        body = await self.read_body(request, MAX_JSON_BYTES)
+        try:
+            payload = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"Request body is not valid JSON ({exc}). Send a JSON object like "
+                                f'{{"model": "{MODEL_IDS[0]}", "input": "Hello", "voice": "default"}}.') from None
+        if not isinstance(payload, dict):
+            raise ApiError(400, "Request body must be a JSON object.")
+        try:
+            req = SpeechRequest.model_validate(payload)
+        except ValidationError as exc:
+            raise ApiError(422, _validation_message(exc)) from None
+
+        synth, notes = await self.build_request(req)
+        started = time.perf_counter()
+        run = _Run(self, synth)
+        first = await run.first(request)
+        headers = metric_headers(first.metrics if first else None, synth.seed, final=bool(first and first.final))
+        warnings = [*notes, *synth.warnings]
+        if warnings:
+            headers["X-Warnings"] = _ascii_header("; ".join(warnings))
+        fmt = req.response_format
+        streamable = fmt in ("pcm", "wav") and req.stream is not False
+        if req.stream_format == "sse":
+            return StreamingResponse(self._sse(run, first, fmt, len(req.input), started),
+                                     media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
+        if streamable:
+            return StreamingResponse(self._audio_stream(run, first, fmt), media_type=MIME[fmt], headers=headers)
+        audio, last = await run.collect(first)
+        data, mime = await self.in_thread(encode_audio, audio, SAMPLE_RATE, fmt)
+        headers.update(metric_headers(last.metrics, synth.seed, final=True))
+        return Response(data, media_type=mime, headers=headers)
+
+    async def build_request(self, req: SpeechRequest) -> tuple[SynthesisRequest, list[str]]:
+        if not req.input.strip():
+            raise ApiError(400, "`input` is empty: send the text to speak.", param="input")
+        if len(req.input) > MAX_TEXT_CHARS:
+            raise ApiError(400, f"`input` is {len(req.input)} characters; the limit is {MAX_TEXT_CHARS}. Split the "
+                                f"text into several requests.", param="input", code="string_above_max_length")
+        if req.response_format not in available_formats():
+            raise ApiError(400, f"response_format {req.response_format!r} needs ffmpeg, which this server does not "
+                                f"have; ask for one of {', '.join(available_formats())}.", param="response_format")
+        notes: list[str] = []
+        resolved = resolve_voice(self.service, req.voice)
+        if resolved.note:
+            notes.append(resolved.note)
+        if resolved.voice is not None and req.ref_audio:
+            raise ApiError(400, "Send either `voice` (a saved voice) or `ref_audio` (a one-off clone), not both.",
+                           param="ref_audio")
+        style = self.instructions_style(req.instructions)
+        if style is None and resolved.voice is not None:  # the saved voice's default style, as in the studio
+            style = resolved.voice.style or None
+        preset = self.service.presets.get(style) if style and self.service.presets is not None else None
+        try:
+            tag = speed_tag(float(req.speed))
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="speed") from None
+        if tag:
+            try:
+                prefix = self.service.resolve_style(style)
+            except ValueError as exc:
+                raise ApiError(400, str(exc), param="instructions") from None
+            replaced = [t for t in _SPEED_TAGS if t in prefix]
+            for t in replaced:  # an explicit `speed` wins over the style's own speed tag
+                prefix = prefix.replace(t, "")
+            style = prefix + tag
+            notes.append(f"speed {req.speed:g} -> {tag}" + (f" (instead of {replaced[0]})" if replaced else ""))
+        ref_audio = None
+        if req.ref_audio:
+            data = decode_ref_audio(req.ref_audio)
+            try:
+                ref_audio = await self.in_thread(load_audio, data)
+            except ValueError as exc:
+                raise ApiError(400, f"`ref_audio` could not be read as audio: {exc}", param="ref_audio") from None
+        max_frames = req.max_frames if req.max_frames is not None else req.max_new_tokens
+        synth = SynthesisRequest(text=req.input, voice_id=resolved.voice.id if resolved.voice else None, style=style,
+                                 seed=req.seed, max_frames=max_frames, repeat_guard=req.repeat_guard, ref_audio=ref_audio,
+                                 ref_text=req.ref_text, source="api")
+        if req.temperature is None and getattr(preset, "temperature", None) is not None:
+            synth.temperature = preset.temperature  # the preset's suggestion, as the studio page applies it
+        for name in ("temperature", "top_p", "top_k"):
+            value = getattr(req, name)
+            if value is not None:
+                setattr(synth, name, value)
+        try:
+            synth.validate()
+            if style is not None:
+                self.service.resolve_style(style)
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        return synth, notes
+
+    def instructions_style(self, instructions: str | None) -> str | None:
+        """`instructions` → a style for the service: a preset name as is, or a validated tag prefix."""
+        text = (instructions or "").strip()
+        if not text:
+            return None
+        presets = self.service.presets
+        if presets is not None and presets.get(text) is not None:
+            return text
+        return check_instructions(text)
+
+    async def _audio_stream(self, run: "_Run", first, fmt: str) -> AsyncIterator[bytes]:
+        if fmt == "wav":
+            yield streaming_wav_header()
+        async for chunk in run.chunks(first):
+            if len(chunk.audio):
+                yield to_pcm16(chunk.audio).tobytes()
+
+    async def _sse(self, run: "_Run", first, fmt: str, input_chars: int, started: float) -> AsyncIterator[bytes]:
+        def event(obj) -> bytes:
+            return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+        def delta(data: bytes) -> bytes:
+            return event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+
+        last = None
+        try:
+            if fmt in ("pcm", "wav"):
+                if fmt == "wav":
+                    yield delta(streaming_wav_header())
+                async for chunk in run.chunks(first):
+                    last = chunk
+                    if len(chunk.audio):
+                        yield delta(to_pcm16(chunk.audio).tobytes())
+            else:
+                audio, last = await run.collect(first)
+                data, _ = await self.in_thread(encode_audio, audio, SAMPLE_RATE, fmt)
+                yield delta(data)
+        except ApiError as exc:
+            yield event({"type": "error", "error": {"message": exc.message, "code": exc.code}})
+            return
+        except Exception as exc:  # the headers are gone: report in-band, keep the server up
+            log.exception("speech SSE stream failed")
+            yield event({"type": "error", "error": {"message": f"{type(exc).__name__}: {exc}"}})
+            return
+        metrics = last.metrics if last is not None else None
+        frames = int(_metric(metrics, "frames", 0))
+        prompt_tokens = int(_metric(metrics, "prompt_tokens", 0) or input_chars)
+        yield event({"type": "speech.audio.done",
+                     "usage": {"input_tokens": prompt_tokens, "output_tokens": frames,
+                               "total_tokens": prompt_tokens + frames},
+                     "metrics": {"ttfa_ms": _metric(metrics, "ttfa_ms"), "rtf": _metric(metrics, "rtf"),
+                                 "frames": frames, "seed": run.synth.seed,
+                                 "stop_reason": _metric(metrics, "stop_reason"),
+                                 "wall_ms": round((time.perf_counter() - started) * 1000, 1)}})
+
+    # ------------------------------------------------------------ voices
+
+    def _library(self):
+        if self.service.voices is None:
+            raise ApiError(404, "This server has no voice library configured.")
+        return self.service.voices
+
+    def _get(self, key: str):
+        try:
+            return self._library().get(key)
+        except VoiceNotFound:
+            raise ApiError(404, f"No voice {key!r}; GET /v1/audio/voices lists them.", param="voice_id",
+                           code="voice_not_found") from None
+
+    async def list_voices(self, request: Request) -> JSONResponse:
+        """Saved voices. Default shape `{"voices": [...]}` (what Open WebUI reads, with the zero-shot
+        "default" first); `?format=openai` gives OpenAI's `{"object": "list", "data": [...]}`."""
+        self.check_auth(request)
+        voices = [voice_json(v) for v in await self.in_thread(self._library().list)]
+        if request.query_params.get("format", "").lower() == "openai":
+            return JSONResponse({"object": "list", "data": voices})
+        return JSONResponse({"voices": [_DEFAULT_VOICE_JSON, *voices]})
+
+    async def get_voice(self, request: Request) -> JSONResponse:
+        self.check_auth(request)
+        voice = await self.in_thread(self._get, request.path_params["voice_id"])
+        return JSONResponse(voice_json(voice))
+
+    async def create_voice(self, request: Request) -> JSONResponse:
+        """Multipart `audio_sample` (≤ 10 MB), `name`, `consent` (required), `ref_text` (the clip's transcript;
+        recommended), optional `description`, `style`, `asserted_by`."""
+        self.check_auth(request)
+        self._library()
+        if "multipart/form-data" not in request.headers.get("content-type", ""):
+            raise ApiError(400, "Send the voice as multipart/form-data with fields audio_sample (the clip), name, "
+                                "ref_text (its transcript) and consent.")
+        await self.read_body(request, MAX_UPLOAD_BYTES + FORM_OVERHEAD)
+        try:
+            form = await request.form(max_files=2, max_fields=16)
+        except Exception as exc:  # malformed multipart
+            raise ApiError(400, f"Could not parse the multipart form: {exc}") from None
+        upload = form.get("audio_sample")
+        if upload is None or isinstance(upload, str):
+            raise ApiError(400, "Field `audio_sample` (the reference clip, as a file) is required.",
+                           param="audio_sample")
+        data = await upload.read()
+        if len(data) > MAX_UPLOAD_BYTES:
+            raise ApiError(413, f"`audio_sample` is {len(data) / 1e6:.1f} MB; the limit is "
+                                f"{MAX_UPLOAD_BYTES // 2**20} MB.", param="audio_sample")
+        fields = {k: str(form.get(k) or "").strip() for k in
+                  ("name", "consent", "ref_text", "transcript", "description", "style", "asserted_by")}
+        if not fields["name"]:
+            raise ApiError(400, "Field `name` is required.", param="name")
+        if fields["consent"].lower() in ("", "false", "no", "0", "off"):
+            raise ApiError(400, "Field `consent` is required: confirm that the speaker agreed to have their voice "
+                                "cloned (\"true\", a statement, or a consent id; it is stored with the voice).",
+                           param="consent")
+        statement = DEFAULT_CONSENT_STATEMENT if fields["consent"].lower() in ("true", "yes", "1", "on") \
+            else fields["consent"]
+        consent = Consent(asserted_by=fields["asserted_by"] or "API client", statement=statement)
+        try:
+            samples, rate = await self.in_thread(load_audio, data)
+        except ValueError as exc:
+            raise ApiError(400, f"`audio_sample` could not be read as audio: {exc}", param="audio_sample") from None
+        style = self.instructions_style(fields["style"]) if fields["style"] else None
+        try:
+            voice = await self.in_thread(lambda: self.service.save_voice(
+                samples, rate, name=fields["name"], transcript=fields["ref_text"] or fields["transcript"] or None,
+                description=fields["description"], style=style, consent=consent))
+        except (ServiceBusy, ServiceClosed) as exc:
+            raise ApiError(503, str(exc), headers={"Retry-After": "5"}) from None
+        except ValueError as exc:  # ReferenceAudioError, VoiceError: the message says what to fix
+            raise ApiError(400, str(exc), param="audio_sample" if isinstance(exc, ReferenceAudioError) else None) \
+                from None
+        return JSONResponse(voice_json(voice), status_code=201)
+
+    async def delete_voice(self, request: Request) -> JSONResponse:
+        self.check_auth(request)
+        voice = await self.in_thread(self._get, request.path_params["voice_id"])
+        try:
+            await self.in_thread(self._library().delete, voice.id)
+        except VoiceNotFound:  # deleted by someone else in between: the outcome the client asked for
+            pass
+        return JSONResponse({"id": voice.id, "object": "audio.voice.deleted", "deleted": True})
+
+    async def styles(self, request: Request) -> JSONResponse:
+        self.check_auth(request)
+        presets = self.service.presets
+        items = [] if presets is None else [
+            {"name": p.name, "description": p.description, "prefix": p.prefix, "temperature": p.temperature,
+             "builtin": p.builtin} for p in presets.list()]
+        return JSONResponse({"styles": items})
+
+    async def models(self, request: Request) -> JSONResponse:
+        self.check_auth(request)
+        return JSONResponse({"object": "list", "data": [{"id": m, "object": "model", "owned_by": "bosonai"}
+                                                        for m in MODEL_IDS]})
+
+    async def health(self, request: Request) -> JSONResponse:
+        status = dict(self.service.status())
+        engine = getattr(self.service, "engine", None)
+        return JSONResponse({"status": "ok", "engine_loaded": engine is not None, "model": MODEL_IDS[0],
+                             "device": status.get("device"), "precision": status.get("precision"),
+                             "backend": status.get("backend"), "queue_depth": status.get("queue_depth"),
+                             "demo": status.get("demo"), "formats": list(available_formats()),
+                             "auth": self.api_key is not None})
+
+
+class _Run:
+    """One generation driven from async code: pulls `service.stream()` in a worker thread, enforces the
+    request timeout, and cancels the take (and frees the GPU) however the client goes away."""
+
+    _END = object()
+
+    def __init__(self, api: SpeechAPI, synth: SynthesisRequest):
+        self.api, self.synth = api, synth
+        self.timed_out = False
+        self._gen: Iterator | None = None
+        self._timer = threading.Timer(api.request_timeout, self._timeout)
+        self._timer.daemon = True
+
+    def _timeout(self) -> None:
+        self.timed_out = True
+        self.synth.cancel.set()
+
+    def _next(self):
+        if self._gen is None:
+            self._gen = self.api.service.stream(self.synth)
+        return next(self._gen, self._END)
+
+    async def _pull(self):
+        try:
+            item = await self.api.in_thread(self._next)
+        except ApiError:
+            raise
+        except (ServiceBusy, ServiceClosed) as exc:
+            raise ApiError(503, str(exc), headers={"Retry-After": "5"}) from None
+        except FormatError as exc:
+            raise ApiError(400, str(exc)) from None
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        if self.timed_out:
+            raise ApiError(504, f"The request took longer than {self.api.request_timeout:g} s (queue wait and "
+                                f"generation) and was stopped.")
+        return None if item is self._END else item
+
+    async def first(self, request: Request):
+        """The first chunk, while watching for the client leaving (a queued request then leaves the queue)."""
+        self._timer.start()
+        task = asyncio.ensure_future(self._pull())
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.25)
+                if done:
+                    break
+                if await request.is_disconnected():
+                    self.synth.cancel.set()
+            chunk = task.result()
+        except BaseException:
+            await self.close()
+            raise
+        if chunk is None:
+            await self.close()
+            raise ApiError(500, "The generation ended without producing audio.")
+        return chunk
+
+    async def chunks(self, first) -> AsyncIterator[Any]:
+        """`first` and every chunk after it; always closes the generation."""
+        try:
+            chunk = first
+            while chunk is not None:
+                yield chunk
+                if chunk.final:
+                    break
+                chunk = await self._pull()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.close()
+
+    async def collect(self, first) -> tuple[np.ndarray, Any]:
+        pieces, last = [], None
+        async for chunk in self.chunks(first):
+            last = chunk
+            if len(chunk.audio):
+                pieces.append(np.asarray(chunk.audio, dtype=np.float32))
+        return (np.concatenate(pieces) if pieces else np.zeros(0, np.float32)), last
+
+    async def close(self) -> None:
+        self._timer.cancel()
+        gen, self._gen = self._gen, None
+        if gen is not None:
+            self.synth.cancel.set()
+            await self.api.in_thread(gen.close)
+
+
+# ---------------------------------------------------------------------------------------------- registration
+
+def register(app: FastAPI, service, *, api_key: str | None = None,
+             request_timeout: float = REQUEST_TIMEOUT_S) -> SpeechAPI:
+    """Add the HTTP API to `app` (the FastAPI app that serves the Gradio studio). With `api_key`, every
+    `/v1/*` route needs `Authorization: Bearer <api_key>`; `/health` stays open for load balancers."""
+    api = SpeechAPI(service, api_key=api_key, request_timeout=request_timeout)
+
+    def guarded(handler):
+        async def endpoint(request: Request):
+            try:
+                return await handler(request)
+            except ApiError as exc:
+                return exc.response()
+            except Exception as exc:  # one bad request never takes the server down
+                log.exception("%s %s failed", request.method, request.url.path)
+                return ApiError(500, f"Internal error: {type(exc).__name__}: {exc}").response()
+        endpoint.__name__ = handler.__name__
+        endpoint.__doc__ = handler.__doc__
+        return endpoint
+
+    routes = [
+        ("/v1/audio/speech", api.speech, ["POST"]),
+        ("/v1/audio/voices", api.list_voices, ["GET"]),
+        ("/v1/audio/voices", api.create_voice, ["POST"]),
+        ("/v1/audio/voices/{voice_id}", api.get_voice, ["GET"]),
+        ("/v1/audio/voices/{voice_id}", api.delete_voice, ["DELETE"]),
+        ("/v1/audio/styles", api.styles, ["GET"]),
+        ("/v1/models", api.models, ["GET"]),
+        ("/health", api.health, ["GET"]),
+    ]
+    for path, handler, methods in routes:
+        app.add_api_route(path, guarded(handler), methods=methods, include_in_schema=True)
+    # Gradio's app may already hold routes; ours are specific paths, so order only matters against a
+    # catch-all mount at "/" (mount_gradio_app): move ours in front of anything mounted.
+    _routes_first(app, len(routes))
+    return api
+
+
+def _routes_first(app: FastAPI, n: int) -> None:
+    from starlette.routing import Mount  # noqa: PLC0415
+    routes = app.router.routes
+    ours, rest = routes[-n:], routes[:-n]
+    mounts = [r for r in rest if isinstance(r, Mount)]
+    if mounts:
+        app.router.routes[:] = [r for r in rest if not isinstance(r, Mount)] + ours + mounts

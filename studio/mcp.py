@@ -1,0 +1,148 @@
+"""MCP tools for the studio: `synthesize`, `list_voices`, `add_voice`.
+
+    studio.mcp.register(blocks, service, api_key=None)   # before blocks.launch(mcp_server=True)
+
+Each tool is a `gr.api` endpoint, so it runs through Gradio's queue and the same `StudioService` as the page
+and the HTTP API; `launch(mcp_server=True)` serves them at `/gradio_api/mcp/` (schema at
+`/gradio_api/mcp/schema`). The docstrings below are what an agent reads as the tool descriptions, so they say
+what the model can and cannot do (no instruction slot: style is a preset or inline tags, SPEC D1).
+With `api_key`, every tool needs the header `Authorization: Bearer <key>`, like the `/v1/*` routes.
+
+No `from __future__ import annotations` here: `gr.api` reads the tools' type hints at run time, and string
+annotations would hide `gr.Header` and the return type from it.
+"""
+
+import collections
+import hmac
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import numpy as np
+from gradio.data_classes import FileData
+
+from engine.audio import load_audio
+from studio.formats import write_audio
+from studio.service import SynthesisRequest
+from studio.voices import Consent
+
+KEEP_FILES = 64  # synthesized files kept on disk for clients to fetch; older ones are removed
+
+
+class _Outputs:
+    """A small ring of output files: each take gets a file Gradio can serve; the oldest are deleted."""
+
+    def __init__(self, keep: int = KEEP_FILES):
+        self.dir = Path(tempfile.mkdtemp(prefix="higgs-mcp-"))
+        self._paths: collections.deque[Path] = collections.deque()
+        self.keep = keep
+
+    def new(self, name: str) -> Path:
+        path = self.dir / name
+        self._paths.append(path)
+        while len(self._paths) > self.keep:
+            self._paths.popleft().unlink(missing_ok=True)
+        return path
+
+
+def _file_path(audio: Any) -> str:
+    """The local path of a Gradio file argument (a FileData, its dict form, or a plain path string)."""
+    if isinstance(audio, dict):
+        audio = audio.get("path")
+    else:
+        audio = getattr(audio, "path", audio)
+    if not isinstance(audio, str) or not audio:
+        raise gr.Error("`audio` must be an audio file (upload it first, or pass a URL or base64 data).")
+    return audio
+
+
+def register(blocks: gr.Blocks, service, *, api_key: str | None = None) -> None:
+    """Add the three MCP tools to `blocks`. Call it before `launch`."""
+    outputs = _Outputs()
+    roots = [Path(tempfile.gettempdir()).resolve()]
+
+    def check_key(authorization: str | None) -> None:
+        if api_key is None:
+            return
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+            raise gr.Error("Missing or wrong API key: send the header `Authorization: Bearer <key>`.")
+
+    def synthesize(text: str, voice: str = "", style: str = "", seed: int | None = None,
+                   authorization: gr.Header = None) -> FileData:
+        """Speak `text` with Higgs Audio v3. Returns the URL of a 24 kHz WAV file whose name carries the seed
+        used (speech-seed<N>-<take>.wav), so a take can be reproduced.
+
+        The model has no instruction slot: delivery is controlled only by a style preset or by inline tags
+        inside the text, e.g. "<|emotion:contemplation|>Well. <|prosody:pause|> Let me think." Emotion,
+        style and speed/pitch tags lead their sentence; pause and sfx tags sit where the effect happens, and
+        an sfx tag is followed by its sound written out with no space ("<|sfx:laughter|>Haha"). Plain-language
+        directions in the text are read aloud. Takes are reproducible: the same text, voice, style and seed
+        give the same audio.
+
+        Args:
+            text: What to say (up to 4096 characters); may contain inline control tags such as <|emotion:elation|>.
+            voice: A saved voice's id or name from list_voices; empty for the default (zero-shot) voice.
+            style: A style preset name from list_voices (e.g. "Calm narrator") or tags like "<|emotion:awe|>"; may be empty.
+            seed: Seed for sampling; empty for a random one (the one used is reported so it can be reused).
+        """
+        check_key(authorization)
+        request = SynthesisRequest(text=text, voice_id=voice.strip() or None, style=style.strip() or None,
+                                   seed=seed, source="api")
+        try:
+            take = service.synthesize(request)
+        except (ValueError, TimeoutError, RuntimeError) as exc:
+            raise gr.Error(str(exc)) from None
+        # One output: Gradio's MCP bridge serves a returned file by URL only when it is the whole output.
+        path = write_audio(outputs.new(f"speech-seed{take.seed}-{take.id}.wav"), take.audio, take.sample_rate)
+        return FileData(path=path, mime_type="audio/wav", orig_name=Path(path).name)
+
+    def list_voices(authorization: gr.Header = None) -> dict:
+        """List the saved voices and the style presets that synthesize accepts.
+
+        Returns {"voices": [{"id", "name", "transcript", "style", "seconds"}], "styles": [{"name", "prefix"}]}.
+        Pass a voice's id or name as synthesize's `voice`, and a style's name as its `style`.
+        """
+        check_key(authorization)
+        voices = [{"id": v.id, "name": v.name, "transcript": v.transcript or None, "style": v.style or None,
+                   "seconds": round(v.seconds, 2)} for v in service.list_voices()]
+        styles = [{"name": name, "prefix": prefix} for name, prefix in service.list_styles()]
+        return {"voices": voices, "styles": styles}
+
+    def add_voice(audio: FileData, transcript: str, name: str, consent: bool,
+                  authorization: gr.Header = None) -> dict:
+        """Save a voice from a short reference clip so synthesize can speak with it (voice cloning).
+
+        Use 3-15 s of one person speaking clearly (1-30 s accepted, up to 10 MB; wav, flac, mp3, ogg, m4a).
+        Cloning someone's voice needs their permission: `consent` must be true, confirming the speaker agreed.
+        Returns the saved voice's id and name; adding the same clip and transcript again returns the same voice.
+
+        Args:
+            audio: The reference clip: an uploaded file, a URL, or base64 audio data.
+            transcript: The exact words spoken in the clip; it makes the cloned voice markedly better.
+            name: A name for the voice (unique in the library).
+            consent: True only if the speaker has agreed to have their voice cloned.
+        """
+        check_key(authorization)
+        if consent is not True:
+            raise gr.Error("Saving a voice needs the speaker's consent: call again with consent=true only if the "
+                           "speaker agreed to have their voice cloned.")
+        path = Path(_file_path(audio)).resolve()
+        if not any(path.is_relative_to(root) for root in roots):  # only files Gradio received, never any path
+            raise gr.Error("`audio` must be a file uploaded to this app, a URL, or base64 data.")
+        try:
+            samples, rate = load_audio(str(path))
+            voice = service.save_voice(np.asarray(samples, dtype=np.float32), rate, name=name,
+                                       transcript=transcript.strip() or None,
+                                       consent=Consent(asserted_by="MCP client"))
+        except (ValueError, TimeoutError, RuntimeError) as exc:
+            raise gr.Error(str(exc)) from None
+        return {"id": voice.id, "name": voice.name, "seconds": round(voice.seconds, 2),
+                "transcript": voice.transcript or None}
+
+    with blocks:
+        gr.api(synthesize, api_name="synthesize")
+        gr.api(list_voices, api_name="list_voices", concurrency_limit=None)
+        gr.api(add_voice, api_name="add_voice")
+
