@@ -130,7 +130,7 @@ def _specs(head_dim):
             signature={"Q": "*bf16", "K_CACHE": "*bf16", "V_CACHE": "*bf16", "POS": "*i32", "M_PART": "*fp32",
                        "L_PART": "*fp32", "ACC_PART": "*fp32", "qk_scale": "fp32", "group": "i32",
                        "stride_ch": "i32", "stride_cs": "i32"},
-            constexprs=dict(DECODE_TILES, HEAD_DIM=head_dim), num_warps=4,
+            constexprs=dict(DECODE_TILES, HEAD_DIM=head_dim), num_warps=4, num_stages=2,
             divisibility_16=("Q", "K_CACHE", "V_CACHE", "ACC_PART", "stride_ch", "stride_cs")),
         KernelSpec(
             name=f"attn_combine_d{head_dim}", fn=attn_combine_kernel,

@@ -46,7 +46,7 @@ def _spec(name, y, has_res, quant):
         signature={"X": "*bf16", "W": "*bf16", "Y": y, "RES": "*bf16", "SCALE": "*fp32", "N": "i32", "eps": "fp32",
                    "stride_x": "i32", "stride_y": "i32", "stride_r": "i32"},
         constexprs=dict(NORM_TILE, HAS_RESIDUAL=has_res, QUANT=quant), num_warps=8,
-        divisibility_16=("X", "W", "Y", "RES"))
+        divisibility_16=("X", "W", "Y", "RES", "N", "stride_x", "stride_y", "stride_r"))
 
 
 KERNELS = [

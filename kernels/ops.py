@@ -161,7 +161,7 @@ def decode_attention(q, k_cache, v_cache, pos, *, out=None, scratch=None):
     qk_scale = LOG2E / math.sqrt(d)
     decode_attn_split_kernel[(kv_heads, DECODE_TILES["NUM_SPLITS"])](
         q, k_cache, v_cache, pos, m_part, l_part, acc_part, qk_scale, heads // kv_heads,
-        k_cache.stride(0), k_cache.stride(1), HEAD_DIM=d, num_warps=4, **DECODE_TILES)
+        k_cache.stride(0), k_cache.stride(1), HEAD_DIM=d, num_warps=4, num_stages=2, **DECODE_TILES)
     attn_combine_kernel[(heads,)](m_part, l_part, acc_part, out, HEAD_DIM=d,
                                   NUM_SPLITS=DECODE_TILES["NUM_SPLITS"], num_warps=2)
     return out

@@ -92,7 +92,8 @@ def uniform(seed: int, step: int, k: int) -> float:
 
 
 def sample_one_ref(logits, *, temperature: float, top_k: int, top_p: float, u: float) -> int:
-    """SPEC D6 for one codebook, sequentially in fp32: sort, cut, renormalise, walk in ascending index."""
+    """SPEC D6 for one codebook, sequentially in fp32: sort, cut, renormalise, walk in ascending index
+    comparing the running kept mass / total kept mass with u."""
     logits = torch.as_tensor(logits, dtype=torch.float32)
     if temperature <= 0:
         return int(torch.argmax(logits))  # torch returns the first maximal index
@@ -103,8 +104,8 @@ def sample_one_ref(logits, *, temperature: float, top_k: int, top_p: float, u: f
     total = np.float32(0)
     for i in sorted(kept):
         total = np.float32(total + p[i])
-    q = {i: np.float32(p[i] / total) for i in kept}
     if top_p < 1.0:
+        q = {i: np.float32(p[i] / total) for i in kept}
         cum = np.float32(0)
         prefix = []
         for i in kept:                                          # still in descending-p order
@@ -112,18 +113,16 @@ def sample_one_ref(logits, *, temperature: float, top_k: int, top_p: float, u: f
             cum = np.float32(cum + q[i])
             if cum >= np.float32(top_p):
                 break
+        kept = prefix
         total = np.float32(0)
-        for i in sorted(prefix):
-            total = np.float32(total + q[i])
-        q = {i: np.float32(q[i] / total) for i in prefix}
+        for i in sorted(kept):
+            total = np.float32(total + p[i])
     running = np.float32(0)
-    last = None
-    for i in sorted(q):
-        running = np.float32(running + q[i])
-        last = i
-        if running > np.float32(u):
+    for i in sorted(kept):
+        running = np.float32(running + p[i])
+        if np.float32(running / total) > np.float32(u):
             return i
-    return last
+    return max(kept)
 
 
 def sample_row_ref(logits, *, step: int, seed: int, temperature: float, top_k: int, top_p: float,

@@ -64,7 +64,8 @@ def _spec(head_dim):
                    "n_heads": "i32", "n_kv_heads": "i32", "eps": "fp32", "stride_qkv": "i32", "stride_q": "i32",
                    "stride_ch": "i32", "stride_cs": "i32"},
         constexprs={"HEAD_DIM": head_dim}, num_warps=1,
-        divisibility_16=("QKV", "Q_OUT", "K_CACHE", "V_CACHE", "COS", "SIN"))
+        divisibility_16=("QKV", "Q_OUT", "K_CACHE", "V_CACHE", "COS", "SIN", "stride_qkv", "stride_q", "stride_ch",
+                         "stride_cs"))
 
 
 # head_dim 128: the 4B model; 16: the tiny parity checkpoint the device check runs.

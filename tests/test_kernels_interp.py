@@ -16,6 +16,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from engine import sampling  # noqa: E402
 from kernels import ops, reference as ref  # noqa: E402
 from kernels.common import to_e4m3  # noqa: E402
 from tests import interp_rounding  # noqa: E402
@@ -271,6 +272,10 @@ def test_sampler_matches_python_d6(temperature, top_k, top_p):
         want = ref.sample_row_ref(logits, step=step, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p)
         assert rows[step].tolist() == want, (trial, seed)
         assert int(state[0]) == step + 1
+        if top_p > 0:  # the engine's CPU sampler (SPEC D6 in torch) must agree too; it rejects top_p = 0
+            engine_row = sampling.sample(logits, sampling.uniforms(seed, step), temperature, top_k, top_p)
+            engine_row[step + 1:] = 1024
+            assert rows[step].tolist() == engine_row.tolist(), (trial, seed)
 
 
 def test_sampler_ties_and_threshold_edges():
@@ -284,6 +289,7 @@ def test_sampler_ties_and_threshold_edges():
         rows, _, _, _ = _run_sampler(logits, step=20, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p)
         want = ref.sample_row_ref(logits, step=20, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p)
         assert rows[20].tolist() == want, trial
+        assert want == sampling.sample(logits, sampling.uniforms(seed, 20), temperature, top_k, top_p).tolist()
 
 
 def test_sampler_greedy_ties_lowest_index_and_delay_window():
