@@ -1,0 +1,231 @@
+"""CPU benchmarks, side by side in one run: `python -m bench.cpu [--smoke] [--only backbone,codec,e2e]`.
+
+1. Backbone decode: the engine's torch step vs Hugging Face `transformers` Qwen3 (eager attention, its own
+   KV cache) on the SAME random weights (the transformers model is built on the engine's tensors, so both
+   read identical memory), full size in bf16 for a handful of frames and a quarter-size config in fp32
+   for many frames. Logits are checked equal before anything is timed. Reported: ms/frame (median),
+   the ratio, achieved weight bandwidth against a large copy measured in the same run (the physical
+   floor), and RTF at 25 frames/s.
+2. Codec: one-shot decode RTF for 10 s of codes at full codec size (random weights), the streaming
+   decoder's overhead over one-shot with the engine's push schedule, and encode RTF for a 10 s clip.
+3. End to end on the demo checkpoint: time to first audio and RTF of `Engine.generate_stream`, with the
+   prefill / first-frames / first-codec-window breakdown.
+
+`--smoke` shrinks every size so the whole script runs in seconds (the test suite runs it that way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+
+import numpy as np
+import torch
+
+from bench.common import Table, copy_bandwidth, decode_weight_bytes, machine_line, median_ms, random_backbone
+from engine.config import FRAME_RATE, FULL_SIZE, SAMPLE_RATE, Dims
+from engine.model import HiggsModel, rel_error
+
+QUARTER = dataclasses.replace(FULL_SIZE, hidden=640, intermediate=2432, layers=9, heads=8, kv_heads=2, vocab=4096)
+SMOKE = dataclasses.replace(FULL_SIZE, hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, head_dim=16,
+                            vocab=512)
+
+
+# ---------------------------------------------------------------------------------------------- backbone
+def transformers_twin(model: HiggsModel):
+    """A `transformers` Qwen3Model whose parameters ARE the engine model's tensors (no copy), with its
+    RoPE tables rounded to bf16 like ours (SPEC D4), so the two differ only in how they compute."""
+    from transformers import Qwen3Config
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3Model
+
+    d = model.dims
+    config = Qwen3Config(vocab_size=d.vocab, hidden_size=d.hidden, intermediate_size=d.intermediate,
+                         num_hidden_layers=d.layers, num_attention_heads=d.heads, num_key_value_heads=d.kv_heads,
+                         head_dim=d.head_dim, rms_norm_eps=d.rms_eps, max_position_embeddings=d.max_positions,
+                         rope_parameters={"rope_type": "default", "rope_theta": d.rope_theta},
+                         tie_word_embeddings=True)
+    config._attn_implementation = "eager"
+    with torch.device("meta"):
+        twin = Qwen3Model(config)
+    state = {f"embed_tokens.weight": model.text_embedding.weight, "norm.weight": model.norm.weight}
+    for name, tensor in model.layers.state_dict().items():
+        state[f"layers.{name}"] = tensor
+    twin.load_state_dict(state, assign=True, strict=True)
+    rotary = twin.rotary_emb
+    rotary.inv_freq = (1.0 / (d.rope_theta ** (torch.arange(0, d.head_dim, 2, dtype=torch.int64).float() / d.head_dim)))
+    rotary.original_inv_freq = rotary.inv_freq
+    forward = rotary.forward
+
+    def bf16_rope(x, position_ids):
+        cos, sin = forward(x.float(), position_ids)
+        return cos.to(torch.bfloat16).to(x.dtype), sin.to(torch.bfloat16).to(x.dtype)
+
+    rotary.forward = bf16_rope
+    return twin.eval().requires_grad_(False).to(model.dtype)
+
+
+class TwinRunner:
+    """Drives the transformers twin through the same prompt → rows loop as the engine model: inputs are
+    the engine's embeddings, the output goes through the same tied audio head."""
+
+    def __init__(self, model: HiggsModel, twin):
+        from transformers import DynamicCache
+
+        self.model, self.twin, self.cache_cls = model, twin, DynamicCache
+        self.cache = None
+
+    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        self.cache = self.cache_cls(config=self.twin.config)
+        x = self.model.embed_prompt(ids, None)[None]
+        out = self.twin(inputs_embeds=x, cache=self.cache, use_cache=True)
+        return self.model.head(out.last_hidden_state[0, -1])
+
+    @torch.inference_mode()
+    def decode(self, row: torch.Tensor, pos: int) -> torch.Tensor:
+        x = self.model.embed_audio(row)[None, None]
+        out = self.twin(inputs_embeds=x, cache=self.cache, use_cache=True,
+                        position_ids=torch.tensor([[pos]]))
+        return self.model.head(out.last_hidden_state[0, -1])
+
+
+def bench_backbone(dims: Dims, dtype: torch.dtype, frames: int, label: str, floor_bps: float,
+                   repeat: int = 3) -> tuple[list, str]:
+    state = random_backbone(dims, dtype, seed=1)
+    model = HiggsModel.from_state_dict(dims, state, dtype=dtype, max_len=64 + frames + 8)
+    del state
+    twin = TwinRunner(model, transformers_twin(model))
+    prompt = torch.arange(100, 116)
+    rows = torch.randint(0, dims.codebook_vocab, (frames + 2, dims.codebooks), generator=torch.Generator().manual_seed(2))
+
+    # Precheck: the same logits for the prompt and two teacher-forced rows.
+    errs = [rel_error(model.prefill(prompt, None, 0), twin.prefill(prompt))]
+    for i in range(2):
+        errs.append(rel_error(model.decode(rows[i], 16 + i), twin.decode(rows[i], 16 + i)))
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    check = f"logits max rel err {max(errs):.2e} (tolerance {tol:g})"
+    if max(errs) > tol:
+        raise SystemExit(f"{label}: engine and transformers disagree before timing: {check}")
+
+    def run(runner):
+        def take():
+            runner.prefill(prompt) if runner is twin else runner.prefill(prompt, None, 0)
+            for i in range(frames):
+                runner.decode(rows[i], 16 + i)
+        return take
+
+    # Per-frame cost: time a take with and without the decode loop, so prefill is not counted.
+    def per_frame(runner):
+        pre = median_ms(lambda: runner.prefill(prompt) if runner is twin else runner.prefill(prompt, None, 0),
+                        repeat=repeat)
+        total = median_ms(run(runner), repeat=repeat)
+        return (total - pre) / frames
+
+    eng_ms, hf_ms = per_frame(model), per_frame(twin)
+    bytes_per = torch.finfo(dtype).bits / 8
+    weight_bytes = decode_weight_bytes(dims, bytes_per)
+    floor_ms = weight_bytes / floor_bps * 1e3
+    rows_out = []
+    for name, ms in (("engine (torch)", eng_ms), ("transformers eager", hf_ms)):
+        rows_out.append([label, name, f"{str(dtype).split('.')[-1]}", frames, ms, weight_bytes / (ms / 1e3) / 1e9,
+                         floor_ms, f"{100 * floor_ms / ms:.0f}%", ms * FRAME_RATE / 1e3])
+    rows_out.append([label, "ratio transformers / engine", "", "", hf_ms / eng_ms, "", "", "", ""])
+    return rows_out, check
+
+
+# ---------------------------------------------------------------------------------------------- codec
+def bench_codec(size: str, seconds: float, repeat: int) -> Table:
+    from engine.codec import Codec
+    from engine.codec.random import random_codec_state_dict, tiny_codec_config
+    from engine.generate import FIRST_PUSH_FRAMES, MAX_PUSH_FRAMES
+
+    codec = Codec.from_state_dict(random_codec_state_dict(seed=0, size=size),
+                                  tiny_codec_config() if size == "tiny" else None)
+    frames = int(seconds * FRAME_RATE)
+    codes = torch.randint(0, 1024, (frames, 8), generator=torch.Generator().manual_seed(3))
+    one_shot = median_ms(lambda: codec.decode(codes), repeat=repeat)
+
+    def streamed():
+        dec, pushed, n = codec.stream(), 0, FIRST_PUSH_FRAMES
+        while pushed < frames:
+            dec.push(codes[pushed:pushed + n])
+            pushed += n
+            n = min(2 * n, MAX_PUSH_FRAMES)
+        dec.flush()
+
+    stream_ms = median_ms(streamed, repeat=repeat)
+    wav = (0.3 * np.sin(np.linspace(0, 2000, int(seconds * SAMPLE_RATE)))).astype(np.float32)
+    encode_ms = median_ms(lambda: codec.encode(wav), repeat=repeat)
+    audio_ms = seconds * 1e3
+    return Table(f"Codec ({size} size, random weights, {seconds:g} s of audio)",
+                 ["operation", "ms (median)", "RTF", "vs one-shot decode"],
+                 [["decode, one shot", one_shot, one_shot / audio_ms, "1.00×"],
+                  [f"decode, streamed (pushes {FIRST_PUSH_FRAMES}…{MAX_PUSH_FRAMES} frames)", stream_ms,
+                   stream_ms / audio_ms, f"{stream_ms / one_shot:.2f}× (+{100 * (stream_ms / one_shot - 1):.0f}%)"],
+                  ["encode (HuBERT + DAC + RVQ)", encode_ms, encode_ms / audio_ms, ""]])
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+def bench_e2e(runs: int) -> Table:
+    from engine import Engine
+    from engine.testing import demo_checkpoint
+
+    engine = Engine.load(demo_checkpoint(), device="cpu")
+    text = "Hello there. This is a short benchmark sentence for the studio."
+    engine.predict(text, temperature=0, max_frames=10)  # warm-up (allocations, prefix cache)
+    rows = []
+    for i in range(runs):
+        t0 = time.perf_counter()
+        first = None
+        for chunk in engine.generate_stream(text, seed=i, max_frames=100, repeat_guard=None):
+            if first is None:
+                first = chunk.metrics
+            last = chunk.metrics
+        wall = (time.perf_counter() - t0) * 1e3
+        rows.append((first.ttfa_ms, last.rtf, last.prefill_ms, last.ms_per_frame, last.frames, wall, last.reused_tokens))
+    med = [float(np.median([r[k] for r in rows])) for k in range(7)]
+    return Table(f"End to end, demo checkpoint (random tiny weights), {runs} takes of ≤ 100 frames",
+                 ["TTFA ms", "RTF", "prefill ms", "ms/frame (decode)", "frames", "wall ms", "reused prompt tokens"],
+                 [med])
+
+
+# ---------------------------------------------------------------------------------------------- main
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes (seconds); for the test suite")
+    ap.add_argument("--only", default="backbone,codec,e2e", help="comma-separated sections")
+    ap.add_argument("--full-frames", type=int, default=4, help="decode frames timed at full size")
+    ap.add_argument("--quarter-frames", type=int, default=100, help="decode frames timed at quarter size")
+    args = ap.parse_args(argv)
+    sections = set(args.only.split(","))
+    torch.manual_seed(0)
+    print(f"# CPU benchmark — {time.strftime('%Y-%m-%d %H:%M')} — {machine_line()}\n")
+
+    if "backbone" in sections:
+        floor_bps = copy_bandwidth(1 << 24 if args.smoke else 1 << 30)
+        print(f"copy bandwidth (read + write) measured now: {floor_bps / 1e9:.1f} GB/s\n")
+        configs = [(SMOKE, torch.float32, 8, "smoke")] if args.smoke else [
+            (FULL_SIZE, torch.bfloat16, args.full_frames, "full size (36 L, 2560)"),
+            (QUARTER, torch.float32, args.quarter_frames, "quarter (9 L, 640)")]
+        rows, checks = [], []
+        for dims, dtype, frames, label in configs:
+            r, check = bench_backbone(dims, dtype, frames, label, floor_bps, repeat=1 if dims is FULL_SIZE else 3)
+            rows += r
+            checks.append(f"{label}: {check}")
+        print(Table("Backbone decode step, engine vs transformers on identical weights",
+                    ["config", "implementation", "dtype", "frames", "ms/frame", "weight GB/s", "floor ms",
+                     "% of floor", "RTF @25 fps"], rows).markdown())
+        print("\nprecheck: " + "; ".join(checks) + "\n")
+    if "codec" in sections:
+        print(bench_codec("tiny" if args.smoke else "full", 2.0 if args.smoke else 10.0, 1 if not args.smoke else 2).markdown())
+        print()
+    if "e2e" in sections:
+        print(bench_e2e(2 if args.smoke else 5).markdown())
+        print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

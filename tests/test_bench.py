@@ -1,0 +1,45 @@
+"""The benchmark scripts run (tiny sizes) and their prechecks hold. They assert no timings: benchmarks
+print tables; these machines are shared and noisy."""
+
+from __future__ import annotations
+
+import torch
+
+from bench import cpu
+from bench.common import Table, decode_weight_bytes, random_backbone
+from engine.config import FULL_SIZE
+from engine.model import HiggsModel, rel_error
+
+
+def test_transformers_twin_matches_engine_logits():
+    """The side-by-side comparison is only meaningful if both implementations compute the same thing."""
+    dims = cpu.SMOKE
+    model = HiggsModel.from_state_dict(dims, random_backbone(dims, torch.float32, seed=3), max_len=64)
+    twin = cpu.TwinRunner(model, cpu.transformers_twin(model))
+    prompt = torch.arange(100, 112)
+    assert rel_error(model.prefill(prompt, None, 0), twin.prefill(prompt)) < 1e-4
+    row = torch.tensor([5, 1024, 1024, 1024, 1024, 1024, 1024, 1024])
+    assert rel_error(model.decode(row, 12), twin.decode(row, 12)) < 1e-4
+    # and the twin really is a different computation on the same tensors, not the same module
+    assert twin.twin.layers[0].self_attn.q_proj.weight.data_ptr() == model.layers[0].self_attn.q_proj.weight.data_ptr()
+
+
+def test_decode_weight_bytes_full_size():
+    # 36 layers × (attention 2·4096·2560 + 2·1024·2560, MLP 3·9728·2560) + head 8208·2560, in bf16
+    per_layer = 2560 * (2 * 4096 + 2 * 1024) + 3 * 2560 * 9728
+    assert decode_weight_bytes(FULL_SIZE, 2) == 2 * (36 * per_layer + 8208 * 2560)
+    assert 7.2e9 < decode_weight_bytes(FULL_SIZE, 2) < 7.4e9
+
+
+def test_cpu_bench_smoke_prints_tables(capsys):
+    assert cpu.main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "### Backbone decode step" in out and "ratio transformers / engine" in out
+    assert "precheck: smoke: logits max rel err" in out
+    assert "### Codec" in out and "decode, streamed" in out and "encode" in out
+    assert "### End to end" in out
+
+
+def test_table_markdown():
+    text = Table("t", ["a", "b"], [[1.23456, "x"], [12345.6, 2]]).markdown()
+    assert text.splitlines()[2] == "| a | b |" and "| 1.23 | x |" in text and "| 12346 | 2 |" in text
