@@ -1,0 +1,115 @@
+"""The studio in a real browser: headless Debian Chromium driven by Playwright against `app.py --demo`.
+
+1. Type text, insert a tag from the palette, Generate: the live <audio> gets a playable stream and the
+   metrics panel shows numeric TTFA and RTF; the take lands in the history. Screenshot: artifacts/studio.png.
+2. Upload a clip (espeak-ng speech), save it as a voice (consent required), generate with it.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.studio_server import need_ffmpeg, running_studio
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+CHROMIUM = Path("/usr/bin/chromium")
+# --no-sandbox: root in CI; the background-networking flags stop Chromium's calls home, which this
+# machine's closed network refuses many at a time.
+CHROMIUM_ARGS = ["--autoplay-policy=no-user-gesture-required", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+NUMBER = re.compile(r"^\d+(\.\d+)?$")
+
+
+@pytest.fixture(scope="module")
+def studio_url(tmp_path_factory):
+    need_ffmpeg()
+    if not CHROMIUM.exists():
+        pytest.skip("Debian chromium is not installed at /usr/bin/chromium (apt-get install chromium)")
+    pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
+    with running_studio(tmp_path_factory.mktemp("studio-browser")) as url:
+        yield url
+
+
+@pytest.fixture
+def page(studio_url):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        pg = browser.new_page(viewport={"width": 1400, "height": 1200})
+        pg.goto(studio_url)
+        pg.wait_for_selector("#generate-btn", timeout=60_000)
+        yield pg
+        browser.close()
+
+
+def wait_take_done(pg, timeout_ms=180_000):
+    pg.wait_for_function("() => ['done', 'stopped'].includes(document.querySelector('#m-state')?.innerText)",
+                         timeout=timeout_ms)
+
+
+def test_generate_streams_audio_and_shows_metrics(page, artifacts_dir):
+    pg = page
+    assert "Demo mode" in pg.inner_text("#demo-banner")
+    pg.click("#text textarea")
+    pg.keyboard.type("Hello there, this is the studio. ")
+    pg.click("button[data-tag='<|sfx:laughter|>']")  # the palette inserts at the cursor, with no space after sfx
+    pg.keyboard.type("Haha.")
+    assert pg.input_value("#text textarea") == "Hello there, this is the studio. <|sfx:laughter|>Haha."
+    pg.wait_for_function("() => document.querySelector('#estimate')?.innerText.includes('s of speech')")
+
+    pg.click("#generate-btn")
+    # The streaming player gets a playable source while the take is produced.
+    pg.wait_for_function("() => { const a = document.querySelector('#live audio');"
+                         " return a && a.src && a.readyState >= 2 && a.duration > 0; }", timeout=180_000)
+    wait_take_done(pg)
+    ttfa, rtf = pg.inner_text("#m-ttfa"), pg.inner_text("#m-rtf")
+    assert NUMBER.match(ttfa) and float(ttfa) > 0, ttfa
+    assert NUMBER.match(rtf) and float(rtf) > 0, rtf
+    assert NUMBER.match(pg.inner_text("#m-frames"))
+    pg.wait_for_function("() => document.querySelector('#history')?.innerText.includes('Hello there')")
+    pg.screenshot(path=str(artifacts_dir / "studio.png"), full_page=True)
+
+
+def test_save_voice_from_upload_then_generate_with_it(page, tmp_path, artifacts_dir):
+    espeak = shutil.which("espeak-ng")
+    clip = tmp_path / "clip.wav"
+    transcript = "The quick brown fox jumps over the lazy dog near the river bank."
+    if espeak:
+        subprocess.run([espeak, "-w", str(clip), transcript], check=True, timeout=60)
+    else:  # a synthetic voiced signal: a 140 Hz buzz with a slow amplitude envelope
+        import numpy as np
+        import soundfile as sf
+        t = np.arange(4 * 24_000) / 24_000
+        sig = np.sign(np.sin(2 * np.pi * 140 * t)) * (0.3 + 0.2 * np.sin(2 * np.pi * 3 * t))
+        sf.write(clip, (0.3 * sig).astype("float32"), 24_000)
+
+    pg = page
+    pg.get_by_text("Clone a voice").click()  # open the accordion
+    pg.locator("#clip input[type=file]").set_input_files(str(clip))
+    pg.fill("#clip-text textarea", transcript)
+    pg.fill("#voice-name textarea", "Test Fox")
+    pg.click("#save-voice")
+    # Without consent the save is refused with a message, and nothing is saved.
+    pg.wait_for_selector("text=consent", timeout=60_000)
+    pg.check("#consent input[type=checkbox]")
+    pg.click("#save-voice")
+    pg.wait_for_function("() => document.querySelector('#voice input')?.value === 'Test Fox'", timeout=180_000)
+
+    pg.click("#text textarea")
+    pg.keyboard.type("Now in the saved voice.")
+    pg.click("#generate-btn")
+    wait_take_done(pg)
+    assert NUMBER.match(pg.inner_text("#m-ttfa"))
+    pg.wait_for_function("() => document.querySelector('#history')?.innerText.includes('Test Fox')")
+    pg.screenshot(path=str(artifacts_dir / "studio-voice.png"), full_page=True)
+
+    pg.get_by_role("tab", name="Voices").click()
+    pg.wait_for_function("() => document.querySelector('#voices-table')?.innerText.includes('Test Fox')")
+    pg.screenshot(path=str(artifacts_dir / "studio-voices-tab.png"), full_page=True)
