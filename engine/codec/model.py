@@ -29,8 +29,10 @@ SEMANTIC_PAD = 160  # zeros each side of the 16 kHz input (transformers `_extrac
 # Training-only tensors that a full checkpoint carries and inference never reads.
 _IGNORED = re.compile(r"(decoder_semantic\.|fc1\.|semantic_model\.masked_spec_embed$"
                       r"|quantizer\.quantizers\.\d+\.codebook\.(cluster_size|embed_avg|inited)$)")
-# Tensors only the encode path needs; a decode-only state dict may leave all of them out.
-_ENCODER = re.compile(r"(acoustic_encoder\.|semantic_model\.|encoder_semantic\.|fc\.|quantizer\.quantizers\.\d+\.project_in\.)")
+# Tensors only the encode path needs; a decode-only state dict may leave them out (the quantizers'
+# project_in is then ignored if present, as decode-only loaders do).
+_ENCODER = re.compile(r"(acoustic_encoder\.|semantic_model\.|encoder_semantic\.|fc\.)")
+_PROJECT_IN = re.compile(r"quantizer\.quantizers\.\d+\.project_in\.")
 
 
 class _Codebook(nn.Module):
@@ -122,7 +124,9 @@ class Codec(nn.Module):
         hidden = sd["quantizer.quantizers.0.project_out.weight"].shape[0]
         sd = rename_pos_conv({k: v for k, v in sd.items() if not _IGNORED.match(k)})
         parts: dict = {}
-        if any(_ENCODER.match(k) for k in sd):
+        if not any(_ENCODER.match(k) for k in sd):
+            sd = {k: v for k, v in sd.items() if not _PROJECT_IN.match(k)}
+        else:
             for key in ("acoustic_encoder.conv1.weight", "encoder_semantic.conv.weight",
                         "semantic_model.feature_projection.projection.weight"):
                 if key not in sd:
@@ -157,7 +161,8 @@ class Codec(nn.Module):
         if codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool:
             raise ValueError(f"codes must be integers, got {codes.dtype}")
         if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.codebook_size):
-            raise ValueError(f"codes must lie in 0..{self.codebook_size - 1} (got {int(codes.min())}..{int(codes.max())}); "
+            raise ValueError(f"codes must lie in 0..{self.codebook_size - 1} "
+                             f"(got {int(codes.min())}..{int(codes.max())}); "
                              "BOC/EOC ids must be removed before decoding")
         return codes.to(device=self.device, dtype=torch.long)
 
@@ -193,7 +198,8 @@ class Codec(nn.Module):
 
     def _semantic_step(self) -> int:
         """HuBERT frames per codec frame: hop / (24k/16k) / HuBERT stride (960 / 1.5 / 320 = 2)."""
-        return int(self.hop / (SAMPLE_RATE / self.semantic_sample_rate) / hubert_total_stride(self.semantic_model.config))
+        hubert_stride = hubert_total_stride(self.semantic_model.config)
+        return int(self.hop / (SAMPLE_RATE / self.semantic_sample_rate) / hubert_stride)
 
     def _semantic_features(self, wav: torch.Tensor) -> torch.Tensor:
         """wav [1, L] at 24 kHz → semantic latent [1, hidden_sem, T]."""
@@ -214,7 +220,8 @@ class Codec(nn.Module):
                              "load the full checkpoint to encode reference audio")
         arr = np.asarray(wav)
         if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.floating):
-            raise ValueError(f"encode needs a 1-D float waveform (mono 24 kHz), got shape {arr.shape} dtype {arr.dtype}")
+            raise ValueError(f"encode needs a 1-D float waveform (mono 24 kHz), "
+                             f"got shape {arr.shape} dtype {arr.dtype}")
         if arr.shape[0] < self.hop:
             raise ValueError(f"reference audio is too short ({arr.shape[0]} samples); need at least {self.hop} "
                              f"samples ({self.hop / SAMPLE_RATE:.2f} s at {SAMPLE_RATE} Hz)")

@@ -9,20 +9,20 @@ has an rms around 0.2.
 
 from __future__ import annotations
 
-import copy
-
 import torch
+from transformers import HubertConfig
 
 from .dac import DacDecoder, DacEncoder
 from .model import Codec
 from .semantic import HUBERT_CONV_STRIDES, SemanticEncoder, build_hubert
-from transformers import HubertConfig
 
 STRIDES = (8, 5, 4, 2, 3)
 QUANTIZERS = 8
 CODEBOOK_SIZE = 1024
 HUBERT_KERNELS = (10, 3, 3, 3, 3, 2, 2)
 TARGET_RMS = 0.2
+WEIGHT_GAIN = 0.7  # × 1/sqrt(fan_in), as in the parity fixture
+RESIDUAL_GAIN = 0.3
 
 SIZES = {
     # name: DAC encoder width, decoder width, acoustic latent, codebook dim,
@@ -69,7 +69,7 @@ def _fill(name: str, t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     if "norm" in name and last in ("weight", "bias") and t.dim() == 1:
         return torch.ones_like(t) if last == "weight" else torch.zeros_like(t)
     if last == "alpha":
-        return 1.0 + 0.5 * torch.rand(t.shape, generator=gen)
+        return 1.0 + 0.05 * torch.randn(t.shape, generator=gen)
     if last == "bias" or t.dim() == 1:
         return 0.02 * torch.randn(t.shape, generator=gen)
     if last == "embed":
@@ -77,7 +77,10 @@ def _fill(name: str, t: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     if last == "original0":  # weight-norm magnitude of HuBERT's positional conv
         return torch.ones_like(t)
     fan_in = t[0].numel() if "conv_t1" not in name else t.shape[0] * t.shape[2] // 2
-    return torch.randn(t.shape, generator=gen) / fan_in ** 0.5
+    # Residual branches get a small gain so 15 stacked units do not grow the activations (which would
+    # amplify fp32 rounding far beyond the real codec's 4e-7 relative floor).
+    gain = RESIDUAL_GAIN if "res_unit" in name and name.endswith("conv2.weight") else WEIGHT_GAIN
+    return gain * torch.randn(t.shape, generator=gen) / fan_in ** 0.5
 
 
 def random_codec_state_dict(*, seed: int = 0, size: str = "tiny") -> dict[str, torch.Tensor]:
@@ -90,13 +93,13 @@ def random_codec_state_dict(*, seed: int = 0, size: str = "tiny") -> dict[str, t
                            mask_feature_prob=0.0)
     hidden = d["latent"] + d["sem"]
     codec = Codec(quantizers=QUANTIZERS, codebook_size=CODEBOOK_SIZE, codebook_dim=d["cb_dim"], hidden=hidden,
-                  decoder=DacDecoder(d["latent"], d["dec"], STRIDES), encoder=DacEncoder(d["enc"], d["latent"], STRIDES),
-                  semantic=build_hubert(sem_cfg), encoder_semantic=SemanticEncoder(d["sem"], [(d["sem"], d["sem"], 3)] * 2))
+                  decoder=DacDecoder(d["latent"], d["dec"], STRIDES),
+                  encoder=DacEncoder(d["enc"], d["latent"], STRIDES), semantic=build_hubert(sem_cfg),
+                  encoder_semantic=SemanticEncoder(d["sem"], [(d["sem"], d["sem"], 3)] * 2))
     gen = torch.Generator().manual_seed(seed)
     sd = {k: _fill(k, v, gen).to(torch.float32) for k, v in codec.state_dict().items()}
     # Training-only tensors the real checkpoint also stores (inference ignores them).
-    decoder_semantic = copy.deepcopy(codec.encoder_semantic)
-    for k, v in decoder_semantic.state_dict().items():
+    for k, v in codec.encoder_semantic.state_dict().items():  # decoder_semantic mirrors its shapes
         k = "conv1.weight" if k == "conv.weight" else k
         sd["decoder_semantic." + k] = _fill(k, v, gen)
     sd["decoder_semantic.conv2.weight"] = _fill("conv2.weight", sd["decoder_semantic.conv1.weight"], gen)

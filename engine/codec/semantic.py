@@ -19,7 +19,8 @@ SEMANTIC_DILATIONS_DEFAULT = 1
 POS_CONV = "encoder.pos_conv_embed.conv."
 
 
-def hubert_config(sd: dict[str, torch.Tensor], config: dict | None = None, prefix: str = "semantic_model.") -> HubertConfig:
+def hubert_config(sd: dict[str, torch.Tensor], config: dict | None = None,
+                  prefix: str = "semantic_model.") -> HubertConfig:
     """A `HubertConfig` whose widths come from the tensors under `prefix`; heads, strides, eps and the
     layer-norm placement come from `config` (a `semantic_model_config` dict) when given."""
     config = config or {}
@@ -30,18 +31,24 @@ def hubert_config(sd: dict[str, torch.Tensor], config: dict | None = None, prefi
         raise ValueError(f"no HuBERT feature-extractor weights under {prefix!r}")
     layers = 1 + max(int(m.group(1)) for k in sd if (m := re.match(re.escape(prefix) + r"encoder\.layers\.(\d+)\.", k)))
     hidden = sd[prefix + "feature_projection.projection.weight"].shape[0]
-    g_key = next(k for k in (prefix + POS_CONV + "parametrizations.weight.original1", prefix + POS_CONV + "weight_v")
-                 if k in sd)
-    pos_w = sd[g_key]
+    v_keys = [k for k in (prefix + POS_CONV + "parametrizations.weight.original1", prefix + POS_CONV + "weight_v")
+              if k in sd]
+    if not v_keys:
+        raise ValueError(f"HuBERT positional conv weight missing ({prefix}{POS_CONV}parametrizations.weight.original1)")
+    pos_w = sd[v_keys[0]]
     has_ln = [f"{prefix}feature_extractor.conv_layers.{i}.layer_norm.weight" in sd for i in range(len(conv_w))]
     strides = config.get("conv_stride", HUBERT_CONV_STRIDES)
     if len(strides) != len(conv_w):
         raise ValueError(f"HuBERT has {len(conv_w)} feature-extractor convs but {len(strides)} strides are known; "
                          "pass the codec config's semantic_model_config")
+    heads = int(config.get("num_attention_heads", hidden // HUBERT_HEAD_DIM))
+    if heads < 1 or hidden % heads:
+        raise ValueError(f"cannot split HuBERT hidden size {hidden} into {heads} attention heads; pass the codec "
+                         "config (codec_config.json) whose semantic_model_config gives num_attention_heads")
     return HubertConfig(
         hidden_size=hidden,
         num_hidden_layers=layers,
-        num_attention_heads=int(config.get("num_attention_heads", hidden // HUBERT_HEAD_DIM)),
+        num_attention_heads=heads,
         intermediate_size=sd[prefix + "encoder.layers.0.feed_forward.intermediate_dense.weight"].shape[0],
         conv_dim=[w.shape[0] for w in conv_w],
         conv_kernel=[w.shape[2] for w in conv_w],
@@ -71,7 +78,8 @@ def hubert_total_stride(cfg: HubertConfig) -> int:
 def rename_pos_conv(sd: dict[str, torch.Tensor], prefix: str = "semantic_model.") -> dict[str, torch.Tensor]:
     """Map the old weight-norm spelling (`weight_g`, `weight_v`) onto the parametrization names."""
     out = dict(sd)
-    for old, new in (("weight_g", "parametrizations.weight.original0"), ("weight_v", "parametrizations.weight.original1")):
+    for old, new in (("weight_g", "parametrizations.weight.original0"),
+                     ("weight_v", "parametrizations.weight.original1")):
         if prefix + POS_CONV + old in out:
             out[prefix + POS_CONV + new] = out.pop(prefix + POS_CONV + old)
     return out
@@ -122,7 +130,8 @@ class SemanticEncoder(nn.Module):
         while (key := f"{prefix}conv_blocks.{len(blocks)}.conv.weight") in sd:
             out_ch, in_ch, kernel = sd[key].shape
             blocks.append((in_ch, out_ch, kernel))
-        units = sum(1 for k in sd if re.fullmatch(re.escape(prefix) + r"conv_blocks\.0\.res_units\.\d+\.conv1\.weight", k))
+        unit_key = re.escape(prefix) + r"conv_blocks\.0\.res_units\.\d+\.conv1\.weight"
+        units = sum(1 for k in sd if re.fullmatch(unit_key, k))
         dil = list(dilations) if dilations is not None else [SEMANTIC_DILATIONS_DEFAULT] * units
         if len(dil) != units:
             raise ValueError(f"encoder_semantic has {units} residual units per block but {len(dil)} dilations "

@@ -32,6 +32,11 @@ class StreamDecoder:
         self.emitted = 0  # frames whose samples have been returned
         self.finished = False
 
+    @property
+    def buffered(self) -> int:
+        """Frames kept for future windows (at most left + right: the cost of a push is bounded)."""
+        return self._frames.shape[0]
+
     def push(self, frames) -> np.ndarray:
         """Add frames [n, 8]; return the samples of every frame that no later frame can change any more
         (possibly none: the first `right` frames are held back as look-ahead)."""
