@@ -73,6 +73,9 @@ def _ast_source(spec: KernelSpec):
                 attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             raise SystemExit(f"{spec.name}: parameter {arg!r} of {fn.__name__} is in neither signature nor constexprs")
+    unknown_div = set(spec.divisibility_16) - set(spec.signature)
+    if unknown_div:
+        raise SystemExit(f"{spec.name}: divisibility_16 names unknown parameters {sorted(unknown_div)}")
     extra = set(spec.signature) - set(fn.arg_names)
     if extra or list(spec.signature) != [a for a in fn.arg_names if a in spec.signature]:
         raise SystemExit(f"{spec.name}: signature keys must be {fn.__name__}'s non-constexpr parameters in order "
@@ -96,8 +99,12 @@ def compile_spec(spec: KernelSpec, module: str, cc: int) -> tuple[bytes, mf.Kern
         global_scratch_size=md.global_scratch_size, global_scratch_align=md.global_scratch_align,
         profile_scratch_size=md.profile_scratch_size, profile_scratch_align=md.profile_scratch_align,
         constexprs={k: (v if isinstance(v, (bool, int, float)) else str(v)) for k, v in spec.constexprs.items()},
-        params=mf.make_params(spec.signature))
+        params=mf.make_params(spec.signature), divisibility_16=tuple(spec.divisibility_16))
     return cubin, entry
+
+
+def _worker_init() -> None:
+    os.environ["TRITON_INTERPRET"] = "0"
 
 
 def _compile_job(module: str, spec_name: str, cc: int):
@@ -116,13 +123,12 @@ def build(out_root: Path, archs=ARCHS, modules=KERNEL_MODULES, jobs: int | None 
     jobs_list = [(m, s.name, cc) for m, specs in by_module.items() for s in specs for cc in s.archs if cc in archs]
     jobs = jobs or min(len(jobs_list), os.cpu_count() or 1) or 1
     results: dict[int, list] = {cc: [] for cc in archs}
-    if jobs > 1:
-        import multiprocessing
+    # Compile in fresh processes: a caller that imported the kernel modules under TRITON_INTERPRET=1
+    # (the CPU test session) holds InterpretedFunctions, which Triton's compiler cannot take.
+    import multiprocessing
 
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-            done = list(pool.map(_compile_job, *zip(*jobs_list))) if jobs_list else []
-    else:
-        done = [_compile_job(*j) for j in jobs_list]
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init) as pool:
+        done = list(pool.map(_compile_job, *zip(*jobs_list))) if jobs_list else []
     for cc, cubin, entry, secs in done:
         results[cc].append((cubin, entry))
         log(f"  {mf.TARGETS[cc]:8s} {entry.name:32s} {len(cubin):7d} B  shared {entry.shared:6d}  {secs:5.2f} s")

@@ -88,6 +88,7 @@ class KernelEntry:
     profile_scratch_align: int
     constexprs: dict
     params: tuple[Param, ...]
+    divisibility_16: tuple[str, ...] = ()   # params the cubin assumes are multiples of 16 (bytes for pointers)
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -104,12 +105,14 @@ class KernelEntry:
     def to_json(self) -> dict:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "params"}
         d["params"] = [p.__dict__ for p in self.params]
+        d["divisibility_16"] = list(self.divisibility_16)
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> "KernelEntry":
         d = dict(d)
         d["params"] = tuple(Param(**p) for p in d["params"])
+        d["divisibility_16"] = tuple(d.get("divisibility_16", ()))
         return cls(**d)
 
 

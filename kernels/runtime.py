@@ -141,9 +141,15 @@ class Packed:
         return struct.pack("@" + self.format, *self.values)
 
 
-def pack_args(entry: mf.KernelEntry, args, scratch=(0, 0), device_type: str = "cuda") -> Packed:
-    """Typed launch arguments for `entry`: tensors -> device pointers (dtype checked), None -> null
-    pointer, ints -> range-checked integers, floats -> fp32; then Triton's two hidden scratch pointers."""
+def pack_args(entry: mf.KernelEntry, args, scratch=(0, 0), device_type: str = "cuda",
+              strict_dtypes: bool = True) -> Packed:
+    """Typed launch arguments for `entry`: tensors -> device pointers, None -> null pointer, ints ->
+    range-checked integers, floats -> fp32; then Triton's two hidden scratch pointers.
+
+    Checks what would otherwise corrupt memory silently: the argument count, a tensor's device, the
+    16-divisibility the cubin was compiled to assume, and (strict_dtypes) each tensor's dtype. Triton's
+    own launcher does not check dtypes either; `ops.py` passes placeholder tensors for pointers a
+    variant never reads, so the ops shim resolves variants by dtype and packs with strict_dtypes=False."""
     params = entry.user_params
     if len(args) != len(params):
         raise TypeError(f"{entry.name} takes {len(params)} arguments ({', '.join(p.name for p in params)}), "
@@ -158,10 +164,12 @@ def pack_args(entry: mf.KernelEntry, args, scratch=(0, 0), device_type: str = "c
             if dtype is None or not hasattr(a, "data_ptr"):
                 raise TypeError(f"{entry.name}.{p.name} ({p.type}) needs a tensor, got {type(a).__name__}")
             want = _POINTER_DTYPES.get(p.type)
-            if want and str(dtype).removeprefix("torch.") != want:
+            if strict_dtypes and want and str(dtype).removeprefix("torch.") != want:
                 raise TypeError(f"{entry.name}.{p.name} expects {want}, got {dtype}")
             if a.device.type != device_type:
                 raise TypeError(f"{entry.name}.{p.name} is on {a.device}, expected a {device_type} tensor")
+            if p.name in entry.divisibility_16 and a.data_ptr() % 16:
+                raise ValueError(f"{entry.name}.{p.name} must be 16-byte aligned (the cubin assumes it)")
             values.append(a.data_ptr())
         elif p.type in _INT_RANGES:
             if isinstance(a, bool) or not isinstance(a, int):
@@ -169,6 +177,8 @@ def pack_args(entry: mf.KernelEntry, args, scratch=(0, 0), device_type: str = "c
             lo, hi = _INT_RANGES[p.type]
             if not lo <= a < hi:
                 raise OverflowError(f"{entry.name}.{p.name}={a} does not fit {p.type}")
+            if p.name in entry.divisibility_16 and a % 16:
+                raise ValueError(f"{entry.name}.{p.name}={a} must be a multiple of 16 (the cubin assumes it)")
             values.append(a)
         elif p.type in ("fp32", "fp64"):
             values.append(float(a))
@@ -297,9 +307,9 @@ class _Kernel:
             self.scratch_grid = n
         return tuple(t.data_ptr() if t is not None else 0 for t in self.scratch)
 
-    def __call__(self, grid, *args) -> None:
+    def __call__(self, grid, *args, strict_dtypes: bool = True) -> None:
         g = grid3(grid)
-        packed = pack_args(self.entry, args, self._scratch(g), self.runtime.loader.device_type)
+        packed = pack_args(self.entry, args, self._scratch(g), self.runtime.loader.device_type, strict_dtypes)
         self.runtime.loader.launch(self.handle, g, self.entry.block, self.entry.shared, packed)
 
 
@@ -334,8 +344,8 @@ class CubinKernels:
         except KeyError:
             raise KeyError(f"no cubin named {name!r} for {self.manifest.target}") from None
 
-    def launch(self, name: str, grid, *args) -> None:
-        self[name](grid, *args)
+    def launch(self, name: str, grid, *args, strict_dtypes: bool = True) -> None:
+        self[name](grid, *args, strict_dtypes=strict_dtypes)
 
 
 def capture_graph(fn, stream, *, warmup: int = 2, pool=None):
@@ -352,3 +362,114 @@ def capture_graph(fn, stream, *, warmup: int = 2, pool=None):
     with torch.cuda.graph(graph, stream=stream, pool=pool):
         fn()
     return graph
+
+
+# ---------------------------------------------------------------------------------------------
+# The typed ops of kernels/ops.py, launched from cubins
+
+_LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas")
+
+
+class _JitShim:
+    """Stands in for one `@triton.jit` function inside a copy of `kernels/ops.py`: `shim[grid](...)`
+    takes exactly the call Triton's launcher would, picks the manifest entry compiled for those
+    constexprs (and pointer dtypes, where variants differ only by dtype), and launches its cubin.
+    A call no cubin was built for is an error, never a silent JIT compile."""
+
+    def __init__(self, fn, kernels, entries: list[mf.KernelEntry]):
+        import inspect
+
+        self.fn, self.kernels, self.entries = fn, kernels, entries
+        sig = inspect.signature(getattr(fn, "fn", fn))
+        self.names = list(sig.parameters)
+        self.defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
+        self._cache: dict = {}
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self._launch(grid, args, kwargs)
+
+    def _resolve(self, bound: dict, options: dict) -> mf.KernelEntry:
+        def dtype(v):
+            return str(getattr(v, "dtype", "")).removeprefix("torch.")
+
+        matches = []
+        for e in self.entries:
+            if any(bound.get(k, self.defaults.get(k)) != v for k, v in e.constexprs.items()):
+                continue
+            if any(options.get(o, getattr(e, o)) != getattr(e, o) for o in ("num_warps", "num_stages")):
+                continue
+            score = sum(dtype(bound[p.name]) == _POINTER_DTYPES.get(p.type)
+                        for p in e.user_params if p.type.startswith("*") and bound.get(p.name) is not None)
+            matches.append((score, e))
+        matches.sort(key=lambda m: -m[0])
+        if not matches or (len(matches) > 1 and matches[0][0] == matches[1][0]):
+            given = {k: bound.get(k) for k in sorted({k for e in self.entries for k in e.constexprs})}
+            raise LookupError(f"{getattr(self.fn, '__name__', self.fn)}: "
+                              f"{'no' if not matches else 'more than one'} cubin matches constexprs {given}, "
+                              f"options {options} (built: {[e.name for e in self.entries]}); "
+                              "add a KernelSpec for this call and rebuild")
+        return matches[0][1]
+
+    def _launch(self, grid, args, kwargs):
+        options = {k: kwargs.pop(k) for k in _LAUNCH_OPTIONS if k in kwargs}
+        bound = dict(zip(self.names, args))
+        bound.update(kwargs)
+        key = tuple((k, v if isinstance(v, (bool, int, float, str, type(None))) else str(getattr(v, "dtype", "")))
+                    for k, v in sorted(bound.items())) + tuple(sorted(options.items()))
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._cache[key] = self._resolve(bound, options)
+        self.kernels.launch(entry.name, grid, *[bound[p.name] for p in entry.user_params], strict_dtypes=False)
+
+
+def cubin_ops(kernels, ops_module=None):
+    """A private copy of `kernels/ops.py` whose Triton kernels launch from `kernels` (a CubinKernels,
+    or InterpretedKernels in CPU tests) — the same op names, arguments, grids and strides, one source
+    of truth. Requires `triton` importable (ops.py uses triton.cdiv); torch's CUDA wheels bring it."""
+    import importlib
+
+    ops = ops_module or importlib.import_module("kernels.ops")
+    spec = importlib.util.spec_from_file_location(f"{ops.__name__}_cubin_{id(kernels):x}", ops.__file__)
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    by_fn: dict[tuple[str, str], list[mf.KernelEntry]] = {}
+    for e in kernels.manifest.kernels.values():
+        by_fn.setdefault((e.module, e.symbol), []).append(e)
+    replaced = []
+    for attr, value in vars(copy).items():
+        fn = getattr(value, "fn", None)
+        if fn is None or not callable(fn):
+            continue
+        entries = by_fn.get((fn.__module__, fn.__name__))
+        if entries:
+            setattr(copy, attr, _JitShim(value, kernels, entries))
+            replaced.append(attr)
+    copy.CUBIN_KERNELS = tuple(replaced)
+    return copy
+
+
+class InterpretedKernels:
+    """CubinKernels' launch interface backed by the Triton sources themselves, run exactly as the
+    manifest says (its constexprs and warps, its parameter order, after `pack_args` validation).
+    Under TRITON_INTERPRET=1 this runs on the CPU, so CI executes the cubin path's whole composition
+    — variant resolution, argument lists, alignment — without a GPU; only the machine code differs."""
+
+    loader_name = "interpreter"
+
+    def __init__(self, manifest: mf.Manifest, device_type: str = "cpu"):
+        import importlib
+
+        self.manifest, self.device_type = manifest, device_type
+        self.stream = None
+        self._fns = {n: getattr(importlib.import_module(e.module), e.symbol) for n, e in manifest.kernels.items()}
+        self.launches: list[str] = []
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._fns
+
+    def launch(self, name: str, grid, *args, strict_dtypes: bool = True) -> None:
+        e = self.manifest.kernels[name]
+        pack_args(e, args, device_type=self.device_type, strict_dtypes=strict_dtypes)
+        named = {p.name: a for p, a in zip(e.user_params, args)}
+        self._fns[name][grid3(grid)](**named, **e.constexprs, num_warps=e.num_warps, num_stages=e.num_stages)
+        self.launches.append(name)
