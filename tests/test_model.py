@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from engine.config import Dims
-from engine.model import HiggsModel, apply_rope, param_count, rel_error, rope_table
+from engine.model import HiggsModel, apply_rope, param_count, rel_error, rope_table, signed_sin
 
 STORED = {"tied.embedding.text_embedding.weight": "text_embedding.weight",
           "tied.embedding.modality_embeddings.0.embedding.weight": "audio_embedding.weight",
@@ -96,7 +96,10 @@ def test_rope_tables_are_bf16_values_in_fp32():
     assert (cos.double() - exact.cos()).abs().max() < 4e-3  # bf16 has 8 mantissa bits
     # A rotation by position p and its inverse give back the input (NeoX half rotation, cos²+sin² ≈ 1).
     x = torch.randn(2, 300, 16)
-    back = apply_rope(apply_rope(x, cos, sin), cos, -sin)
+    rotated = apply_rope(x, cos, signed_sin(sin))
+    half = torch.cat([-x[..., 8:], x[..., :8]], -1)  # rotate_half, spelled out
+    assert torch.equal(rotated, x * cos + half * sin)
+    back = apply_rope(rotated, cos, signed_sin(-sin))
     assert (back - x).abs().max() < 2e-2
 
 
