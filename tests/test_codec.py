@@ -243,3 +243,11 @@ def test_full_size_layout():
     hubert = Codec.from_state_dict(sd).semantic_model.config
     assert (hubert.hidden_size, hubert.num_hidden_layers, hubert.num_attention_heads, hubert.intermediate_size,
             hubert.num_conv_pos_embedding_groups) == (768, 12, 12, 3072, 16)
+
+
+@pytest.mark.parametrize("samples", [960, 24_118, 24_119, 25_079, 25_920])
+def test_frames_for_predicts_encode(tiny, samples):
+    """SPEC §6.2 length rule: L = 960k + r gives k frames for r ≤ 118, else more (re-pad path, no failure)."""
+    clip = np.random.default_rng(samples).standard_normal(samples).astype(np.float32) * 0.1
+    assert tiny.encode(clip).shape == (tiny.frames_for(samples), 8)
+    assert tiny.frames_for(24_118) == 25 and tiny.frames_for(24_119) == 26
