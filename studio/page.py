@@ -6,6 +6,7 @@ Everything here is policy-free: validation, queueing and recording live in the s
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
 import threading
@@ -24,6 +25,21 @@ log = logging.getLogger("higgs.studio")
 GPU_QUEUE = "gpu"  # concurrency_id shared by every event that touches the engine
 NO_VOICE, CLIP_VOICE = "", "__clip__"
 STREAM_SECONDS = 1.0  # after the first chunk, stream in ~1 s pieces (Gradio's advice for smooth HLS playback)
+
+
+def _warns(n_outputs: int):
+    """Turn a handler's ValueError (a mistake the user can fix) into a warning toast that leaves the outputs
+    as they were; raising gr.Error instead would paint an error overlay over every output component."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def handler(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except ValueError as exc:
+                gr.Warning(str(exc))
+                return gr.skip() if n_outputs == 1 else (gr.skip(),) * n_outputs
+        return handler
+    return wrap
 
 
 class Page:
@@ -146,7 +162,7 @@ class Page:
             with gr.Tabs():
                 with gr.Tab("Studio", id="studio"):
                     self._studio_tab()
-                with gr.Tab("Voices", id="voices"):
+                with gr.Tab("Voices", id="voices") as self.voices_tab:
                     self._voices_tab()
             self.save_voice.click(self._save_voice, [self.clip, self.clip_text, self.voice_name, self.voice_desc,
                                                      self.style, self.consent], [self.voice, self.voices_table],
@@ -250,7 +266,7 @@ class Page:
         random_seed.click(lambda: -1, None, seed, queue=False, api_visibility="private")
         reuse_seed.click(self._reuse_seed, self.last_seed, seed, queue=False, api_visibility="private")
         fmt.change(self._download_as, [fmt, self.takes], self.download, api_visibility="private")
-        save_preset.click(self._save_preset, [preset_name, self.style, self.text], self.style,
+        save_preset.click(self._save_preset, [preset_name, self.style], self.style,
                           api_visibility="private")
         self.history.select(self._select_take, self.takes, [selected, hist_audio, recipe], api_visibility="private")
         use_settings.click(self._use_settings, selected, [self.text, self.style, self.voice, temperature, top_p,
@@ -260,57 +276,55 @@ class Page:
     # ------------------------------------------------------------------ small handlers
 
     @staticmethod
+    @_warns(1)
     def _reuse_seed(last):
         if last is None:
-            gr.Warning("No take yet in this session: generate one first.")
-            return gr.skip()
+            raise ValueError("No take yet in this session: generate one first.")
         return last
 
+    @_warns(1)
     def _voice_style(self, voice_id):
-        voice = self.service.voices.get(voice_id) if voice_id not in (NO_VOICE, CLIP_VOICE) else None
-        return getattr(voice, "style", None) or gr.skip()
+        if voice_id in (NO_VOICE, CLIP_VOICE):
+            return gr.skip()
+        return self.service.voices.get(voice_id).style or gr.skip()
 
+    @_warns(1)
     def _download_as(self, fmt, takes):
         take = self.service.take(takes[-1]) if takes else None
         if take is None:
             return gr.update(label=f"Download {fmt.upper()}")
-        try:
-            return gr.update(value=self.take_file(take, fmt), label=f"Download {fmt.upper()}")
-        except ValueError as exc:
-            raise gr.Error(str(exc)) from None
+        return gr.update(value=self.take_file(take, fmt), label=f"Download {fmt.upper()}")
 
-    def _save_preset(self, name, style, text):
-        try:
-            prefix = self.service.save_style(name, style, text)
-        except ValueError as exc:
-            raise gr.Error(str(exc)) from None
-        gr.Info(f"Saved preset {name!r}.")
-        return gr.update(choices=self.style_choices(), value=prefix)
+    @_warns(1)
+    def _save_preset(self, name, style):
+        preset = self.service.save_style(name, style)
+        gr.Info(f"Saved preset {preset.name!r}.")
+        return gr.update(choices=self.style_choices(), value=preset.prefix)
 
+    @_warns(2)
     def _save_voice(self, clip, transcript, name, description, style, consent):
         if clip is None:
-            raise gr.Error("Upload or record a reference clip first.")
-        try:
-            voice = self.service.save_voice(self._clip_array(clip), clip[0], name=name, transcript=transcript,
-                                            description=description, style=style or None, consent=consent)
-        except ValueError as exc:
-            raise gr.Error(str(exc)) from None
+            raise ValueError("Upload or record a reference clip first.")
+        voice = self.service.save_voice(self._clip_array(clip), clip[0], name=name, transcript=transcript,
+                                        description=description, style=style or None, consent=consent)
         gr.Info(f"Saved voice {voice.name!r}.")
         return gr.update(choices=self.voice_choices(), value=voice.id), self._voice_rows()
 
+    @_warns(3)
     def _select_take(self, takes, evt: gr.SelectData):
         rows = list(reversed(takes or []))
         if evt.index is None or evt.index[0] >= len(rows):
             return gr.skip(), gr.skip(), gr.skip()
         take = self.service.take(rows[evt.index[0]])
         if take is None:
-            raise gr.Error("That take has left the history (it keeps the latest takes only).")
+            raise ValueError("That take has left the history (it keeps the latest takes only).")
         return take.id, self.take_file(take), render.recipe_json(take)
 
+    @_warns(9)
     def _use_settings(self, take_id):
         take = self.service.take(take_id) if take_id is not None else None
         if take is None:
-            raise gr.Error("Select a take in the history first.")
+            raise ValueError("Select a take in the history first.")
         s = take.settings
         return (take.text, take.style or "", take.voice_id or NO_VOICE, s["temperature"], s["top_p"], s["top_k"],
                 take.seed, s["max_frames"] or 0, s["repeat_guard"] or 0)
@@ -318,78 +332,79 @@ class Page:
     # ------------------------------------------------------------------ voices tab
 
     def _voice_rows(self):
-        return [[v.name, v.id, getattr(v, "style", "") or "", (getattr(v, "transcript", "") or "")[:80],
-                 getattr(v, "description", "") or ""] for v in self.service.list_voices()]
+        return [[v.name, v.id, v.style, f"{v.seconds:.1f}", v.transcript[:80], v.description]
+                for v in self.service.list_voices()]
 
     def _voices_tab(self):
-        gr.Markdown("Saved voices: a reference clip, its transcript, a default style, and a consent record. "
-                    "Select a row to preview and edit it.")
-        self.voices_table = gr.Dataframe(self._voice_rows(), headers=["name", "id", "style", "transcript",
+        gr.Markdown("Saved voices: a prepared reference clip, its transcript, a default style and a consent "
+                    "record. Select a row to preview, edit, export or delete it.")
+        self.voices_table = gr.Dataframe(self._voice_rows(), headers=["name", "id", "style", "seconds", "transcript",
                                                                       "description"],
-                                         interactive=False, wrap=True, elem_id="voices-table")
+                                         interactive=False, wrap=True, label="Voices", elem_id="voices-table")
         current = gr.State(None)
         with gr.Row():
             with gr.Column():
                 preview = gr.Audio(label="Reference clip", type="filepath", interactive=False)
-                export_one = gr.DownloadButton("Export this voice")
+                export_one = gr.DownloadButton("Export this voice (.zip)", elem_id="export-one")
             with gr.Column():
-                name = gr.Textbox(label="Name")
-                transcript = gr.Textbox(label="Transcript", lines=2)
-                description = gr.Textbox(label="Description")
-                style = gr.Textbox(label="Default style (tag prefix)")
+                fields = [gr.Textbox(label="Name", elem_id="edit-name"),
+                          gr.Textbox(label="Transcript", lines=2, elem_id="edit-transcript"),
+                          gr.Textbox(label="Description", elem_id="edit-description"),
+                          gr.Textbox(label="Default style (tag prefix)", elem_id="edit-style")]
                 with gr.Row():
-                    save = gr.Button("Save changes", variant="primary")
-                    confirm = gr.Checkbox(label="Yes, delete it", value=False)
-                    delete = gr.Button("Delete", variant="stop")
+                    save = gr.Button("Save changes", variant="primary", elem_id="edit-save")
+                    confirm = gr.Checkbox(label="Yes, delete it", value=False, elem_id="delete-confirm")
+                    delete = gr.Button("Delete", variant="stop", elem_id="delete-voice")
         with gr.Row():
             with gr.Column():
                 export_all = gr.Button("Export all voices (.zip)")
                 export_file = gr.File(label="Voice bundle", interactive=False)
             bundle = gr.File(label="Import a voice bundle (.zip)", file_types=[".zip"])
-        fields = [name, transcript, description, style]
-
-        def select(evt: gr.SelectData):
-            voice = self.service.voices.get(self.voice_rows_ids()[evt.index[0]])
-            return (voice.id, self.service.voice_audio_path(voice), voice.name, voice.transcript or "",
-                    voice.description or "", voice.style or "", self.service.export_voices([voice.id]))
-
-        def save_changes(voice_id, *values):
-            if not voice_id:
-                raise gr.Error("Select a voice first.")
-            try:
-                self.service.update_voice(voice_id, **dict(zip(("name", "transcript", "description", "style"), values)))
-            except ValueError as exc:
-                raise gr.Error(str(exc)) from None
-            gr.Info("Saved.")
-            return self._voice_rows(), gr.update(choices=self.voice_choices())
-
-        def remove(voice_id, sure):
-            if not voice_id:
-                raise gr.Error("Select a voice first.")
-            if not sure:
-                raise gr.Error("Tick 'Yes, delete it' to confirm.")
-            self.service.voices.delete(voice_id)
-            return self._voice_rows(), gr.update(choices=self.voice_choices(), value=NO_VOICE), None, False
-
-        def import_bundle(path):
-            if not path:
-                return gr.skip(), gr.skip()
-            try:
-                added = self.service.import_voices(path)
-            except ValueError as exc:
-                raise gr.Error(str(exc)) from None
-            gr.Info(f"Imported {len(added)} voice(s).")
-            return self._voice_rows(), gr.update(choices=self.voice_choices())
 
         priv = dict(api_visibility="private")
-        self.voices_table.select(select, None, [current, preview, *fields, export_one], **priv)
-        save.click(save_changes, [current, *fields], [self.voices_table, self.voice], **priv)
-        delete.click(remove, [current, confirm], [self.voices_table, self.voice, current, confirm], **priv)
-        export_all.click(lambda: self.service.export_voices(None), None, export_file, **priv)
-        bundle.upload(import_bundle, bundle, [self.voices_table, self.voice], **priv)
+        lists = [self.voices_table, self.voice]
+        self.voices_tab.select(lambda: self._voice_rows(), None, self.voices_table, queue=False, **priv)
+        self.voices_table.select(self._pick_voice, None, [current, preview, *fields, export_one], **priv)
+        save.click(self._edit_voice, [current, *fields], lists, **priv)
+        delete.click(self._delete_voice, [current, confirm], [*lists, current, confirm], **priv)
+        export_all.click(lambda: self._export(None), None, export_file, **priv)
+        bundle.upload(self._import, bundle, lists, **priv)
 
-    def voice_rows_ids(self) -> list[str]:
-        return [v.id for v in self.service.list_voices()]
+    @_warns(7)
+    def _pick_voice(self, evt: gr.SelectData):
+        voice = self.service.voices.get(evt.row_value[1])
+        return (voice.id, str(voice.audio_path), voice.name, voice.transcript, voice.description, voice.style,
+                self._export([voice.id]))
+
+    @_warns(2)
+    def _edit_voice(self, voice_id, name, transcript, description, style):
+        if not voice_id:
+            raise ValueError("Select a voice in the table first.")
+        self.service.voices.update(voice_id, name=name, transcript=transcript, description=description,
+                                   style=self.service.resolve_style(style))
+        gr.Info("Saved.")
+        return self._voice_rows(), gr.update(choices=self.voice_choices())
+
+    @_warns(4)
+    def _delete_voice(self, voice_id, sure):
+        if not voice_id:
+            raise ValueError("Select a voice in the table first.")
+        if not sure:
+            raise ValueError("Tick 'Yes, delete it' to confirm.")
+        self.service.voices.delete(voice_id)
+        return self._voice_rows(), gr.update(choices=self.voice_choices(), value=NO_VOICE), None, False
+
+    def _export(self, ids) -> str:
+        name = "voices.zip" if ids is None else f"voice-{ids[0]}.zip"
+        path = self.out_dir / name
+        path.write_bytes(self.service.voices.export_zip(ids))
+        return str(path)
+
+    @_warns(2)
+    def _import(self, path):
+        added = self.service.voices.import_zip(Path(path).read_bytes())
+        gr.Info(f"Imported {len(added)} voice(s).")
+        return self._voice_rows(), gr.update(choices=self.voice_choices())
 
 
 def build_page(service: StudioService) -> gr.Blocks:

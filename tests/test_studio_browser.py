@@ -110,6 +110,18 @@ def test_save_voice_from_upload_then_generate_with_it(page, tmp_path, artifacts_
     pg.wait_for_function("() => document.querySelector('#history')?.innerText.includes('Test Fox')")
     pg.screenshot(path=str(artifacts_dir / "studio-voice.png"), full_page=True)
 
+    # Voices tab: select, rename, then delete (which needs the confirmation tick).
     pg.get_by_role("tab", name="Voices").click()
     pg.wait_for_function("() => document.querySelector('#voices-table')?.innerText.includes('Test Fox')")
+    pg.locator("#voices-table [role=gridcell]", has_text="Test Fox").first.click()
+    pg.wait_for_function("() => document.querySelector('#edit-name textarea')?.value === 'Test Fox'")
+    pg.fill("#edit-name textarea", "Renamed Fox")
+    pg.click("#edit-save")
+    pg.wait_for_function("() => document.querySelector('#voices-table')?.innerText.includes('Renamed Fox')")
     pg.screenshot(path=str(artifacts_dir / "studio-voices-tab.png"), full_page=True)
+    pg.click("#delete-voice")
+    pg.wait_for_selector("text=to confirm", timeout=30_000)
+    assert "Renamed Fox" in pg.inner_text("#voices-table")
+    pg.check("#delete-confirm input[type=checkbox]")
+    pg.click("#delete-voice")
+    pg.wait_for_function("() => !document.querySelector('#voices-table')?.innerText.includes('Renamed Fox')")
