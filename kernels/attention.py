@@ -124,7 +124,7 @@ def prefill_attn_kernel(Q, K_CACHE, V_CACHE, POS, OUT, M, qk_scale, group, strid
 # 16 splits × 8 kv heads = 128 programs on 132 SMs; the 16-row group tile is tl.dot's minimum (GQA group 4).
 DECODE_TILES = dict(BLOCK_G=16, BLOCK_S=64, NUM_SPLITS=16)
 # 64-row query tiles so SM90 gets wgmma (the build's SASS check looks for it).
-PREFILL_TILES = dict(BLOCK_M=64, BLOCK_N=64)
+PREFILL_TILES = dict(BLOCK_M=64, BLOCK_N=32)
 
 
 def _specs(head_dim):

@@ -45,9 +45,11 @@ def gemv_kernel(X, W, W_SCALE, X_SCALE, R, Y, N, K, stride_w,
     tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=rmask)
 
 
-# 16 rows per program: N = 2560 gives 160 programs, the fused qkv (6144) 384, gate_up (19456) 1216 — more than
-# one wave on 132 SMs for every matrix. BLOCK_K makes each thread issue 16-byte loads (4 warps, 128 threads).
-GEMV_TILES = {"bf16": dict(BLOCK_N=16, BLOCK_K=256), "fp8": dict(BLOCK_N=16, BLOCK_K=512)}
+# 8 rows per program: N = 2560 (o_proj, down) gives 320 programs, ≥ 2 per SM on 132 SMs, so no SM idles
+# behind a 1.2-wave tail (16 rows would give 160); qkv (6144) 768, gate_up (19456) 2432. Per loop step each
+# of the 128 threads issues two 16-byte loads (8×256 bf16 or 8×512 fp8 = 4 KB per step). Not yet tuned on a
+# GPU: BLOCK_N / BLOCK_K / num_warps are the knobs, and only KERNELS + this dict change.
+GEMV_TILES = {"bf16": dict(BLOCK_N=8, BLOCK_K=256), "fp8": dict(BLOCK_N=8, BLOCK_K=512)}
 
 
 def _spec(name, x, w, y, *, w_scale, x_scale, residual):
