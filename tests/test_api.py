@@ -14,6 +14,7 @@ import socket
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 
 import httpx
 import numpy as np
@@ -72,6 +73,80 @@ def test_streaming_wav_header_reads_as_the_stream_that_follows():
     pcm = (np.sin(np.arange(4800) / 7) * 12000).astype("<i2")
     data, rate = sf.read(io.BytesIO(streaming_wav_header() + pcm.tobytes()), dtype="int16")
     assert rate == SAMPLE_RATE and np.array_equal(data, pcm)
+
+
+# ------------------------------------------------------------------------------------------ scripted engine
+
+@dataclass
+class FakeMetrics:
+    frames: int
+    seed: int | None
+    ttfa_ms: float = 1.0
+    rtf: float = 0.5
+    stop_reason: str | None = None
+
+
+class ScriptedEngine:
+    """`text` picks the behaviour: "crash" raises inside the engine, "slow" takes 0.1 s per frame for 100
+    frames; anything else is 3 quick frames."""
+
+    info = {"checkpoint": "scripted", "device": "cpu", "precision": "fp32", "backend": "torch", "demo": True}
+
+    def generate_stream(self, text, *, seed=None, cancel=None, max_frames=None, **kw):
+        if "crash" in text:
+            raise RuntimeError("the engine fell over")
+        frames, delay = (100, 0.1) if "slow" in text else (3, 0.0)
+        for i in range(frames):
+            if cancel is not None and cancel.is_set():
+                yield FakeChunk(np.zeros(0, np.float32), FakeMetrics(i, seed, stop_reason="cancelled"), True)
+                return
+            time.sleep(delay)
+            yield FakeChunk(np.full(SAMPLES_PER_FRAME, 0.25, np.float32), FakeMetrics(i + 1, seed), False)
+        yield FakeChunk(np.zeros(0, np.float32), FakeMetrics(frames, seed, stop_reason="eoc"), True)
+
+
+@dataclass
+class FakeChunk:
+    audio: np.ndarray
+    metrics: FakeMetrics
+    final: bool
+
+
+@pytest.fixture()
+def scripted():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from studio import api
+    from studio.service import StudioService
+
+    service = StudioService(ScriptedEngine())
+    app = FastAPI()
+    api.register(app, service, request_timeout=1.0)
+    with TestClient(app) as client:
+        yield client, service
+    service.close()
+
+
+def test_timeout_is_a_504_and_frees_the_queue(scripted):
+    client, service = scripted
+    started = time.monotonic()
+    r = client.post("/v1/audio/speech", json={"input": "slow take", "response_format": "flac"})
+    assert r.status_code == 504 and "longer than 1 s" in r.json()["error"]["message"]
+    assert time.monotonic() - started < 5  # stopped at the timeout, not after the 10 s take
+    ok = client.post("/v1/audio/speech", json={"input": "quick", "response_format": "pcm"})
+    assert ok.status_code == 200 and len(ok.content) == 3 * SAMPLES_PER_FRAME * 2
+    assert service.queue_depth == 0
+
+
+def test_an_engine_crash_is_a_500_and_the_server_keeps_serving(scripted):
+    client, _ = scripted
+    r = client.post("/v1/audio/speech", json={"input": "crash now", "response_format": "wav"})
+    assert r.status_code == 500 and "the engine fell over" in r.json()["error"]["message"]
+    ok = client.post("/v1/audio/speech", json={"input": "fine", "response_format": "wav", "stream": False})
+    assert ok.status_code == 200 and ok.headers["x-frames"] == "3" and ok.headers["x-stop-reason"] == "eoc"
+    assert len(wav_samples(ok.content)) == 3 * SAMPLES_PER_FRAME
+    assert client.get("/health").json()["queue_depth"] == 0
 
 
 # ------------------------------------------------------------------------------------------ live server
@@ -343,3 +418,37 @@ def test_styles_and_models(base):
     assert "<|prosody:speed_slow|>" in calm["prefix"]
     models = httpx.get(f"{base}/v1/models", headers=auth()).json()
     assert "higgs-audio-v3-tts" in [m["id"] for m in models["data"]]
+
+
+@pytest.mark.slow
+def test_a_client_that_leaves_frees_the_engine(base):
+    long = {"input": "A long take.", "max_frames": 3000, "repeat_guard": None, "seed": 5}
+    with httpx.stream("POST", f"{base}/v1/audio/speech", headers=auth(), timeout=60,
+                      json={**long, "response_format": "pcm"}) as r:
+        for _ in r.iter_bytes():
+            break  # hang up after the first piece of audio
+    left = time.monotonic()
+    while httpx.get(f"{base}/health").json()["queue_depth"] and time.monotonic() - left < 60:
+        time.sleep(0.05)
+    freed_after = time.monotonic() - left
+
+    # The same take run to the end, while a second client waits behind it and gives up.
+    full = {}
+
+    def running():
+        t0 = time.monotonic()
+        r = httpx.post(f"{base}/v1/audio/speech", headers=auth(), timeout=300, json={**long, "response_format": "flac"})
+        full.update(status=r.status_code, frames=r.headers.get("x-frames"), seconds=time.monotonic() - t0)
+
+    thread = threading.Thread(target=running)
+    thread.start()
+    time.sleep(0.5)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{base}/v1/audio/speech", headers=auth(), timeout=1.0,
+                   json={"input": "Waiting.", "response_format": "flac", "max_frames": 5})
+    time.sleep(0.5)
+    depth = httpx.get(f"{base}/health").json()["queue_depth"]
+    thread.join(timeout=300)
+    assert full["status"] == 200 and full["frames"] == "3000"
+    assert depth <= 1  # the waiting client left the queue; at most the long take is still there
+    assert freed_after < full["seconds"] / 2  # the abandoned take was stopped, not run to the end
