@@ -39,24 +39,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-key", default=env.get("HIGGS_API_KEY"), help="require this Bearer key on /v1/* routes")
     p.add_argument("--voices-dir", default=env.get("HIGGS_VOICES_DIR"), help="where saved voices live")
     p.add_argument("--remote", default=env.get("HIGGS_REMOTE"),
-                   help="drive a running vLLM-Omni / SGLang-Omni server at this URL instead of a local model")
+                   help="drive a running speech server (another Higgs Studio, SGLang-Omni, vLLM-Omni) at this URL "
+                        "instead of a local model (env HIGGS_REMOTE; its key in HIGGS_REMOTE_API_KEY)")
     return p.parse_args(argv)
 
 
-def configure_spaces() -> None:
+def configure_spaces(data: Path = Path("/data")) -> None:
     """On Hugging Face Spaces keep downloads on the persistent volume so restarts don't re-fetch 9 GB."""
-    if os.environ.get("SPACE_ID") and Path("/data").is_dir():
-        os.environ.setdefault("HF_HOME", "/data/.huggingface")
+    if os.environ.get("SPACE_ID") and data.is_dir():
+        os.environ.setdefault("HF_HOME", str(data / ".huggingface"))
 
 
 def load_engine(args: argparse.Namespace):
     """The engine (or a remote client with the same interface); exits with one clear sentence on failure."""
     if args.remote:
+        from engine.remote import RemoteEngine
         try:
-            from studio.remote import RemoteEngine
-        except ImportError:
-            sys.exit("--remote is not available in this build (studio/remote.py is missing); drop the flag.")
-        return RemoteEngine(args.remote)
+            return RemoteEngine(args.remote, api_key=os.environ.get("HIGGS_REMOTE_API_KEY"))
+        except ValueError as exc:
+            sys.exit(f"Cannot use --remote: {exc}")
 
     from engine.checkpoint import CheckpointError
     from engine.generate import Engine
@@ -98,7 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     configure_spaces()
     engine = load_engine(args)
-    warm_up(engine)
+    if not getattr(engine, "is_remote", False):
+        warm_up(engine)
 
     from studio.page import Page, launch_kwargs
     from studio.presets import PresetStore
@@ -110,6 +112,9 @@ def main(argv: list[str] | None = None) -> None:
     service = StudioService(engine, voices, presets)
     page = Page(service)
     demo = page.build()
+    if args.mcp:
+        from studio import mcp
+        mcp.register(demo, service, api_key=args.api_key)  # gr.api tools: added before launch
     demo.queue(default_concurrency_limit=1, max_size=64)
     try:
         demo.launch(server_name=args.host, server_port=args.port, share=args.share, mcp_server=args.mcp,
@@ -117,14 +122,10 @@ def main(argv: list[str] | None = None) -> None:
                     **launch_kwargs())
     except OSError as exc:
         sys.exit(f"Cannot listen on {args.host}:{args.port} ({exc}). Pick another port with --port or PORT.")
-    try:
-        from studio import api
-    except ImportError:
-        api = None
-    if api is not None:
-        api.register(demo.app, service, api_key=args.api_key)
-        print(f"OpenAI-compatible API: POST {demo.local_url.rstrip('/')}/v1/audio/speech"
-              + (" (Bearer key required)" if args.api_key else ""), flush=True)
+    from studio import api  # routes go on the running app: launch() builds a new FastAPI app each time
+    api.register(demo.app, service, api_key=args.api_key)
+    print(f"OpenAI-compatible API: POST {demo.local_url.rstrip('/')}/v1/audio/speech"
+          + (" (Bearer key required)" if args.api_key else ""), flush=True)
     if args.mcp:
         print(f"MCP server: {demo.local_url.rstrip('/')}/gradio_api/mcp/", flush=True)
     try:

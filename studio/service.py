@@ -324,7 +324,9 @@ class StudioService:
 
     def _generate(self, job: _Job, request: SynthesisRequest, prompt_text: str, voice, style) -> None:
         engine = self.engine
-        if voice is not None:
+        if voice is not None and getattr(engine, "is_remote", False):
+            ref = engine.encode_voice(voice.wav(), SAMPLE_RATE, transcript=voice.transcript or None)  # the clip travels
+        elif voice is not None:
             ref = self.voices.voice_ref(voice.id, encode=self._encode_codes)  # codes cached in the library
         elif request.ref_audio is not None:
             audio, sr = request.ref_audio
@@ -394,10 +396,13 @@ class StudioService:
             consent = Consent(asserted_by=asserted_by)
         if not isinstance(consent, Consent):
             raise ValueError("Confirm that you have the speaker's permission (tick the consent box) to save a voice.")
+        # Encode now, in turn on the GPU worker, so the first take with this voice starts at full speed. A remote
+        # engine has no codec here: its voices travel as clips.
+        encode = None if getattr(self.engine, "is_remote", False) else \
+            (lambda wav: self.run_exclusive(self._encode_codes, wav))
         return self.voices.add((int(sample_rate), np.asarray(audio, dtype=np.float32)), name=name,
                                transcript=transcript or None, description=description or "",
-                               style=self.resolve_style(style), seed=seed, consent=consent,
-                               encode=lambda wav: self.run_exclusive(self._encode_codes, wav))
+                               style=self.resolve_style(style), seed=seed, consent=consent, encode=encode)
 
     def list_styles(self) -> list[tuple[str, str]]:
         """(name, prefix) of every style preset, built-in first."""

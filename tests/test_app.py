@@ -1,0 +1,48 @@
+"""app.py: flags and environment, Spaces defaults, and a missing checkpoint explained without a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import app
+from tests.studio_server import REPO
+
+
+def test_flags_and_env(monkeypatch):
+    for name in ("SPACE_ID", "PORT", "GRADIO_SERVER_PORT", "HIGGS_DEMO", "HIGGS_CHECKPOINT", "HIGGS_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    args = app.parse_args([])
+    assert (args.host, args.port, args.demo, args.checkpoint) == ("127.0.0.1", 7860, False, app.DEFAULT_CHECKPOINT)
+
+    monkeypatch.setenv("HIGGS_DEMO", "1")
+    monkeypatch.setenv("GRADIO_SERVER_PORT", "9000")
+    monkeypatch.setenv("HIGGS_API_KEY", "k")
+    args = app.parse_args([])
+    assert (args.demo, args.port, args.api_key) == (True, 9000, "k")
+    monkeypatch.setenv("PORT", "9100")  # PORT wins: it is what container platforms set
+    assert app.parse_args([]).port == 9100
+    assert app.parse_args(["--port", "9200", "--device", "cpu"]).port == 9200
+
+
+def test_spaces_binds_all_interfaces_and_keeps_downloads_on_data(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPACE_ID", "someone/higgs-studio")
+    monkeypatch.delenv("HF_HOME", raising=False)
+    assert app.parse_args([]).host == "0.0.0.0"
+    app.configure_spaces(tmp_path)
+    assert os.environ["HF_HOME"] == str(tmp_path / ".huggingface")
+
+
+@pytest.mark.parametrize("source", ["/nonexistent/higgs-checkpoint", "bosonai/higgs-tts-3-4b"])
+def test_missing_checkpoint_says_what_to_do(source, tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path), "HIGGS_VOICES_DIR": str(tmp_path / "v")}
+    env.pop("HIGGS_DEMO", None)
+    proc = subprocess.run([sys.executable, "app.py", "--checkpoint", source, "--port", "0"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out
+    assert "--demo" in out
