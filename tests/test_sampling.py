@@ -152,3 +152,24 @@ def test_validation_messages():
 def test_new_seed_is_63_bit():
     seeds = {new_seed() for _ in range(50)}
     assert len(seeds) == 50 and all(0 <= s < 2**63 for s in seeds)
+
+
+def test_top_k_threshold_ties_fill_by_index():
+    from engine.sampling import top_k_mask
+    p = torch.zeros(2, 1026)
+    p[0, 50] = 0.4
+    p[0, [10, 20, 30]] = 0.2  # k=3: 50 is above the threshold, then the two lowest tied indices
+    p[1, [7, 3, 900]] = 0.3
+    mask = top_k_mask(p, 3)
+    assert mask[0].nonzero().flatten().tolist() == [10, 20, 50]
+    assert mask[1].nonzero().flatten().tolist() == [3, 7, 900]
+    assert top_k_mask(p, 2)[1].nonzero().flatten().tolist() == [3, 7]
+
+
+def test_top_p_ties_order_by_lower_index():
+    logits = torch.full((1, 1026), -1e4)
+    logits[0, [40, 5]] = 0.0  # two equal halves: top_p 0.5 keeps only the lower index
+    picks = {int(sample(logits, uniforms(3, s, 1), 1.0, 0, 0.5)) for s in range(100)}
+    assert picks == {5}
+    picks = {int(sample(logits, uniforms(3, s, 1), 1.0, 2, 0.5)) for s in range(100)}
+    assert picks == {5}
