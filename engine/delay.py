@@ -14,13 +14,13 @@ import numpy as np
 import torch
 
 from .config import FRAME_RATE
+from .tokenizer import estimate_seconds
 
 # Length cap when the caller gives none (SPEC D5): never more rows than the references allow
 # (SG `max_new_tokens` 2048 ≈ 81.6 s), never less than a few seconds.
 MAX_ROWS = 2048
 MIN_AUTO_SECONDS = 4.0
-# Speaking-rate estimate for the automatic cap: ~15 characters/s of English speech, allowed 3× over.
-CHARS_PER_SECOND = 15.0
+# The automatic cap allows 3× the speaking-rate estimate (slow styles, pauses, sfx).
 CAP_FACTOR = 3.0
 
 
@@ -59,25 +59,11 @@ def undelay(rows, codebook_size: int = 1024) -> torch.Tensor:
 
 
 def default_max_frames(text: str) -> int:
-    """Length cap for a take when the caller gives none: 25 frames/s, 3× a speaking-rate estimate from
-    the text, at least a few seconds, and never more than MAX_ROWS rows. Control tags count as nothing
-    (they are single tokens, not read aloud)."""
-    spoken = len(_strip_tags(text))
-    seconds = max(MIN_AUTO_SECONDS, CAP_FACTOR * spoken / CHARS_PER_SECOND)
+    """Length cap for a take when the caller gives none: 25 frames/s over 3× the speaking-rate estimate
+    of the text (`tokenizer.estimate_seconds`, the same estimate the studio shows), at least a few
+    seconds, and never more than MAX_ROWS rows."""
+    seconds = max(MIN_AUTO_SECONDS, CAP_FACTOR * estimate_seconds(text))
     return min(math.ceil(seconds * FRAME_RATE), MAX_ROWS - 7)
-
-
-def _strip_tags(text: str) -> str:
-    out, i = [], 0
-    while i < len(text):
-        j = text.find("<|", i)
-        end = text.find("|>", j + 2) if j >= 0 else -1
-        if j < 0 or end < 0:
-            out.append(text[i:])
-            break
-        out.append(text[i:j])
-        i = end + 2
-    return "".join(out)
 
 
 @dataclass

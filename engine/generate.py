@@ -273,16 +273,19 @@ class Engine:
         return self._take(text, prompt, voice, temperature, top_k, top_p, seed, max_frames, repeat_guard,
                           cancel, audio=True)
 
-    def encode_voice(self, wav, sample_rate: int, transcript: str | None = None):
-        """A reference clip → `VoiceRef` (codec codes + transcript) for voice cloning. The clip is prepared
-        first (mono 24 kHz, trimmed, length limits, padded to whole frames) by `engine.audio`."""
+    def encode_voice(self, wav, sample_rate: int | None, transcript: str | None = None):
+        """A reference clip → `VoiceRef` (codec codes + transcript) for voice cloning. `wav` is samples at
+        `sample_rate` (or anything `engine.audio.prepare_reference` reads: a path, encoded bytes, with
+        sample_rate None); it is prepared first (mono 24 kHz, trimmed, length limits, whole frames)."""
         from .audio import prepare_reference
         from .prompt import VoiceRef
 
         codec = self._need_codec()
         if not getattr(codec, "has_encoder", True):
             raise ValueError("this checkpoint's codec has no encoder weights, so it cannot clone a voice")
-        prepared = prepare_reference(np.asarray(wav), sample_rate=int(sample_rate))
+        if isinstance(wav, (list, torch.Tensor)):
+            wav = np.asarray(wav, dtype=np.float32)
+        prepared = prepare_reference(wav, sample_rate=None if sample_rate is None else int(sample_rate))
         with self._lock:
             codes = codec.encode(prepared.wav)
         return VoiceRef(codes=codes.cpu(), transcript=transcript)
