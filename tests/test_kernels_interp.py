@@ -354,3 +354,76 @@ def test_sampler_stop_state_transitions():
                                       countdown=countdown, done=done)
         want = ref.stop_state_ref(step, 1025, countdown, done)
         assert (int(state[3]), int(state[4])) == want, (step, countdown, done)
+
+
+# ---------------------------------------------------------------------------------------------- ops ↔ KERNELS
+_TORCH_TYPES = {"*bf16": BF16, "*fp8e4nv": FP8, "*fp32": torch.float32, "*i32": torch.int32, "*i64": torch.int64}
+
+
+def test_every_ops_launch_has_a_kernel_spec(monkeypatch):
+    """The cubin runtime serves an ops call only if a KernelSpec was compiled for exactly its constexprs and
+    launch options: run every op once (production tiles, the tiny model's dims) and match each launch."""
+    import importlib
+
+    specs = [s for m in ("norm", "gemv", "rope_kv", "attention", "mlp", "head", "sampler", "gemm")
+             for s in importlib.import_module(f"kernels.{m}").KERNELS]
+    launches = []
+
+    class Recorder:
+        def __init__(self, jit):
+            self.jit = jit
+
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append((self.jit, args, dict(kwargs)))
+                return self.jit[grid](*args, **kwargs)
+            return launch
+
+    for name, value in list(vars(ops).items()):
+        if isinstance(value, triton.runtime.jit.JITFunction) or hasattr(value, "fn") and hasattr(value, "arg_names"):
+            monkeypatch.setattr(ops, name, Recorder(value))
+
+    hidden, inter, heads, kv, d = 64, 128, 4, 2, 16
+    x = torch.randn(3, hidden).to(BF16)
+    g = torch.ones(hidden, dtype=BF16)
+    s1 = torch.tensor([0.05])
+    w, _ = _weights(hidden, hidden, False)
+    w8, ws = _weights(hidden, hidden, True)
+    for rows in (x[:1], x):
+        ops.rmsnorm(rows, g, 1e-6)
+        ops.rmsnorm(rows, g, 1e-6, residual=rows.clone())
+        a8 = ops.rmsnorm(rows, g, 1e-6, scale=s1)
+        ops.rmsnorm(rows, g, 1e-6, residual=rows.clone(), scale=s1)
+        for res in (None, rows.clone()):
+            ops.linear(rows, w, residual=res)
+            ops.linear(rows, w8, w_scale=ws, residual=res)
+            ops.linear(a8, w8, w_scale=ws, x_scale=s1, residual=res)
+        ops.silu_mul(torch.randn(rows.shape[0], 2 * inter).to(BF16))
+        ops.silu_mul(torch.randn(rows.shape[0], 2 * inter).to(BF16), scale=s1)
+    ops.gemv(x[0], w, out_dtype=torch.float32)
+    kc, vc = _cache(kv, 32, d, 8)
+    pos = torch.tensor([4], dtype=torch.int32)
+    cos, sin = ops.rope_tables(1e6, d, 32)
+    q = ops.qk_norm_rope_kv(torch.randn(3, (heads + 2 * kv) * d).to(BF16), g[:d], g[:d], cos, sin, pos, kc, vc,
+                            heads=heads, kv_heads=kv, eps=1e-6)
+    ops.decode_attention(q[0], kc, vc, pos)
+    ops.prefill_attention(q, kc, vc, pos)
+    ops.audio_head(x[0], torch.randn(40, hidden).to(BF16), g, 1e-6)
+    _run_sampler(torch.randn(8, 1026), step=0, seed=1, temperature=0.8, top_k=30, top_p=0.8, hidden=hidden)
+
+    used = set()
+    for jit, args, kwargs in launches:
+        options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+        bound = dict(zip(jit.arg_names, args))
+        candidates = [s for s in specs if s.fn is jit and s.constexprs == kwargs
+                      and options.get("num_warps", s.num_warps) == s.num_warps
+                      and options.get("num_stages", s.num_stages) == s.num_stages]
+        score = lambda s: sum(getattr(bound[p], "dtype", None) == _TORCH_TYPES.get(t)  # noqa: E731
+                              for p, t in s.signature.items() if t.startswith("*"))
+        candidates.sort(key=score, reverse=True)
+        assert candidates, f"{jit.fn.__name__} launched with {kwargs} {options}: no KernelSpec"
+        assert len(candidates) == 1 or score(candidates[0]) > score(candidates[1]), [s.name for s in candidates]
+        used.add(candidates[0].name)
+    missing = {s.name for s in specs} - used
+    # head_dim-128 variants are for the 4B model; everything else must be exercised by ops.
+    assert all(name.endswith("_d128") for name in missing), sorted(missing)
