@@ -3,7 +3,8 @@
     studio.api.register(app, service, api_key=None)
 
 adds `POST /v1/audio/speech`, the voice routes `GET|POST /v1/audio/voices`, `GET|DELETE
-/v1/audio/voices/{id}`, `GET /v1/models` and `GET /health` (docs/API.md has the fields and examples).
+/v1/audio/voices/{id}`, `GET /v1/audio/styles`, `GET /v1/models` and `GET /health` (docs/API.md has the
+fields and examples).
 Routes only: they validate, translate the request into a `SynthesisRequest`, and format what
 `StudioService` yields. Generation, queueing and voice storage happen in the service and the library.
 
@@ -40,10 +41,11 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from starlette.routing import Mount
 
 from engine.audio import ReferenceAudioError, load_audio
 from engine.config import SAMPLE_RATE
-from studio.formats import MIME, FormatError, available_formats, encode_audio, to_pcm16
+from studio.formats import MIME, available_formats, encode_audio, to_pcm16
 from studio.presets import check_style_prefix
 from studio.service import MAX_TEXT_CHARS, ServiceBusy, ServiceClosed, SynthesisRequest
 from studio.voices import DEFAULT_CONSENT_STATEMENT, Consent, VoiceNotFound
@@ -66,7 +68,6 @@ REQUEST_TIMEOUT_S = 600.0
 # `speed` has no direct control in Higgs: it becomes one of the four prosody speed tags.
 _SPEED_TAGS = ("<|prosody:speed_very_slow|>", "<|prosody:speed_slow|>", "<|prosody:speed_fast|>",
                "<|prosody:speed_very_fast|>")
-_TAG_RE = re.compile(r"<\|[^<>|]{0,64}\|>")
 _TAGS_ONLY_RE = re.compile(r"^(\s*<\|[^<>|]{0,64}\|>)+\s*$")
 
 
@@ -587,9 +588,7 @@ class _Run:
             raise
         except (ServiceBusy, ServiceClosed) as exc:
             raise ApiError(503, str(exc), headers={"Retry-After": "5"}) from None
-        except FormatError as exc:
-            raise ApiError(400, str(exc)) from None
-        except ValueError as exc:
+        except ValueError as exc:  # VoiceNotFound, ReferenceAudioError, engine limits: sentences for the user
             raise ApiError(400, str(exc)) from None
         if self.timed_out:
             raise ApiError(504, f"The request took longer than {self.api.request_timeout:g} s (queue wait and "
@@ -685,7 +684,6 @@ def register(app: FastAPI, service, *, api_key: str | None = None,
 
 
 def _routes_first(app: FastAPI, n: int) -> None:
-    from starlette.routing import Mount  # noqa: PLC0415
     routes = app.router.routes
     ours, rest = routes[-n:], routes[:-n]
     mounts = [r for r in rest if isinstance(r, Mount)]
