@@ -169,7 +169,7 @@ class Engine:
                 reason = "no CUDA GPU: the torch reference path runs on the CPU"
             else:
                 try:
-                    factory = _backend("cubin", dev)
+                    _backend("cubin", dev)
                     name = "cubin"
                 except BackendUnavailable as exc:
                     reason = f"{exc}; using the torch path"

@@ -111,9 +111,7 @@ def sample(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_k: int
     mass = probs if kept is None else torch.where(kept, probs, 0.0)
     running = torch.cumsum(mass, -1)
     running = running / running[:, -1:]
-    # Running mass is non-decreasing and only steps up at kept entries, so the first index with
-    # running > u is a kept entry; `sum(running <= u)` is that index without a data-dependent branch.
-    pick = (running <= u.to(running.device, running.dtype)[:, None]).sum(-1)
-    last = (mass > 0).long()
-    last_kept = vocab - 1 - last.flip(-1).argmax(-1)  # rounding fallback when u ≥ the final running sum
-    return torch.minimum(pick, last_kept)
+    # The running mass is non-decreasing, only steps up at kept entries (adding an exact 0 changes
+    # nothing) and ends at exactly 1.0 (x / x) > u, so the first index with running > u always exists
+    # and is a kept entry: `sum(running <= u)` is that index, with no data-dependent branch.
+    return (running <= u.to(running.device, running.dtype)[:, None]).sum(-1)

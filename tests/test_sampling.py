@@ -173,3 +173,12 @@ def test_top_p_ties_order_by_lower_index():
     assert picks == {5}
     picks = {int(sample(logits, uniforms(3, s, 1), 1.0, 2, 0.5)) for s in range(100)}
     assert picks == {5}
+
+
+def test_extreme_u_picks_kept_entries():
+    logits = torch.full((2, 1026), float("-inf"))
+    logits[:, [3, 700]] = torch.tensor([[0.0, 0.0], [5.0, -5.0]])
+    top = torch.tensor([1 - 2.0 ** -24, 1 - 2.0 ** -24])
+    assert sample(logits, top, 1.0, 0, 1.0).tolist() == [700, 700]
+    assert sample(logits, torch.zeros(2), 1.0, 0, 1.0).tolist() == [3, 3]
+    assert sample(logits, top, 1.0, 1, 1.0).tolist() == [3, 3]
