@@ -229,27 +229,33 @@ class Page:
                 self.live = gr.Audio(label="Live", streaming=True, autoplay=True, interactive=False,
                                      elem_id="live")
                 self.metrics = gr.HTML(render.metrics_html(), label="Metrics", elem_id="metrics")
+                gr.HTML(render.HEARD_HTML, js_on_load=render.HEARD_JS, elem_id="heard")
                 self.result = gr.JSON(label="Result", visible=False)  # the take's metrics and recipe, for API clients
                 self.take_audio = gr.Audio(label="Take", type="filepath", interactive=False, elem_id="take")
                 with gr.Row():
                     fmt = gr.Dropdown([f for f in available_formats() if f != "pcm"], value="wav",
                                       label="Format", scale=1, min_width=90)
                     self.download = gr.DownloadButton("Download WAV", scale=2, elem_id="download")
+        with gr.Accordion("Engine", open=False):
+            gr.JSON(svc.status, label="Engine status (refreshed on page load)", elem_id="engine-status")
         with gr.Accordion("History (this session)", open=True):
             self.history = gr.Dataframe(headers=render.HISTORY_HEADERS, interactive=False, wrap=True, label="History",
                                         elem_id="history")
             with gr.Row():
                 with gr.Column(scale=2):
                     hist_audio = gr.Audio(label="Selected take", type="filepath", interactive=False)
-                    use_settings = gr.Button("Use these settings")
-                recipe = gr.Code(label="Recipe (settings + seed + voice id)", language="json", scale=3)
+                    use_settings = gr.Button("Use these settings", elem_id="use-settings")
+                recipe = gr.Code(label="Recipe (settings + seed + voice id)", language="json", scale=3,
+                                 elem_id="recipe")
             selected = gr.State(None)
 
         inputs = [self.text, self.style, self.voice, self.clip, self.clip_text, temperature, top_p, top_k,
                   seed, max_frames, repeat_guard, self.takes]
         gen_event = generate.click(self.generate, inputs, [self.live, self.metrics, self.take_audio, self.download,
                                                            self.history, self.takes, self.last_seed, self.result],
-                                   api_name="generate", concurrency_id=GPU_QUEUE, concurrency_limit=1)
+                                   api_name="generate", concurrency_id=GPU_QUEUE, concurrency_limit=1,
+                                   js=render.CLICK_JS)
+        gen_event.success(self._download_as, [fmt, self.takes], self.download, api_visibility="private")
         stop.click(self.stop, [self.takes], [self.metrics, self.take_audio, self.download, self.history,
                                              self.takes, self.last_seed],
                    cancels=[gen_event], queue=False, api_name="stop")

@@ -81,6 +81,25 @@ element.addEventListener('click', (ev) => {
 """
 
 
+# Heard latency (PRODUCT §6, §7.1): server TTFA leaves out the queue, the network and the browser's HLS
+# buffering, so the page also times Generate-click → the live player's first "playing" event.
+HEARD_HTML = ('<div class="hs-heard">Heard after <b id="m-heard">—</b> '
+              '<span>(click to first sound in this browser: queue + network + player buffering)</span></div>')
+CLICK_JS = """(...args) => {
+  window.__hsClick = performance.now();
+  const el = document.querySelector('#m-heard'); if (el) el.innerText = '…';
+  return args;
+}"""
+HEARD_JS = """
+document.addEventListener('playing', (ev) => {
+  if (!window.__hsClick || !ev.target.closest || !ev.target.closest('#live')) return;
+  const ms = performance.now() - window.__hsClick;
+  window.__hsClick = null;
+  const el = element.querySelector('#m-heard'); if (el) el.innerText = Math.round(ms) + ' ms';
+}, true);
+"""
+
+
 def _num(value, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
 
@@ -183,4 +202,5 @@ CSS = """
 .hs-state.stopped {background:#fdecec; color:#9b1c1c;} .hs-state.waiting {background:#fff4d6; color:#6b4e00;}
 .hs-eng, .hs-note {opacity:.65;}
 #generate-btn {font-size:1.05rem;}
+.hs-heard {font-size:.8rem; opacity:.8; padding:0 4px;} .hs-heard span {opacity:.6;}
 """

@@ -74,7 +74,31 @@ def test_generate_streams_audio_and_shows_metrics(page, artifacts_dir):
     assert NUMBER.match(rtf) and float(rtf) > 0, rtf
     assert NUMBER.match(pg.inner_text("#m-frames"))
     pg.wait_for_function("() => document.querySelector('#history')?.innerText.includes('Hello there')")
+    # Autoplay ran: the browser-side "heard" latency was measured (click to the live player's first sound).
+    pg.wait_for_function("() => /^\\d+ ms$/.test(document.querySelector('#m-heard')?.innerText)", timeout=60_000)
     pg.screenshot(path=str(artifacts_dir / "studio.png"), full_page=True)
+
+    # History: select the take, read its recipe, and load its settings back (seed included).
+    seed = pg.inner_text("#m-seed")
+    pg.locator("#history [role=gridcell]", has_text="Hello there").first.click()
+    pg.wait_for_function(f"() => document.querySelector('#recipe')?.innerText.includes('{seed}')")
+    pg.click("#use-settings")
+    pg.wait_for_function(f"() => document.querySelector('#seed input')?.value === '{seed}'")
+
+
+def test_stop_ends_a_long_take(page):
+    pg = page
+    pg.get_by_text("Advanced").click()
+    pg.fill("#max-frames input", "3000")
+    pg.fill("#repeat-guard input", "0")
+    pg.click("#text textarea")
+    pg.keyboard.type("A long take to stop.")
+    pg.click("#generate-btn")
+    pg.wait_for_function("() => document.querySelector('#m-state')?.innerText === 'streaming'", timeout=120_000)
+    pg.click("#stop-btn")
+    pg.wait_for_function("() => document.querySelector('#m-state')?.innerText === 'stopped'", timeout=30_000)
+    assert pg.inner_text("#m-stop") == "cancelled"
+    assert int(pg.inner_text("#m-frames")) < 3000
 
 
 def test_save_voice_from_upload_then_generate_with_it(page, tmp_path, artifacts_dir):
