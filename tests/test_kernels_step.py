@@ -30,10 +30,11 @@ STEPS = 20
 FP8_STEPS = 8
 MAX_LEN = 64
 # Interpreter cost grows with programs × loop steps, not FLOPs. The head's 8208 rows take 513 programs with the
-# production 16-row tile (~7 s per launch here) and 16 decode-attention splits are mostly empty at these
-# lengths; both production tilings are covered by test_kernels_interp, so this composition test runs them
-# with fewer, larger programs (restored afterwards).
-FAST_TILES = {"HEAD_TILES": dict(BLOCK_N=2048, BLOCK_K=64), "DECODE_TILES": dict(NUM_SPLITS=4)}
+# production 16-row tile (~7 s per launch here), GEMVs 8 rows per program, and 16 decode-attention splits are
+# mostly empty at these lengths; the production tilings are covered by test_kernels_interp, so this
+# composition test runs the same kernels with fewer, larger programs (restored afterwards).
+FAST_TILES = {"HEAD_TILES": dict(BLOCK_N=2048, BLOCK_K=64), "DECODE_TILES": dict(NUM_SPLITS=4),
+              "GEMV_TILES": {"bf16": dict(BLOCK_N=64, BLOCK_K=256), "fp8": dict(BLOCK_N=64, BLOCK_K=512)}}
 
 
 def r(t):
