@@ -247,3 +247,37 @@ def test_voice_routes_through_the_client(server):
     with pytest.raises(RemoteError) as err:
         RemoteEngine(server, api_key="wrong").list_voices()
     assert err.value.status == 401
+
+
+@pytest.mark.slow
+def test_a_studio_driving_another_studio_gives_the_in_process_take(server, local, tmp_path, monkeypatch):
+    """`app.py --remote B`: studio A has no model, its API and its saved voices run on B."""
+    from studio.voices import VoiceLibrary
+
+    monkeypatch.setenv("HIGGS_REMOTE_API_KEY", KEY)
+    with running_studio(tmp_path, "--remote", server) as front:
+        health = httpx.get(f"{front}/health").json()
+        assert health["backend"] == "remote" and health["device"] == server
+        greedy = {"temperature": 0, "seed": 21, "max_frames": 30}
+        r = httpx.post(f"{front}/v1/audio/speech", timeout=120,
+                       json={"input": "Through two studios.", "response_format": "pcm", **greedy})
+        assert r.status_code == 200, r.text
+        want = local.generate("Through two studios.", **greedy)
+        assert len(want) > 0 and r.content == pcm(want).tobytes()
+
+        # A voice saved on A travels to B as its prepared clip + transcript on every request.
+        rate = 16000
+        clip = (0.4 * np.sin(2 * np.pi * 140 * np.arange(2 * rate) / rate)).astype(np.float32)
+        buf = io.BytesIO()
+        sf.write(buf, clip, rate, format="WAV", subtype="FLOAT")
+        saved = httpx.post(f"{front}/v1/audio/voices", timeout=120, files={"audio_sample": ("c.wav", buf.getvalue())},
+                           data={"name": "Front Voice", "ref_text": "A low hum.", "consent": "true"})
+        assert saved.status_code == 201, saved.text
+        r = httpx.post(f"{front}/v1/audio/speech", timeout=120,
+                       json={"input": "Cloned through two studios.", "voice": "Front Voice",
+                             "response_format": "pcm", **greedy})
+        assert r.status_code == 200, r.text
+        stored = VoiceLibrary(tmp_path / "voices").get(saved.json()["id"])
+        want = local.generate("Cloned through two studios.", **greedy,
+                              voice=local.encode_voice(stored.wav(), SAMPLE_RATE, transcript="A low hum."))
+        assert r.content == pcm(want).tobytes()
