@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import queue
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import gradio as gr
@@ -96,7 +98,10 @@ class Page:
         yield {self.live: None, self.metrics: render.metrics_html(state="waiting", note="waiting for the GPU")}
         buffer, sent, last = [], 0, None
         try:
-            for chunk in self.service.stream(req):
+            for chunk in self._with_positions(req):
+                if isinstance(chunk, int):  # still queued behind other requests (e.g. API calls)
+                    yield {self.metrics: render.metrics_html(state="waiting", note=f"queue position {chunk}")}
+                    continue
                 last = chunk
                 if len(chunk.audio):
                     buffer.append(chunk.audio)
@@ -130,6 +135,37 @@ class Page:
                                                  warnings=req.warnings),
                self.take_audio: wav, self.download: dl, self.history: rows, self.takes: takes,
                self.last_seed: last_seed, self.result: render.result_json(take, req.warnings)}
+
+    def _with_positions(self, req: SynthesisRequest) -> Iterator:
+        """`service.stream(req)` run on a helper thread, so that while the request waits for the GPU its queue
+        position (an int) can be shown; then the chunks. Closing this generator cancels the request."""
+        items: queue.Queue = queue.Queue()
+        done = object()
+
+        def on_position(position: int) -> None:
+            if position:  # 0 means "started": the chunks say that
+                items.put(position)
+
+        req.on_position = on_position
+
+        def pump():
+            try:
+                for chunk in self.service.stream(req):
+                    items.put(chunk)
+            except Exception as exc:  # re-raised on the page's thread
+                items.put(exc)
+            finally:
+                items.put(done)
+
+        threading.Thread(target=pump, name="higgs-page-pump", daemon=True).start()
+        try:
+            while (item := items.get()) is not done:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            if not req.finished.is_set():
+                req.cancel.set()
 
     def stop(self, takes, request: gr.Request):
         """Cancel this session's running take; show what was generated before the stop."""
