@@ -195,7 +195,7 @@ def sample(logits, embed, state, params, rows, x_out):
     advance step / stop state in `state`, and write the row's fused embedding (embed [8208, hidden]) into
     x_out [hidden] bf16."""
     hidden = embed.shape[1]
-    sample_kernel[(1,)](logits, embed, state, params, rows, x_out, hidden, rows.shape[0], num_warps=8,
+    sample_kernel[(1,)](logits, embed, state, params, rows, x_out, hidden, rows.shape[0], num_warps=16,
                         **SAMPLER_TILE)
     return x_out
 

@@ -3,7 +3,7 @@ delay-window BOC forcing and the SGLang-Omni stop state of D5, the row written t
 the fused audio embedding of that row written as the next step's input.
 
 Why one program: the step after it needs all 8 picks (the embedding sums the 8 rows), so a per-codebook
-grid would need a second launch or a cross-CTA handshake; the 8 × 1026 logits fit one [8, 2048] tile,
+grid would need a second launch or a cross-CTA handshake; the 8 × 1026 logits are two [4, 2048] tiles,
 and the embedding is 8 rows of W (40 KB). Every input that changes per step or per take lives in device
 memory, so the kernel is captured once in the decode graph:
 
@@ -67,23 +67,13 @@ def _largest_bits_with_mass(bits, keep, q, top_p, N_ROWS: tl.constexpr):
 
 
 @triton.jit
-def sample_kernel(LOGITS, EMBED, STATE, PARAMS, ROWS, X_OUT, hidden, max_rows,
-                  CODEBOOKS: tl.constexpr, VOCAB: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-                  MIN_EOC_STEP: tl.constexpr, TAIL_ROWS: tl.constexpr):
-    step = tl.load(STATE + 0)
-    seed = tl.load(STATE + 1)
-    top_k = tl.load(STATE + 2)
-    countdown = tl.load(STATE + 3)
-    done = tl.load(STATE + 4)
-    temperature = tl.load(PARAMS + 0)
-    top_p = tl.load(PARAMS + 1)
-
-    cb = tl.arange(0, CODEBOOKS)
+def _sample_group(LOGITS, cb, step, seed, temperature, top_k, top_p,
+                  CODEBOOKS: tl.constexpr, VOCAB: tl.constexpr, BLOCK_V: tl.constexpr, N_ROWS: tl.constexpr):
+    """Codes for the codebooks `cb` [N_ROWS] at this step (D6 draw, then the D5 delay window)."""
     v = tl.arange(0, BLOCK_V)
-    valid = (v < VOCAB)[None, :] & (cb >= 0)[:, None]                       # [CODEBOOKS, BLOCK_V]
+    valid = (v < VOCAB)[None, :] & (cb >= 0)[:, None]                       # [N_ROWS, BLOCK_V]
     logits = tl.load(LOGITS + cb[:, None] * VOCAB + v[None, :], mask=valid, other=float("-inf"))
     pick = tl.argmax(logits, axis=1, tie_break_left=True).to(tl.int32)
-
     if temperature > 0.0:
         z = logits / temperature
         e = tl.where(valid, tl.exp(z - tl.max(z, axis=1)[:, None]), 0.0)
@@ -93,7 +83,7 @@ def sample_kernel(LOGITS, EMBED, STATE, PARAMS, ROWS, X_OUT, hidden, max_rows,
         keep = valid
         if (top_k > 0) & (top_k < VOCAB):
             k32 = top_k.to(tl.int32)
-            t = _largest_bits_with_count(bits, keep, k32, CODEBOOKS)
+            t = _largest_bits_with_count(bits, keep, k32, N_ROWS)
             above = keep & (bits > t[:, None])
             tie = keep & (bits == t[:, None])
             tie_rank = tl.cumsum(tie.to(tl.int32), axis=1) - tie.to(tl.int32)
@@ -102,7 +92,7 @@ def sample_kernel(LOGITS, EMBED, STATE, PARAMS, ROWS, X_OUT, hidden, max_rows,
         if top_p < 1.0:
             q = tl.where(keep, p, 0.0)
             q = q / tl.sum(q, axis=1)[:, None]
-            t = _largest_bits_with_mass(bits, keep, q, top_p, CODEBOOKS)
+            t = _largest_bits_with_mass(bits, keep, q, top_p, N_ROWS)
             above = keep & (bits > t[:, None])
             tie = keep & (bits == t[:, None])
             tie_rank = tl.cumsum(tie.to(tl.int32), axis=1) - tie.to(tl.int32)
@@ -119,30 +109,55 @@ def sample_kernel(LOGITS, EMBED, STATE, PARAMS, ROWS, X_OUT, hidden, max_rows,
         first = tl.min(tl.where(keep & (running > u[:, None]), vv, BLOCK_V), axis=1)
         last_kept = tl.max(tl.where(keep, vv, -1), axis=1)                  # u beyond the rounded total
         pick = tl.where(first < BLOCK_V, first, last_kept).to(tl.int32)
-
     # Delay window (D5): codebook k is BOC until step k.
-    pick = tl.where(cb.to(tl.int64) > step, VOCAB - 2, pick)
+    return tl.where(cb.to(tl.int64) > step, VOCAB - 2, pick)
+
+
+@triton.jit
+def sample_kernel(LOGITS, EMBED, STATE, PARAMS, ROWS, X_OUT, hidden, max_rows,
+                  CODEBOOKS: tl.constexpr, VOCAB: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+                  MIN_EOC_STEP: tl.constexpr, TAIL_ROWS: tl.constexpr):
+    step = tl.load(STATE + 0)
+    seed = tl.load(STATE + 1)
+    top_k = tl.load(STATE + 2)
+    countdown = tl.load(STATE + 3)
+    done = tl.load(STATE + 4)
+    temperature = tl.load(PARAMS + 0)
+    top_p = tl.load(PARAMS + 1)
+
+    # Two groups of codebooks, one after the other: a [4, 2048] tile per group keeps every tensor at 16 values
+    # per thread (16 warps) with no register spills; one [8, 2048] tile spilled 264-352 bytes per thread.
+    HALF: tl.constexpr = CODEBOOKS // 2
+    cb_a = tl.arange(0, HALF)
+    cb_b = HALF + tl.arange(0, HALF)
+    pick_a = _sample_group(LOGITS, cb_a, step, seed, temperature, top_k, top_p, CODEBOOKS, VOCAB, BLOCK_V, HALF)
+    pick_b = _sample_group(LOGITS, cb_b, step, seed, temperature, top_k, top_p, CODEBOOKS, VOCAB, BLOCK_V, HALF)
 
     # Stop state (D5): EOC on codebook 0 counts from step MIN_EOC_STEP; TAIL_ROWS more rows follow it.
-    cb0 = tl.sum(tl.where(cb == 0, pick, 0), axis=0)
+    cb0 = tl.sum(tl.where(cb_a == 0, pick_a, 0), axis=0)
     started = countdown >= 0
     trigger = (countdown < 0) & (step >= MIN_EOC_STEP) & (cb0 == VOCAB - 1)
     new_count = tl.where(trigger, TAIL_ROWS, tl.where(started, tl.maximum(countdown - 1, 0), countdown))
     new_done = tl.where((trigger | started) & (new_count == 0), 1, done)
 
-    tl.store(ROWS + step * CODEBOOKS + cb, pick, mask=(cb.to(tl.int64) * 0 + step) < max_rows)
+    room = (cb_a.to(tl.int64) * 0 + step) < max_rows
+    tl.store(ROWS + step * CODEBOOKS + cb_a, pick_a, mask=room)
+    tl.store(ROWS + step * CODEBOOKS + cb_b, pick_b, mask=room)
     tl.store(STATE + 0, step + 1)
     tl.store(STATE + 3, new_count.to(tl.int64))
     tl.store(STATE + 4, new_done.to(tl.int64))
 
     # Next input: the fused embedding of the row, summed in fp32, rounded once (SPEC Part 2 §3.2).
-    erow = (pick + cb * VOCAB).to(tl.int64)
+    erow_a = (pick_a + cb_a * VOCAB).to(tl.int64)
+    erow_b = (pick_b + cb_b * VOCAB).to(tl.int64)
     hh = tl.arange(0, BLOCK_H)
     for h0 in range(0, hidden, BLOCK_H):
         hmask = (h0 + hh) < hidden
-        w = tl.load(EMBED + erow[:, None] * hidden + (h0 + hh)[None, :], mask=(cb >= 0)[:, None] & hmask[None, :],
-                    other=0.0)
-        tl.store(X_OUT + h0 + hh, tl.sum(w.to(tl.float32), axis=0).to(X_OUT.dtype.element_ty), mask=hmask)
+        m2 = (cb_a >= 0)[:, None] & hmask[None, :]
+        w_a = tl.load(EMBED + erow_a[:, None] * hidden + (h0 + hh)[None, :], mask=m2, other=0.0).to(tl.float32)
+        w_b = tl.load(EMBED + erow_b[:, None] * hidden + (h0 + hh)[None, :], mask=m2, other=0.0).to(tl.float32)
+        x = tl.sum(w_a, axis=0) + tl.sum(w_b, axis=0)
+        tl.store(X_OUT + h0 + hh, x.to(X_OUT.dtype.element_ty), mask=hmask)
 
 
 SAMPLER_TILE = dict(CODEBOOKS=8, VOCAB=1026, BLOCK_V=2048, BLOCK_H=512, MIN_EOC_STEP=8, TAIL_ROWS=6)
@@ -152,5 +167,5 @@ KERNELS = [
         name="sample_embed", fn=sample_kernel,
         signature={"LOGITS": "*fp32", "EMBED": "*bf16", "STATE": "*i64", "PARAMS": "*fp32", "ROWS": "*i32",
                    "X_OUT": "*bf16", "hidden": "i32", "max_rows": "i32"},
-        constexprs=SAMPLER_TILE, num_warps=8, divisibility_16=("LOGITS", "EMBED", "X_OUT", "hidden")),
+        constexprs=SAMPLER_TILE, num_warps=16, divisibility_16=("LOGITS", "EMBED", "X_OUT", "hidden")),
 ]
