@@ -101,6 +101,8 @@ def _backend(name: str, device: torch.device) -> Callable:
         reason = getattr(module, "probe", lambda device: None)(device)
         if reason:
             raise BackendUnavailable(f"backend {name!r} cannot run: {reason}")
+        if name not in BACKENDS:
+            raise BackendUnavailable(f"{BACKEND_MODULES[name]} did not register backend {name!r}")
     if name not in BACKENDS:
         raise BackendUnavailable(f"unknown backend {name!r}; choose one of "
                                  f"{sorted({*BACKENDS, *BACKEND_MODULES, 'auto'})}")
@@ -157,11 +159,6 @@ class Engine:
         dev = _device(device)
         if precision not in ("auto", *DTYPES):
             raise ValueError(f"unknown precision {precision!r}; use 'auto', 'fp32', 'bf16' or 'fp16'")
-        ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
-        dims = ckpt.dims
-        if precision == "auto":
-            precision = "bf16" if dev.type == "cuda" or param_count(dims) > BF16_PARAMS_ON_CPU else "fp32"
-
         reason = None
         if backend == "auto":
             name = "torch"
@@ -175,7 +172,11 @@ class Engine:
                     reason = f"{exc}; using the torch path"
         else:
             name = backend
-        factory = _backend(name, dev)
+        factory = _backend(name, dev)  # before reading gigabytes of weights
+        ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
+        dims = ckpt.dims
+        if precision == "auto":
+            precision = "bf16" if dev.type == "cuda" or param_count(dims) > BF16_PARAMS_ON_CPU else "fp32"
         max_len = min(DEFAULT_CACHE_LEN, dims.max_positions)
         model = factory(ckpt, device=dev, dtype=DTYPES[precision], max_len=max_len)
 

@@ -177,3 +177,22 @@ def test_bad_arguments(engine, parity_dir):
             Engine.load(parity_dir / "tiny_checkpoint", backend="cubin")
         with pytest.raises(ValueError, match="GPU"):
             Engine.load(parity_dir / "tiny_checkpoint", device="cuda")
+
+
+def test_backend_registry(parity_dir):
+    from engine import generate
+
+    built = []
+
+    def fake(checkpoint, *, device, dtype, max_len):
+        built.append((device.type, dtype, max_len))
+        return generate._torch_backend(checkpoint, device=device, dtype=dtype, max_len=max_len)
+
+    generate.register_backend("fake", fake)
+    try:
+        engine = Engine.load(parity_dir / "tiny_checkpoint", backend="fake")
+    finally:
+        del generate.BACKENDS["fake"]
+    assert engine.info["backend"] == "fake" and built == [("cpu", torch.float32, 4096)]
+    with pytest.raises(ValueError, match="unknown backend"):
+        Engine.load(parity_dir / "tiny_checkpoint", backend="nope")
