@@ -37,7 +37,8 @@ def _spec(name, y, quant):
     return KernelSpec(
         name=name, fn=silu_mul_kernel,
         signature={"GU": "*bf16", "Y": y, "SCALE": "*fp32", "inter": "i32", "stride_gu": "i32", "stride_y": "i32"},
-        constexprs=dict(SILU_TILE, QUANT=quant), num_warps=4, divisibility_16=("GU", "Y", "inter", "stride_gu", "stride_y"))
+        constexprs=dict(SILU_TILE, QUANT=quant), num_warps=4,
+        divisibility_16=("GU", "Y", "inter", "stride_gu", "stride_y"))
 
 
 KERNELS = [_spec("silu_mul_bf16", "*bf16", False), _spec("silu_mul_fp8", "*fp8e4nv", True)]

@@ -16,11 +16,12 @@ to the lowest index. Otherwise p = softmax(logits / T); top-k (0 < k < 1026) kee
 to the lower index; q = p / Σ kept; top-p (< 1) orders the kept entries by descending p (ties: lower index
 first) and keeps the shortest prefix whose q-mass reaches top_p (at least one); the pick is the first kept
 index, walking in ascending index, whose running mass cumsum(p_kept) / Σ p_kept exceeds u(seed, step, k)
-(splitmix64 counter RNG, uint64 wrap-around) — the same order of fp32 operations as engine/sampling.py. Instead of sorting, both cuts find their threshold value by
-a 30-step bisection on the fp32 bit pattern (non-negative floats order like their bits) and then resolve
-ties at the threshold by index with a cumulative count — O(30·V) work, no O(V²) ranks, no sort.
-Masses are fp32 tree sums, so a different summation order (e.g. a sequential CPU loop) can only change a
-pick when u or top_p falls within float rounding of a boundary.
+(splitmix64 counter RNG, uint64 wrap-around) — the same order of fp32 operations as engine/sampling.py.
+Instead of sorting, both cuts find their threshold value by a 30-step bisection on the fp32 bit pattern
+(non-negative floats order like their bits) and then resolve ties at the threshold by index with a
+cumulative count — O(30·V) work, no O(V²) ranks, no sort. Masses are fp32 tree sums and the GPU's exp is
+not torch's, so a CPU sampler can differ from this kernel only when u or top_p falls within float
+rounding of a boundary (the tests compare picks bit for bit on random and tied logits).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def _largest_bits_with_count(bits, keep, need, N_ROWS: tl.constexpr):
     """Per row, the largest t with #{kept i: bits_i ≥ t} ≥ need (need ≥ 1 and ≤ #kept)."""
     lo = tl.zeros((N_ROWS,), tl.int32)
     hi = tl.max(tl.where(keep, bits, 0), axis=1)      # the answer is the bit pattern of a kept entry
-    for _ in range(30):                                 # a loop, not unrolled: unrolling 2×30 [8, 2048] steps took 43 s to compile
+    for _ in range(30):  # a loop, not unrolled: unrolling took 43 s to compile
         mid = lo + (hi - lo + 1) // 2
         cnt = tl.sum((keep & (bits >= mid[:, None])).to(tl.int32), axis=1)
         ok = cnt >= need
@@ -57,7 +58,7 @@ def _largest_bits_with_mass(bits, keep, q, top_p, N_ROWS: tl.constexpr):
     """Per row, the largest t with Σ{q_i: kept, bits_i ≥ t} ≥ top_p (0 when no t qualifies)."""
     lo = tl.zeros((N_ROWS,), tl.int32)
     hi = tl.max(tl.where(keep, bits, 0), axis=1)      # the answer is the bit pattern of a kept entry
-    for _ in range(30):                                 # a loop, not unrolled: unrolling 2×30 [8, 2048] steps took 43 s to compile
+    for _ in range(30):  # a loop, not unrolled: unrolling took 43 s to compile
         mid = lo + (hi - lo + 1) // 2
         mass = tl.sum(tl.where(keep & (bits >= mid[:, None]), q, 0.0), axis=1)
         ok = mass >= top_p
