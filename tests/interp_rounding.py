@@ -9,7 +9,9 @@ wrong rounding; with it the interpreter rounds exactly like torch (and like the 
 Second defect: `tl.dot` on bf16 operands multiplies the raw uint16 storage as integers (numpy has no
 bf16; fp8 operands are decoded first, bf16 ones are not), giving values ~1e11 for O(1) inputs. The fix
 decodes bf16 operands to fp32 (exact) before the matmul, which is what the tensor cores compute
-(exact products, fp32 accumulation).
+(exact products, fp32 accumulation). Upstream: triton-lang/triton#11584 (fix PR #11585 closed unmerged,
+"we just don't support it yet"); Triton's debugging guide says the interpreter does not support bf16
+arithmetic — so every kernel here converts bf16 to fp32 before any arithmetic, and only tl.dot needs this.
 """
 
 from __future__ import annotations
