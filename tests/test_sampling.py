@@ -182,3 +182,15 @@ def test_extreme_u_picks_kept_entries():
     assert sample(logits, top, 1.0, 0, 1.0).tolist() == [700, 700]
     assert sample(logits, torch.zeros(2), 1.0, 0, 1.0).tolist() == [3, 3]
     assert sample(logits, top, 1.0, 1, 1.0).tolist() == [3, 3]
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.8, 30, 0.8), (1.0, 50, 0.95), (0.7, 0, 0.9), (0.0, 30, 0.8)])
+def test_agrees_with_kernel_reference_sampler(temperature, top_k, top_p):
+    """The GPU sampler's sequential reference (kernels/reference.py) picks the same codes (SPEC D6)."""
+    reference = pytest.importorskip("kernels.reference")
+    g = torch.Generator().manual_seed(11)
+    for step in range(8, 14):
+        logits = torch.randn(8, 1026, generator=g) * 2.5
+        ours = sample(logits, uniforms(77, step), temperature, top_k, top_p).tolist()
+        assert ours == reference.sample_row_ref(logits, step=step, seed=77, temperature=temperature,
+                                                top_k=top_k, top_p=top_p)
