@@ -68,17 +68,23 @@ class Chunk:
 
 
 # ------------------------------------------------------------------------------------------- backends
-def _torch_backend(checkpoint, *, device: torch.device, dtype: torch.dtype, max_len: int):
+def _torch_backend(checkpoint, *, device: torch.device, dtype: torch.dtype | None, max_len: int,
+                   precision: str | None = None):
+    if dtype is None:
+        raise ValueError(f"precision {precision!r} needs the cubin backend (NVIDIA GPU); the torch path runs "
+                         "fp32, bf16 or fp16")
     return HiggsModel.from_state_dict(checkpoint.dims, checkpoint.backbone, dtype=dtype, device=device,
                                       max_len=max_len)
 
 
-# name → factory(checkpoint, *, device, dtype, max_len) -> object with the step interface
-# (`prefill(ids, ref_rows, start)`, `decode(row, pos)`, `setup_cache(max_len)`, `max_len`).
+# name → factory(checkpoint, *, device, dtype, max_len, precision) -> object with the step interface
+# (`prefill(ids, ref_rows, start)`, `decode(row, pos)`, `setup_cache(max_len)`, `max_len`; optionally
+# `precision` (what it really runs) and the fused decode `begin(...)` / `rows(n)`). `precision` is the
+# user's choice (None for "auto": the backend picks); `dtype` its torch dtype, None for "auto" or fp8.
 BACKENDS: dict[str, Callable] = {"torch": _torch_backend}
 # Backends that live in their own module, imported on first use; the module calls `register_backend`.
 # `probe(device) -> str | None` (reason it cannot run, or None) is optional on the module.
-BACKEND_MODULES = {"cubin": "engine.cubin"}
+BACKEND_MODULES = {"cubin": "engine.backends.cubin"}
 
 
 class BackendUnavailable(ValueError):
@@ -151,14 +157,14 @@ class Engine:
     @classmethod
     def load(cls, checkpoint, *, device: str = "auto", precision: str = "auto", backend: str = "auto") -> "Engine":
         """`checkpoint` is a directory, a hub id or a loaded `Checkpoint`. Device "auto" → CUDA when
-        present; precision "auto" → bf16 on CUDA, fp32 on CPU for small models and bf16 above 1B
-        parameters; backend "auto" → the fastest backend that can run here, else "torch" (the reason is
+        present; precision "auto" → bf16 on CUDA (fp8 W8A8 on the cubin backend), fp32 on CPU for small
+        models and bf16 above 1B parameters; backend "auto" → the fastest backend that can run here, else "torch" (the reason is
         kept in `engine.info["backend_reason"]`)."""
         from .checkpoint import Checkpoint, load_checkpoint
 
         dev = _device(device)
-        if precision not in ("auto", *DTYPES):
-            raise ValueError(f"unknown precision {precision!r}; use 'auto', 'fp32', 'bf16' or 'fp16'")
+        if precision not in ("auto", "fp8", *DTYPES):
+            raise ValueError(f"unknown precision {precision!r}; use 'auto', 'fp32', 'bf16', 'fp16' or 'fp8' (GPU kernels)")
         reason = None
         if backend == "auto":
             name = "torch"
@@ -175,10 +181,14 @@ class Engine:
         factory = _backend(name, dev)  # before reading gigabytes of weights
         ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
         dims = ckpt.dims
+        chosen = precision
         if precision == "auto":
-            precision = "bf16" if dev.type == "cuda" or param_count(dims) > BF16_PARAMS_ON_CPU else "fp32"
+            chosen = "bf16" if dev.type == "cuda" or param_count(dims) > BF16_PARAMS_ON_CPU else "fp32"
         max_len = min(DEFAULT_CACHE_LEN, dims.max_positions)
-        model = factory(ckpt, device=dev, dtype=DTYPES[precision], max_len=max_len)
+        # The backend gets the user's choice (None = auto: the cubin backend then picks fp8) and a dtype.
+        model = factory(ckpt, device=dev, dtype=DTYPES.get(chosen), max_len=max_len,
+                        precision=None if precision == "auto" else precision)
+        precision = getattr(model, "precision", chosen)
 
         codec = None
         if ckpt.codec:
@@ -330,14 +340,11 @@ class Engine:
             logits, reused = self._prefill(prompt)
             self._sync()
             prefill_s = time.perf_counter() - started
-            u = uniforms(seed, 0, self.dims.codebooks, steps=rule.max_rows).reshape(-1, self.dims.codebooks)
-            u = u.to(self.device)
+            advance = self._rows_source(logits, len(prompt.ids), rule, temperature, top_k, top_p, seed, cancel)
             stream = self.codec.stream() if audio else None
-            pos, pushed, push_size = len(prompt.ids), 0, FIRST_PUSH_FRAMES
+            pushed, push_size = 0, FIRST_PUSH_FRAMES
             next_push = getattr(stream, "right", 0) + FIRST_PUSH_FRAMES
-            ttfa = None
-            loop_started = time.perf_counter()
-            loop_s = 0.0
+            ttfa, loop_s = None, 0.0
 
             def metrics(reason=None):
                 frames = max(len(rule.rows) - rule.delay, 0)
@@ -351,23 +358,17 @@ class Engine:
                                device=self.info["device"], seed=seed, stop_reason=reason)
 
             def push(upto):  # frames [pushed, upto) are complete: rows [pushed, upto + 7) exist
-                frames = undelay(rule.rows[pushed:upto + rule.delay], self.dims.codebook_size)
-                return stream.push(frames) if stream is not None else np.zeros(0, np.float32)
+                return stream.push(undelay(rule.rows[pushed:upto + rule.delay], self.dims.codebook_size))
 
-            reason = None
-            while not rule.done:
-                if cancel is not None and cancel.is_set():
-                    reason = "cancelled"
-                    break
-                codes = sample(logits, u[rule.step], temperature, top_k, top_p)
-                row = rule.push(codes.tolist())
-                if not rule.done:
-                    logits = self.model.decode(torch.tensor(row, device=self.device), pos)
-                    pos += 1
+            while not rule.done and not (cancel is not None and cancel.is_set()):
+                # Generate up to the next codec push (frame t is complete once row t + 7 exists).
+                want = next_push + rule.delay - len(rule.rows) if audio else MAX_PUSH_FRAMES
+                tick = time.perf_counter()
+                advance(max(want, 1))
+                self._sync()
+                loop_s += time.perf_counter() - tick
                 complete = len(rule.rows) - rule.delay
                 if audio and complete >= next_push and not rule.done:
-                    self._sync()
-                    loop_s = time.perf_counter() - loop_started
                     chunk = push(complete)
                     pushed, push_size = complete, min(2 * push_size, MAX_PUSH_FRAMES)
                     next_push = complete + push_size
@@ -375,10 +376,7 @@ class Engine:
                         if ttfa is None:
                             ttfa = 1e3 * (time.perf_counter() - started)
                         yield Chunk(audio=chunk, metrics=metrics(), final=False)
-                    loop_started = time.perf_counter() - loop_s
-            self._sync()
-            loop_s = time.perf_counter() - loop_started
-            reason = reason or rule.stop_reason
+            reason = rule.stop_reason or "cancelled"
             frames_total = max(len(rule.rows) - rule.delay, 0)
             if result is not None:
                 result["frames"] = undelay(rule.rows, self.dims.codebook_size) if rule.rows else \
@@ -390,6 +388,42 @@ class Engine:
                 if ttfa is None and len(tail):
                     ttfa = 1e3 * (time.perf_counter() - started)
                 yield Chunk(audio=tail.astype(np.float32, copy=False), metrics=metrics(reason), final=True)
+
+    def _rows_source(self, logits, pos, rule: StopRule, temperature, top_k, top_p, seed, cancel) -> Callable:
+        """`advance(n)`: generate up to n more rows into `rule` (fewer when the take stops or is cancelled).
+
+        A backend with a fused decode (`begin` / `rows`: sampling and the stop state on the device, one
+        host sync per call) runs n steps per call; the host rule then applies the length cap and the
+        repeat guard, and rows sampled past the stop are discarded. Otherwise each step samples here
+        (`sampling.sample`, the same draws) and feeds the row back through `decode`."""
+        model = self.model
+        if hasattr(model, "begin") and hasattr(model, "rows"):
+            model.begin(logits, pos, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
+                        max_rows=rule.max_rows)
+
+            def advance(n):
+                rows, device_done = model.rows(n)
+                for row in rows.tolist():
+                    rule.push(row)
+                    if rule.done:
+                        return
+                if device_done:
+                    raise RuntimeError("the device stop state ended the take before the host rule did "
+                                       f"(row {len(rule.rows)}); the backend disagrees with engine/delay.py")
+            return advance
+
+        u = uniforms(seed, 0, self.dims.codebooks, steps=rule.max_rows).view(-1, self.dims.codebooks).to(self.device)
+        state = {"logits": logits, "pos": pos}
+
+        def advance(n):
+            for _ in range(n):
+                if rule.done or (cancel is not None and cancel.is_set()):
+                    return
+                row = rule.push(sample(state["logits"], u[rule.step], temperature, top_k, top_p).tolist())
+                if not rule.done:
+                    state["logits"] = model.decode(torch.tensor(row, device=self.device), state["pos"])
+                    state["pos"] += 1
+        return advance
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

@@ -18,6 +18,7 @@ from torch import nn
 
 from .config import AUDIO_PLACEHOLDER, Dims
 
+# The 11 parameter names of one decoder layer (under `layers.{i}.`), as the checkpoint stores them.
 LAYER_SUFFIXES = (
     "input_layernorm.weight", "post_attention_layernorm.weight",
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
@@ -196,8 +197,9 @@ class HiggsModel(nn.Module):
     @classmethod
     def from_state_dict(cls, dims: Dims, state: dict[str, torch.Tensor], *, dtype: torch.dtype = torch.float32,
                         device: str | torch.device = "cpu", max_len: int = 4096) -> "HiggsModel":
-        """Build on the meta device, then assign each stored tensor converted to its target dtype, so the
-        weights are never held twice in two dtypes."""
+        """Build on the meta device, then assign each stored tensor converted to its target dtype (no
+        randomly initialised copy is ever allocated), then fuse q/k/v and gate/up layer by layer (each
+        layer's separate matrices are freed as its fused one is built)."""
         with torch.device("meta"):
             model = cls(dims, dtype, device)
         expected = dict(model.named_parameters())
@@ -213,6 +215,7 @@ class HiggsModel(nn.Module):
             target = tensor.dtype if name == "text_embedding.weight" else dtype
             converted[name] = tensor.to(device=device, dtype=target)
         model.load_state_dict(converted, assign=True)
+        converted.clear()  # the parameters are the only references left, so fusing frees as it goes
         model.offsets = torch.arange(dims.codebooks, device=device) * dims.codebook_vocab
         model.requires_grad_(False)
         for layer in model.layers:

@@ -184,9 +184,9 @@ def test_backend_registry(parity_dir):
 
     built = []
 
-    def fake(checkpoint, *, device, dtype, max_len):
+    def fake(checkpoint, *, device, dtype, max_len, precision=None):
         built.append((device.type, dtype, max_len))
-        return generate._torch_backend(checkpoint, device=device, dtype=dtype, max_len=max_len)
+        return generate._torch_backend(checkpoint, device=device, dtype=dtype, max_len=max_len, precision=precision)
 
     generate.register_backend("fake", fake)
     try:
@@ -196,3 +196,59 @@ def test_backend_registry(parity_dir):
     assert engine.info["backend"] == "fake" and built == [("cpu", torch.float32, 4096)]
     with pytest.raises(ValueError, match="unknown backend"):
         Engine.load(parity_dir / "tiny_checkpoint", backend="nope")
+
+
+class FusedTorch:
+    """A backend with the fused-decode protocol of engine/backends/cubin.py (`begin`, then `rows(n)` runs
+    n steps and returns the sampled rows and the device stop flag), built from the torch model and the host
+    sampler, so the engine's batched path is checked against its per-step path on the CPU."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __getattr__(self, name):  # prefill, decode, setup_cache, max_len
+        return getattr(self.model, name)
+
+    def begin(self, logits, pos, *, seed, temperature, top_k, top_p, max_rows):
+        from engine.delay import StopRule
+        from engine.sampling import uniforms
+        self.rule = StopRule(max_frames=max_rows - 7, repeat_guard=None)
+        self.logits, self.pos, self.u = logits, pos, uniforms(seed, 0, steps=max_rows)
+        self.options = (temperature, top_k, top_p)
+
+    def rows(self, n):
+        from engine.sampling import sample
+        out = []
+        for _ in range(n):
+            if self.rule.done:
+                break
+            out.append(self.rule.push(sample(self.logits, self.u[self.rule.step], *self.options).tolist()))
+            if not self.rule.done:
+                self.logits = self.model.decode(torch.tensor(out[-1]), self.pos)
+                self.pos += 1
+        return torch.tensor(out, dtype=torch.long).view(-1, 8), self.rule.done
+
+
+def test_fused_decode_protocol_matches_per_step(engine, parity_dir):
+    from engine import generate
+
+    def fused(checkpoint, *, device, dtype, max_len, precision=None):
+        return FusedTorch(generate._torch_backend(checkpoint, device=device, dtype=dtype, max_len=max_len))
+
+    generate.register_backend("fused-torch", fused)
+    try:
+        other = Engine.load(parity_dir / "tiny_checkpoint", backend="fused-torch", precision="fp32")
+    finally:
+        del generate.BACKENDS["fused-torch"]
+    d, prompt, _ = fixture(parity_dir, "voice_clone")
+    frames = other.predict(prompt=prompt, temperature=0, max_frames=143, repeat_guard=None)
+    assert frames.tolist() == d["frames"]
+    options = dict(prompt=prompt, temperature=0.9, seed=12, max_frames=60, repeat_guard=None)
+    assert torch.equal(other.predict(**options), engine.predict(**options))
+    ours = list(other.generate_stream(**options))
+    ref = list(engine.generate_stream(**options))
+    assert [len(c.audio) for c in ours] == [len(c.audio) for c in ref]
+    assert np.array_equal(np.concatenate([c.audio for c in ours]), np.concatenate([c.audio for c in ref]))
+    # the host guard stops a take the device would have continued
+    guarded = other.predict(prompt=prompt, temperature=0, max_frames=143, repeat_guard=8)
+    assert torch.equal(guarded, engine.predict(prompt=prompt, temperature=0, max_frames=143, repeat_guard=8))
