@@ -200,6 +200,7 @@ class Engine:
         info = {"checkpoint": str(getattr(ckpt, "source", ckpt.root)), "root": str(ckpt.root), "device": str(dev),
                 "precision": precision, "backend": name, "backend_reason": reason, "demo": demo,
                 "params": param_count(dims), "tokenizer": tokenizer_note, "codec": codec is not None}
+        info.update(getattr(model, "info", None) or {})  # a backend's own facts (e.g. kernel_arch, kernel_loader)
         return cls(model, codec, tokenizer, dims, info)
 
     # ---------------------------------------------------------------- prompts and prefill
