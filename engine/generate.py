@@ -8,6 +8,8 @@ two threads never interleave on one engine (a take holds it until its generator 
 
 from __future__ import annotations
 
+import hashlib
+
 import importlib
 import threading
 import time
@@ -31,6 +33,8 @@ FIRST_PUSH_FRAMES = 2
 MAX_PUSH_FRAMES = 25
 # KV positions preallocated at load; grown on demand for long prompts + long takes.
 DEFAULT_CACHE_LEN = 4096
+# Below this many parameters a CPU engine runs torch on one thread (see Engine.load).
+SINGLE_THREAD_PARAMS = 100_000_000
 # Above this many parameters an fp32 CPU copy is too slow and too large: default to bf16.
 BF16_PARAMS_ON_CPU = 1_000_000_000
 
@@ -65,6 +69,13 @@ class Chunk:
     audio: np.ndarray  # float32 mono 24 kHz samples of this chunk
     metrics: Metrics
     final: bool
+    codes: torch.Tensor | None = None  # the take's frames [T, 8] (0..1023), on the final chunk only
+
+
+def codes_sha256(codes: torch.Tensor) -> str:
+    """Fingerprint of a take's frames (int16 little-endian, row-major): equal fingerprints mean the same
+    codes, so two engines (in process, over HTTP) can be compared without float-rounding noise."""
+    return hashlib.sha256(np.ascontiguousarray(torch.as_tensor(codes).cpu().numpy(), dtype="<i2").tobytes()).hexdigest()
 
 
 # ------------------------------------------------------------------------------------------- backends
@@ -195,6 +206,11 @@ class Engine:
             from .codec import Codec
             codec = Codec.from_state_dict(ckpt.codec, ckpt.codec_config).to(dev)
 
+        if dev.type == "cpu" and param_count(dims) < SINGLE_THREAD_PARAMS:
+            # Tiny models (the demo) are all small ops: OpenMP's parallel regions then cost more than they
+            # save, and on a loaded 2-core machine waiting for a descheduled thread made the demo 7× slower
+            # (10.4 vs 1.5 ms/row, docs/PERFORMANCE.md). Big models keep every core for their matmuls.
+            torch.set_num_threads(1)
         tokenizer, tokenizer_note = _tokenizer(ckpt)
         demo = _is_demo(ckpt.root)
         info = {"checkpoint": str(getattr(ckpt, "source", ckpt.root)), "root": str(ckpt.root), "device": str(dev),
@@ -202,6 +218,14 @@ class Engine:
                 "params": param_count(dims), "tokenizer": tokenizer_note, "codec": codec is not None}
         info.update(getattr(model, "info", None) or {})  # a backend's own facts (e.g. kernel_arch, kernel_loader)
         return cls(model, codec, tokenizer, dims, info)
+
+    @staticmethod
+    def remote(base_url: str, *, api_key: str | None = None, model: str | None = None):
+        """Drive a speech server (this studio, vLLM-Omni or SGLang-Omni serving Higgs Audio v3) instead of
+        an in-process model: `engine.remote.RemoteEngine`, with the streaming interface of this class."""
+        from .remote import DEFAULT_MODEL, RemoteEngine
+
+        return RemoteEngine(base_url, api_key=api_key, model=model or DEFAULT_MODEL)
 
     # ---------------------------------------------------------------- prompts and prefill
     def build_prompt(self, text: str, *, voice=None):
@@ -379,16 +403,18 @@ class Engine:
                         yield Chunk(audio=chunk, metrics=metrics(), final=False)
             reason = rule.stop_reason or "cancelled"
             frames_total = max(len(rule.rows) - rule.delay, 0)
+            take_codes = undelay(rule.rows, self.dims.codebook_size) if rule.rows else \
+                torch.zeros(0, self.dims.codebooks, dtype=torch.long)
             if result is not None:
-                result["frames"] = undelay(rule.rows, self.dims.codebook_size) if rule.rows else \
-                    torch.zeros(0, self.dims.codebooks, dtype=torch.long)
+                result["frames"] = take_codes
                 result["metrics"] = metrics(reason)
             if audio:
                 tail = push(frames_total) if frames_total > pushed else np.zeros(0, np.float32)
                 tail = np.concatenate([tail, stream.flush()])
                 if ttfa is None and len(tail):
                     ttfa = 1e3 * (time.perf_counter() - started)
-                yield Chunk(audio=tail.astype(np.float32, copy=False), metrics=metrics(reason), final=True)
+                yield Chunk(audio=tail.astype(np.float32, copy=False), metrics=metrics(reason), final=True,
+                            codes=take_codes)
 
     def _rows_source(self, logits, pos, rule: StopRule, temperature, top_k, top_p, seed, cancel) -> Callable:
         """`advance(n)`: generate up to n more rows into `rule` (fewer when the take stops or is cancelled).
@@ -453,4 +479,4 @@ def _is_demo(root: Path) -> bool:
         return False
 
 
-__all__ = ["Engine", "Chunk", "Metrics", "BACKENDS", "register_backend", "BackendUnavailable"]
+__all__ = ["Engine", "Chunk", "Metrics", "codes_sha256", "BACKENDS", "register_backend", "BackendUnavailable"]

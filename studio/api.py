@@ -45,6 +45,7 @@ from starlette.routing import Mount
 
 from engine.audio import ReferenceAudioError, load_audio
 from engine.config import SAMPLE_RATE
+from engine.generate import codes_sha256
 from studio.formats import MIME, available_formats, encode_audio, to_pcm16
 from studio.presets import check_style_prefix
 from studio.service import MAX_TEXT_CHARS, ServiceBusy, ServiceClosed, SynthesisRequest
@@ -241,7 +242,7 @@ def _metric(metrics, name, default=None):
     return default if value is None else value
 
 
-def metric_headers(metrics, seed, *, final: bool) -> dict[str, str]:
+def metric_headers(metrics, seed, *, final: bool, codes=None) -> dict[str, str]:
     headers = {"x-sample-rate": str(SAMPLE_RATE), "X-Seed": str(seed)}
     ttfa = _metric(metrics, "ttfa_ms")
     if ttfa is not None:
@@ -252,6 +253,8 @@ def metric_headers(metrics, seed, *, final: bool) -> dict[str, str]:
             value = _metric(metrics, name)
             if value not in (None, ""):
                 headers[header] = fmt.format(int(value) if fmt == "{:d}" else value)
+        if codes is not None:  # lets a client check that two servers produced the same codes
+            headers["X-Codes-SHA256"] = codes_sha256(codes)
     return headers
 
 
@@ -334,7 +337,7 @@ class SpeechAPI:
             return StreamingResponse(self._audio_stream(run, first, fmt), media_type=MIME[fmt], headers=headers)
         audio, last = await run.collect(first)
         data, mime = await self.in_thread(encode_audio, audio, SAMPLE_RATE, fmt)
-        headers.update(metric_headers(last.metrics, synth.seed, final=True))
+        headers.update(metric_headers(last.metrics, synth.seed, final=True, codes=getattr(last, "codes", None)))
         return Response(data, media_type=mime, headers=headers)
 
     async def build_request(self, req: SpeechRequest) -> tuple[SynthesisRequest, list[str]]:
@@ -449,6 +452,8 @@ class SpeechAPI:
                      "metrics": {"ttfa_ms": _metric(metrics, "ttfa_ms"), "rtf": _metric(metrics, "rtf"),
                                  "frames": frames, "seed": run.synth.seed,
                                  "stop_reason": _metric(metrics, "stop_reason"),
+                                 "codes_sha256": codes_sha256(last.codes) if getattr(last, "codes", None) is not None
+                                 else None,
                                  "wall_ms": round((time.perf_counter() - started) * 1000, 1)}})
 
     # ------------------------------------------------------------ voices

@@ -6,7 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import pytest
+# Kernel tests run Triton's CPU interpreter. Triton decides when a module is imported whether its
+# @triton.jit functions are interpreted, so the variable must be set before any test imports kernels/;
+# the ahead-of-time cubin build runs in subprocesses with it switched off (kernels/build.py).
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("HIGGS_SHARED", REPO.parent / "shared"))
