@@ -210,3 +210,21 @@ def test_runtime_imports_no_gpu_library():
     """)
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_device_check_cpu_selftest():
+    """`python -m kernels.check --cpu-selftest`: manifests, packing, case coverage, references, table."""
+    out = subprocess.run([sys.executable, "-m", "kernels.check", "--cpu-selftest"], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert "| runtime.available()" in out.stdout and "reference" in out.stdout, out.stdout + out.stderr
+    if not (mf.CUBIN_DIR / "sm_90a" / mf.MANIFEST).exists():
+        pytest.skip("no committed cubins")
+    assert out.returncode == 0 and "ALL PASS" in out.stdout, out.stdout + out.stderr
+
+
+def test_gpu_check_without_gpu_says_why():
+    ok, _ = runtime.available()
+    if ok:
+        pytest.skip("GPU present")
+    out = subprocess.run(["bash", "scripts/gpu_check.sh"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "no GPU check possible here" in out.stdout, out.stdout + out.stderr

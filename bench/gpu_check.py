@@ -1,0 +1,266 @@
+"""The GPU device check, one command, one table (scripts/gpu_check.sh runs it; docs/GPU_CHECK.md):
+
+  1. every cubin for this arch against kernels/reference.py (kernels.check.kernel_rows)
+  2. a FULL-SIZE random-weight model (engine.config.FULL_SIZE) through the cubin backend: teacher-forced
+     logits vs eager torch (cosine, greedy agreement), fused graph replay vs eager torch (greedy rows),
+     streamed (several rows(n) calls) vs one-shot rows
+  3. benchmark: ms/frame FP8 / BF16 / torch eager, prefill ms/token at 13 and 300 tokens, TTFA and RTF
+     of the backbone, peak VRAM, achieved weight bandwidth and its % of a device-to-device copy floor
+     measured in the same run.
+
+    python -m bench.gpu_check [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import torch
+
+from engine.backends.cubin import CubinBackend
+from engine.config import FRAME_RATE, FULL_SIZE, Dims
+from engine.model import HiggsModel
+from kernels.check import Row, format_table, kernel_rows
+
+FIRST_CHUNK_FRAMES = 2  # engine.generate.FIRST_PUSH_FRAMES: the first streamed chunk
+
+
+def cuda_ms(fn, repeat: int = 5, warmup: int = 1) -> float:
+    """Median milliseconds of fn() measured with CUDA events (device time, after warm-up)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[len(times) // 2]
+
+
+def copy_floor(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth (read + write), bytes/s: the floor for a weight-streaming step."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(1)
+    dst = torch.empty_like(src)
+    ms = cuda_ms(lambda: dst.copy_(src), repeat=7)
+    del src, dst
+    return 2 * nbytes / (ms / 1e3)
+
+
+def random_backbone(dims: Dims, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random bf16 weights in the internal names, generated on the GPU (seconds, not minutes, at 4B)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, kv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    shapes = {"input_layernorm.weight": (dims.hidden,), "post_attention_layernorm.weight": (dims.hidden,),
+              "self_attn.q_proj.weight": (q, dims.hidden), "self_attn.k_proj.weight": (kv, dims.hidden),
+              "self_attn.v_proj.weight": (kv, dims.hidden), "self_attn.o_proj.weight": (dims.hidden, q),
+              "self_attn.q_norm.weight": (dims.head_dim,), "self_attn.k_norm.weight": (dims.head_dim,),
+              "mlp.gate_proj.weight": (dims.intermediate, dims.hidden),
+              "mlp.up_proj.weight": (dims.intermediate, dims.hidden),
+              "mlp.down_proj.weight": (dims.hidden, dims.intermediate)}
+
+    def fill(shape, std=None):
+        t = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
+        return t.fill_(1.0) if std is None else t.normal_(0.0, std, generator=g)
+
+    sd = {f"layers.{i}.{s}": fill(sh, None if len(sh) == 1 else sh[1] ** -0.5)
+          for i in range(dims.layers) for s, sh in shapes.items()}
+    sd["norm.weight"] = fill((dims.hidden,))
+    sd["text_embedding.weight"] = fill((dims.vocab, dims.hidden), 1.0)
+    sd["audio_embedding.weight"] = fill((dims.audio_rows, dims.hidden), dims.codebooks ** -0.5)
+    return sd
+
+
+def step_weight_bytes(dims: Dims, precision: str) -> float:
+    """Bytes of weights one decode step streams: the layer matrices (1 B fp8 / 2 B bf16) and the bf16
+    audio head (the sampler's 8 embedding rows are negligible)."""
+    q, kv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    layer = dims.hidden * (2 * q + 2 * kv) + 3 * dims.hidden * dims.intermediate
+    return (1 if precision == "fp8" else 2) * dims.layers * layer + 2 * dims.audio_rows * dims.hidden
+
+
+def greedy(logits: torch.Tensor, step: int, boc: int) -> torch.Tensor:
+    row = logits.argmax(-1)
+    row[step + 1:] = boc
+    return row
+
+
+def cosine(a, b) -> float:
+    return float(torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0))
+
+
+def model_rows(dims: Dims, steps: int, floor: float) -> list[Row]:
+    rows = []
+    gen = torch.Generator().manual_seed(1)
+    ids13 = torch.randint(0, 150000, (13,), generator=gen)
+    ids300 = torch.randint(0, 150000, (300,), generator=gen)
+    sd = random_backbone(dims)
+    ref = HiggsModel.from_state_dict(dims, sd, dtype=torch.bfloat16, device="cuda", max_len=1024)
+
+    # Eager torch greedy trajectory: the reference rows and logits for teacher forcing.
+    logits = ref.prefill(ids13, None, 0)
+    want_logits, want_rows = [logits], []
+    for step in range(steps):
+        row = greedy(logits, step, dims.boc)
+        want_rows.append(row)
+        logits = ref.decode(row, 13 + step)
+        want_logits.append(logits)
+    torch.cuda.synchronize()
+    torch_ms = cuda_ms(lambda: ref.decode(want_rows[0], 13), repeat=9)
+    torch_prefill = {n: cuda_ms(lambda ids=ids: ref.prefill(ids, None, 0), repeat=3) / len(ids)
+                     for n, ids in ((13, ids13), (300, ids300))}
+
+    results = {}
+    for precision in ("bf16", "fp8"):
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        be = CubinBackend(dims, sd, ops=OPS, device="cuda", precision=precision, max_len=1024, stream=KERNELS.stream)
+        load_s = time.perf_counter() - t0
+        # Teacher-forced: the same rows as torch, compare logits step by step.
+        got = be.prefill(ids13, None, 0)
+        cos, agree = [cosine(got, want_logits[0])], [float((got.argmax(-1) == want_logits[0].argmax(-1)).float().mean())]
+        for step, row in enumerate(want_rows):
+            got = be.decode(row, 13 + step)
+            cos.append(cosine(got, want_logits[step + 1]))
+            agree.append(float((got.argmax(-1) == want_logits[step + 1].argmax(-1)).float().mean()))
+        floor_cos = 0.999 if precision == "bf16" else 0.98
+        rows.append(Row(f"model {precision}", f"teacher-forced logits vs torch, {steps + 1} steps",
+                        f"min cosine {min(cos):.5f}, greedy agree {sum(agree) / len(agree):.1%}", f"> {floor_cos}",
+                        "PASS" if min(cos) > floor_cos else "FAIL"))
+        # Fused graph replay (device sampling, greedy) vs eager torch greedy rows.
+        first = be.prefill(ids13, None, 0)
+        be.begin(first, 13, seed=0, temperature=0.0, top_k=0, top_p=1.0, max_rows=steps)
+        one_shot, _ = be.rows(steps)
+        ref_rows = torch.stack(want_rows).cpu()
+        same = (one_shot == ref_rows).all(-1)
+        prefix = int(same.long().cumprod(0).sum())
+        rows.append(Row(f"model {precision}", "graph replay greedy rows vs eager torch",
+                        f"{prefix}/{steps} rows identical before first divergence, {same.float().mean():.1%} overall",
+                        "info (random weights: near-ties)", "INFO" if precision == "fp8" else
+                        ("PASS" if prefix >= min(8, steps) else "FAIL")))
+        # Streamed (chunks of 2, 4, 8, ...) vs one-shot: the same graph, so bit-identical rows.
+        be.prefill(ids13, None, 0)
+        be.begin(first, 13, seed=0, temperature=0.0, top_k=0, top_p=1.0, max_rows=steps)
+        parts, n = [], 2
+        while sum(len(p) for p in parts) < steps:
+            part, _ = be.rows(n)
+            parts.append(part)
+            n *= 2
+        streamed = torch.cat(parts)[:steps]
+        rows.append(Row(f"model {precision}", "streamed rows(2,4,8..) vs one-shot rows(n)",
+                        "identical" if torch.equal(streamed, one_shot) else "DIFFERENT", "identical",
+                        "PASS" if torch.equal(streamed, one_shot) else "FAIL"))
+        # Benchmark: graph replay per step (one sync per 50 rows, as per streamed chunk), prefill per token.
+        be.prefill(ids13, None, 0)
+        be.begin(first, 13, seed=0, temperature=0.8, top_k=30, top_p=0.8, max_rows=steps)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        done = 0
+        while done + 50 <= steps:
+            be.rows(50)
+            done += 50
+        ms_frame = 1e3 * (time.perf_counter() - t0) / max(done, 1)
+        prefill = {n: cuda_ms(lambda ids=ids: be.prefill(ids, None, 0), repeat=3) / len(ids)
+                   for n, ids in ((13, ids13), (300, ids300))}
+        ttfa = prefill[13] * 13 + ms_frame * (FIRST_CHUNK_FRAMES + dims.delay)
+        bw = step_weight_bytes(dims, precision) / (ms_frame / 1e3)
+        results[precision] = ms_frame
+        rows += [
+            Row(f"bench {precision}", "decode ms/frame (graph replay, sync per 50)", f"{ms_frame:.2f} ms",
+                "", "INFO"),
+            Row(f"bench {precision}", "weight bandwidth / D2D copy floor",
+                f"{bw / 1e9:.0f} GB/s = {bw / floor:.0%} of {floor / 1e9:.0f} GB/s", "", "INFO"),
+            Row(f"bench {precision}", "prefill ms/token at 13 / 300 tokens",
+                f"{prefill[13]:.3f} / {prefill[300]:.3f} ms", "", "INFO"),
+            Row(f"bench {precision}", "TTFA backbone (prefill 13 + first 9 rows)", f"{ttfa:.1f} ms",
+                "codec not included", "INFO"),
+            Row(f"bench {precision}", "RTF backbone (ms/frame / 40 ms)", f"{ms_frame / (1e3 / FRAME_RATE):.3f}", "",
+                "INFO"),
+            Row(f"bench {precision}", "peak VRAM (load + take)", f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB "
+                f"(load {load_s:.1f} s)", "", "INFO"),
+        ]
+        del be
+        torch.cuda.empty_cache()
+    bw = step_weight_bytes(dims, "bf16") / (torch_ms / 1e3)
+    rows += [Row("bench torch", "eager decode ms/frame (HiggsModel bf16)", f"{torch_ms:.2f} ms", "", "INFO"),
+             Row("bench torch", "weight bandwidth / D2D copy floor", f"{bw / 1e9:.0f} GB/s = {bw / floor:.0%}", "",
+                 "INFO"),
+             Row("bench torch", "prefill ms/token at 13 / 300 tokens",
+                 f"{torch_prefill[13]:.3f} / {torch_prefill[300]:.3f} ms", "", "INFO"),
+             Row("bench", "speed-up fp8 / bf16 cubin vs torch eager",
+                 f"{torch_ms / results['fp8']:.2f}x / {torch_ms / results['bf16']:.2f}x", "", "INFO")]
+    return rows
+
+
+OPS = KERNELS = None
+
+
+def thread_row() -> Row:
+    """The studio launches from a worker thread: PyCUDA's context was pushed on the main thread only,
+    so check that a launch from another thread runs on torch's primary context and gives the same result."""
+    import threading
+
+    x = torch.randn(HIDDEN_CHECK, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(1024, HIDDEN_CHECK, dtype=torch.bfloat16, device="cuda")
+    with torch.cuda.stream(KERNELS.stream):
+        main = OPS.gemv(x, w)
+    out, err = {}, []
+
+    def work():
+        try:
+            with torch.cuda.stream(KERNELS.stream):
+                out["y"] = OPS.gemv(x, w)
+            KERNELS.stream.synchronize()
+        except Exception as exc:
+            err.append(f"{type(exc).__name__}: {exc}")
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    same = not err and torch.equal(out["y"], main)
+    return Row("setup", "launch from a worker thread", err[0][:100] if err else ("same result" if same else "DIFFERENT"),
+               "same result", "PASS" if same else "FAIL")
+
+
+HIDDEN_CHECK = 2560
+
+
+def main(argv=None) -> int:
+    global OPS, KERNELS
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=200, help="decode rows per correctness/benchmark run")
+    ap.add_argument("--quick", action="store_true", help="kernels only (no full-size model)")
+    args = ap.parse_args(argv)
+    from kernels.runtime import CubinKernels, available, cubin_ops
+
+    ok, reason = available()
+    if not ok:
+        print(f"no GPU check possible here: {reason}")
+        return 2
+    t0 = time.perf_counter()
+    KERNELS = CubinKernels()
+    OPS = cubin_ops(KERNELS)
+    name = torch.cuda.get_device_name()
+    rows = [Row("setup", "device", reason, "", "INFO"),
+            Row("setup", "loader", KERNELS.loader_name, "pycuda preferred", "INFO"),
+            Row("setup", "torch / CUDA", f"{torch.__version__} / {torch.version.cuda}", "", "INFO")]
+    rows += kernel_rows(KERNELS, torch.device("cuda"))
+    rows.append(thread_row())
+    if not args.quick:
+        floor = copy_floor()
+        rows.append(Row("setup", f"D2D copy floor on {name}", f"{floor / 1e9:.0f} GB/s", "", "INFO"))
+        try:
+            rows += model_rows(FULL_SIZE, args.steps, floor)
+        except Exception as exc:  # report, do not lose the kernel rows
+            rows.append(Row("model", "full-size run", f"{type(exc).__name__}: {exc}"[:160], "", "FAIL"))
+    rows.append(Row("setup", "wall time", f"{time.perf_counter() - t0:.0f} s", "< 480 s", "INFO"))
+    print(format_table(rows))
+    return 1 if any(r.status == "FAIL" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

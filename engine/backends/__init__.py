@@ -1,0 +1,1 @@
+"""Fast step backends beside the torch reference (`engine/model.py`), each behind the same step interface."""

@@ -1,0 +1,325 @@
+"""The fast GPU step: the Triton kernels, loaded from the committed cubins, composed behind the step
+interface of docs/ARCHITECTURE.md (`prefill`, `decode`, `setup_cache`, `max_len`), plus a fused decode
+that samples on the device and replays the whole step as one CUDA graph.
+
+One decode step, per layer (9 launches), then the head and the sampler:
+
+    rmsnorm(h) -> fp8 x   | gemv qkv (W8A8)  | q/k norm + RoPE + KV write | split-K attention + combine
+    gemv o_proj (W8A16, + residual into h)   | rmsnorm(h) -> fp8 | gemv gate_up (W8A8) | silu·mul -> fp8
+    gemv down (W8A8, + residual into h)      ... audio head (final norm fused) -> fp32 logits -> sampler
+
+The backend takes an `ops` provider: `kernels.runtime.cubin_ops(CubinKernels())` on a GPU, or the
+interpreter (`kernels.ops` / `cubin_ops(InterpretedKernels(...))`) in the CPU tests, so CI runs this very
+composition on the tiny checkpoint and compares it with the torch reference.
+
+Precision. "fp8" (default on 8.9 / 9.0 / 12.0): W8A8 with per-output-channel weight scales quantised at
+load and static per-tensor activation scales, calibrated once at load by running a fixed built-in prompt
+through the BF16 path (never from a user's request, so a take does not depend on which request came
+first); o_proj keeps bf16 activations (W8A16: attention output has no fused quantiser). The BF16 copies
+of quantised weights are freed after calibration. "bf16" keeps every weight in bf16.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+from engine.config import AUDIO_PLACEHOLDER, Dims
+
+PRECISIONS = ("fp8", "bf16")
+FP8_MAX = 448.0
+# Static activation scales map the calibration amax to half the e4m3 range: one binade of headroom for
+# prompts whose activations exceed the calibration prompt's, at the cost of one bit near the top.
+CALIBRATION_HEADROOM = 2.0
+# A fixed pseudo-prompt: Qwen chat tokens around ordinary text ids, then audio rows — it exercises the
+# text table, the fused audio embedding, prefill (GEMM) and decode (GEMV) shapes.
+CALIBRATION_IDS = (151644, 872, 198, 9707, 11, 419, 374, 264, 2805, 22636, 11652, 369, 279, 7743, 1614, 13,
+                   151645, 198, 151644, 77091, 198)
+CALIBRATION_DECODE_STEPS = 16
+
+BF16 = torch.bfloat16
+
+
+class Layer:
+    """Device tensors of one decoder layer (weights fused: qkv = [q; k; v], gate_up = [gate; up])."""
+
+    __slots__ = ("ln1", "ln2", "q_norm", "k_norm", "qkv", "o", "gate_up", "down",
+                 "qkv_s", "o_s", "gate_up_s", "down_s", "x_qkv", "x_gate_up", "x_down", "k", "v")
+
+    def __init__(self):
+        for name in self.__slots__:
+            setattr(self, name, None)
+
+
+class CubinBackend:
+    """Owns the fused weights, KV caches, positions and sampler state of one model on one device."""
+
+    def __init__(self, dims: Dims, backbone: dict[str, torch.Tensor], *, ops, device, precision: str = "fp8",
+                 max_len: int = 4096, stream=None, calibration_steps: int = CALIBRATION_DECODE_STEPS):
+        if precision not in PRECISIONS:
+            raise ValueError(f"cubin backend precision must be one of {PRECISIONS}, got {precision!r}")
+        self.dims, self.ops, self.precision = dims, ops, precision
+        self.device, self.stream = torch.device(device), stream
+        self.max_len = 0
+        self.graph = None
+        self.info: dict = {}  # joins engine.info (kernel target and loader, set by `load`)
+        self._calib: dict | None = None
+        dev = self.device
+
+        def w(name):
+            return backbone[name].to(device=dev, dtype=BF16)
+
+        self.layers = []
+        for i in range(dims.layers):
+            p, L = f"layers.{i}.", Layer()
+            L.ln1, L.ln2 = w(p + "input_layernorm.weight"), w(p + "post_attention_layernorm.weight")
+            L.q_norm, L.k_norm = w(p + "self_attn.q_norm.weight"), w(p + "self_attn.k_norm.weight")
+            L.qkv = torch.cat([w(p + f"self_attn.{x}_proj.weight") for x in "qkv"]).contiguous()
+            L.o = w(p + "self_attn.o_proj.weight").contiguous()
+            L.gate_up = torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")]).contiguous()
+            L.down = w(p + "mlp.down_proj.weight").contiguous()
+            self.layers.append(L)
+        self.norm_w = w("norm.weight")
+        self.text_w = w("text_embedding.weight")
+        self.audio_w = w("audio_embedding.weight").contiguous()
+        self.offsets = torch.arange(dims.codebooks, device=dev) * dims.codebook_vocab
+        with self._on_stream():
+            self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
+            self.logits = torch.zeros(dims.audio_rows, dtype=torch.float32, device=dev)
+            self.attn_scratch = ops.attention_scratch(dims.heads, dims.head_dim, dev)
+        self.setup_cache(max_len)
+        if precision == "fp8":
+            self._calibrate_and_quantize(calibration_steps)
+
+    # ---------------------------------------------------------------- setup
+    def setup_cache(self, max_len: int) -> None:
+        """(Re)allocate the KV caches and RoPE tables for max_len positions; drops a captured graph."""
+        max_len = min(max_len, self.dims.max_positions)
+        if max_len == self.max_len:
+            return
+        d = self.dims
+        with self._on_stream():
+            for L in self.layers:
+                L.k = torch.zeros(d.kv_heads, max_len, d.head_dim, dtype=BF16, device=self.device)
+                L.v = torch.zeros_like(L.k)
+            self.cos, self.sin = self.ops.rope_tables(d.rope_theta, d.head_dim, max_len, self.device)
+        self.max_len, self.graph = max_len, None
+
+    def _calibrate_and_quantize(self, decode_steps: int) -> None:
+        """Run the built-in prompt in BF16 recording activation amax at the three quantised inputs, then
+        quantise weights per output channel and set the static activation scales."""
+        ops = self.ops
+        self._calib = {}
+        ids = torch.tensor(CALIBRATION_IDS, dtype=torch.long)
+        logits = self.prefill(ids, None, 0)
+        pos = len(CALIBRATION_IDS)
+        for step in range(decode_steps):
+            row = logits.argmax(-1)
+            row[step + 1:] = self.dims.boc  # the delay window: codebook k is BOC until step k
+            logits = self.decode(row, pos + step)
+        amax, self._calib = self._calib, None
+        with self._on_stream():
+            for i, L in enumerate(self.layers):
+                L.x_qkv, L.x_gate_up, L.x_down = (
+                    (amax[i, k].clamp(min=1e-6) * CALIBRATION_HEADROOM / FP8_MAX).reshape(1).float()
+                    for k in ("qkv", "gate_up", "down"))
+                L.qkv, L.qkv_s = ops.quantize_weight_fp8(L.qkv)
+                L.o, L.o_s = ops.quantize_weight_fp8(L.o)
+                L.gate_up, L.gate_up_s = ops.quantize_weight_fp8(L.gate_up)
+                L.down, L.down_s = ops.quantize_weight_fp8(L.down)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # the bf16 copies are gone; return their blocks
+
+    def _observe(self, i: int, key: str, x: torch.Tensor) -> None:
+        """During calibration (all bf16) record the running amax of a quantised input."""
+        if self._calib is not None:
+            a = x.float().abs().amax()
+            self._calib[i, key] = torch.maximum(self._calib[i, key], a) if (i, key) in self._calib else a
+
+    @contextlib.contextmanager
+    def _on_stream(self):
+        """Run on the kernels' stream, ordered after and before the caller's stream (event waits only)."""
+        if self.stream is None:
+            yield
+            return
+        caller = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(caller)
+        with torch.cuda.stream(self.stream):
+            yield
+        caller.wait_stream(self.stream)
+
+    # ---------------------------------------------------------------- the step
+    def _layers(self, h: torch.Tensor) -> None:
+        """h [M, hidden] bf16 at positions pos[0] + i (device), the residual stream updated in place;
+        writes fp32 logits of the last row into self.logits."""
+        ops, d = self.ops, self.dims
+        m = h.shape[0]
+        for i, L in enumerate(self.layers):
+            xn = ops.rmsnorm(h, L.ln1, d.rms_eps, scale=L.x_qkv)
+            self._observe(i, "qkv", xn)
+            qkv = ops.linear(xn, L.qkv, w_scale=L.qkv_s, x_scale=L.x_qkv)
+            q = ops.qk_norm_rope_kv(qkv, L.q_norm, L.k_norm, self.cos, self.sin, self.pos, L.k, L.v,
+                                    heads=d.heads, kv_heads=d.kv_heads, eps=d.rms_eps)
+            if m == 1:
+                a = ops.decode_attention(q, L.k, L.v, self.pos, scratch=self.attn_scratch)
+            else:
+                a = ops.prefill_attention(q, L.k, L.v, self.pos)
+            ops.linear(a.view(m, -1), L.o, w_scale=L.o_s, residual=h, out=h)
+            xn = ops.rmsnorm(h, L.ln2, d.rms_eps, scale=L.x_gate_up)
+            self._observe(i, "gate_up", xn)
+            gu = ops.linear(xn, L.gate_up, w_scale=L.gate_up_s, x_scale=L.x_gate_up)
+            act = ops.silu_mul(gu, scale=L.x_down)
+            self._observe(i, "down", act)
+            ops.linear(act, L.down, w_scale=L.down_s, x_scale=L.x_down, residual=h, out=h)
+        ops.audio_head(h[-1], self.audio_w, self.norm_w, d.rms_eps, out=self.logits)
+
+    def _embed(self, ids: torch.Tensor, ref_rows: torch.Tensor | None) -> torch.Tensor:
+        """Text rows, with the k-th AUDIO_PLACEHOLDER taking the fused embedding of ref_rows[k] (summed in
+        fp32 and rounded once, as the sampler kernel writes decode inputs)."""
+        slots = ids == AUDIO_PLACEHOLDER
+        x = F.embedding(torch.where(slots, 0, ids), self.text_w)
+        count = int(slots.sum())
+        if count:
+            if ref_rows is None or ref_rows.shape[0] < count:
+                got = 0 if ref_rows is None else ref_rows.shape[0]
+                raise ValueError(f"prompt has {count} reference-audio placeholders but {got} reference rows")
+            x[slots] = self._embed_rows(ref_rows[:count].to(self.device))
+        return x
+
+    def _embed_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        return F.embedding(rows + self.offsets, self.audio_w).float().sum(-2).to(BF16)
+
+    def _check_room(self, end: int) -> None:
+        if end > self.max_len:
+            raise ValueError(f"sequence of {end} positions exceeds the cache of {self.max_len}")
+
+    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor, ref_rows: torch.Tensor | None = None, start: int = 0) -> torch.Tensor:
+        ids = ids.to(self.device)
+        self._check_room(start + len(ids))
+        with self._on_stream():
+            h = self._embed(ids, ref_rows)
+            self.pos.fill_(start)
+            self._layers(h)
+            out = self.logits.view(self.dims.codebooks, self.dims.codebook_vocab).clone()
+        return out
+
+    @torch.inference_mode()
+    def decode(self, row: torch.Tensor, pos: int) -> torch.Tensor:
+        self._check_room(pos + 1)
+        with self._on_stream():
+            h = self._embed_rows(row.to(self.device).long()[None])
+            self.pos.fill_(pos)
+            self._layers(h)
+            out = self.logits.view(self.dims.codebooks, self.dims.codebook_vocab).clone()
+        return out
+
+    # ---------------------------------------------------------------- fused decode (sampling on device)
+    def begin(self, logits: torch.Tensor, pos: int, *, seed: int, temperature: float, top_k: int, top_p: float,
+              max_rows: int) -> None:
+        """Start a take whose first row is sampled from `logits` (the prefill's) and fed at `pos`."""
+        self._check_room(pos + max_rows)
+        with self._on_stream():
+            state, params = self.ops.sampler_state(seed, top_k, temperature, top_p, self.device)
+            if self.graph is None or self.rows_buf.shape[0] < max_rows:
+                self.state, self.params = state, params
+                self.rows_buf = torch.full((max_rows, self.dims.codebooks), -1, dtype=torch.int32, device=self.device)
+                self.x_row = torch.zeros(1, self.dims.hidden, dtype=BF16, device=self.device)
+                self.h_row = torch.zeros_like(self.x_row)
+                self.base = torch.zeros(1, dtype=torch.int64, device=self.device)
+                self.graph = None
+            else:  # graph inputs are updated in place: same addresses, new values
+                self.state.copy_(state)
+                self.params.copy_(params)
+                self.rows_buf.fill_(-1)
+            self.logits.copy_(logits.reshape(-1))
+            self.base.fill_(pos)
+        self.taken, self.max_rows = 0, max_rows
+
+    def _fused_step(self) -> None:
+        """Sample row state.step from self.logits, embed it, and run the step at base + step."""
+        ops = self.ops
+        ops.sample(self.logits, self.audio_w, self.state, self.params, self.rows_buf, self.x_row.view(-1))
+        self.pos.copy_(self.base + self.state[:1] - 1)  # the row just sampled sits at base + step
+        self.h_row.copy_(self.x_row)
+        self._layers(self.h_row)
+
+    @torch.inference_mode()
+    def rows(self, n: int) -> tuple[torch.Tensor, bool]:
+        """Advance up to n steps on the device, then ONE host sync: the rows sampled ([k, 8] int64) and
+        whether the sampler's stop state finished the take."""
+        n = max(0, min(n, self.max_rows - self.taken))  # never step past the room begin() checked
+        with self._on_stream():
+            if self.device.type == "cuda" and self.graph is None:
+                self._capture()
+            for _ in range(n):
+                if self.graph is not None:
+                    self.graph.replay()
+                else:
+                    self._fused_step()
+            state = self.state.tolist()  # the one sync per chunk
+        step, done = int(state[0]), bool(state[4])
+        rows = self.rows_buf[self.taken:min(step, self.max_rows)].long().cpu()
+        self.taken = step
+        return rows, done
+
+    def _capture(self) -> None:
+        """Capture `_fused_step` into one CUDA graph. Warm-up runs mutate the take's state, so inputs are
+        snapshotted and restored; KV written past the take's position is overwritten before it is read."""
+        from kernels.runtime import capture_graph
+
+        saved = [t.clone() for t in (self.state, self.params, self.rows_buf, self.logits, self.base)]
+        self.graph = capture_graph(self._fused_step, self.stream or torch.cuda.current_stream(self.device))
+        for t, s in zip((self.state, self.params, self.rows_buf, self.logits, self.base), saved):
+            t.copy_(s)
+
+
+# -------------------------------------------------------------------------------------------- engine hook
+def probe(device) -> str | None:
+    """Why the cubin backend cannot run on `device` (None when it can)."""
+    from kernels import runtime
+
+    ok, reason = runtime.available(torch.device(device).index or 0)
+    if not ok:
+        return reason
+    try:
+        import triton  # noqa: F401  (kernels/ops.py computes grids with triton.cdiv)
+    except ImportError:
+        return "triton is not installed (torch's CUDA wheels bring it; pip install triton)"
+    return None
+
+
+def resolve_precision(precision: str | None, dtype: torch.dtype | None) -> str:
+    """'auto'/None -> fp8 (every cubin arch has FP8 tensor cores); 'bf16' forces BF16."""
+    if precision in (None, "auto", "fp8"):
+        if dtype not in (None, torch.bfloat16):
+            raise ValueError(f"the cubin backend computes in bf16/fp8, not {dtype}; use precision 'bf16' or 'fp8'")
+        return "fp8"
+    if precision == "bf16":
+        return "bf16"
+    raise ValueError(f"unknown precision {precision!r} for the cubin backend; use 'auto', 'fp8' or 'bf16'")
+
+
+def load(checkpoint, *, device, dtype=None, max_len: int = 4096, precision: str | None = None) -> CubinBackend:
+    """Engine factory: CubinKernels for the device's arch, ops launched from them, weights from the
+    checkpoint's internal names."""
+    from kernels import runtime
+
+    device = torch.device(device)
+    kernels = runtime.CubinKernels(device.index or 0)
+    ops = runtime.cubin_ops(kernels)
+    backend = CubinBackend(checkpoint.dims, checkpoint.backbone, ops=ops, device=device,
+                           precision=resolve_precision(precision, dtype), max_len=max_len, stream=kernels.stream)
+    backend.info = {"kernel_arch": kernels.manifest.target, "kernel_loader": kernels.loader_name}
+    return backend
+
+
+def _register() -> None:
+    from engine.generate import register_backend
+
+    register_backend("cubin", load)
+
+
+_register()

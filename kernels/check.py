@@ -1,0 +1,322 @@
+"""Device check of the committed cubins: every cubin for this GPU's arch, launched through the same ops
+the engine uses (`runtime.cubin_ops`), against `kernels/reference.py` on random inputs.
+
+    python -m kernels.check                 # on an NVIDIA GPU: one table, exit 1 on any FAIL
+    python -m kernels.check --cpu-selftest  # anywhere: everything except launches (CI runs this)
+
+The model-level half of the device check (full-size graph replay, streaming, benchmark) is
+`bench/gpu_check.py`, which calls `kernel_rows()` from here and prints one combined table;
+`scripts/gpu_check.sh` runs it. This module stays a leaf of `kernels/` (no engine imports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from kernels import manifest as mf
+from kernels import reference as ref
+
+FP8 = torch.float8_e4m3fn
+BF16 = torch.bfloat16
+# Real decode shapes (engine/config.py FULL_SIZE), repeated here because kernels/ must not import engine/.
+HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, AUDIO_ROWS = 2560, 9728, 32, 8, 128, 8 * 1026
+EPS = 1e-6
+# Tolerances, relative to the largest reference value: bf16 outputs carry 8 mantissa bits (2^-8 ≈ 0.4 %,
+# doubled for accumulation order); fp8 outputs are compared dequantised (e4m3 half-step = 2^-4 relative).
+TOL_BF16, TOL_FP32, TOL_FP8 = 8e-3, 2e-3, 7e-2
+
+
+@dataclass
+class Row:
+    """One line of the device-check table."""
+
+    section: str
+    item: str
+    value: str
+    limit: str = ""
+    status: str = ""   # PASS / FAIL / INFO / SKIP
+
+
+def format_table(rows: list[Row]) -> str:
+    head = Row("section", "item", "value", "limit", "status")
+    cols = list(zip(*[(r.section, r.item, r.value, r.limit, r.status) for r in [head, *rows]]))
+    widths = [max(len(c) for c in col) for col in cols]
+    line = "+".join("-" * (w + 2) for w in widths)
+    out = [line]
+    for i, r in enumerate([head, *rows]):
+        cells = (r.section, r.item, r.value, r.limit, r.status)
+        out.append("|".join(f" {c:<{w}} " for c, w in zip(cells, widths)))
+        if i == 0:
+            out.append(line)
+    out.append(line)
+    fails = sum(r.status == "FAIL" for r in rows)
+    out.append(f"{'ALL PASS' if not fails else f'{fails} FAIL'} ({sum(r.status == 'PASS' for r in rows)} pass, "
+               f"{sum(r.status == 'INFO' for r in rows)} info, {sum(r.status == 'SKIP' for r in rows)} skip)")
+    return "\n".join(out)
+
+
+def rel_max(got, want) -> float:
+    got, want = got.detach().double().cpu(), want.detach().double().cpu()
+    return float((got - want).abs().max() / want.abs().max().clamp(min=1e-30))
+
+
+def deq(x8, scale) -> torch.Tensor:
+    return x8.double().cpu() * scale.double().cpu()
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases: (name, cubins it must launch, fn(ops, dev, gen) -> [(label, err, tol)])
+
+def _randn(gen, *shape, scale=1.0, dtype=BF16):
+    return (torch.randn(*shape, generator=gen) * scale).to(dtype)
+
+
+def case_rmsnorm(ops, dev, gen):
+    out = []
+    x, w, r = _randn(gen, 3, HIDDEN), 1 + _randn(gen, HIDDEN, scale=0.1), _randn(gen, 3, HIDDEN)
+    scale = torch.tensor([0.02])
+    for res in (False, True):
+        want, _ = ref.rmsnorm_ref(x, w, EPS, r if res else None)
+        rd = r.clone().to(dev) if res else None
+        y = ops.rmsnorm(x.to(dev), w.to(dev), EPS, residual=rd)
+        out.append((f"bf16{' +res' if res else ''}", rel_max(y, want), TOL_BF16))
+        rd = r.clone().to(dev) if res else None
+        y8 = ops.rmsnorm(x.to(dev), w.to(dev), EPS, residual=rd, scale=scale.to(dev))
+        out.append((f"fp8{' +res' if res else ''}", rel_max(deq(y8, scale), want), TOL_FP8))
+    return out
+
+
+def case_silu_mul(ops, dev, gen):
+    gu = _randn(gen, 3, 2 * INTER)
+    want = ref.silu_mul_ref(gu)
+    scale = (want.abs().max() / 448.0).float().reshape(1)  # static scale that just covers the range
+    y = ops.silu_mul(gu.to(dev))
+    y8 = ops.silu_mul(gu.to(dev), scale=scale.to(dev))
+    return [("bf16", rel_max(y, want), TOL_BF16), ("fp8", rel_max(deq(y8, scale), want), TOL_FP8)]
+
+
+def _fp8_weight(ops, w):
+    w8, s = ops.quantize_weight_fp8(w)
+    return w8, s
+
+
+def case_linear(ops, dev, gen, rows: int):
+    """GEMV (rows=1) or GEMM (rows>1): bf16, W8A16 and W8A8, each with and without the residual epilogue."""
+    n = 3 * 1024
+    a = _randn(gen, rows, HIDDEN)
+    w = _randn(gen, n, HIDDEN, scale=HIDDEN ** -0.5)
+    res = _randn(gen, rows, n)
+    w8, ws = _fp8_weight(ops, w.to(dev))
+    a_scale = torch.tensor([float(a.float().abs().max()) / 448.0])
+    a8 = ops.quantize_fp8(a.to(dev), a_scale.to(dev))
+    out = []
+    for mode in ("bf16", "w8a16", "w8a8"):
+        for use_res in (False, True):
+            x = a8 if mode == "w8a8" else a.to(dev)
+            wt = w.to(dev) if mode == "bf16" else w8
+            kw = dict(w_scale=None if mode == "bf16" else ws, x_scale=a_scale.to(dev) if mode == "w8a8" else None,
+                      residual=res.clone().to(dev) if use_res else None)
+            y = ops.linear(x.view(-1) if rows == 1 else x, wt, **kw)
+            want = ref.linear_ref(x.cpu().view(rows, -1), wt.cpu(), w_scale=kw["w_scale"].cpu() if kw["w_scale"] is not None else None,
+                                  x_scale=a_scale if mode == "w8a8" else None, residual=res if use_res else None)
+            out.append((f"{mode}{' +res' if use_res else ''}", rel_max(y.view(rows, -1), want), TOL_BF16))
+    if rows == 1:
+        y = ops.gemv(a.view(-1).to(dev), w.to(dev), out_dtype=torch.float32)
+        out.append(("bf16 -> fp32", rel_max(y, ref.linear_ref(a, w).view(-1)), TOL_FP32))
+    return out
+
+
+def case_head(ops, dev, gen):
+    h, w, g = _randn(gen, HIDDEN), _randn(gen, AUDIO_ROWS, HIDDEN, scale=HIDDEN ** -0.5), 1 + _randn(gen, HIDDEN, scale=0.1)
+    y = ops.audio_head(h.to(dev), w.to(dev), g.to(dev), EPS)
+    return [("norm + head -> fp32", rel_max(y, ref.audio_head_ref(h, w, g, EPS)), TOL_BF16)]
+
+
+def _tables(ops, d, n, dev):
+    return ops.rope_tables(1e6, d, n, dev)
+
+
+def case_rope_kv(ops, dev, gen):
+    out = []
+    for d, heads, kv in ((HEAD_DIM, HEADS, KV_HEADS), (16, 4, 2)):
+        m, start, max_pos = 5, 37, 128
+        qkv = _randn(gen, m, (heads + 2 * kv) * d)
+        qn, kn = 1 + _randn(gen, d, scale=0.1), 1 + _randn(gen, d, scale=0.1)
+        cos, sin = _tables(ops, d, max_pos, "cpu")
+        kc = torch.zeros(kv, max_pos, d, dtype=BF16, device=dev)
+        vc = torch.zeros_like(kc)
+        q = ops.qk_norm_rope_kv(qkv.to(dev), qn.to(dev), kn.to(dev), cos.to(dev), sin.to(dev),
+                                torch.tensor([start], dtype=torch.int32, device=dev), kc, vc, heads=heads,
+                                kv_heads=kv, eps=EPS)
+        qr, kr, vr = ref.qk_norm_rope_ref(qkv, qn, kn, cos, sin, torch.arange(start, start + m), heads, kv, EPS)
+        err = max(rel_max(q, qr), rel_max(kc[:, start:start + m].transpose(0, 1), kr),
+                  rel_max(vc[:, start:start + m].transpose(0, 1), vr))
+        out.append((f"d{d}: q, k cache, v cache", err, TOL_BF16))
+    return out
+
+
+def case_attention(ops, dev, gen):
+    out = []
+    for d, heads, kv in ((HEAD_DIM, HEADS, KV_HEADS), (16, 4, 2)):
+        length = 700
+        kc, vc = _randn(gen, kv, 1024, d), _randn(gen, kv, 1024, d)
+        q = _randn(gen, 1, heads, d)
+        pos = torch.tensor([length - 1], dtype=torch.int32)
+        y = ops.decode_attention(q.to(dev), kc.to(dev), vc.to(dev), pos.to(dev))
+        want = ref.attention_ref(q, kc, vc, pos.long())
+        out.append((f"decode d{d} (split-K + combine), {length} positions", rel_max(y.view(1, heads, d), want), TOL_BF16))
+        m, start = 24, 40
+        qp = _randn(gen, m, heads, d)
+        p0 = torch.tensor([start], dtype=torch.int32)
+        y = ops.prefill_attention(qp.to(dev), kc.to(dev), vc.to(dev), p0.to(dev))
+        want = ref.attention_ref(qp, kc, vc, torch.arange(start, start + m))
+        out.append((f"prefill d{d}, {m} rows at offset {start}", rel_max(y, want), TOL_BF16))
+    return out
+
+
+def case_sampler(ops, dev, gen):
+    out = []
+    embed = _randn(gen, AUDIO_ROWS, HIDDEN, scale=0.3)
+    for temperature, top_k, top_p in ((0.0, 0, 1.0), (0.8, 30, 0.8), (1.0, 0, 0.95)):
+        logits = torch.randn(8, 1026, generator=gen) * 3
+        seed, step = int(torch.randint(0, 2 ** 62, (1,), generator=gen)), 11
+        state, params = ops.sampler_state(seed, top_k, temperature, top_p, dev)
+        state[0] = step
+        rows = torch.full((32, 8), -1, dtype=torch.int32, device=dev)
+        x = torch.empty(HIDDEN, dtype=BF16, device=dev)
+        ops.sample(logits.to(dev), embed.to(dev), state, params, rows, x)
+        want = ref.sample_row_ref(logits, step=step, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p)
+        got = rows[step].tolist()
+        idx = torch.tensor(want) + 1026 * torch.arange(8)
+        err = rel_max(x, embed[idx].double().sum(0)) if got == want else 1.0
+        out.append((f"T={temperature} k={top_k} p={top_p}: row {'==' if got == want else '!='} reference, embedding",
+                    err, TOL_BF16))
+    return out
+
+
+CASES = [
+    ("rmsnorm", {"rmsnorm_bf16", "rmsnorm_add_bf16", "rmsnorm_fp8", "rmsnorm_add_fp8"}, case_rmsnorm),
+    ("silu_mul", {"silu_mul_bf16", "silu_mul_fp8"}, case_silu_mul),
+    ("gemv", {"gemv_bf16", "gemv_bf16_res", "gemv_bf16_f32out", "gemv_w8a16", "gemv_w8a16_res", "gemv_w8a8",
+              "gemv_w8a8_res"}, lambda o, d, g: case_linear(o, d, g, 1)),
+    ("gemm", {"gemm_bf16", "gemm_bf16_res", "gemm_w8a16", "gemm_w8a16_res", "gemm_w8a8", "gemm_w8a8_res"},
+     lambda o, d, g: case_linear(o, d, g, 300)),
+    ("audio_head", {"audio_head_norm_bf16"}, case_head),
+    ("rope_kv", {"qk_norm_rope_kv_d128", "qk_norm_rope_kv_d16"}, case_rope_kv),
+    ("attention", {"decode_attn_split_d128", "attn_combine_d128", "prefill_attn_d128", "decode_attn_split_d16",
+                   "attn_combine_d16", "prefill_attn_d16"}, case_attention),
+    ("sampler", {"sample_embed"}, case_sampler),
+]
+
+
+class Recording:
+    """Forwards launches to a CubinKernels and remembers which cubins ran."""
+
+    def __init__(self, kernels):
+        self.kernels, self.manifest, self.launched = kernels, kernels.manifest, set()
+
+    def launch(self, name, grid, *args, **kw):
+        self.launched.add(name)
+        self.kernels.launch(name, grid, *args, **kw)
+
+
+def kernel_rows(kernels, device) -> list[Row]:
+    """Run every case through cubin-backed ops; one row per comparison, plus coverage."""
+    from kernels.runtime import cubin_ops
+
+    rec = Recording(kernels)
+    ops = cubin_ops(rec)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for name, _, fn in CASES:
+        try:
+            with torch.cuda.stream(kernels.stream) if kernels.stream is not None else contextlib.nullcontext():
+                results = fn(ops, device, gen)
+            if torch.device(device).type == "cuda":
+                torch.cuda.synchronize()
+        except Exception as exc:  # a launch or lookup failure is a FAIL row, not the end of the check
+            rows.append(Row("kernels", name, f"{type(exc).__name__}: {exc}"[:120], "", "FAIL"))
+            continue
+        for label, err, tol in results:
+            rows.append(Row("kernels", f"{name} {label}", f"rel err {err:.2e}", f"< {tol:.0e}",
+                            "PASS" if err < tol and math.isfinite(err) else "FAIL"))
+    missing = sorted(set(kernels.manifest.kernels) - rec.launched)
+    rows.append(Row("kernels", f"coverage ({kernels.manifest.target})",
+                    f"{len(rec.launched)}/{len(kernels.manifest.kernels)} cubins launched"
+                    + (f"; never: {', '.join(missing)}" if missing else ""), "all", "FAIL" if missing else "PASS"))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU self-test: everything but launches
+
+def selftest_rows() -> list[Row]:
+    from kernels.runtime import available, pack_args
+
+    rows = []
+    ok, reason = available()
+    rows.append(Row("setup", "runtime.available()", f"{ok}: {reason}", "", "INFO"))
+    claimed = set().union(*(c[1] for c in CASES))
+    dtypes = {"*bf16": BF16, "*fp32": torch.float32, "*fp8e4nv": FP8, "*i32": torch.int32, "*i64": torch.int64}
+    for cc, target in mf.TARGETS.items():
+        t0 = time.perf_counter()
+        try:
+            m = mf.load(cc)
+        except mf.ManifestError as exc:
+            rows.append(Row("manifest", target, str(exc)[:120], "", "FAIL"))
+            continue
+        bad = []
+        for e in m.kernels.values():
+            args = [torch.empty(16, dtype=dtypes[p.type]) if p.type.startswith("*") else
+                    (0.5 if p.type.startswith("fp") else 16) for p in e.user_params]
+            packed = pack_args(e, args, device_type="cpu")
+            if len(packed.buffer()) != e.params[-1].offset + e.params[-1].size:
+                bad.append(e.name)
+        unclaimed = sorted(set(m.kernels) - claimed)
+        rows.append(Row("manifest", f"{target}: load, sha256, pack args", f"{len(m.kernels)} kernels, "
+                        f"{time.perf_counter() - t0:.2f} s" + (f"; bad packing: {bad}" if bad else ""), "",
+                        "FAIL" if bad else "PASS"))
+        rows.append(Row("manifest", f"{target}: every cubin has a device case", "all claimed" if not unclaimed else
+                        f"unclaimed: {', '.join(unclaimed)}", "", "FAIL" if unclaimed else "PASS"))
+    gen = torch.Generator().manual_seed(0)
+    x, w = _randn(gen, 2, 64), 1 + _randn(gen, 64, scale=0.1)
+    y, _ = ref.rmsnorm_ref(x, w, EPS)
+    q = _randn(gen, 3, 4, 16)
+    kc, vc = _randn(gen, 2, 8, 16), _randn(gen, 2, 8, 16)
+    a = ref.attention_ref(q, kc, vc, torch.tensor([2, 3, 4]))
+    row = ref.sample_row_ref(torch.randn(8, 1026, generator=gen), step=3, seed=5, temperature=0.8, top_k=30, top_p=0.8)
+    finite = bool(torch.isfinite(y).all() and torch.isfinite(a).all()) and len(row) == 8 and row[4:] == [1024] * 4
+    rows.append(Row("reference", "rmsnorm / attention / sampler refs on CPU", "finite, delay window ok" if finite
+                    else "BROKEN", "", "PASS" if finite else "FAIL"))
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kernels.check", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cpu-selftest", action="store_true", help="manifests, packing, references, table; no launches")
+    args = ap.parse_args(argv)
+    if args.cpu_selftest:
+        rows = selftest_rows()
+    else:
+        from kernels.runtime import CubinKernels, available
+
+        ok, reason = available()
+        if not ok:
+            print(f"no device check possible: {reason}")
+            return 2
+        kernels = CubinKernels()
+        rows = [Row("setup", "device", reason, "", "INFO"), Row("setup", "loader", kernels.loader_name, "", "INFO")]
+        rows += kernel_rows(kernels, torch.device("cuda"))
+    print(format_table(rows))
+    return 1 if any(r.status == "FAIL" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The device check, one command on an NVIDIA machine (docs/GPU_CHECK.md): installs the loader if needed,
+# then runs every cubin for this GPU against the references, a full-size random-weight model through
+# graph replay vs eager torch, and the benchmark; prints one table. Exit 0 = all PASS, 1 = a FAIL,
+# 2 = no usable GPU (the reason is printed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+
+# No driver or no GPU: say why and stop before installing anything (ctypes probe, never hangs).
+$PY -c "
+import sys
+from kernels.runtime import probe_driver
+p = probe_driver()
+sys.exit(0) if p.ok else sys.exit(print('no GPU check possible here:', p.reason) or 2)"
+
+# PyCUDA is the product's loader; it builds from source against the CUDA headers. Where that fails
+# (no toolkit), cuda-core's binary wheels load the same cubins.
+if ! $PY -c "import pycuda" 2>/dev/null; then
+    if command -v nvcc >/dev/null 2>&1; then
+        export CUDA_ROOT=${CUDA_ROOT:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}
+        export PATH="$CUDA_ROOT/bin:$PATH"
+        timeout 300 $PY -m pip install --quiet pycuda || echo "note: PyCUDA did not build; using cuda-core"
+    fi
+fi
+$PY -c "import pycuda" 2>/dev/null || $PY -c "import cuda.core" 2>/dev/null || \
+    timeout 120 $PY -m pip install --quiet "cuda-python>=13.0" "cuda-core>=0.3"
+
+exec timeout 480 $PY -m bench.gpu_check "$@"
