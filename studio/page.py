@@ -143,7 +143,7 @@ class Page:
         done = object()
 
         def on_position(position: int) -> None:
-            if position:  # 0 means "started": the chunks say that
+            if position > 1:  # something is ahead of us (0 = started, 1 = next up: the worker picks it at once)
                 items.put(position)
 
         req.on_position = on_position
@@ -182,8 +182,7 @@ class Page:
 
     @staticmethod
     def _clip_array(clip) -> np.ndarray:
-        sr, data = clip
-        data = np.asarray(data)
+        data = np.asarray(clip[1])
         if data.dtype.kind == "i":
             data = data.astype(np.float32) / np.iinfo(data.dtype).max
         return data.astype(np.float32).mean(axis=1) if data.ndim == 2 else data.astype(np.float32)
@@ -203,15 +202,15 @@ class Page:
             self.save_voice.click(self._save_voice, [self.clip, self.clip_text, self.voice_name, self.voice_desc,
                                                      self.style, self.consent], [self.voice, self.voices_table],
                                   concurrency_id=GPU_QUEUE, concurrency_limit=1, api_visibility="private")
-            demo.load(self.refresh_lists, None, [self.voice, self.style], queue=False, api_visibility="private")
+            demo.load(self.refresh_lists, None, [self.voice, self.style, self.status], queue=False,
+                      api_visibility="private")
         self.demo = demo
         return demo
 
     def refresh_lists(self):
-        return gr.update(choices=self.voice_choices()), gr.update(choices=self.style_choices())
+        return gr.update(choices=self.voice_choices()), gr.update(choices=self.style_choices()), self.service.status()
 
     def _studio_tab(self):
-        svc = self.service
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
                 self.text = gr.Textbox(label="Text", lines=6, max_lines=20, elem_id="text", autofocus=True,
@@ -241,8 +240,8 @@ class Page:
                     with gr.Row():
                         self.voice_name = gr.Textbox(label="Name", elem_id="voice-name")
                         self.voice_desc = gr.Textbox(label="Description", elem_id="voice-desc")
-                    self.consent = gr.Checkbox(label="I am this speaker, or I have their permission to clone this voice.",
-                                          elem_id="consent")
+                    self.consent = gr.Checkbox(
+                        label="I am this speaker, or I have their permission to clone this voice.", elem_id="consent")
                     self.save_voice = gr.Button("Save as voice", elem_id="save-voice")
                 with gr.Row():
                     temperature = gr.Slider(0, 1.5, value=0.8, step=0.05, label="Temperature", scale=3,
@@ -273,7 +272,7 @@ class Page:
                                       label="Format", scale=1, min_width=90)
                     self.download = gr.DownloadButton("Download WAV", scale=2, elem_id="download")
         with gr.Accordion("Engine", open=False):
-            gr.JSON(svc.status, label="Engine status (refreshed on page load)", elem_id="engine-status")
+            self.status = gr.JSON(label="Engine status (refreshed on page load)", elem_id="engine-status")
         with gr.Accordion("History (this session)", open=True):
             self.history = gr.Dataframe(headers=render.HISTORY_HEADERS, interactive=False, wrap=True, label="History",
                                         elem_id="history")
@@ -294,7 +293,7 @@ class Page:
         gen_event.success(self._download_as, [fmt, self.takes], self.download, api_visibility="private")
         stop.click(self.stop, [self.takes], [self.metrics, self.take_audio, self.download, self.history,
                                              self.takes, self.last_seed],
-                   cancels=[gen_event], queue=False, api_name="stop")
+                   cancels=[gen_event], queue=False, api_name="stop", api_visibility="undocumented")
 
         lint_inputs = [self.text, self.voice, max_frames]
         # .change, not .input: it also fires for palette inserts and "use these settings".

@@ -41,7 +41,7 @@ def estimate_html(text: str, *, clone: bool = False, max_frames: int | None = No
     if not text.strip():
         return '<div class="hs-est muted">Type what to say. Tags like &lt;|emotion:awe|&gt; steer the delivery.</div>'
     seconds = estimate_seconds(text)
-    frames = int(round(seconds * FRAME_RATE))
+    frames = round(seconds * FRAME_RATE)
     cap = f" · cap {max_frames} frames ({max_frames / FRAME_RATE:.0f} s)" if max_frames else ""
     parts = [f'<div class="hs-est">≈ <b>{seconds:.1f} s</b> of speech · ~{frames} frames{cap} · '
              f'{len(text)} characters</div>']
@@ -181,7 +181,8 @@ CSS = """
   border:1px solid #f0d28a; font-size:.9rem;}
 .hs-est {font-size:.85rem; opacity:.8; padding:2px 4px;}
 .hs-est.muted {opacity:.55;}
-.hs-lint {font-size:.8rem; padding:2px 6px; margin:2px 0; border-left:3px solid #e0a100; background:rgba(224,161,0,.08);}
+.hs-lint {font-size:.8rem; padding:2px 6px; margin:2px 0; border-left:3px solid #e0a100;
+  background:rgba(224,161,0,.08);}
 .hs-lint.error {border-left-color:#d33; background:rgba(221,51,51,.08);}
 .hs-palette {display:flex; flex-direction:column; gap:4px;}
 .hs-group {display:flex; flex-wrap:wrap; gap:4px; align-items:center;}

@@ -76,7 +76,7 @@ class SynthesisRequest:
     on_position: Callable[[int], None] | None = None  # called with 1, 2, … while waiting; 0 when started
     warnings: list[str] = field(default_factory=list)
     source: str = "api"  # "ui" or "api", recorded in the history
-    take: "Take | None" = None  # set when the take is recorded
+    take: Take | None = None  # set when the take is recorded
     finished: threading.Event = field(default_factory=threading.Event)
 
     def validate(self) -> None:
@@ -145,7 +145,7 @@ class _Job:
 
     _ids = itertools.count(1)
 
-    def __init__(self, work: Callable[["_Job"], None], cancel: threading.Event):
+    def __init__(self, work: Callable[[_Job], None], cancel: threading.Event):
         self.id = next(self._ids)
         self.work = work
         self.cancel = cancel
@@ -387,7 +387,7 @@ class StudioService:
 
     def save_voice(self, audio: np.ndarray, sample_rate: int, *, name: str, transcript: str | None = None,
                    description: str = "", style: str | None = None, seed: int | None = None,
-                   consent: "Consent | bool" = False, asserted_by: str = "studio user"):
+                   consent: Consent | bool = False, asserted_by: str = "studio user"):
         """Prepare, encode (on the GPU worker, in turn) and save a voice. `consent` must be given: either a
         `Consent` record or True (the user ticked the box), else ValueError."""
         if self.voices is None:
@@ -419,7 +419,7 @@ class StudioService:
     def estimate(self, text: str) -> dict[str, float]:
         """Duration estimate for text before generating (PRODUCT §7.11): seconds and frames."""
         seconds = estimate_seconds(text or "")
-        return {"seconds": seconds, "frames": int(round(seconds * FRAME_RATE))}
+        return {"seconds": seconds, "frames": round(seconds * FRAME_RATE)}
 
     def status(self) -> dict[str, Any]:
         """Engine facts for the status panel and `/health`-style routes."""

@@ -1,0 +1,80 @@
+"""Page handlers in-process, over the service with a scripted engine: the queue position shown while a take
+waits behind another request, Stop, style presets, and "use these settings"."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from studio.page import Page
+from studio.presets import PresetStore
+from studio.service import StudioService, SynthesisRequest
+from tests.test_service import FakeEngine
+
+
+@pytest.fixture
+def page(tmp_path):
+    service = StudioService(FakeEngine(frames=20, delay=0.01), None, PresetStore(tmp_path / "presets.json"))
+    page = Page(service)
+    page.build()
+    yield page
+    service.close()
+
+
+def gen_args(text, **kw):
+    args = dict(text=text, style="", voice="", clip=None, clip_text="", temperature=0.8, top_p=0.8, top_k=30,
+                seed=5, max_frames=0, repeat_guard=32, takes=[], request=None)
+    args.update(kw)
+    return args
+
+
+def test_generate_reports_queue_position_then_streams(page):
+    holder = SynthesisRequest(text="API take holding the GPU.", seed=1, max_frames=10_000 // 10)
+    threading.Thread(target=lambda: list(page.service.stream(holder)), daemon=True).start()
+    while page.service.queue_depth == 0:
+        time.sleep(0.01)
+    updates = page.generate(**gen_args("Page take."))
+    notes = []
+    for update in updates:
+        html = update.get(page.metrics, "")
+        notes.append(html)
+        if "queue position 2" in html:
+            holder.cancel.set()  # the API take stops; the page's take runs next
+        if page.result in update:
+            result = update[page.result]
+    assert any("queue position 2" in n for n in notes)
+    assert any("streaming" in n for n in notes)
+    assert result["metrics"]["stop_reason"] == "eoc" and result["recipe"]["seed"] == 5
+    assert holder.take.stop_reason == "cancelled"
+
+
+def test_stop_cancels_the_sessions_take(page):
+    page.service.engine.frames = 10_000
+    updates = page.generate(**gen_args("Long take."))
+    while "streaming" not in next(updates).get(page.metrics, ""):  # until the take is running
+        pass
+    metrics, take_audio, *_ = page.stop([], None)
+    assert "stopped" in metrics and take_audio.endswith(".wav")
+    assert page.service.history[-1].stop_reason == "cancelled"
+    updates.close()
+
+
+def test_save_style_preset_and_use_settings(page):
+    update = page._save_preset("My calm", "<|emotion:contentment|>")
+    assert update["value"] == "<|emotion:contentment|>"
+    assert ("My calm", "<|emotion:contentment|>") in page.style_choices()
+    list(page.generate(**gen_args("Again.", style="<|emotion:contentment|>", temperature=0.5, seed=42)))
+    take = page.service.history[-1]
+    text, style, voice, temperature, top_p, top_k, seed, max_frames, guard = page._use_settings(take.id)
+    assert (text, style, temperature, seed) == ("Again.", "<|emotion:contentment|>", 0.5, 42)
+
+
+def test_handler_mistakes_become_warnings_not_errors(page):
+    skip = {"__type__": "update"}
+    # A plain-language "style" would be read aloud: refused with a warning, the outputs left as they were.
+    with pytest.warns(UserWarning, match="Unknown style preset"):
+        assert page._save_preset("Bad", "speak slowly please") == skip
+    with pytest.warns(UserWarning, match="Select a take"):
+        assert page._use_settings(None) == (skip,) * 9
