@@ -65,9 +65,14 @@ class Page:
         return ([] if any(not prefix for _, prefix in styles) else [("(none)", "")]) + styles
 
     def take_file(self, take, fmt: str = "wav") -> str:
+        """The take as a file in `fmt`, written once; files of takes the history has dropped are removed."""
         path = self.out_dir / f"take-{take.id}-seed{take.seed}.{fmt}"
         if not path.exists():
             write_audio(path, take.audio, take.sample_rate)
+            kept = {f"take-{t.id}-" for t in self.service.history}
+            for old in self.out_dir.glob("take-*"):
+                if old.name[:old.name.index("-", 5) + 1] not in kept:
+                    old.unlink(missing_ok=True)
         return str(path)
 
     def take_outputs(self, take, takes: list[int]) -> tuple:
@@ -191,7 +196,8 @@ class Page:
 
     def build(self) -> gr.Blocks:
         svc = self.service
-        with gr.Blocks(title="Higgs Studio") as demo:
+        # delete_cache: Gradio keeps a copy of every served file; drop copies older than an hour, hourly.
+        with gr.Blocks(title="Higgs Studio", delete_cache=(3600, 3600)) as demo:
             self.header = gr.HTML(render.header_html(svc.status()))
             self.takes, self.last_seed = gr.State([]), gr.State(None)
             with gr.Tabs():

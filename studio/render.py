@@ -20,11 +20,17 @@ def _esc(value: Any) -> str:
 
 def header_html(status: dict[str, Any]) -> str:
     """Title, engine chips, and — in demo mode — a banner that says the audio is noise."""
-    checkpoint = str(status.get("checkpoint") or "").rstrip("/").rsplit("/", 1)[-1]
-    chips = [("checkpoint", checkpoint), ("device", status.get("device")),
-             ("precision", status.get("precision")), ("backend", status.get("backend")),
-             ("kernels", status.get("kernel_arch"))]
-    chip_html = "".join(f'<span class="hs-chip" title="{k}"><b>{k}</b> {_esc(v)}</span>' for k, v in chips if v)
+    checkpoint = str(status.get("checkpoint") or "")
+    kernels = " · ".join(str(x) for x in (status.get("kernel_arch"), status.get("kernel_loader")) if x)
+    chips = [  # (label, shown value, hover text)
+        ("checkpoint", checkpoint.rstrip("/").rsplit("/", 1)[-1], checkpoint),
+        ("device", status.get("device"), ""),
+        ("precision", status.get("precision"), ""),
+        ("backend", status.get("backend"), status.get("backend_reason") or ""),
+        ("kernels", kernels, ""),
+    ]
+    chip_html = "".join(f'<span class="hs-chip" title="{_esc(hover or k)}"><b>{k}</b> {_esc(v)}</span>'
+                        for k, v, hover in chips if v)
     banner = ""
     if status.get("demo"):
         banner = ('<div class="hs-demo" id="demo-banner"><b>Demo mode.</b> The model has tiny random weights, so '

@@ -78,3 +78,15 @@ def test_handler_mistakes_become_warnings_not_errors(page):
         assert page._save_preset("Bad", "speak slowly please") == skip
     with pytest.warns(UserWarning, match="Select a take"):
         assert page._use_settings(None) == (skip,) * 9
+
+
+def test_take_files_follow_the_bounded_history(tmp_path):
+    service = StudioService(FakeEngine(frames=2), None, None, history_size=2)
+    page = Page(service)
+    page.build()
+    for i in range(4):
+        list(page.generate(**gen_args(f"Take {i}.", seed=i)))
+        page.take_file(service.history[-1], "flac")
+    names = sorted(p.name for p in page.out_dir.iterdir())
+    assert names == ["take-3-seed2.flac", "take-3-seed2.wav", "take-4-seed3.flac", "take-4-seed3.wav"]
+    service.close()
