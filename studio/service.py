@@ -9,7 +9,7 @@ cancellation, and a bounded history of takes. The engine does the work.
     for chunk in service.stream(req):          # engine Chunks; the last one has final=True
         play(chunk.audio)
     req.warnings                               # tag-lint and resolution notes, filled before the first chunk
-    service.history[-1].recipe()               # settings + seed + voice id that reproduce the take
+    req.take.recipe()                          # settings + seed + voice id that reproduce the take
 
 Cancel with `req.cancel.set()` (from any thread): a waiting request leaves the queue at once, a running
 one stops at the engine's next chunk boundary and the worker moves on to the next request.
@@ -166,7 +166,8 @@ class StudioService:
         self.presets = presets
         self.queue_timeout = queue_timeout
         self.max_queue = max_queue
-        self.history: collections.deque[Take] = collections.deque(maxlen=history_size)
+        self._history: collections.deque[Take] = collections.deque(maxlen=history_size)
+        self._history_lock = threading.Lock()  # the worker appends while page/API threads read
         self._take_ids = itertools.count(1)
         self._cond = threading.Condition()
         self._waiting: collections.deque[_Job] = collections.deque()
@@ -374,11 +375,18 @@ class StudioService:
             settings=request.settings(), seed=request.seed, metrics=metrics,
             audio=np.concatenate(pieces) if pieces else np.zeros(0, np.float32), sample_rate=SAMPLE_RATE,
             warnings=list(request.warnings), source=request.source)
-        self.history.append(take)
+        with self._history_lock:
+            self._history.append(take)
         return take
 
     def take(self, take_id: int) -> Take | None:
         return next((t for t in self.history if t.id == int(take_id)), None)
+
+    @property
+    def history(self) -> list[Take]:
+        """The latest takes, oldest first (a snapshot)."""
+        with self._history_lock:
+            return list(self._history)
 
     # ---------------------------------------------------------------- voices and presets
 
