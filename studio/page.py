@@ -286,8 +286,9 @@ class Page:
                 with gr.Column(scale=2):
                     hist_audio = gr.Audio(label="Selected take", type="filepath", interactive=False)
                     use_settings = gr.Button("Use these settings", elem_id="use-settings")
-                recipe = gr.Code(label="Recipe (settings + seed + voice id)", language="json", scale=3,
-                                 elem_id="recipe")
+                with gr.Column(scale=3):
+                    recipe = gr.Code(label="Recipe (settings + seed + voice id)", language="json", elem_id="recipe")
+                    curl = gr.Code(label="Reproduce it over HTTP", language="shell", elem_id="recipe-curl")
             selected = gr.State(None)
 
         inputs = [self.text, self.style, self.voice, self.clip, self.clip_text, temperature, top_p, top_k,
@@ -315,7 +316,8 @@ class Page:
         fmt.change(self._download_as, [fmt, self.takes], self.download, api_visibility="private")
         save_preset.click(self._save_preset, [preset_name, self.style], self.style,
                           api_visibility="private")
-        self.history.select(self._select_take, self.takes, [selected, hist_audio, recipe], api_visibility="private")
+        self.history.select(self._select_take, self.takes, [selected, hist_audio, recipe, curl],
+                            api_visibility="private")
         use_settings.click(self._use_settings, selected, [self.text, self.style, self.voice, temperature, top_p,
                                                           top_k, seed, max_frames, repeat_guard],
                            api_visibility="private")
@@ -357,15 +359,17 @@ class Page:
         gr.Info(f"Saved voice {voice.name!r}.")
         return gr.update(choices=self.voice_choices(), value=voice.id), self._voice_rows()
 
-    @_warns(3)
-    def _select_take(self, takes, evt: gr.SelectData):
+    @_warns(4)
+    def _select_take(self, takes, evt: gr.SelectData, request: gr.Request):
         rows = list(reversed(takes or []))
         if evt.index is None or evt.index[0] >= len(rows):
-            return gr.skip(), gr.skip(), gr.skip()
+            return (gr.skip(),) * 4
         take = self.service.take(rows[evt.index[0]])
         if take is None:
             raise ValueError("That take has left the history (it keeps the latest takes only).")
-        return take.id, self.take_file(take), render.recipe_json(take)
+        base = f"http://{request.headers.get('host', '127.0.0.1:7860')}" if request else "http://127.0.0.1:7860"
+        curl = render.recipe_curl(take.recipe(), base, f"take-{take.id}.wav")
+        return take.id, self.take_file(take), render.recipe_json(take), curl
 
     @_warns(9)
     def _use_settings(self, take_id):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import html
 import json
+import shlex
 from typing import Any
 
 from engine.config import FRAME_RATE
@@ -172,6 +173,15 @@ def result_json(take, warnings: list[str]) -> dict[str, Any]:
 
 def recipe_json(take) -> str:
     return json.dumps(take.recipe(), indent=2, ensure_ascii=False)
+
+
+def recipe_curl(r: dict[str, Any], base_url: str, out: str = "take.wav") -> str:
+    """A curl command that reproduces a take's recipe through the OpenAI-compatible route (PRODUCT §7.7)."""
+    body = {"model": "higgs-audio-v3-tts", "input": r["text"], "voice": r["voice_id"] or "default",
+            **({"instructions": r["style"]} if r["style"] else {}), "response_format": "wav",
+            **{k: r[k] for k in ("seed", "temperature", "top_p", "top_k", "max_frames", "repeat_guard")}}
+    return (f"curl -s {base_url.rstrip('/')}/v1/audio/speech -H 'Content-Type: application/json' \\\n"
+            f"  -d {shlex.quote(json.dumps(body, ensure_ascii=False))} -o {out}")
 
 
 CSS = """

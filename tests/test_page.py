@@ -3,11 +3,14 @@ waits behind another request, Stop, style presets, and "use these settings"."""
 
 from __future__ import annotations
 
+import json
+import shlex
 import threading
 import time
 
 import pytest
 
+from studio import render
 from studio.page import Page
 from studio.presets import PresetStore
 from studio.service import StudioService, SynthesisRequest
@@ -90,3 +93,13 @@ def test_take_files_follow_the_bounded_history(tmp_path):
     names = sorted(p.name for p in page.out_dir.iterdir())
     assert names == ["take-3-seed2.flac", "take-3-seed2.wav", "take-4-seed3.flac", "take-4-seed3.wav"]
     service.close()
+
+
+def test_recipe_curl_reproduces_the_take_over_http(page):
+    list(page.generate(**gen_args("It's a test.", style="<|emotion:awe|>", seed=9, max_frames=5)))
+    cmd = render.recipe_curl(page.service.history[-1].recipe(), "http://host:1234/")
+    words = shlex.split(cmd.replace("\\\n", " "))
+    assert words[:3] == ["curl", "-s", "http://host:1234/v1/audio/speech"]
+    body = json.loads(words[words.index("-d") + 1])
+    assert body["input"] == "It's a test." and body["instructions"] == "<|emotion:awe|>"
+    assert (body["seed"], body["max_frames"], body["voice"]) == (9, 5, "default")

@@ -3,11 +3,17 @@
 
 from __future__ import annotations
 
+import io
+import json
+import shlex
 import time
 
+import httpx
+import numpy as np
 import pytest
 import soundfile as sf
 
+from studio import render
 from tests.studio_server import need_ffmpeg, running_studio
 
 gradio_client = pytest.importorskip("gradio_client")
@@ -48,6 +54,12 @@ def test_generate_returns_audio_and_metrics(studio_url):
     again = client.predict(**generate_args("Hello from the test. <|emotion:bogus|>", seed=1234, max_frames=40),
                            api_name="/generate")
     assert (sf.read(again[2])[0] == wav).all()
+
+    # And the page's "reproduce over HTTP" command gives the same take through the OpenAI-compatible route.
+    words = shlex.split(render.recipe_curl(result["recipe"], studio_url).replace("\\\n", " "))
+    response = httpx.post(words[2], json=json.loads(words[words.index("-d") + 1]), timeout=120)
+    assert response.status_code == 200, response.text
+    assert np.array_equal(sf.read(io.BytesIO(response.content), dtype="int16")[0], sf.read(take, dtype="int16")[0])
 
 
 def test_bad_request_is_a_message_not_a_crash(studio_url):
