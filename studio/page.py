@@ -222,7 +222,7 @@ class Page:
                 self.text = gr.Textbox(label="Text", lines=6, max_lines=20, elem_id="text", autofocus=True,
                                        placeholder="Type what to say. Put delivery tags at the start of a sentence.")
                 self.estimate = gr.HTML(render.estimate_html(""), elem_id="estimate")
-                with gr.Accordion("Tag palette", open=True):
+                with gr.Accordion("Tags: click to insert at the cursor", open=True):
                     gr.HTML(render.palette_html(), js_on_load=render.PALETTE_JS, elem_id="palette")
                 with gr.Row():
                     self.style = gr.Dropdown(self.style_choices(), value="", label="Style preset",

@@ -10,9 +10,10 @@ import shlex
 from typing import Any
 
 from engine.config import FRAME_RATE
+from engine.delay import default_max_frames
 from engine.tokenizer import CONTROL_TAGS, estimate_seconds, lint_tags
 
-PALETTE_GROUPS = (("emotion", "Emotion"), ("style", "Style"), ("sfx", "Sound effects"), ("prosody", "Prosody"))
+PALETTE_GROUPS = (("emotion", "Emotion"), ("style", "Style"), ("sfx", "Sounds"), ("prosody", "Prosody"))
 
 
 def _esc(value: Any) -> str:
@@ -49,7 +50,8 @@ def estimate_html(text: str, *, clone: bool = False, max_frames: int | None = No
         return '<div class="hs-est muted">Type what to say. Tags like &lt;|emotion:awe|&gt; steer the delivery.</div>'
     seconds = estimate_seconds(text)
     frames = round(seconds * FRAME_RATE)
-    cap = f" · cap {max_frames} frames ({max_frames / FRAME_RATE:.0f} s)" if max_frames else ""
+    budget = max_frames or default_max_frames(text)  # the engine's own cap when none is set
+    cap = f" · budget {budget} frames ({budget / FRAME_RATE:.0f} s{'' if max_frames else ', auto'})"
     parts = [f'<div class="hs-est">≈ <b>{seconds:.1f} s</b> of speech · ~{frames} frames{cap} · '
              f'{len(text)} characters</div>']
     for w in lint_tags(text, clone=clone):
@@ -202,8 +204,9 @@ CSS = """
 .hs-lint.error {border-left-color:#d33; background:rgba(221,51,51,.08);}
 .hs-palette {display:flex; flex-direction:column; gap:4px;}
 .hs-group {display:flex; flex-wrap:wrap; gap:4px; align-items:center;}
-.hs-gtitle {font-size:.72rem; text-transform:uppercase; letter-spacing:.05em; opacity:.6; width:96px;}
-.hs-tag {font-size:.75rem; padding:1px 8px; border-radius:999px; cursor:pointer; border:1px solid transparent;}
+.hs-gtitle {font-size:.68rem; text-transform:uppercase; letter-spacing:.05em; opacity:.6; width:64px;}
+.hs-tag {font-size:.74rem; padding:0 7px; line-height:1.5; border-radius:999px; cursor:pointer;
+  border:1px solid transparent;}
 .hs-tag:hover {border-color:currentColor;}
 .hs-emotion {background:#eef0ff; color:#3b3f9e;} .hs-style {background:#e8f6ee; color:#1f6b43;}
 .hs-sfx {background:#fdeef0; color:#9b2c3b;} .hs-prosody {background:#eef6fb; color:#1f5a80;}

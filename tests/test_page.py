@@ -103,3 +103,19 @@ def test_recipe_curl_reproduces_the_take_over_http(page):
     body = json.loads(words[words.index("-d") + 1])
     assert body["input"] == "It's a test." and body["instructions"] == "<|emotion:awe|>"
     assert (body["seed"], body["max_frames"], body["voice"]) == (9, 5, "default")
+
+
+def test_render_palette_estimate_and_metrics():
+    palette = render.palette_html()
+    assert palette.count("data-tag=") == 43 and "data-tag=\"&lt;|sfx:laughter|&gt;\"" in palette
+    est = render.estimate_html("Hello <|bogus|> there.", max_frames=50)
+    assert "budget 50 frames" in est and "bogus" in est and 'class="hs-lint error"' in est
+    assert "auto" in render.estimate_html("Hello there.")
+    empty = render.metrics_html()
+    assert 'id="m-ttfa">—<' in empty and 'id="m-state">idle<' in empty
+    from tests.test_service import FakeMetrics
+    html = render.metrics_html(FakeMetrics(frames=50, seed=3, stop_reason="eoc"), state="done", seconds=2.0)
+    assert 'id="m-frames">50<' in html and 'id="m-stop">eoc<' in html
+    demo = render.header_html({"checkpoint": "/x/demo-checkpoint-v1", "device": "cpu", "demo": True})
+    assert "demo-checkpoint-v1" in demo and 'id="demo-banner"' in demo
+    assert "demo-banner" not in render.header_html({"checkpoint": "bosonai/higgs-tts-3-4b", "demo": False})
