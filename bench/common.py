@@ -8,6 +8,7 @@ is a median over repeated runs measured in the same process as the floor it is c
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import time
@@ -97,5 +98,8 @@ class Table:
 
 
 def machine_line() -> str:
-    return (f"{platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
-            f"Python {platform.python_version()}")
+    """What the figures were measured on, including the load from other processes at the start (these
+    machines are shared: a load average above the core count slows every figure)."""
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (f"{platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, "
+            f"torch {torch.__version__}, Python {platform.python_version()}, load average {load}")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import statistics
 import sys
 import time
 
@@ -109,19 +110,19 @@ def bench_backbone(dims: Dims, dtype: torch.dtype, frames: int, label: str, floo
     if max(errs) > tol:
         raise SystemExit(f"{label}: engine and transformers disagree before timing: {check}")
 
-    def run(runner):
-        def take():
+    # Per-step timings, the two implementations interleaved (engine, twin, twin, engine, ...) so that
+    # load from other processes hits both alike; the prefill before each take is not timed.
+    steps = {model: [], twin: []}
+    for r in range(repeat):
+        for runner in ((model, twin) if r % 2 == 0 else (twin, model)):
             runner.prefill(prompt) if runner is twin else runner.prefill(prompt, None, 0)
             for i in range(frames):
+                t0 = time.perf_counter()
                 runner.decode(rows[i], 16 + i)
-        return take
+                steps[runner].append((time.perf_counter() - t0) * 1e3)
 
-    # Per-frame cost: time a take with and without the decode loop, so prefill is not counted.
     def per_frame(runner):
-        pre = median_ms(lambda: runner.prefill(prompt) if runner is twin else runner.prefill(prompt, None, 0),
-                        repeat=repeat)
-        total = median_ms(run(runner), repeat=repeat)
-        return (total - pre) / frames
+        return statistics.median(steps[runner])
 
     eng_ms, hf_ms = per_frame(model), per_frame(twin)
     bytes_per = torch.finfo(dtype).bits / 8
@@ -211,7 +212,7 @@ def main(argv=None) -> int:
             (QUARTER, torch.float32, args.quarter_frames, "quarter (9 L, 640)")]
         rows, checks = [], []
         for dims, dtype, frames, label in configs:
-            r, check = bench_backbone(dims, dtype, frames, label, floor_bps, repeat=1 if dims is FULL_SIZE else 3)
+            r, check = bench_backbone(dims, dtype, frames, label, floor_bps, repeat=3)
             rows += r
             checks.append(f"{label}: {check}")
         print(Table("Backbone decode step, engine vs transformers on identical weights",
