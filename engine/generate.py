@@ -126,6 +126,23 @@ def _backend(name: str, device: torch.device) -> Callable:
     return BACKENDS[name]
 
 
+def _start_backend(name: str, factory: Callable, *, auto: bool, reason: str | None, make: Callable):
+    """Build the chosen backend. A fast backend that fails while starting (a GPU loader that cannot
+    initialise, a cubin the driver refuses) falls back to the torch path when the user asked for "auto",
+    with the reason kept; asked for by name, it fails with one clear sentence."""
+    try:
+        return make(factory), name, reason
+    except BackendUnavailable:
+        raise
+    except Exception as exc:
+        if name == "torch":
+            raise
+        why = f"backend {name!r} failed to start ({type(exc).__name__}: {exc})"
+        if not auto:
+            raise BackendUnavailable(f"{why}; use backend='torch' or 'auto'") from exc
+        return make(BACKENDS["torch"]), "torch", f"{why}; using the torch path"
+
+
 def _device(device: str | torch.device) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -197,8 +214,10 @@ class Engine:
             chosen = "bf16" if dev.type == "cuda" or param_count(dims) > BF16_PARAMS_ON_CPU else "fp32"
         max_len = min(DEFAULT_CACHE_LEN, dims.max_positions)
         # The backend gets the user's choice (None = auto: the cubin backend then picks fp8) and a dtype.
-        model = factory(ckpt, device=dev, dtype=DTYPES.get(chosen), max_len=max_len,
-                        precision=None if precision == "auto" else precision)
+        model, name, reason = _start_backend(
+            name, factory, auto=backend == "auto", reason=reason,
+            make=lambda f: f(ckpt, device=dev, dtype=DTYPES.get(chosen), max_len=max_len,
+                             precision=None if precision == "auto" else precision))
         precision = getattr(model, "precision", chosen)
 
         codec = None

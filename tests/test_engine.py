@@ -252,3 +252,21 @@ def test_fused_decode_protocol_matches_per_step(engine, parity_dir):
     # the host guard stops a take the device would have continued
     guarded = other.predict(prompt=prompt, temperature=0, max_frames=143, repeat_guard=8)
     assert torch.equal(guarded, engine.predict(prompt=prompt, temperature=0, max_frames=143, repeat_guard=8))
+
+
+def test_a_backend_that_fails_to_start_falls_back_only_under_auto():
+    from engine.generate import BACKENDS, BackendUnavailable, _start_backend
+
+    def broken(**_):
+        raise RuntimeError("cuInit failed")
+
+    made = []
+    def make(factory):
+        made.append(factory)
+        return factory() if factory is broken else "torch-model"
+
+    model, name, reason = _start_backend("cubin", broken, auto=True, reason=None, make=make)
+    assert (model, name) == ("torch-model", "torch") and made[-1] is BACKENDS["torch"]
+    assert "cubin" in reason and "cuInit failed" in reason and "torch path" in reason
+    with pytest.raises(BackendUnavailable, match="failed to start.*cuInit failed"):
+        _start_backend("cubin", broken, auto=False, reason=None, make=make)
