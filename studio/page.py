@@ -128,9 +128,12 @@ class Page:
         finally:
             if not req.finished.is_set():
                 req.cancel.set()  # Gradio closed us (Stop, client cancel, tab closed): free the GPU now
-            with self._lock:
-                if self._active.get(key) is req:
-                    del self._active[key]
+            else:
+                # A stopped request stays registered: Stop's handler may run after Gradio has closed us (its
+                # `cancels=` and the handler race) and still needs the partial take. The next take replaces it.
+                with self._lock:
+                    if self._active.get(key) is req:
+                        del self._active[key]
         if req.take is None:
             return
         take = req.take
@@ -175,12 +178,12 @@ class Page:
     def stop(self, takes, request: gr.Request):
         """Cancel this session's running take; show what was generated before the stop."""
         with self._lock:
-            req = self._active.get(request.session_hash if request else "local")
-        if req is None:
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            req = self._active.pop(request.session_hash if request else "local", None)
+        if req is None:  # nothing running (the take had already finished on its own)
+            return (gr.skip(),) * 6
         req.cancel.set()
-        if not req.finished.wait(5.0) or req.take is None:
-            return render.metrics_html(state="stopped"), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        if not req.finished.wait(5.0) or req.take is None:  # stopped before the first frame
+            return render.metrics_html(state="stopped"), *(gr.skip(),) * 5
         take = req.take
         return (render.metrics_html(take.metrics, state="stopped", seconds=take.seconds),
                 *self.take_outputs(take, takes or []))

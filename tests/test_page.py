@@ -119,3 +119,15 @@ def test_render_palette_estimate_and_metrics():
     demo = render.header_html({"checkpoint": "/x/demo-checkpoint-v1", "device": "cpu", "demo": True})
     assert "demo-checkpoint-v1" in demo and 'id="demo-banner"' in demo
     assert "demo-banner" not in render.header_html({"checkpoint": "bosonai/higgs-tts-3-4b", "demo": False})
+
+
+def test_stop_after_gradio_closed_the_generator_still_shows_the_partial_take(page):
+    # Stop's `cancels=` may close the generator before Stop's own handler runs.
+    page.service.engine.frames = 10_000
+    updates = page.generate(**gen_args("Long take."))
+    while "streaming" not in next(updates).get(page.metrics, ""):
+        pass
+    updates.close()
+    metrics, take_audio, *_ = page.stop([], None)
+    assert "stopped" in metrics and take_audio.endswith(".wav")
+    assert page.stop([], None) == ({"__type__": "update"},) * 6  # nothing left to stop
