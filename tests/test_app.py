@@ -36,6 +36,7 @@ def test_spaces_binds_all_interfaces_and_keeps_downloads_on_data(monkeypatch, tm
     assert os.environ["HF_HOME"] == str(tmp_path / ".huggingface")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["/nonexistent/higgs-checkpoint", "bosonai/higgs-tts-3-4b"])
 def test_missing_checkpoint_says_what_to_do(source, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path), "HIGGS_VOICES_DIR": str(tmp_path / "v")}
