@@ -285,13 +285,15 @@ class Page:
         with gr.Accordion("History (this session)", open=True):
             self.history = gr.Dataframe(headers=render.HISTORY_HEADERS, interactive=False, wrap=True, label="History",
                                         elem_id="history")
-            with gr.Row():
+            with gr.Row(visible=False) as detail:  # shown once a take is selected
                 with gr.Column(scale=2):
                     hist_audio = gr.Audio(label="Selected take", type="filepath", interactive=False)
                     use_settings = gr.Button("Use these settings", elem_id="use-settings")
                 with gr.Column(scale=3):
-                    recipe = gr.Code(label="Recipe (settings + seed + voice id)", language="json", elem_id="recipe")
-                    curl = gr.Code(label="Reproduce it over HTTP", language="shell", elem_id="recipe-curl")
+                    recipe = gr.Code(label="Recipe (settings + seed + voice id)", language="json", lines=4,
+                                     max_lines=14, elem_id="recipe")
+                    curl = gr.Code(label="Reproduce it over HTTP", language="shell", lines=2, max_lines=6,
+                                   wrap_lines=True, elem_id="recipe-curl")
             selected = gr.State(None)
 
         inputs = [self.text, self.style, self.voice, self.clip, self.clip_text, temperature, top_p, top_k,
@@ -319,7 +321,7 @@ class Page:
         fmt.change(self._download_as, [fmt, self.takes], self.download, api_visibility="private")
         save_preset.click(self._save_preset, [preset_name, self.style], self.style,
                           api_visibility="private")
-        self.history.select(self._select_take, self.takes, [selected, hist_audio, recipe, curl],
+        self.history.select(self._select_take, self.takes, [selected, hist_audio, recipe, curl, detail],
                             api_visibility="private")
         use_settings.click(self._use_settings, selected, [self.text, self.style, self.voice, temperature, top_p,
                                                           top_k, seed, max_frames, repeat_guard],
@@ -362,17 +364,17 @@ class Page:
         gr.Info(f"Saved voice {voice.name!r}.")
         return gr.update(choices=self.voice_choices(), value=voice.id), self._voice_rows()
 
-    @_warns(4)
+    @_warns(5)
     def _select_take(self, takes, evt: gr.SelectData, request: gr.Request):
         rows = list(reversed(takes or []))
         if evt.index is None or evt.index[0] >= len(rows):
-            return (gr.skip(),) * 4
+            return (gr.skip(),) * 5
         take = self.service.take(rows[evt.index[0]])
         if take is None:
             raise ValueError("That take has left the history (it keeps the latest takes only).")
         base = f"http://{request.headers.get('host', '127.0.0.1:7860')}" if request else "http://127.0.0.1:7860"
         curl = render.recipe_curl(take.recipe(), base, f"take-{take.id}.wav")
-        return take.id, self.take_file(take), render.recipe_json(take), curl
+        return take.id, self.take_file(take), render.recipe_json(take), curl, gr.update(visible=True)
 
     @_warns(9)
     def _use_settings(self, take_id):

@@ -84,6 +84,7 @@ def test_generate_streams_audio_and_shows_metrics(page, artifacts_dir):
     pg.wait_for_function(f"() => document.querySelector('#recipe')?.innerText.includes('{seed}')")
     pg.click("#use-settings")
     pg.wait_for_function(f"() => document.querySelector('#seed input')?.value === '{seed}'")
+    pg.screenshot(path=str(artifacts_dir / "studio-history.png"), full_page=True)
 
 
 def test_stop_ends_a_long_take(page):
