@@ -50,7 +50,7 @@ def transformers_twin(model: HiggsModel):
     config._attn_implementation = "eager"
     with torch.device("meta"):
         twin = Qwen3Model(config)
-    state = {f"embed_tokens.weight": model.text_embedding.weight, "norm.weight": model.norm.weight}
+    state = {"embed_tokens.weight": model.text_embedding.weight, "norm.weight": model.norm.weight}
     for name, tensor in model.layers.state_dict().items():
         state[f"layers.{name}"] = tensor
     twin.load_state_dict(state, assign=True, strict=True)

@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from bench.common import random_backbone
 from engine.backends.cubin import CubinBackend
 from engine.config import FRAME_RATE, FULL_SIZE, Dims
 from engine.model import HiggsModel
@@ -51,30 +52,6 @@ def copy_floor(nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / (ms / 1e3)
 
 
-def random_backbone(dims: Dims, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random bf16 weights in the internal names, generated on the GPU (seconds, not minutes, at 4B)."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q, kv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
-    shapes = {"input_layernorm.weight": (dims.hidden,), "post_attention_layernorm.weight": (dims.hidden,),
-              "self_attn.q_proj.weight": (q, dims.hidden), "self_attn.k_proj.weight": (kv, dims.hidden),
-              "self_attn.v_proj.weight": (kv, dims.hidden), "self_attn.o_proj.weight": (dims.hidden, q),
-              "self_attn.q_norm.weight": (dims.head_dim,), "self_attn.k_norm.weight": (dims.head_dim,),
-              "mlp.gate_proj.weight": (dims.intermediate, dims.hidden),
-              "mlp.up_proj.weight": (dims.intermediate, dims.hidden),
-              "mlp.down_proj.weight": (dims.hidden, dims.intermediate)}
-
-    def fill(shape, std=None):
-        t = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
-        return t.fill_(1.0) if std is None else t.normal_(0.0, std, generator=g)
-
-    sd = {f"layers.{i}.{s}": fill(sh, None if len(sh) == 1 else sh[1] ** -0.5)
-          for i in range(dims.layers) for s, sh in shapes.items()}
-    sd["norm.weight"] = fill((dims.hidden,))
-    sd["text_embedding.weight"] = fill((dims.vocab, dims.hidden), 1.0)
-    sd["audio_embedding.weight"] = fill((dims.audio_rows, dims.hidden), dims.codebooks ** -0.5)
-    return sd
-
-
 def step_weight_bytes(dims: Dims, precision: str) -> float:
     """Bytes of weights one decode step streams: the layer matrices (1 B fp8 / 2 B bf16) and the bf16
     audio head (the sampler's 8 embedding rows are negligible)."""
@@ -98,7 +75,7 @@ def model_rows(dims: Dims, steps: int, floor: float) -> list[Row]:
     gen = torch.Generator().manual_seed(1)
     ids13 = torch.randint(0, 150000, (13,), generator=gen)
     ids300 = torch.randint(0, 150000, (300,), generator=gen)
-    sd = random_backbone(dims)
+    sd = random_backbone(dims, torch.bfloat16, device="cuda")
     ref = HiggsModel.from_state_dict(dims, sd, dtype=torch.bfloat16, device="cuda", max_len=1024)
 
     # Eager torch greedy trajectory: the reference rows and logits for teacher forcing.

@@ -18,6 +18,7 @@ import torch
 from safetensors import safe_open
 
 from .config import Dims
+from .model import LAYER_SUFFIXES
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +28,6 @@ ALLOW_PATTERNS = ["config.json", "tokenizer.json", "tokenizer_config.json", "mod
 
 CODEC_PREFIX = "tied.embedding.modality_embeddings.0.model."
 HEAD_PREFIX = "tied.head."
-LAYER_SUFFIXES = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
-                  "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-                  "self_attn.q_norm.weight", "self_attn.k_norm.weight", "mlp.gate_proj.weight",
-                  "mlp.up_proj.weight", "mlp.down_proj.weight")
 _FIXED_NAMES = {
     "body.norm.weight": "norm.weight",
     "tied.embedding.text_embedding.weight": "text_embedding.weight",

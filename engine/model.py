@@ -248,17 +248,7 @@ class HiggsModel(nn.Module):
         return (self.audio_embedding.weight @ h).float().view(self.dims.codebooks, self.dims.codebook_vocab)
 
     def embed_prompt(self, ids: torch.Tensor, ref_rows: torch.Tensor | None) -> torch.Tensor:
-        """Text embeddings, with the k-th AUDIO_PLACEHOLDER position taking the fused embedding of
-        ref_rows[k] (SPEC Part 2 §4). The placeholder's own id never reaches the table."""
-        slots = ids == AUDIO_PLACEHOLDER
-        x = self.embed_text(torch.where(slots, 0, ids))
-        count = int(slots.sum())
-        if count:
-            if ref_rows is None or ref_rows.shape[0] < count:
-                got = 0 if ref_rows is None else ref_rows.shape[0]
-                raise ValueError(f"prompt has {count} reference-audio placeholders but {got} reference rows")
-            x[slots] = self.embed_audio(ref_rows[:count].to(self.device))
-        return x
+        return embed_prompt(ids, ref_rows, self.embed_text, self.embed_audio)
 
     # ---------------------------------------------------------------- the step interface
     def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
@@ -284,6 +274,22 @@ class HiggsModel(nn.Module):
         return self.head(self.forward(self.embed_audio(row.to(self.device))[None], pos))
 
 
+def embed_prompt(ids: torch.Tensor, ref_rows: torch.Tensor | None, embed_text, embed_audio) -> torch.Tensor:
+    """Prompt input rows: text embeddings, with the k-th AUDIO_PLACEHOLDER position taking the fused
+    embedding of ref_rows[k] (SPEC Part 2 §4); the placeholder's own id never reaches the text table.
+    `embed_text(ids)` / `embed_audio(rows)` are the backend's own lookups (dtype and accumulation are its
+    business)."""
+    slots = ids == AUDIO_PLACEHOLDER
+    x = embed_text(torch.where(slots, 0, ids))
+    count = int(slots.sum())
+    if count:
+        if ref_rows is None or ref_rows.shape[0] < count:
+            got = 0 if ref_rows is None else ref_rows.shape[0]
+            raise ValueError(f"prompt has {count} reference-audio placeholders but {got} reference rows")
+        x[slots] = embed_audio(ref_rows[:count].to(x.device))
+    return x
+
+
 def param_count(dims: Dims) -> int:
     """Backbone + embedding parameters of a checkpoint (used to pick a default precision)."""
     attn = dims.hidden * dims.head_dim * (2 * dims.heads + 2 * dims.kv_heads) + 2 * dims.head_dim
@@ -298,4 +304,4 @@ def rel_error(x: torch.Tensor, ref: torch.Tensor) -> float:
     return float((x - ref).abs().max() / ref.abs().max())
 
 
-__all__ = ["HiggsModel", "KVCache", "rope_table", "param_count", "rel_error", "DTYPES", "LAYER_SUFFIXES"]
+__all__ = ["HiggsModel", "KVCache", "embed_prompt", "rope_table", "param_count", "rel_error", "DTYPES", "LAYER_SUFFIXES"]

@@ -26,7 +26,8 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from engine.config import AUDIO_PLACEHOLDER, Dims
+from engine.config import Dims
+from engine.model import embed_prompt
 
 PRECISIONS = ("fp8", "bf16")
 FP8_MAX = 448.0
@@ -176,17 +177,9 @@ class CubinBackend:
         ops.audio_head(h[-1], self.audio_w, self.norm_w, d.rms_eps, out=self.logits)
 
     def _embed(self, ids: torch.Tensor, ref_rows: torch.Tensor | None) -> torch.Tensor:
-        """Text rows, with the k-th AUDIO_PLACEHOLDER taking the fused embedding of ref_rows[k] (summed in
-        fp32 and rounded once, as the sampler kernel writes decode inputs)."""
-        slots = ids == AUDIO_PLACEHOLDER
-        x = F.embedding(torch.where(slots, 0, ids), self.text_w)
-        count = int(slots.sum())
-        if count:
-            if ref_rows is None or ref_rows.shape[0] < count:
-                got = 0 if ref_rows is None else ref_rows.shape[0]
-                raise ValueError(f"prompt has {count} reference-audio placeholders but {got} reference rows")
-            x[slots] = self._embed_rows(ref_rows[:count].to(self.device))
-        return x
+        """Prompt rows; reference rows are summed in fp32 and rounded once, as the sampler kernel writes
+        decode inputs."""
+        return embed_prompt(ids, ref_rows, lambda t: F.embedding(t, self.text_w), self._embed_rows)
 
     def _embed_rows(self, rows: torch.Tensor) -> torch.Tensor:
         return F.embedding(rows + self.offsets, self.audio_w).float().sum(-2).to(BF16)
