@@ -314,6 +314,8 @@ class Page:
                     lint_inputs, self.estimate, queue=False, show_progress="hidden", trigger_mode="always_last",
                     api_visibility="private")
         self.voice.change(self._voice_style, self.voice, self.style, queue=False, api_visibility="private")
+        # Picking a preset (a user action: .input, not .change) also takes its suggested temperature.
+        self.style.input(self._style_temperature, self.style, temperature, queue=False, api_visibility="private")
         self.clip.change(lambda c, v: CLIP_VOICE if c is not None and v == NO_VOICE else gr.skip(),
                          [self.clip, self.voice], self.voice, queue=False, api_visibility="private")
         random_seed.click(lambda: -1, None, seed, queue=False, api_visibility="private")
@@ -341,6 +343,11 @@ class Page:
         if voice_id in (NO_VOICE, CLIP_VOICE):
             return gr.skip()
         return self.service.voices.get(voice_id).style or gr.skip()
+
+    def _style_temperature(self, prefix):
+        preset = next((p for p in self.service.presets.list() if p.prefix == prefix), None) \
+            if self.service.presets is not None else None
+        return preset.temperature if preset is not None and preset.temperature is not None else gr.skip()
 
     @_warns(1)
     def _download_as(self, fmt, takes):

@@ -131,3 +131,9 @@ def test_stop_after_gradio_closed_the_generator_still_shows_the_partial_take(pag
     metrics, take_audio, *_ = page.stop([], None)
     assert "stopped" in metrics and take_audio.endswith(".wav")
     assert page.stop([], None) == ({"__type__": "update"},) * 6  # nothing left to stop
+
+
+def test_picking_a_preset_takes_its_suggested_temperature(page):
+    whisper = page.service.presets.get("Whisper")
+    assert page._style_temperature(whisper.prefix) == whisper.temperature
+    assert page._style_temperature("<|emotion:awe|>") == {"__type__": "update"}  # typed tags: leave it
