@@ -5,18 +5,19 @@ one generation run at a time (a single GPU worker thread; everyone else waits wi
 cancellation, and a bounded history of takes. The engine does the work.
 
     service = StudioService(engine, voices, presets)
-    req = SynthesisRequest(text="Hello there.", voice_id="narrator", style="calm", seed=7)
+    req = SynthesisRequest(text="Hello there.", voice_id="Narrator", style="Calm narrator", seed=7)
     for chunk in service.stream(req):          # engine Chunks; the last one has final=True
         play(chunk.audio)
     req.warnings                               # tag-lint and resolution notes, filled before the first chunk
     req.take.recipe()                          # settings + seed + voice id that reproduce the take
 
 Cancel with `req.cancel.set()` (from any thread): a waiting request leaves the queue at once, a running
-one stops at the engine's next chunk boundary and the worker moves on to the next request.
+one stops within a frame (the engine watches the same event) and the worker moves on to the next request.
 
-HTTP API integration (for studio/api.py): app.py builds the Gradio `Blocks`, launches it, and then calls
-`studio.api.register(blocks.app, service, api_key=...)` — i.e. routes are added to Gradio's own FastAPI
-app (`blocks.app`), so the page, `/v1/audio/speech` and MCP share one port and this one service. Use
+HTTP API integration: app.py builds the Gradio `Blocks`, adds the MCP tools (`studio.mcp.register(blocks,
+...)`, before launch, with --mcp), launches, and then calls `studio.api.register(blocks.app, service,
+api_key=...)`: the routes go on Gradio's own running FastAPI app (`launch()` builds a new one each time), so
+the page, `/v1/audio/speech` and MCP share one port, one queue and this one service. Use
 `service.stream()` / `service.synthesize()` for generation, `service.run_exclusive(fn)` for any other GPU
 work (e.g. encoding a voice), and `studio.formats.encode_audio()` for response bodies.
 """
