@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     presets = PresetStore(voices.root / "presets.json")
     service = StudioService(engine, voices, presets)
     page = Page(service)
+    if not page.streaming:
+        print("ffmpeg is not on PATH: takes play when complete instead of streaming, and mp3/opus/aac downloads are "
+              "off. Install ffmpeg (e.g. `apt-get install ffmpeg`) for live streaming.", flush=True)
     demo = page.build()
     if args.mcp:
         from studio import mcp

@@ -19,7 +19,7 @@ import numpy as np
 
 from engine.config import SAMPLE_RATE
 from studio import render
-from studio.formats import available_formats, to_pcm16, write_audio
+from studio.formats import available_formats, ffmpeg_path, to_pcm16, write_audio
 from studio.service import MAX_FRAMES, MAX_SEED, ServiceBusy, StudioService, SynthesisRequest
 
 log = logging.getLogger("higgs.studio")
@@ -49,6 +49,9 @@ class Page:
 
     def __init__(self, service: StudioService):
         self.service = service
+        # Gradio encodes streamed audio with an ffmpeg subprocess; without it the page plays each take once
+        # it is complete instead of failing every generation.
+        self.streaming = ffmpeg_path() is not None
         self.out_dir = Path(tempfile.mkdtemp(prefix="higgs-studio-"))
         self._active: dict[str, SynthesisRequest] = {}
         self._lock = threading.Lock()
@@ -115,7 +118,7 @@ class Page:
                 if buffer and (chunk.final or sent == 0 or samples >= STREAM_SECONDS * SAMPLE_RATE):
                     piece = np.concatenate(buffer)
                     buffer, sent = [], sent + len(piece)
-                    yield {self.live: (SAMPLE_RATE, to_pcm16(piece)),
+                    yield {**({self.live: (SAMPLE_RATE, to_pcm16(piece))} if self.streaming else {}),
                            self.metrics: render.metrics_html(chunk.metrics, state="streaming", seconds=sent_s,
                                                              warnings=req.warnings)}
         except ValueError as exc:  # bad request: text, settings, voice, style, reference clip
@@ -270,8 +273,8 @@ class Page:
                         repeat_guard = gr.Number(32, label="Repeat guard, frames (0 = off)", precision=0, minimum=0,
                                                  elem_id="repeat-guard")
             with gr.Column(scale=2):
-                self.live = gr.Audio(label="Live", streaming=True, autoplay=True, interactive=False,
-                                     elem_id="live")
+                self.live = gr.Audio(label="Live" if self.streaming else "Live (off: install ffmpeg to stream)",
+                                     streaming=self.streaming, autoplay=True, interactive=False, elem_id="live")
                 self.metrics = gr.HTML(render.metrics_html(), label="Metrics", elem_id="metrics")
                 gr.HTML(render.HEARD_HTML, js_on_load=render.HEARD_JS, elem_id="heard")
                 self.result = gr.JSON(label="Result", visible=False)  # the take's metrics and recipe, for API clients

@@ -137,3 +137,15 @@ def test_picking_a_preset_takes_its_suggested_temperature(page):
     whisper = page.service.presets.get("Whisper")
     assert page._style_temperature(whisper.prefix) == whisper.temperature
     assert page._style_temperature("<|emotion:awe|>") == {"__type__": "update"}  # typed tags: leave it
+
+
+def test_without_ffmpeg_takes_still_play(monkeypatch, tmp_path):
+    monkeypatch.setattr("studio.page.ffmpeg_path", lambda: None)
+    service = StudioService(FakeEngine(frames=30), None, None)
+    page = Page(service)
+    page.build()
+    assert page.streaming is False and page.live.streaming is False
+    updates = list(page.generate(**gen_args("No ffmpeg here.")))
+    assert all(page.live not in u or u[page.live] is None for u in updates)  # nothing streamed
+    assert updates[-1][page.take_audio].endswith(".wav")
+    service.close()
