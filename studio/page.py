@@ -201,10 +201,9 @@ class Page:
     # ------------------------------------------------------------------ building
 
     def build(self) -> gr.Blocks:
-        svc = self.service
         # delete_cache: Gradio keeps a copy of every served file; drop copies older than an hour, hourly.
         with gr.Blocks(title="Higgs Studio", delete_cache=(3600, 3600)) as demo:
-            self.header = gr.HTML(render.header_html(svc.status()))
+            gr.HTML(render.header_html(self.service.status()))
             self.takes, self.last_seed = gr.State([]), gr.State(None)
             with gr.Tabs():
                 with gr.Tab("Studio", id="studio"):
@@ -471,10 +470,6 @@ class Page:
         added = self.service.voices.import_zip(Path(path).read_bytes())
         gr.Info(f"Imported {len(added)} voice(s).")
         return self._voice_rows(), gr.update(choices=self.voice_choices())
-
-
-def build_page(service: StudioService) -> gr.Blocks:
-    return Page(service).build()
 
 
 def launch_kwargs() -> dict:
