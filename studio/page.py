@@ -215,7 +215,6 @@ class Page:
                                   concurrency_id=GPU_QUEUE, concurrency_limit=1, api_visibility="private")
             demo.load(self.refresh_lists, None, [self.voice, self.style, self.status], queue=False,
                       api_visibility="private")
-        self.demo = demo
         return demo
 
     def refresh_lists(self):
