@@ -36,7 +36,7 @@ def gen_args(text, **kw):
 def test_generate_reports_queue_position_then_streams(page):
     holder = SynthesisRequest(text="API take holding the GPU.", seed=1, max_frames=10_000 // 10)
     threading.Thread(target=lambda: list(page.service.stream(holder)), daemon=True).start()
-    while page.service.queue_depth == 0:
+    while holder.text not in page.service.engine.started:  # the holder is running on the GPU worker
         time.sleep(0.01)
     updates = page.generate(**gen_args("Page take."))
     notes = []
