@@ -12,10 +12,12 @@ Measured (full-size random codec, 10 s = 250 frames, the engine's schedule 12, 4
 interleaved runs on a shared 2-core machine): with 1 thread, CPU time median of 7, one-shot 1,586 ms,
 windowed 2,224 ms (1.40×), stateful 1,329 ms (0.84×: the matmul upsampler beats torch's conv_transpose);
 with 2 threads in a quiet spell, wall median of 5, one-shot 821 ms, windowed 1,159 ms (1.41×), stateful
-848 ms (1.03×, measured with F.conv_transpose1d in the upsampler, before the matmul). Under heavy
-load the 2-thread figures scatter by 5× for all three, the stream most (it runs ~14× as many, smaller ops, and
-each parallel op waits for a preempted thread), so the noise-free claim is the work count: every conv MAC and
-Snake sample is computed exactly as often as in one-shot (`tests/test_codec_stream.py`).
+848 ms (1.03×, measured with F.conv_transpose1d in the upsampler, before the matmul). With 2 threads under
+load (other jobs keeping ~4 runnable on the 2 cores) all three slow down and the stream most: one-shot 3,443,
+stateful 6,939 (2.0×), windowed 10,394 ms (3.0×), CPU time alike: the stream runs the decoder's ops once
+per push (14 times for 10 s, the flush included) on smaller tensors, and every parallel op waits for a preempted thread. So the
+noise-free claim is the work count: every conv MAC and Snake sample is computed exactly as often as in
+one-shot (`tests/test_codec_stream.py`); for a loaded CPU, one thread is the steadier setting.
 
 The layers together hold back `lag` output samples (9,458 for strides 8·5·4·2·3, < 10 frames); samples are
 returned in whole frames, those of every frame that has `right` frames after it, so a frame's audio comes
