@@ -26,9 +26,10 @@ from .model import DTYPES, HiggsModel, param_count
 from .sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, check_options, new_seed, sample, uniforms
 
 # Streaming schedule: the codec holds back its right look-ahead (`StreamDecoder.right` frames), so the
-# first push comes once look-ahead + 2 frames exist, then pushes grow 4, 8, 16 up to one second of frames
-# (each push decodes a window of left + new + right frames, so small pushes cost more per frame; the
-# first one is small because time-to-first-audio is what a listener notices).
+# first push comes once look-ahead + 2 frames exist, then pushes grow 4, 8, 16 up to one second of frames.
+# The stateful decoder does the same conv work however the frames are split, but every push is one pass
+# of ~40 small ops, so pushes grow; the first one is small because time-to-first-audio is what a
+# listener notices.
 FIRST_PUSH_FRAMES = 2
 MAX_PUSH_FRAMES = 25
 # KV positions preallocated at load; grown on demand for long prompts + long takes.
