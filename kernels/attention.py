@@ -123,8 +123,17 @@ def prefill_attn_kernel(Q, K_CACHE, V_CACHE, POS, OUT, M, qk_scale, group, strid
 
 # 16 splits × 8 kv heads = 128 programs on 132 SMs; the 16-row group tile is tl.dot's minimum (GQA group 4).
 DECODE_TILES = dict(BLOCK_G=16, BLOCK_S=64, NUM_SPLITS=16)
-# 64-row query tiles so SM90 gets wgmma (the build's SASS check looks for it).
+DECODE_OPTIONS = {"num_warps": 4, "num_stages": 2}
+# Register caps per head dim. Left to itself ptxas kept sm_90a at 96 (d128) / 168 (d16) registers, one
+# occupancy step below the next, by spilling the `group` argument across the loop (8 B of stack). Occupancy
+# is not what limits this kernel: 74 KB of shared memory allows at most 3 CTAs per SM and the grid is one
+# CTA per SM, so the caps (the next allocation step for d128; d16 is the tiny parity model) cost nothing.
+DECODE_MAXNREG = {128: 104, 16: 184}
+# 64-row query tiles so SM90 gets wgmma (the build's SASS check looks for it). 8 warps: with 4, each thread
+# held 64 fp32 accumulators plus the fp32 P·V operands and sm_120a spilled 48 B at 255 registers; 8 warps
+# take 104–128 registers on every target (sm_90a still issues HGMMA for Q·Kᵀ).
 PREFILL_TILES = dict(BLOCK_M=64, BLOCK_N=32)
+PREFILL_OPTIONS = {"num_warps": 8, "num_stages": 2}
 
 
 def _specs(head_dim):
@@ -134,7 +143,7 @@ def _specs(head_dim):
             signature={"Q": "*bf16", "K_CACHE": "*bf16", "V_CACHE": "*bf16", "POS": "*i32", "M_PART": "*fp32",
                        "L_PART": "*fp32", "ACC_PART": "*fp32", "qk_scale": "fp32", "group": "i32",
                        "stride_ch": "i32", "stride_cs": "i32"},
-            constexprs=dict(DECODE_TILES, HEAD_DIM=head_dim), num_warps=4, num_stages=2,
+            constexprs=dict(DECODE_TILES, HEAD_DIM=head_dim), **DECODE_OPTIONS, maxnreg=DECODE_MAXNREG[head_dim],
             divisibility_16=("Q", "K_CACHE", "V_CACHE", "ACC_PART", "stride_ch", "stride_cs")),
         KernelSpec(
             name=f"attn_combine_d{head_dim}", fn=attn_combine_kernel,
@@ -146,7 +155,7 @@ def _specs(head_dim):
             signature={"Q": "*bf16", "K_CACHE": "*bf16", "V_CACHE": "*bf16", "POS": "*i32", "OUT": "*bf16",
                        "M": "i32", "qk_scale": "fp32", "group": "i32", "stride_qm": "i32", "stride_om": "i32",
                        "stride_ch": "i32", "stride_cs": "i32"},
-            constexprs=dict(PREFILL_TILES, HEAD_DIM=head_dim), num_warps=4, num_stages=2,
+            constexprs=dict(PREFILL_TILES, HEAD_DIM=head_dim), **PREFILL_OPTIONS,
             divisibility_16=("Q", "K_CACHE", "V_CACHE", "OUT", "stride_qm", "stride_om", "stride_ch", "stride_cs")),
     ]
 

@@ -88,7 +88,8 @@ def compile_spec(spec: KernelSpec, module: str, cc: int) -> tuple[bytes, mf.Kern
     from triton.backends.compiler import GPUTarget
 
     k = triton.compile(_ast_source(spec), target=GPUTarget("cuda", cc, 32),
-                       options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages))
+                       options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages,
+                                    **({} if spec.maxnreg is None else {"maxnreg": spec.maxnreg})))
     md = k.metadata
     if md.launch_cooperative_grid or md.launch_pdl or md.tensordesc_meta or md.tmem_size:
         raise SystemExit(f"{spec.name} sm_{cc}: needs cooperative/PDL/TMA/TMEM launch support the runtime lacks")

@@ -18,10 +18,10 @@ import math
 import torch
 import triton
 
-from kernels.attention import DECODE_TILES, LOG2E, PREFILL_TILES, attn_combine_kernel, decode_attn_split_kernel, \
-    prefill_attn_kernel
+from kernels.attention import DECODE_OPTIONS, DECODE_TILES, LOG2E, PREFILL_OPTIONS, PREFILL_TILES, \
+    attn_combine_kernel, decode_attn_split_kernel, prefill_attn_kernel
 from kernels.common import FP8_MAX
-from kernels.gemm import GEMM_TILES, gemm_kernel
+from kernels.gemm import GEMM_STAGES, GEMM_TILES, gemm_kernel
 from kernels.gemv import GEMV_TILES, gemv_kernel
 from kernels.head import HEAD_TILES, audio_head_kernel
 from kernels.mlp import SILU_TILE, silu_mul_kernel
@@ -97,13 +97,14 @@ def gemm(a, w, *, w_scale=None, a_scale=None, out=None, residual=None):
     n = w.shape[0]
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=a.device)
-    tiles = GEMM_TILES["fp8" if a.dtype == FP8 else "bf16"]
+    kind = "fp8" if a.dtype == FP8 else "bf16"
+    tiles = GEMM_TILES[kind]
     res = residual if residual is not None else out
     grid = (triton.cdiv(m, tiles["BLOCK_M"]), triton.cdiv(n, tiles["BLOCK_N"]))
     gemm_kernel[grid](a, w, w_scale if w_scale is not None else out, a_scale if a_scale is not None else out, res,
                       out, m, n, k, a.stride(0), w.stride(0), out.stride(0), res.stride(0),
                       HAS_W_SCALE=w_scale is not None, HAS_A_SCALE=a_scale is not None,
-                      HAS_RESIDUAL=residual is not None, num_warps=4, num_stages=3, **tiles)
+                      HAS_RESIDUAL=residual is not None, num_warps=4, num_stages=GEMM_STAGES[kind], **tiles)
     return out
 
 
@@ -161,7 +162,7 @@ def decode_attention(q, k_cache, v_cache, pos, *, out=None, scratch=None):
     qk_scale = LOG2E / math.sqrt(d)
     decode_attn_split_kernel[(kv_heads, DECODE_TILES["NUM_SPLITS"])](
         q, k_cache, v_cache, pos, m_part, l_part, acc_part, qk_scale, heads // kv_heads,
-        k_cache.stride(0), k_cache.stride(1), HEAD_DIM=d, num_warps=4, num_stages=2, **DECODE_TILES)
+        k_cache.stride(0), k_cache.stride(1), HEAD_DIM=d, **DECODE_OPTIONS, **DECODE_TILES)
     attn_combine_kernel[(heads,)](m_part, l_part, acc_part, out, HEAD_DIM=d,
                                   NUM_SPLITS=DECODE_TILES["NUM_SPLITS"], num_warps=2)
     return out
@@ -176,7 +177,7 @@ def prefill_attention(q, k_cache, v_cache, pos, *, out=None):
     grid = (triton.cdiv(m, PREFILL_TILES["BLOCK_M"]), heads)
     prefill_attn_kernel[grid](q, k_cache, v_cache, pos, out, m, LOG2E / math.sqrt(d), heads // kv_heads,
                               q.stride(0), out.stride(0), k_cache.stride(0), k_cache.stride(1), HEAD_DIM=d,
-                              num_warps=4, num_stages=2, **PREFILL_TILES)
+                              **PREFILL_OPTIONS, **PREFILL_TILES)
     return out
 
 

@@ -88,7 +88,9 @@ def _sample_group(LOGITS, cb, step, seed, temperature, top_k, top_p,
             above = keep & (bits > t[:, None])
             tie = keep & (bits == t[:, None])
             tie_rank = tl.cumsum(tie.to(tl.int32), axis=1) - tie.to(tl.int32)
-            room = k32 - tl.sum(above.to(tl.int32), axis=1)
+            # Counted in fp32 (exact: at most BLOCK_V): LLVM rewrites a sum of int32-cast bools into a
+            # popcount of an i1 bitmask that the NVPTX backend assembles in an 8-byte stack slot (STACK:8).
+            room = k32 - tl.sum(tl.where(above, 1.0, 0.0), axis=1).to(tl.int32)
             keep = above | (tie & (tie_rank < room[:, None]))
         if top_p < 1.0:
             q = tl.where(keep, p, 0.0)

@@ -31,6 +31,10 @@ class KernelSpec:
     num_stages: int = 3
     archs: tuple[int, ...] = ARCHS
     divisibility_16: tuple[str, ...] = ()  # pointer / int params known to be multiples of 16 (alignment hints)
+    # ptxas' register cap (.maxnreg). Without one, ptxas may spill a value to stay under an occupancy
+    # step it guesses from registers alone; a kernel whose occupancy is set by shared memory or its grid
+    # states its budget here instead. Compile-only: it is baked into the cubin.
+    maxnreg: int | None = None
 
     @property
     def params(self) -> list[str]:

@@ -193,12 +193,7 @@ needs_committed = pytest.mark.skipif(not COMMITTED, reason="no committed cubins 
 
 # Kernels that spilled when last built, with ptxas' stack bytes (cuobjdump -res-usage). Each is an
 # expected failure until its tile/warps are fixed; strict, so a fixed kernel must leave this list.
-KNOWN_SPILLS = {
-    (120, "prefill_attn_d128"): 48,
-    (90, "decode_attn_split_d128"): 8, (90, "decode_attn_split_d16"): 8,
-    (120, "gemm_bf16"): 16,
-    (89, "sample_embed"): 8, (90, "sample_embed"): 8, (120, "sample_embed"): 8,
-}
+KNOWN_SPILLS: dict[tuple[int, str], int] = {}
 
 
 def _spill_mark(cc, name):
