@@ -30,6 +30,7 @@ from engine.config import FRAME_RATE, FULL_SIZE, SAMPLE_RATE, Dims
 from engine.model import HiggsModel, rel_error
 
 QUARTER = dataclasses.replace(FULL_SIZE, hidden=640, intermediate=2432, layers=9, heads=8, kv_heads=2, vocab=4096)
+# Also the tiny (overhead-bound) config of the full run:
 SMOKE = dataclasses.replace(FULL_SIZE, hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, head_dim=16,
                             vocab=512)
 
@@ -209,7 +210,9 @@ def main(argv=None) -> int:
         print(f"copy bandwidth (read + write) measured now: {floor_bps / 1e9:.1f} GB/s\n")
         configs = [(SMOKE, torch.float32, 8, "smoke")] if args.smoke else [
             (FULL_SIZE, torch.bfloat16, args.full_frames, "full size (36 L, 2560)"),
-            (QUARTER, torch.float32, args.quarter_frames, "quarter (9 L, 640)")]
+            (QUARTER, torch.float32, args.quarter_frames, "quarter (9 L, 640)"),
+            # the parity checkpoint's size: nothing but framework overhead per step
+            (SMOKE, torch.float32, 2 * args.quarter_frames, "tiny (2 L, 64)")]
         rows, checks = [], []
         for dims, dtype, frames, label in configs:
             r, check = bench_backbone(dims, dtype, frames, label, floor_bps, repeat=3)
