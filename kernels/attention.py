@@ -30,6 +30,19 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _attend_block(q, K_CACHE, V_CACHE, offs, kv_mask, visible, qk_scale, m, l_sum, acc):
+    """One block of keys of the online softmax, shared by decode and prefill (inlined): scores in base 2
+    (qk_scale carries log2 e), rescale of the running max / sum / accumulator, P·V in fp32."""
+    k = tl.load(K_CACHE + offs, mask=kv_mask[:, None], other=0.0)
+    scores = tl.where(visible, tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
+    m_new = tl.maximum(m, tl.max(scores, axis=1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    v = tl.load(V_CACHE + offs, mask=kv_mask[:, None], other=0.0).to(tl.float32)
+    return m_new, l_sum * alpha + tl.sum(p, axis=1), acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+
+
+@triton.jit
 def decode_attn_split_kernel(Q, K_CACHE, V_CACHE, POS, M_PART, L_PART, ACC_PART, qk_scale, group,
                              stride_ch, stride_cs,
                              HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -53,16 +66,7 @@ def decode_attn_split_kernel(Q, K_CACHE, V_CACHE, POS, M_PART, L_PART, ACC_PART,
         s = s0 + tl.arange(0, BLOCK_S)
         smask = s < end
         offs = base + s.to(tl.int64)[:, None] * stride_cs + d[None, :]
-        k = tl.load(K_CACHE + offs, mask=smask[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k)) * qk_scale
-        scores = tl.where(smask[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l_sum = l_sum * alpha + tl.sum(p, axis=1)
-        v = tl.load(V_CACHE + offs, mask=smask[:, None], other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        m = m_new
+        m, l_sum, acc = _attend_block(q, K_CACHE, V_CACHE, offs, smask, smask[None, :], qk_scale, m, l_sum, acc)
     part = heads * NUM_SPLITS + split
     tl.store(M_PART + part, m, mask=gmask)
     tl.store(L_PART + part, l_sum, mask=gmask)
@@ -106,16 +110,8 @@ def prefill_attn_kernel(Q, K_CACHE, V_CACHE, POS, OUT, M, qk_scale, group, strid
         s = s0 + tl.arange(0, BLOCK_N)
         smask = s < end
         offs = base + s.to(tl.int64)[:, None] * stride_cs + d[None, :]
-        k = tl.load(K_CACHE + offs, mask=smask[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k)) * qk_scale
-        scores = tl.where(smask[None, :] & (s[None, :] <= qpos[:, None]), scores, float("-inf"))
-        m_new = tl.maximum(m, tl.max(scores, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(scores - m_new[:, None])
-        l_sum = l_sum * alpha + tl.sum(p, axis=1)
-        v = tl.load(V_CACHE + offs, mask=smask[:, None], other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
-        m = m_new
+        visible = smask[None, :] & (s[None, :] <= qpos[:, None])  # causal within the segment
+        m, l_sum, acc = _attend_block(q, K_CACHE, V_CACHE, offs, smask, visible, qk_scale, m, l_sum, acc)
     out = acc / l_sum[:, None]
     tl.store(OUT + rows.to(tl.int64)[:, None] * stride_om + h * HEAD_DIM + d[None, :],
              out.to(OUT.dtype.element_ty), mask=rmask[:, None])
