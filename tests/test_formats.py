@@ -1,15 +1,20 @@
-"""studio.formats: every format decodes back to the right length; pcm is raw 16-bit little-endian."""
+"""studio.formats: every format decodes back to the right length (whole or streamed); pcm is raw 16-bit
+little-endian; a streaming encoder never leaves an ffmpeg behind."""
 
 from __future__ import annotations
 
 import io
+import os
+import signal
 import subprocess
+import time
 
 import numpy as np
 import pytest
 import soundfile as sf
 
-from studio.formats import FORMATS, FormatError, available_formats, encode_audio, ffmpeg_path, to_pcm16
+from studio.formats import (FORMATS, STREAM_FORMATS, FormatError, StreamEncoder, available_formats, encode_audio,
+                            ffmpeg_path, to_pcm16)
 
 SR = 24_000
 
@@ -71,3 +76,84 @@ def test_unknown_format_and_missing_ffmpeg(monkeypatch):
         encode_audio(tone(), SR, "mp3")
     assert available_formats() == ("wav", "pcm", "flac")
     assert set(FORMATS) == {"wav", "pcm", "flac", "mp3", "opus", "aac"}
+
+
+# ------------------------------------------------------------------------------------------ StreamEncoder
+
+FRAME = 960  # samples per codec frame of the model (24 kHz / 25 fps)
+# Measured extra samples after an ffmpeg decode (1 to 250 frames): mp3 1152-1536, aac 1088-1920, opus 0.
+STREAM_PADDING = {"mp3": (1, 2400), "aac": (1, 2400), "opus": (0, 0)}
+
+
+def need_ffmpeg():
+    if ffmpeg_path() is None:
+        pytest.skip("ffmpeg not on PATH")
+
+
+def stream_encode(fmt: str, pcm: np.ndarray, frames_per_feed: int = 1) -> tuple[list[bytes], bytes]:
+    enc = StreamEncoder(fmt, SR)
+    try:
+        step = FRAME * frames_per_feed
+        pieces = [enc.feed(pcm[i:i + step].tobytes()) for i in range(0, len(pcm), step)]
+        return pieces, enc.close()
+    finally:
+        enc.kill()
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac"])
+@pytest.mark.parametrize("frames", [1, 3, 40])
+def test_stream_encoder_decodes_to_the_fed_length(fmt, frames):
+    need_ffmpeg()
+    pcm = to_pcm16(tone(frames * FRAME / SR))
+    assert len(pcm) == frames * FRAME
+    pieces, tail = stream_encode(fmt, pcm)
+    back = ffmpeg_decode(b"".join(pieces) + tail)
+    lo, hi = STREAM_PADDING[fmt]
+    assert lo <= len(back) - len(pcm) <= hi, (fmt, frames, len(back) - len(pcm))
+    if frames == 40:  # the tone, not silence
+        assert 0.5 < np.sqrt(np.mean((back / 32768.0) ** 2)) / np.sqrt(np.mean((pcm / 32768.0) ** 2)) < 1.5
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac"])
+def test_stream_encoder_gives_bytes_before_the_end(fmt):
+    """Fed at the pace of a live take, encoded bytes come back from `feed` long before `close`."""
+    need_ffmpeg()
+    pcm = to_pcm16(tone(2.0))
+    enc = StreamEncoder(fmt, SR)
+    early = b""
+    try:
+        for i in range(0, len(pcm), FRAME):
+            early += enc.feed(pcm[i:i + FRAME].tobytes())
+            time.sleep(0.01)  # give ffmpeg the time a real frame takes to generate
+        tail = enc.close()
+    finally:
+        enc.kill()
+    assert len(early) > len(tail) and len(early) > 0.5 * len(early + tail)
+
+
+def test_stream_encoder_kill_reaps_and_failure_is_a_format_error():
+    need_ffmpeg()
+    enc = StreamEncoder("mp3", SR)
+    enc.feed(to_pcm16(tone(0.2)).tobytes())
+    enc.kill()
+    enc.kill()  # idempotent
+    assert not os.path.exists(f"/proc/{enc.pid}")  # reaped, not a zombie
+    with pytest.raises(FormatError, match="ffmpeg stopped while encoding mp3"):
+        enc.feed(to_pcm16(tone(0.2)).tobytes())
+
+    dying = StreamEncoder("aac", SR)
+    os.kill(dying.pid, signal.SIGKILL)  # ffmpeg dies mid-stream
+    with pytest.raises(FormatError, match="ffmpeg stopped"):
+        for _ in range(50):  # the first writes may still fit in the pipe buffer
+            dying.feed(to_pcm16(tone(0.5)).tobytes())
+        dying.close()
+    dying.kill()
+
+
+def test_stream_encoder_refuses_flac_and_needs_ffmpeg(monkeypatch):
+    assert set(STREAM_FORMATS) == {"mp3", "opus", "aac"}
+    with pytest.raises(FormatError, match="not a streamed format"):
+        StreamEncoder("flac", SR)
+    monkeypatch.setattr("studio.formats.shutil.which", lambda name: None)
+    with pytest.raises(FormatError, match="needs ffmpeg"):
+        StreamEncoder("mp3", SR)
