@@ -18,6 +18,11 @@ SAMPLES_PER_FRAME = SAMPLE_RATE // FRAME_RATE
 # Placeholder id for reference-audio rows inside prompt ids (config `audio_token_id`).
 AUDIO_PLACEHOLDER = -100
 
+# The audio tokenizer's code layout (SPEC Part 2 §1.3): 8 codebooks of 1024 codec codes, plus BOC and
+# EOC in the model's 1026-entry vocabulary per codebook.
+CODEBOOKS = 8
+CODEBOOK_SIZE = 1024
+
 
 @dataclass(frozen=True, slots=True)
 class Dims:
@@ -33,8 +38,8 @@ class Dims:
     rms_eps: float
     rope_theta: float
     max_positions: int
-    codebooks: int = 8
-    codebook_vocab: int = 1026  # 1024 codec codes + BOC + EOC
+    codebooks: int = CODEBOOKS
+    codebook_vocab: int = CODEBOOK_SIZE + 2  # codec codes + BOC + EOC
 
     @property
     def codebook_size(self) -> int:
@@ -111,8 +116,8 @@ class Dims:
                 rms_eps=float(text.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(theta),
                 max_positions=int(text.get("max_position_embeddings", 32768)),
-                codebooks=int(audio.get("num_codebooks", 8)),
-                codebook_vocab=int(audio.get("vocab_size", 1026)),
+                codebooks=int(audio.get("num_codebooks", CODEBOOKS)),
+                codebook_vocab=int(audio.get("vocab_size", CODEBOOK_SIZE + 2)),
             )
         except KeyError as exc:
             raise ValueError(f"config.json text_config is missing {exc.args[0]!r}") from None

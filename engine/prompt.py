@@ -5,18 +5,13 @@ SPEC D1 / Part 2 §4. Prompts are built from ids, never from a chat template or 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
-from .config import AUDIO_PLACEHOLDER, Dims
+from .config import AUDIO_PLACEHOLDER, CODEBOOK_SIZE, CODEBOOKS, Dims
 from .delay import apply_delay
 from .tokenizer import ADDED_FIRST, AUDIO, CONTROL_TAG_IDS, REF_AUDIO, REF_TEXT, TEXT, TTS
-
-# Codes of a reference clip are real codec codes: 8 codebooks of 1024 (no BOC/EOC), as Dims defaults say.
-_DIMS_DEFAULTS = {f.name: f.default for f in fields(Dims)}
-CODEBOOKS = _DIMS_DEFAULTS["codebooks"]
-CODEBOOK_SIZE = _DIMS_DEFAULTS["codebook_vocab"] - 2
 
 
 @dataclass(frozen=True, eq=False)
