@@ -112,16 +112,16 @@ class StreamEncoder:
     """One ffmpeg process that encodes a growing 16-bit mono PCM stream into `fmt` (mp3, opus, aac).
 
     `feed(pcm16)` writes samples and returns the encoded bytes ffmpeg has produced so far (often b"" for the
-    first calls: the encoders hold a few frames of lookahead); `close()` ends the input and
-    returns the rest; `kill()` stops the process and is safe to call at any time and more than once. Calls
+    first calls: the encoders hold a few frames of lookahead); `close()` ends the input and returns the rest;
+    `kill()` stops and reaps the process, and is safe to call at any time and more than once. Calls
     block (pipe writes, the final drain), so async code runs them in a worker thread. A reader thread
     drains stdout while `feed` writes stdin: without it, ffmpeg would stall on a full stdout pipe while we
     stall on a full stdin pipe. An ffmpeg that fails raises `FormatError` from `feed` or `close`.
 
-    The streams need no seeking. Decoded with ffmpeg, n samples come back as (measured, 1 to 250 frames of
+    The streams need no seeking. Decoded with ffmpeg, n samples come back as (measured, 1 to 400 frames of
     960 samples): opus exactly n (Ogg's pre-skip and end granule trim the codec's padding); mp3 n + 1152 to
-    1536 (without a Xing/LAME header the decoder cannot drop the encoder delay and padding); aac n + 1088 to
-    1920 (ADTS carries no priming info either).
+    1536 (without a Xing/LAME header the decoder cannot drop the encoder delay and padding); aac n + 1024 to
+    1984 (ADTS carries no priming info either).
     """
 
     def __init__(self, fmt: str, sample_rate: int):
@@ -164,14 +164,14 @@ class StreamEncoder:
         try:
             self._proc.stdin.write(pcm16)
             self._proc.stdin.flush()
-        except (BrokenPipeError, ValueError, OSError):  # ValueError: stdin already closed by kill()
+        except (OSError, ValueError):  # BrokenPipeError: ffmpeg is gone; ValueError: stdin closed by kill()
             raise self._failed() from None
         return self._take()
 
     def close(self, timeout: float = 60.0) -> bytes:
         try:
             self._proc.stdin.close()
-        except (BrokenPipeError, OSError):
+        except OSError:  # ffmpeg already gone: wait() below reports how
             pass
         try:
             self._proc.wait(timeout)

@@ -13,8 +13,16 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from studio.formats import (FORMATS, STREAM_FORMATS, FormatError, StreamEncoder, available_formats, encode_audio,
-                            ffmpeg_path, to_pcm16)
+from studio.formats import (
+    FORMATS,
+    STREAM_FORMATS,
+    FormatError,
+    StreamEncoder,
+    available_formats,
+    encode_audio,
+    ffmpeg_path,
+    to_pcm16,
+)
 
 SR = 24_000
 
@@ -81,8 +89,9 @@ def test_unknown_format_and_missing_ffmpeg(monkeypatch):
 # ------------------------------------------------------------------------------------------ StreamEncoder
 
 FRAME = 960  # samples per codec frame of the model (24 kHz / 25 fps)
-# Measured extra samples after an ffmpeg decode (1 to 250 frames): mp3 1152-1536, aac 1088-1920, opus 0.
-STREAM_PADDING = {"mp3": (1, 2400), "aac": (1, 2400), "opus": (0, 0)}
+# Measured extra samples after an ffmpeg decode (1 to 400 frames): mp3 1152-1536, aac 1024-1984, opus 0.
+# Bounds: at least the encoder delay, at most two codec frames (mp3 1152 samples, AAC 1024).
+STREAM_PADDING = {"mp3": (1152, 2 * 1152), "aac": (1024, 2 * 1024), "opus": (0, 0)}
 
 
 def need_ffmpeg():
