@@ -15,8 +15,10 @@ Three decisions shape this module:
   headers alone and answers 401 before a byte of the body is read (so routes parse bodies themselves
   instead of through FastAPI's body parameters, which are read before any dependency runs).
 * **Streaming is the default** (OpenAI's `stream_format="audio"`): `pcm` and `wav` go out as frames are
-  decoded (`wav` with a streaming header whose sizes are 0xFFFFFFFF); flac/mp3/opus/aac are encoded once
-  the take is complete. A request never takes the server down: every failure becomes a JSON error.
+  decoded (`wav` with a streaming header whose sizes are 0xFFFFFFFF); mp3/opus/aac go through one ffmpeg per
+  response (`StreamEncoder`) and out as it encodes; flac is encoded once the take is complete (a piped FLAC
+  has no length, and soundfile cannot read it). A request never takes the server down: every failure
+  becomes a JSON error, an in-band SSE error, or the end of an audio body whose headers are gone.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import struct
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -46,7 +49,7 @@ from starlette.routing import Mount
 from engine.audio import ReferenceAudioError, load_audio
 from engine.config import SAMPLE_RATE
 from engine.generate import codes_sha256
-from studio.formats import MIME, available_formats, encode_audio, to_pcm16
+from studio.formats import MIME, STREAM_FORMATS, FormatError, StreamEncoder, available_formats, encode_audio, to_pcm16
 from studio.presets import check_style_prefix
 from studio.service import MAX_TEXT_CHARS, ServiceBusy, ServiceClosed, SynthesisRequest
 from studio.voices import DEFAULT_CONSENT_STATEMENT, Consent, VoiceNotFound
@@ -65,6 +68,7 @@ MAX_JSON_BYTES = 16 * 1024 * 1024
 FORM_OVERHEAD = 64 * 1024  # multipart boundaries and the small text fields around the clip
 SPEED_RANGE = (0.25, 4.0)
 REQUEST_TIMEOUT_S = 600.0
+STREAMED_FORMATS = ("pcm", "wav", *STREAM_FORMATS)  # sent as the take is decoded; flac waits for the whole take
 
 # `speed` has no direct control in Higgs: it becomes one of the four prosody speed tags.
 _SPEED_TAGS = ("<|prosody:speed_very_slow|>", "<|prosody:speed_slow|>", "<|prosody:speed_fast|>",
@@ -329,7 +333,7 @@ class SpeechAPI:
         if warnings:
             headers["X-Warnings"] = _ascii_header("; ".join(warnings))
         fmt = req.response_format
-        streamable = fmt in ("pcm", "wav") and req.stream is not False
+        streamable = fmt in STREAMED_FORMATS and req.stream is not False
         if req.stream_format == "sse":
             return StreamingResponse(self._sse(run, first, fmt, len(req.input), started),
                                      media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
@@ -409,12 +413,38 @@ class SpeechAPI:
             return text
         return check_instructions(text)
 
+    async def _encoded(self, run: "_Run", first, fmt: str) -> AsyncIterator[tuple[bytes, Any]]:
+        """`(bytes of fmt, the chunk they came from)` as the take is decoded (one of STREAMED_FORMATS); the
+        encoder's tail comes last with chunk None. Raises FormatError if ffmpeg fails; the take and its ffmpeg
+        are stopped however this ends (the client left, the take failed, the encoder failed)."""
+        encoder = None
+        try:
+            if fmt == "wav":
+                yield streaming_wav_header(), None
+            if fmt in STREAM_FORMATS:
+                encoder = await self.in_thread(StreamEncoder, fmt, SAMPLE_RATE)
+            async with aclosing(run.chunks(first)) as chunks:
+                async for chunk in chunks:
+                    data = to_pcm16(chunk.audio).tobytes() if len(chunk.audio) else b""
+                    if encoder is not None and data:
+                        data = await self.in_thread(encoder.feed, data)
+                    yield data, chunk
+            if encoder is not None:
+                yield await self.in_thread(encoder.close), None
+        finally:
+            with anyio.CancelScope(shield=True):
+                await run.close()  # a no-op when `chunks` ran: it closes the take itself
+                if encoder is not None:
+                    await self.in_thread(encoder.kill)
+
     async def _audio_stream(self, run: "_Run", first, fmt: str) -> AsyncIterator[bytes]:
-        if fmt == "wav":
-            yield streaming_wav_header()
-        async for chunk in run.chunks(first):
-            if len(chunk.audio):
-                yield to_pcm16(chunk.audio).tobytes()
+        try:
+            async with aclosing(self._encoded(run, first, fmt)) as stream:
+                async for data, _ in stream:
+                    if data:
+                        yield data
+        except FormatError:  # the status line is gone: end the body, keep the server up
+            log.exception("encoding the %s stream failed", fmt)
 
     async def _sse(self, run: "_Run", first, fmt: str, input_chars: int, started: float) -> AsyncIterator[bytes]:
         def event(obj) -> bytes:
@@ -425,13 +455,13 @@ class SpeechAPI:
 
         last = None
         try:
-            if fmt in ("pcm", "wav"):
-                if fmt == "wav":
-                    yield delta(streaming_wav_header())
-                async for chunk in run.chunks(first):
-                    last = chunk
-                    if len(chunk.audio):
-                        yield delta(to_pcm16(chunk.audio).tobytes())
+            if fmt in STREAMED_FORMATS:
+                async with aclosing(self._encoded(run, first, fmt)) as stream:
+                    async for data, chunk in stream:
+                        if chunk is not None:
+                            last = chunk
+                        if data:
+                            yield delta(data)
             else:
                 audio, last = await run.collect(first)
                 data, _ = await self.in_thread(encode_audio, audio, SAMPLE_RATE, fmt)

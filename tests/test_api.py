@@ -9,12 +9,15 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -23,6 +26,7 @@ import soundfile as sf
 
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from studio.api import ApiError, check_instructions, decode_ref_audio, speed_tag, streaming_wav_header
+from studio.formats import MIME, StreamEncoder
 from tests.studio_server import running_studio
 
 openai = pytest.importorskip("openai")
@@ -77,6 +81,9 @@ def test_streaming_wav_header_reads_as_the_stream_that_follows():
 
 # ------------------------------------------------------------------------------------------ scripted engine
 
+LONG_FRAMES = 120
+
+
 @dataclass
 class FakeMetrics:
     frames: int
@@ -88,14 +95,14 @@ class FakeMetrics:
 
 class ScriptedEngine:
     """`text` picks the behaviour: "crash" raises inside the engine, "slow" takes 0.1 s per frame for 100
-    frames; anything else is 3 quick frames."""
+    frames, "long" 0.02 s per frame for 120 frames; anything else is 3 quick frames."""
 
     info = {"checkpoint": "scripted", "device": "cpu", "precision": "fp32", "backend": "torch", "demo": True}
 
     def generate_stream(self, text, *, seed=None, cancel=None, max_frames=None, **kw):
         if "crash" in text:
             raise RuntimeError("the engine fell over")
-        frames, delay = (100, 0.1) if "slow" in text else (3, 0.0)
+        frames, delay = (100, 0.1) if "slow" in text else (LONG_FRAMES, 0.02) if "long" in text else (3, 0.0)
         for i in range(frames):
             if cancel is not None and cancel.is_set():
                 yield FakeChunk(np.zeros(0, np.float32), FakeMetrics(i, seed, stop_reason="cancelled"), True)
@@ -147,6 +154,171 @@ def test_an_engine_crash_is_a_500_and_the_server_keeps_serving(scripted):
     assert ok.status_code == 200 and ok.headers["x-frames"] == "3" and ok.headers["x-stop-reason"] == "eoc"
     assert len(wav_samples(ok.content)) == 3 * SAMPLES_PER_FRAME
     assert client.get("/health").json()["queue_depth"] == 0
+
+
+def test_stream_false_mp3_is_one_body_with_the_final_headers(scripted):
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("ffmpeg is not on PATH")
+    client, _ = scripted
+    r = client.post("/v1/audio/speech", json={"input": "quick", "response_format": "mp3", "stream": False})
+    assert r.status_code == 200 and r.headers["x-frames"] == "3" and r.headers["x-stop-reason"] == "eoc"
+    assert 0 < len(decode(r.content)) - 3 * SAMPLES_PER_FRAME <= 2400
+
+
+def test_ffmpeg_formats_without_ffmpeg_are_a_400(scripted, monkeypatch):
+    client, _ = scripted
+    monkeypatch.setattr("studio.formats.shutil.which", lambda name: None)
+    for fmt in ("mp3", "opus", "aac"):
+        r = client.post("/v1/audio/speech", json={"input": "quick", "response_format": fmt})
+        assert r.status_code == 400 and "needs ffmpeg" in r.json()["error"]["message"], r.text
+    assert client.post("/v1/audio/speech", json={"input": "quick", "response_format": "flac"}).status_code == 200
+
+
+# ------------------------------------------------------------------------------------------ scripted server
+# A real HTTP server (uvicorn in a thread of this process) over the scripted engine: streaming and hang-ups
+# need real sockets, and the ffmpeg processes it starts are this process's children, so they can be counted.
+
+def decode(data: bytes) -> np.ndarray:
+    return np.frombuffer(subprocess.run(["ffmpeg", "-v", "error", "-i", "pipe:0", "-f", "s16le", "-ac", "1", "-ar",
+                                         str(SAMPLE_RATE), "pipe:1"], input=data, capture_output=True,
+                                        check=True).stdout, dtype="<i2")
+
+
+def ffmpeg_children() -> list[int]:
+    """Pids of this process's ffmpeg children, zombies included (a zombie keeps its /proc entry)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        if name == "ffmpeg" and int(rest[1]) == os.getpid():
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def wait_for(condition, seconds: float = 15.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.fixture()
+def scripted_server():
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("ffmpeg is not on PATH")
+    import uvicorn
+    from fastapi import FastAPI
+
+    from studio import api
+    from studio.service import StudioService
+
+    service = StudioService(ScriptedEngine())
+    app = FastAPI()
+    api.register(app, service, request_timeout=60.0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    assert wait_for(lambda: server.started)
+    yield f"http://127.0.0.1:{port}", service
+    server.should_exit = True
+    thread.join(timeout=30)
+    service.close()
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac"])
+def test_compressed_formats_stream_while_the_take_is_generated(scripted_server, fmt):
+    base_url, service = scripted_server
+    baseline = ffmpeg_children()
+    pieces, arrived = [], []
+    started = time.monotonic()
+    with httpx.stream("POST", f"{base_url}/v1/audio/speech", timeout=60,
+                      json={"input": "long take", "response_format": fmt}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith(MIME[fmt])
+        assert "x-frames" not in r.headers  # a stream: the final metrics are not known when the headers leave
+        for data in r.iter_raw():
+            pieces.append(data)
+            arrived.append(time.monotonic() - started)
+    assert len([p for p in pieces if p]) >= 2, "the body came in one piece: it was not streamed"
+    # The take sleeps 120 × 20 ms = 2.4 s; the first bytes leave after a few frames, not at the end.
+    assert arrived[0] < arrived[-1] - 1.0, arrived
+    extra = len(decode(b"".join(pieces))) - LONG_FRAMES * SAMPLES_PER_FRAME
+    assert {"opus": extra == 0, "mp3": 0 < extra <= 2400, "aac": 0 < extra <= 2400}[fmt], (fmt, extra)
+    assert wait_for(lambda: ffmpeg_children() == baseline)
+    assert service.queue_depth == 0
+
+
+def test_a_client_that_hangs_up_kills_ffmpeg(scripted_server):
+    base_url, service = scripted_server
+    baseline = ffmpeg_children()
+    with httpx.stream("POST", f"{base_url}/v1/audio/speech", timeout=60,
+                      json={"input": "slow take", "response_format": "mp3"}) as r:  # 100 × 0.1 s
+        assert r.status_code == 200
+        for data in r.iter_raw():
+            if data:
+                break  # hang up after the first audio
+        assert len(ffmpeg_children()) == len(baseline) + 1  # the response's one encoder, still running
+    left = time.monotonic()
+    assert wait_for(lambda: ffmpeg_children() == baseline), ffmpeg_children()
+    assert wait_for(lambda: service.queue_depth == 0)
+    assert time.monotonic() - left < 5  # stopped with the take, not after the 10 s it would have run
+    ok = httpx.post(f"{base_url}/v1/audio/speech", json={"input": "quick", "response_format": "mp3"}, timeout=60)
+    assert ok.status_code == 200 and 0 < len(decode(ok.content)) - 3 * SAMPLES_PER_FRAME <= 2400
+
+
+class FailingEncoder(StreamEncoder):
+    """A real encoder whose ffmpeg dies after a few frames."""
+
+    def feed(self, pcm16: bytes) -> bytes:
+        self.fed = getattr(self, "fed", 0) + 1
+        if self.fed == 10:
+            os.kill(self.pid, signal.SIGKILL)
+            self._proc.wait()
+        return super().feed(pcm16)
+
+
+def test_an_ffmpeg_failure_mid_stream_ends_the_body_or_reports_in_band(scripted_server, monkeypatch):
+    base_url, service = scripted_server
+    baseline = ffmpeg_children()
+    monkeypatch.setattr("studio.api.StreamEncoder", FailingEncoder)
+    r = httpx.post(f"{base_url}/v1/audio/speech", json={"input": "long take", "response_format": "mp3"}, timeout=60)
+    assert r.status_code == 200  # the headers had left; the body just ends
+    assert len(r.content) < 128_000 / 8 * LONG_FRAMES / 25 / 2  # well short of the 4.8 s take at 128 kb/s
+
+    events = []
+    with httpx.stream("POST", f"{base_url}/v1/audio/speech", timeout=60,
+                      json={"input": "long take", "response_format": "aac", "stream_format": "sse"}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    assert events[-1]["type"] == "error" and "ffmpeg stopped" in events[-1]["error"]["message"]
+    assert all(e["type"] == "speech.audio.delta" for e in events[:-1])
+    assert wait_for(lambda: ffmpeg_children() == baseline)
+    assert wait_for(lambda: service.queue_depth == 0)
+    monkeypatch.undo()
+    ok = httpx.post(f"{base_url}/v1/audio/speech", json={"input": "quick", "response_format": "opus"}, timeout=60)
+    assert ok.status_code == 200 and len(decode(ok.content)) == 3 * SAMPLES_PER_FRAME
+
+
+def test_sse_mp3_sends_deltas_as_it_encodes(scripted_server):
+    base_url, _ = scripted_server
+    events = []
+    with httpx.stream("POST", f"{base_url}/v1/audio/speech", timeout=60,
+                      json={"input": "long take", "response_format": "mp3", "stream_format": "sse"}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    deltas = [base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"]
+    assert events[-1]["type"] == "speech.audio.done" and events[-1]["metrics"]["frames"] == LONG_FRAMES
+    assert len(deltas) >= 10  # one per encoded piece, not one at the end
+    assert 0 < len(decode(b"".join(deltas))) - LONG_FRAMES * SAMPLES_PER_FRAME <= 2400
 
 
 # ------------------------------------------------------------------------------------------ live server
