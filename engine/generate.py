@@ -60,10 +60,6 @@ class Metrics:
     seed: int | None
     stop_reason: str | None  # "eoc", "max_frames", "repeat_guard", "cancelled"; None until the end
 
-    @property
-    def audio_seconds(self) -> float:
-        return self.frames * SAMPLES_PER_FRAME / SAMPLE_RATE
-
 
 @dataclass(frozen=True)
 class Chunk:

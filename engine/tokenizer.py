@@ -64,7 +64,6 @@ CONTROL_TAGS: dict[str, ControlTag] = {t.text: t for t in [
     *_tags("expressive", "prosody", 151725, "expressive_high expressive_low", lambda v: True),
 ]}
 CONTROL_TAG_IDS: frozenset[int] = frozenset(t.id for t in CONTROL_TAGS.values())
-TAG_BY_ID: dict[int, ControlTag] = {t.id: t for t in CONTROL_TAGS.values()}
 
 
 class HiggsTokenizer:

@@ -188,7 +188,7 @@ def case_sampler(ops, dev, gen):
         logits = torch.randn(8, 1026, generator=gen) * 3
         seed, step = int(torch.randint(0, 2 ** 62, (1,), generator=gen)), 11
         state, params = ops.sampler_state(seed, top_k, temperature, top_p, dev)
-        state[0] = step
+        state[ops.STATE_STEP] = step
         rows = torch.full((32, 8), -1, dtype=torch.int32, device=dev)
         x = torch.empty(HIDDEN, dtype=BF16, device=dev)
         ops.sample(logits.to(dev), embed.to(dev), state, params, rows, x)

@@ -186,7 +186,8 @@ def sampler_state(seed: int, top_k: int, temperature: float, top_p: float, devic
     """Fresh (state int64[5], params fp32[2]) for a take; `seed` is an unsigned 64-bit value."""
     seed = int(seed) & (2**64 - 1)
     signed = seed - 2**64 if seed >= 2**63 else seed
-    state = torch.tensor([0, signed, int(top_k), -1, 0], dtype=torch.int64, device=device)
+    state = torch.zeros(5, dtype=torch.int64, device=device)
+    state[STATE_SEED], state[STATE_TOP_K], state[STATE_COUNTDOWN] = signed, int(top_k), -1
     params = torch.tensor([float(temperature), float(top_p)], dtype=torch.float32, device=device)
     return state, params
 

@@ -253,7 +253,7 @@ class CubinBackend:
                 else:
                     self._fused_step()
             state = self.state.tolist()  # the one sync per chunk
-        step, done = int(state[0]), bool(state[4])
+        step, done = int(state[self.ops.STATE_STEP]), bool(state[self.ops.STATE_DONE])
         rows = self.rows_buf[self.taken:min(step, self.max_rows)].long().cpu()
         self.taken = step
         return rows, done
