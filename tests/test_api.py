@@ -198,6 +198,18 @@ def ffmpeg_children() -> list[int]:
     return pids
 
 
+def sse_events(url: str, body: dict, headers: dict | None = None) -> list[dict]:
+    """POST a speech request with stream_format="sse" and return its parsed `data:` events, in order."""
+    events = []
+    with httpx.stream("POST", f"{url}/v1/audio/speech", headers=headers, timeout=120,
+                      json={**body, "stream_format": "sse"}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+    return events
+
+
 def wait_for(condition, seconds: float = 15.0) -> bool:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -292,12 +304,7 @@ def test_an_ffmpeg_failure_mid_stream_ends_the_body_or_reports_in_band(scripted_
     assert r.status_code == 200  # the headers had left; the body just ends
     assert len(r.content) < 128_000 / 8 * LONG_FRAMES / 25 / 2  # well short of the 4.8 s take at 128 kb/s
 
-    events = []
-    with httpx.stream("POST", f"{base_url}/v1/audio/speech", timeout=60,
-                      json={"input": "long take", "response_format": "aac", "stream_format": "sse"}) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                events.append(json.loads(line[6:]))
+    events = sse_events(base_url, {"input": "long take", "response_format": "aac"})
     assert events[-1]["type"] == "error" and "ffmpeg stopped" in events[-1]["error"]["message"]
     assert all(e["type"] == "speech.audio.delta" for e in events[:-1])
     assert wait_for(lambda: ffmpeg_children() == baseline)
@@ -309,12 +316,7 @@ def test_an_ffmpeg_failure_mid_stream_ends_the_body_or_reports_in_band(scripted_
 
 def test_sse_mp3_sends_deltas_as_it_encodes(scripted_server):
     base_url, _ = scripted_server
-    events = []
-    with httpx.stream("POST", f"{base_url}/v1/audio/speech", timeout=60,
-                      json={"input": "long take", "response_format": "mp3", "stream_format": "sse"}) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                events.append(json.loads(line[6:]))
+    events = sse_events(base_url, {"input": "long take", "response_format": "mp3"})
     deltas = [base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"]
     assert events[-1]["type"] == "speech.audio.done" and events[-1]["metrics"]["frames"] == LONG_FRAMES
     assert len(deltas) >= 10  # one per encoded piece, not one at the end
@@ -402,13 +404,7 @@ def test_sdk_streaming_response_arrives_in_pieces(client, reference):
 
 @pytest.mark.slow
 def test_sse_events(base, reference):
-    events = []
-    with httpx.stream("POST", f"{base}/v1/audio/speech", headers=auth(), timeout=120,
-                      json={"input": TEXT, "response_format": "pcm", "stream_format": "sse", **GREEDY}) as r:
-        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                events.append(json.loads(line[6:]))
+    events = sse_events(base, {"input": TEXT, "response_format": "pcm", **GREEDY}, headers=auth())
     assert [e["type"] for e in events[:-1]] == ["speech.audio.delta"] * (len(events) - 1)
     done = events[-1]
     assert done["type"] == "speech.audio.done"

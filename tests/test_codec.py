@@ -117,14 +117,6 @@ def test_stream_equals_one_shot(tiny, pattern):
     assert np.abs(got - want).max() < 1e-5
 
 
-def test_stream_refuses_use_after_flush(tiny):
-    stream = tiny.stream()
-    assert stream.push(random_codes(3, 0)).size == 0  # all three held back as look-ahead
-    assert stream.flush().size == 3 * SAMPLES_PER_FRAME
-    with pytest.raises(ValueError, match="flushed"):
-        stream.push(random_codes(1, 0))
-
-
 # ---------------------------------------------------------------- tiny random codec, loading rules
 
 def test_random_codec_decodes_and_encodes(tiny):
