@@ -332,15 +332,19 @@ class Engine:
         from .audio import prepare_reference
         from .prompt import VoiceRef
 
-        codec = self._need_codec()
-        if not getattr(codec, "has_encoder", True):
-            raise ValueError("this checkpoint's codec has no encoder weights, so it cannot clone a voice")
         if isinstance(wav, (list, torch.Tensor)):
             wav = np.asarray(wav, dtype=np.float32)
         prepared = prepare_reference(wav, sample_rate=None if sample_rate is None else int(sample_rate))
+        return VoiceRef(codes=self.encode_codes(prepared.wav), transcript=transcript)
+
+    def encode_codes(self, wav24k: np.ndarray) -> torch.Tensor:
+        """Codec codes [T, 8] of audio that is already prepared (24 kHz mono, whole frames, e.g. a voice
+        library's stored clip), with no second trim or loudness pass: the codes cover exactly these samples."""
+        codec = self._need_codec()
+        if not getattr(codec, "has_encoder", True):
+            raise ValueError("this checkpoint's codec has no encoder weights, so it cannot clone a voice")
         with self._lock:
-            codes = codec.encode(prepared.wav)
-        return VoiceRef(codes=codes.cpu(), transcript=transcript)
+            return codec.encode(np.asarray(wav24k, dtype=np.float32)).cpu()
 
     # ---------------------------------------------------------------- the loop
     def _need_codec(self):

@@ -288,7 +288,7 @@ class StudioService:
 
     def _encode_codes(self, wav24k: np.ndarray):
         """The library's encoder callback: prepared 24 kHz audio → codec codes [T, 8]. Runs on the worker."""
-        return self.engine.encode_voice(wav24k, SAMPLE_RATE).codes.cpu().numpy()
+        return self.engine.encode_codes(wav24k).numpy()
 
     def prepare(self, request: SynthesisRequest) -> tuple[str, Any, Any]:
         """Validate and resolve `request`: returns (prompt_text, voice_record, voice_ref_or_None).

@@ -87,3 +87,14 @@ def test_second_request_with_the_voice_reuses_its_prefix(engine, checkpoint, cli
     cold = Engine.load(checkpoint, device="cpu", precision="fp32")
     assert torch.equal(cold.prefill(prompt), engine.prefill(prompt))
     assert torch.equal(cold.predict("A second, different line.", **options), second.codes)
+
+
+def test_encode_codes_covers_exactly_the_prepared_samples(engine, clip):
+    """What the voice library stores is already prepared: encode_codes must not trim or pad it again."""
+    from engine.audio import prepare_reference
+
+    wav, rate = clip
+    prepared = prepare_reference(wav, sample_rate=rate).wav
+    codes = engine.encode_codes(prepared)
+    assert codes.shape == (len(prepared) // SAMPLES_PER_FRAME, 8)
+    assert torch.equal(codes, engine.encode_voice(wav, rate).codes)

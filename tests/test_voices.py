@@ -240,8 +240,9 @@ def test_bad_encoder_output_stores_nothing(lib, bad_codes, match):
 
 
 def test_encoder_that_prepares_again_sees_the_stored_samples(lib):
-    """engine.encode_voice runs prepare_reference on what it is given; on library audio that must be a
-    no-op, or the codes would describe different samples (or a different frame count) than audio.wav."""
+    """A stored clip sent to another server (`app.py --remote`) is prepared again there; on library audio
+    that must be a no-op, or the codes would describe different samples (or a different frame count)
+    than audio.wav. (The local engine encodes stored clips with `encode_codes`, no second pass.)"""
     from engine.audio import prepare_reference
 
     seen = []
