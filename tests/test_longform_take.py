@@ -152,3 +152,21 @@ def test_a_voice_the_take_does_not_have_is_named():
     script = plan("A: Hello there.\nB: Hi.", voices={"A": "anna", "B": "bert"}, normalize=False)
     with pytest.raises(ValueError, match="'bert'"):
         LongTake(None, script, voices={"anna": voice()})
+
+
+def test_a_script_gives_each_segment_its_speakers_voice_rows(engine):
+    gen = torch.Generator().manual_seed(8)
+    anna = VoiceRef(codes=torch.randint(0, 1024, (20, 8), generator=gen), transcript="Anna speaking.")
+    bert = VoiceRef(codes=torch.randint(0, 1024, (26, 8), generator=gen))
+    script = plan("Anna: Good morning. Did you sleep?\n[S2] Not really.\nAnna: Coffee, then.\nCarl: Me too!",
+                  voices={"Anna": "anna", "S2": "bert", "Carl": None}, normalize=False)
+    take = LongTake(engine, script, voices={"anna": anna, "bert": bert}, seed=4, max_frames=MAX_FRAMES, **OPTIONS)
+    take.run()
+    rows = {"Anna": apply_delay(anna.codes, 1024, 1025), "S2": apply_delay(bert.codes, 1024, 1025)}
+    assert [s.speaker for s in script] == ["Anna", "Anna", "S2", "Anna", "Carl"]
+    for segment, prompt in zip(script, take.prompts):
+        if segment.speaker == "Carl":  # no voice: his first segment is zero-shot
+            assert prompt.ref_rows is None
+        else:
+            assert torch.equal(prompt.ref_rows, rows[segment.speaker])
+    assert set(take.anchors) == {"Carl"}  # only the zero-shot speaker needed an anchor of his own
