@@ -42,6 +42,8 @@ SILENCE_DBFS = -50.0
 KEEP_SECONDS = 0.04  # the decay kept around speech, as engine/audio.py TRIM_MARGIN_SECONDS
 FADE_SECONDS = 0.005  # 120 samples: long enough that no step is audible, far shorter than a phoneme
 MAX_GAIN_DB = 6.0
+KEEP = int(KEEP_SECONDS * SAMPLE_RATE)
+FADE = int(FADE_SECONDS * SAMPLE_RATE)
 # A take that ends on these was cut, not finished: the segment is generated once more with the next seed.
 CUT_SHORT = ("max_frames", "repeat_guard")
 
@@ -108,9 +110,8 @@ def shape_segment(audio: np.ndarray, *, trim_start: bool, reference_rms: float |
     `trim_start`), gain to `reference_rms` within ±MAX_GAIN_DB and under MAX_PEAK (None: gain 1), and
     raised-cosine fades at both ends."""
     first, last = speech_bounds(audio) or (0, 0)  # a silent segment keeps a KEEP_SECONDS stub
-    keep = int(KEEP_SECONDS * SAMPLE_RATE)
-    start = max(0, first - keep) if trim_start else 0
-    end = min(len(audio), last + keep)
+    start = max(0, first - KEEP) if trim_start else 0
+    end = min(len(audio), last + KEEP)
     out = audio[start:end].astype(np.float32, copy=True)
     if reference_rms:
         limit = 10 ** (MAX_GAIN_DB / 20)
@@ -123,10 +124,15 @@ def shape_segment(audio: np.ndarray, *, trim_start: bool, reference_rms: float |
     return out
 
 
+def _ramp(n: int) -> np.ndarray:
+    """Raised-cosine fade-in of n samples (never exactly 0 or 1, so both ends move)."""
+    return (0.5 - 0.5 * np.cos(np.pi * (np.arange(n) + 0.5) / n)).astype(np.float32)
+
+
 def _fade(out: np.ndarray) -> None:
-    n = min(int(FADE_SECONDS * SAMPLE_RATE), len(out) // 2)
+    n = min(FADE, len(out) // 2)
     if n:
-        ramp = (0.5 - 0.5 * np.cos(np.pi * (np.arange(n) + 0.5) / n)).astype(np.float32)
+        ramp = _ramp(n)
         out[:n] *= ramp
         out[len(out) - n:] *= ramp[::-1]
 
@@ -153,7 +159,7 @@ class LongTake:
                  voices: Mapping[str, VoiceRef] | None = None, seed: int | None = None, seeds: list[int] | None = None,
                  temperature: float = DEFAULT_TEMPERATURE, top_k: int = DEFAULT_TOP_K, top_p: float = DEFAULT_TOP_P,
                  max_frames: int | None = None, repeat_guard: int | None = 32,
-                 cancel: threading.Event | None = None):
+                 cancel: threading.Event | None = None, keep_audio: bool = True):
         if not segments:
             raise ValueError("the plan has no segments; give some text to speak")
         voices = dict(voices or {})
@@ -166,6 +172,9 @@ class LongTake:
         self.engine, self.segments, self.voice, self.voices = engine, list(segments), voice, voices
         self.options = dict(temperature=temperature, top_k=top_k, top_p=top_p, repeat_guard=repeat_guard)
         self.max_frames = max_frames
+        # An HTTP stream of a 100k-character input is ~2 hours of audio (~1.3 GB as raw + shaped float32):
+        # a server that only streams it drops each segment's samples once they are sent (codes are kept).
+        self.keep_audio = keep_audio
         self.retry = seeds is None
         self.base_seed = new_seed() if seed is None and seeds is None else seed
         self.seeds = list(seeds) if seeds is not None else [(self.base_seed + i) % 2**64 for i in range(len(segments))]
@@ -175,8 +184,25 @@ class LongTake:
         self.shaped: list[np.ndarray | None] = [None] * len(segments)
         self.anchors: dict = {}  # speaker (None in plain text) → zero-shot anchor made from its first segment
         self.reference_rms: float | None = None  # the first segment's, kept through regenerations
+        self.metrics = None  # the engine's Metrics of the latest chunk (prompt, reuse, stop reason)
         self.ttfa_ms: float | None = None
         self.wall_ms: float | None = None
+
+    @classmethod
+    def from_recipe(cls, engine, recipe: dict, *, voice: VoiceRef | None = None,
+                    voices: Mapping[str, VoiceRef] | None = None, cancel: threading.Event | None = None) -> "LongTake":
+        """The take a `recipe()` describes, ready to `run()`: the same segments, options and seeds."""
+        try:
+            items = recipe["segments"]
+            segments = [Segment(index=i, text=item["text"], source=item.get("source", item["text"]),
+                                pause_after=float(item["pause_after"]), speaker=item.get("speaker"),
+                                voice=item.get("voice")) for i, item in enumerate(items)]
+            seeds = [int(item["seed"]) for item in items]
+            options = dict(recipe["options"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"this is not a long-take recipe ({type(exc).__name__}: {exc}); "
+                             "use the JSON that LongTake.recipe() wrote") from None
+        return cls(engine, segments, voice=voice, voices=voices, seeds=seeds, cancel=cancel, **options)
 
     # ---------------------------------------------------------------- prompts
     def _prompt(self, segment: Segment, text: str):
@@ -207,6 +233,7 @@ class LongTake:
             for chunk in self.engine.generate_stream(prompt=prompt, seed=seed, max_frames=cap, cancel=self.cancel,
                                                      **self.options):
                 chunks.append(chunk.audio)
+                self.metrics = chunk.metrics
                 if live and len(chunk.audio):
                     yield chunk.audio
                 last = chunk
@@ -242,13 +269,15 @@ class LongTake:
             # count, so a window judged now is judged the same way on the finished segment.
             complete = raw[:len(raw) // WINDOW * WINDOW]
             _, last = speech_bounds(complete) or (0, 0)
-            limit = min(len(complete), last + int(KEEP_SECONDS * SAMPLE_RATE)) - int(FADE_SECONDS * SAMPLE_RATE)
+            limit = min(len(complete), last + KEEP) - FADE
             if limit > emitted:
-                piece = raw[:limit].copy()
-                _fade_in_only(piece)
+                piece = raw[emitted:limit].copy()
+                if emitted < FADE:
+                    head = min(FADE, limit) - emitted
+                    piece[:head] *= _ramp(FADE)[emitted:emitted + head]
                 if self.ttfa_ms is None:
                     self.ttfa_ms = 1e3 * (time.perf_counter() - started)
-                yield TakeChunk(piece[emitted:], 0, 0, total)
+                yield TakeChunk(piece, 0, 0, total)
                 emitted = limit
         if self.cancel.is_set():
             return
@@ -257,6 +286,7 @@ class LongTake:
         if self.ttfa_ms is None and len(tail):
             self.ttfa_ms = 1e3 * (time.perf_counter() - started)
         yield TakeChunk(np.concatenate([tail, _pause(first)]), 0, 1, total)
+        self._sent(0)
         for index in range(1, total):
             segment = self.segments[index]
             take = yield from self._generate(index, segment.text, self.seeds[index], retry=self.retry)
@@ -264,19 +294,23 @@ class LongTake:
                 return
             self._finish(index, take)
             yield TakeChunk(np.concatenate([self.shaped[index], _pause(segment)]), index, index + 1, total)
+            self._sent(index)
         self.wall_ms = 1e3 * (time.perf_counter() - started)
 
     def _finish(self, index: int, take: SegmentTake) -> None:
+        """Record a generated segment and shape it for the take. The first segment sets the loudness
+        reference the first time; generated again, it is matched to that reference like the others."""
         self.takes[index] = take
         self.seeds[index] = take.seed
-        segment = self.segments[index]
-        self._make_anchor(segment, take)
-        if index == 0:
-            self.shaped[0] = shape_segment(take.audio, trim_start=False, reference_rms=None)
-            if self.reference_rms is None:
-                self.reference_rms = speech_rms(self.shaped[0]) or None
-        else:
-            self.shaped[index] = shape_segment(take.audio, trim_start=True, reference_rms=self.reference_rms)
+        self._make_anchor(self.segments[index], take)
+        self.shaped[index] = shape_segment(take.audio, trim_start=index > 0, reference_rms=self.reference_rms)
+        if self.reference_rms is None:
+            self.reference_rms = speech_rms(self.shaped[0]) or None
+
+    def _sent(self, index: int) -> None:
+        if not self.keep_audio:
+            self.takes[index] = replace(self.takes[index], audio=np.zeros(0, np.float32))
+            self.shaped[index] = None
 
     def run(self) -> np.ndarray:
         """Generate everything (draining `stream`) and return the assembled take."""
@@ -289,6 +323,8 @@ class LongTake:
         """Generate segment `index` again (a new seed, or edited text) from the same anchor; the other
         segments are untouched. A segment that made a zero-shot anchor keeps the old anchor, so the rest
         of the take keeps its voice; the new take is generated from it."""
+        if not self.keep_audio:
+            raise ValueError("this take was streamed without keeping its audio (keep_audio=False)")
         if not 0 <= index < len(self.segments) or self.takes[index] is None:
             raise ValueError(f"segment {index} has not been generated; the take has {len(self.segments)} segments")
         segment = self.segments[index]
@@ -306,12 +342,12 @@ class LongTake:
                 take = stop.value
                 break
         self._finish(index, take)
-        if index == 0:  # regenerated, the first segment is matched to the level of the original one
-            self.shaped[0] = shape_segment(take.audio, trim_start=False, reference_rms=self.reference_rms)
         return take
 
     def assemble(self) -> np.ndarray:
         """The whole take: every segment as shaped for the take, with the planned pauses."""
+        if not self.keep_audio:
+            raise ValueError("this take was streamed without keeping its audio (keep_audio=False)")
         if any(s is None for s in self.shaped):
             raise ValueError("the take is not complete; generate every segment first")
         return np.concatenate([part for i, s in enumerate(self.segments) for part in (self.shaped[i], _pause(s))])
@@ -327,16 +363,10 @@ class LongTake:
     def recipe(self) -> dict:
         """Everything needed to make this take again: the segments' texts, voices and seeds."""
         return {"options": {**self.options, "max_frames": self.max_frames},
-                "segments": [{"text": s.text, "speaker": s.speaker, "voice": s.voice, "pause_after": s.pause_after,
+                "segments": [{"text": s.text, "source": s.source, "speaker": s.speaker, "voice": s.voice, "pause_after": s.pause_after,
                               "seed": self.seeds[i], "stop_reason": t.stop_reason if t else None,
                               "flagged": bool(t and t.flagged)}
                              for i, (s, t) in enumerate(zip(self.segments, self.takes))]}
-
-
-def _fade_in_only(piece: np.ndarray) -> None:
-    n = min(int(FADE_SECONDS * SAMPLE_RATE), len(piece) // 2)
-    if n:
-        piece[:n] *= (0.5 - 0.5 * np.cos(np.pi * (np.arange(n) + 0.5) / n)).astype(np.float32)
 
 
 def _pause(segment: Segment) -> np.ndarray:

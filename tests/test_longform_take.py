@@ -4,6 +4,7 @@ only its own segment, a recipe that reproduces the take, cancellation."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import numpy as np
@@ -122,9 +123,11 @@ def test_the_recipe_reproduces_the_take_exactly(engine, checkpoint):
     audio = take.run()
     recipe = take.recipe()
     assert [s["seed"] for s in recipe["segments"]] == take.seeds
-    again = LongTake(Engine.load(checkpoint, device="cpu", precision="fp32"), segments(),
-                     seeds=[s["seed"] for s in recipe["segments"]], max_frames=MAX_FRAMES, **OPTIONS)
+    again = LongTake.from_recipe(Engine.load(checkpoint, device="cpu", precision="fp32"),
+                                 json.loads(json.dumps(recipe)))
     assert np.array_equal(again.run(), audio)
+    with pytest.raises(ValueError, match="not a long-take recipe"):
+        LongTake.from_recipe(engine, {"segments": [{"text": "x"}]})
 
 
 def test_a_segment_cut_short_is_generated_again_with_the_next_seed_and_flagged(engine):
