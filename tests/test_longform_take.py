@@ -173,3 +173,13 @@ def test_a_script_gives_each_segment_its_speakers_voice_rows(engine):
         else:
             assert torch.equal(prompt.ref_rows, rows[segment.speaker])
     assert set(take.anchors) == {"Carl"}  # only the zero-shot speaker needed an anchor of his own
+
+
+def test_a_take_that_keeps_no_audio_streams_the_same_samples(engine):
+    kept = LongTake(engine, segments(), seed=61, max_frames=MAX_FRAMES, **OPTIONS)
+    dropped = LongTake(engine, segments(), seed=61, max_frames=MAX_FRAMES, keep_audio=False, **OPTIONS)
+    streamed = np.concatenate([c.audio for c in dropped.stream()])
+    assert np.array_equal(streamed, kept.run())
+    assert all(s is None for s in dropped.shaped) and all(len(t.audio) == 0 for t in dropped.takes)
+    with pytest.raises(ValueError, match="keep_audio"):
+        dropped.assemble()
