@@ -363,7 +363,8 @@ class LongTake:
     def recipe(self) -> dict:
         """Everything needed to make this take again: the segments' texts, voices and seeds."""
         return {"options": {**self.options, "max_frames": self.max_frames},
-                "segments": [{"text": s.text, "source": s.source, "speaker": s.speaker, "voice": s.voice, "pause_after": s.pause_after,
+                "segments": [{"text": s.text, "source": s.source, "speaker": s.speaker, "voice": s.voice,
+                              "pause_after": s.pause_after,
                               "seed": self.seeds[i], "stop_reason": t.stop_reason if t else None,
                               "flagged": bool(t and t.flagged)}
                              for i, (s, t) in enumerate(zip(self.segments, self.takes))]}

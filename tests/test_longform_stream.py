@@ -104,7 +104,8 @@ def test_a_join_fades_both_ends():
 def test_loudness_is_matched_within_limits():
     quiet, loud = tone(1.0, 0.05), tone(1.0, 0.3)
     reference = speech_rms(tone(1.0, 0.1))
-    assert speech_rms(shape_segment(quiet, trim_start=True, reference_rms=reference)) == pytest.approx(reference, rel=0.01)
+    matched = speech_rms(shape_segment(quiet, trim_start=True, reference_rms=reference))
+    assert matched == pytest.approx(reference, rel=0.01)
     # 0.3 → 0.1 would need −9.5 dB: the gain stops at −MAX_GAIN_DB.
     limited = speech_rms(shape_segment(loud, trim_start=True, reference_rms=reference))
     assert limited == pytest.approx(speech_rms(loud) * 10 ** (-MAX_GAIN_DB / 20), rel=0.01)
