@@ -72,7 +72,8 @@ class _Sentence:
 def split_sentences(text: str, language: str = "en") -> list[str]:
     """The sentences of one paragraph, whitespace-stripped. Sentence-level tags left at the end of a
     sentence (after its full stop), or standing alone, move to the start of the next sentence, where
-    SPEC D2 says they belong; after the last sentence they stay where they are."""
+    SPEC D2 says they belong; after the last sentence they stay where they are. A paragraph of tags
+    alone has no sentences."""
     import sentencex
 
     out: list[str] = []
@@ -87,9 +88,7 @@ def split_sentences(text: str, language: str = "en") -> list[str]:
             out.append(_tight(sentence))
         else:
             carry = sentence + carry
-    if carry:
-        if not out:
-            return [carry] if carry.strip() else []
+    if carry and out:
         out[-1] += carry
     return out
 
@@ -189,6 +188,8 @@ def plan(text: str, *, style: str = "", normalize: bool = True, language: str = 
             for piece, piece_source in _fit(spoken, sentence, max_seconds, style):
                 sentences.append(_Sentence(piece, piece_source, block))
 
+    if not sentences:
+        raise ValueError("the text has nothing to speak, only tags; add the words to say")
     groups: list[list[_Sentence]] = [[sentences[0]]]  # the first segment is one sentence (TTFA)
     rest = sentences[1:]
     for block in dict.fromkeys(s.block for s in rest):

@@ -117,6 +117,8 @@ def test_an_unknown_speaker_names_the_known_ones():
 def test_planning_rejects_what_it_cannot_plan():
     with pytest.raises(ValueError, match="no text"):
         plan("  \n ")
+    with pytest.raises(ValueError, match="only tags"):
+        plan("<|emotion:elation|> <|prosody:pause|>")
     with pytest.raises(ValueError, match="only control tags"):
         plan("Hello.", style="calm <|emotion:relief|>")
 
