@@ -25,9 +25,9 @@ from typing import Mapping
 from .normalize import normalize_text
 from .tokenizer import _TAG_RE, CONTROL_TAGS, estimate_seconds, strip_tags
 
-# Segment length in seconds of speech (the speaking-rate estimate). The model's length cap is 2048 rows
-# (~81 s, SPEC D5), and takes past ~20–30 s are where users of Higgs report drift; 8–20 s keeps every
-# segment well inside what one prompt holds while keeping the number of joins low.
+# Segment length in seconds of speech (the speaking-rate estimate). One prompt is capped at 2048 rows
+# (~81 s, SPEC D5) and the cap allows 3× the estimate, so a segment of at most 20 s always fits under it;
+# at least 8 s keeps the joins few (one every few sentences) and gives each prompt context for prosody.
 MIN_SEGMENT_SECONDS = 8.0
 MAX_SEGMENT_SECONDS = 20.0
 

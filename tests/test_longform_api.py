@@ -13,7 +13,8 @@ from engine.delay import apply_delay
 from engine.longform import plan
 from engine.longtake import LongTake
 from engine.testing import demo_checkpoint
-from studio.longform import MAX_LONG_INPUT_CHARS, stream_long, wants_long_form
+from studio.longform import (MAX_LONG_INPUT_CHARS, generate_long, regenerate_segment, segment_rows, stream_long,
+                            wants_long_form)
 from studio.service import StudioService, SynthesisRequest
 from studio.voices import Consent, VoiceLibrary
 
@@ -79,3 +80,21 @@ def test_long_requests_are_checked_before_they_queue(service):
     with pytest.raises(ValueError, match="Temperature"):
         next(stream_long(service, SynthesisRequest(text=SENTENCE * 30, temperature=5)))
     assert service.queue_depth == 0
+
+
+def test_the_page_helpers_fill_the_table_and_regenerate_one_row(service):
+    text = "\n\n".join([SENTENCE * 3] * 4)
+    request = SynthesisRequest(text=text, seed=9, max_frames=10, source="ui")
+    pieces = list(generate_long(service, request))
+    take = pieces[-1][0]
+    assert all(t is take for t, _ in pieces) and pieces[-1][1].done == len(take.segments)
+    rows = segment_rows(take)
+    assert [r[0] for r in rows] == list(range(1, len(take.segments) + 1))
+    assert all(r[5] in ("done", "cut short (max_frames)", "cut short (repeat_guard)") for r in rows)
+    before, spans = take.assemble(), take.spans()
+    after = regenerate_segment(service, take, 2, seed=12345)
+    redone = take.takes[2]
+    assert redone.seed == 12345 + redone.retried  # cut short again, it moves on to the next seed
+    assert segment_rows(take)[2][3] == redone.seed
+    for i, ((a, b), (c, d)) in enumerate(zip(spans, take.spans())):
+        assert np.array_equal(before[a:b], after[c:d]) == (i != 2)
