@@ -35,8 +35,10 @@ from .tokenizer import strip_tags
 
 # Silence detection over 10 ms windows on a fixed grid from the segment start, with an absolute floor:
 # the decision for a window never depends on audio after it, so the streamed first segment and the
-# re-assembled take trim at exactly the same sample. -50 dBFS sits ~30 dB under speech normalised to
-# -20 dBFS (engine/audio.py TARGET_RMS) and above a codec's idle hiss.
+# re-assembled take trim at exactly the same sample. -50 dBFS sits 30 dB under speech at the -20 dBFS the
+# reference clips are normalised to (engine/audio.py TARGET_RMS). It is a chosen floor, not yet measured
+# on the real model's pauses (only random weights here): measure the codec's silence level with the real
+# checkpoint and set it just above.
 WINDOW = SAMPLE_RATE // 100
 SILENCE_DBFS = -50.0
 KEEP_SECONDS = 0.04  # the decay kept around speech, as engine/audio.py TRIM_MARGIN_SECONDS
