@@ -12,7 +12,11 @@ its speech, the planned pause is inserted, and `FADE_SECONDS` raised-cosine fade
 segment keep the step into and out of the pause click-free. Segment RMS is matched to the first
 segment's within ±`MAX_GAIN_DB`. The first segment streams as it is generated (its TTFA is a short
 take's); later segments are generated whole, ahead of playback, because trimming and loudness need all
-of a segment.
+of a segment. A later segment cut short (length cap, repeat guard) is generated once more with the next
+seed and flagged; the first is only flagged, since it has already been heard.
+
+The engine caches one prefix, so a script whose turns alternate between voices prefills each voice
+block again at every change of speaker (still bit-identical to a cold prefill, only slower).
 """
 
 from __future__ import annotations
