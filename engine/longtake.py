@@ -182,8 +182,12 @@ class LongTake:
         # a server that only streams it drops each segment's samples once they are sent (codes are kept).
         self.keep_audio = keep_audio
         self.retry = seeds is None
-        self.base_seed = new_seed() if seed is None and seeds is None else seed
-        self.seeds = list(seeds) if seeds is not None else [(self.base_seed + i) % 2**64 for i in range(len(segments))]
+        if seeds is not None:
+            self.seeds = [int(s) for s in seeds]
+            self.base_seed = self.seeds[0]
+        else:
+            self.base_seed = new_seed() if seed is None else int(seed)
+            self.seeds = [_next_seed(self.base_seed, i) for i in range(len(segments))]
         self.cancel = cancel or threading.Event()
         self.takes: list[SegmentTake | None] = [None] * len(segments)
         self.prompts: list = [None] * len(segments)
@@ -249,7 +253,7 @@ class LongTake:
                                prefix_len=prompt.prefix_len, reused_tokens=m.reused_tokens)
             if live or m.stop_reason not in CUT_SHORT or self.cancel.is_set():
                 break  # audio already heard cannot be taken back: a live segment is only flagged
-            seed = (seed + 1) % 2**64
+            seed = _next_seed(seed)
         return take
 
     def stream(self) -> Iterator[TakeChunk]:
@@ -339,7 +343,7 @@ class LongTake:
                 raise ValueError("the edited segment is empty; type what it should say")
             segment = replace(segment, text=text, source=text)
             self.segments[index] = segment
-        seed = (self.seeds[index] + 1) % 2**64 if seed is None else int(seed)
+        seed = _next_seed(self.seeds[index]) if seed is None else int(seed)
         generator = self._generate(index, segment.text, seed, retry=self.retry)
         while True:
             try:
@@ -374,6 +378,11 @@ class LongTake:
                               "seed": self.seeds[i], "stop_reason": t.stop_reason if t else None,
                               "flagged": bool(t and t.flagged)}
                              for i, (s, t) in enumerate(zip(self.segments, self.takes))]}
+
+
+def _next_seed(seed: int, step: int = 1) -> int:
+    """Segment i's seed is the take's seed + i, and a retry takes the next one; seeds stay 63-bit (SPEC D6)."""
+    return (seed + step) % 2**63
 
 
 def _pause(segment: Segment) -> np.ndarray:
