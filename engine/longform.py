@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from .normalize import normalize_text
+from .normalize import AUTO, looks_english, normalize_text
 from .tokenizer import _TAG_RE, CONTROL_TAGS, estimate_seconds, strip_tags
 
 # Segment length in seconds of speech (the speaking-rate estimate). One prompt is capped at 2048 rows
@@ -115,7 +115,10 @@ def _trailing_tag(sentence: str) -> re.Match | None:
 
 
 def _language(language: str) -> str:
-    return (language or "en").split("-")[0].lower()
+    """sentencex's language code; "auto" uses the English rules, which split on the sentence marks of
+    every script (. ! ? 。 ！ ？)."""
+    code = (language or "en").split("-")[0].lower()
+    return "en" if code == AUTO else code
 
 
 def parse_script(text: str, voices: Mapping[str, str | None]) -> list[tuple[str, str]]:
@@ -157,14 +160,15 @@ def _listing(names) -> str:
     return ", ".join(repr(n) for n in names)
 
 
-def plan(text: str, *, style: str = "", normalize: bool = True, language: str = "en",
+def plan(text: str, *, style: str = "", normalize: bool = True, language: str = AUTO,
          voices: Mapping[str, str | None] | None = None, min_seconds: float = MIN_SEGMENT_SECONDS,
          max_seconds: float = MAX_SEGMENT_SECONDS) -> list[Segment]:
     """Split `text` into the segments of one long take.
 
     `style` is a tag prefix put before every segment (a style preset's prefix, already checked by the
     caller). `normalize` writes numbers, dates, units … out as words (English only; see
-    engine/normalize.py). With `voices` (speaker → voice name, or None for zero-shot) the text is read as
+    engine/normalize.py). `language` is a code such as "en" or "fr", or "auto": English rules for the
+    sentences, and normalisation of the paragraphs that read as English. With `voices` (speaker → voice name, or None for zero-shot) the text is read as
     a script: each line is spoken by the voice of its speaker, and segments never span two lines."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError("there is no text to speak; paste a paragraph or a script first")
@@ -184,8 +188,10 @@ def plan(text: str, *, style: str = "", normalize: bool = True, language: str = 
 
     sentences: list[_Sentence] = []
     for block, paragraph in enumerate(paragraphs):
+        # "auto" decides per paragraph (a paragraph has enough words to tell; a sentence may not).
+        reading = language if language != AUTO else "en" if looks_english(paragraph) else "unknown"
         for sentence in split_sentences(paragraph, language):
-            spoken = normalize_text(sentence, language) if normalize else sentence
+            spoken = normalize_text(sentence, reading) if normalize else sentence
             for piece, piece_source in _fit(spoken, sentence, max_seconds, style):
                 sentences.append(_Sentence(piece, piece_source, block))
 

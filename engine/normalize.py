@@ -3,7 +3,8 @@ the words a reader would say ("$3.50" → "three dollars and fifty cents"), so t
 how to read "10:30" or "70 °F" (PRODUCT §4 item 14; Higgs' own examples tell users to do this by hand).
 
 English only, through `num2words`; text in any other language is returned unchanged, since reading rules
-(decimal commas, date order, unit names) differ per language and a wrong reading is worse than none.
+(decimal commas, date order, unit names) differ per language and a wrong reading is worse than none. With
+language "auto" (the planner's default) a text is normalised when it reads as English (`looks_english`).
 Control tags (`<|…|>`) are never touched. Pure functions, no model.
 """
 
@@ -17,6 +18,19 @@ from num2words import num2words
 from .tokenizer import _TAG_RE
 
 ENGLISH = ("en", "english")
+AUTO = "auto"
+# The most frequent function words of English and of the languages most often pasted beside it (French,
+# German, Spanish, Italian, Portuguese), none of them an English word. English function words make up
+# ~40% of running English text; a text reads as English when they are at least ENGLISH_SHARE of its words
+# and outnumber the others. No model, no dictionary: it only decides whether to normalise.
+_ENGLISH_WORDS = frozenset(("the and of to a in is it that was for on with as he she you i at be this have "
+                            "from or by not are but we they his her had were will would there their what so "
+                            "if my me your an do all one can").split())
+_OTHER_WORDS = frozenset(("le la les et est un une des du de que qui dans pour pas sur au avec il elle nous vous "
+                          "ils ce ne se der das und ist nicht ein eine zu den mit sich auf für im dem ich el los "
+                          "las y por con para lo del al di che per non è os da em uma não é à où très").split())
+ENGLISH_SHARE = 0.1
+_WORD_RE = re.compile(r"[^\W\d_]+(?:'[^\W\d_]+)?")
 
 _ABBREVIATIONS = {  # only ones whose reading does not depend on context ("St." is Saint or Street: left alone)
     "Dr.": "Doctor", "Mr.": "Mister", "Mrs.": "Missus", "Ms.": "Miz", "Prof.": "Professor", "Jr.": "Junior",
@@ -52,10 +66,22 @@ _ORDINAL_RE = re.compile(r"\b(\d+)(st|nd|rd|th)\b")
 _NUMBER_RE = re.compile(r"(?<![\w.,])(-?)(" + _NUMBER + r")(?![\w])")
 
 
+def looks_english(text: str) -> bool:
+    """Whether `text` reads as English: at least ENGLISH_SHARE of its words are common English function
+    words, and more of them than of other languages' function words. No words at all counts as English."""
+    words = _WORD_RE.findall(_TAG_RE.sub(" ", text).lower())
+    if not words:
+        return True
+    english = sum(w in _ENGLISH_WORDS for w in words)
+    return english >= ENGLISH_SHARE * len(words) and english > sum(w in _OTHER_WORDS for w in words)
+
+
 def normalize_text(text: str, language: str = "en") -> str:
     """`text` with numbers, dates, times, currency, units and common abbreviations written out as words,
-    when `language` is English; any other language is returned unchanged. Tags are left as they are."""
-    if language.lower() not in ENGLISH:
+    when `language` is English ("auto": when the text looks English); any other language is returned
+    unchanged. Tags are left as they are."""
+    language = language.lower()
+    if language not in ENGLISH and not (language == AUTO and looks_english(text)):
         return text
     parts, cursor = [], 0
     for match in _TAG_RE.finditer(text):
@@ -134,4 +160,4 @@ def _unit(m: re.Match) -> str:
     return f"{spoken} {one if value.replace(',', '') in ('1', '1.0') else many}"
 
 
-__all__ = ["normalize_text", "ENGLISH"]
+__all__ = ["normalize_text", "looks_english", "ENGLISH", "AUTO"]

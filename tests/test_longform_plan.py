@@ -145,6 +145,16 @@ def test_other_languages_are_left_unchanged():
         assert normalize_text(text, language) == text
 
 
+def test_auto_normalises_only_the_paragraphs_that_read_as_english():
+    english = "It costs $3.50 at 10:30. Then more text follows here."
+    french = "Il fait 20 °C à 10:30, M. Dupont paie 3,50 €. Le chien est dans la maison."
+    german = "Der Hund ist in dem Haus und wartet auf den Mann, der um 10:30 kommt."
+    spoken = " ".join(s.text for s in plan("\n\n".join([english, french, german])))
+    assert "three dollars and fifty cents at ten thirty" in spoken
+    assert "Il fait 20 °C à 10:30, M. Dupont paie 3,50 €." in spoken and "um 10:30 kommt" in spoken
+    assert normalize_text(french, "auto") == french and normalize_text(english, "auto") != english
+
+
 def test_normalisation_is_on_by_default_and_switchable():
     text = "It costs $3.50. Then more text follows here."
     assert plan(text)[0].text == "It costs three dollars and fifty cents."
