@@ -1,0 +1,393 @@
+"""One long take from a plan (engine/longform.py): every segment generated from the same anchor, streamed
+as one continuous take, each segment replaceable on its own.
+
+Anchoring (no drift): a segment's prompt is never built from the previous segment's output. With a voice
+the anchor is its clone prompt; zero-shot, the first segment of a speaker is generated normally and its
+frames (trimmed to whole frames around the speech) and text become the reference of every later segment
+of that speaker, so the voice found there is kept. The anchor is a shared prompt prefix, so the engine's
+prefix KV cache makes each later segment prefill only its own text (`SegmentTake.reused_tokens`).
+
+Joins: each segment's leading (after the first) and trailing silence is trimmed to `KEEP_SECONDS` around
+its speech, the planned pause is inserted, and `FADE_SECONDS` raised-cosine fades at both ends of every
+segment keep the step into and out of the pause click-free. Segment RMS is matched to the first
+segment's within ±`MAX_GAIN_DB`. The first segment streams as it is generated (its TTFA is a short
+take's); later segments are generated whole, ahead of playback, because trimming and loudness need all
+of a segment. A later segment cut short (length cap, repeat guard) is generated once more with the next
+seed and flagged; the first is only flagged, since it has already been heard.
+
+The engine caches one prefix, so a script whose turns alternate between voices prefills each voice
+block again at every change of speaker (still bit-identical to a cold prefill, only slower).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Iterator, Mapping
+
+import numpy as np
+import torch
+
+from .audio import MAX_PEAK
+from .config import SAMPLE_RATE, SAMPLES_PER_FRAME
+from .delay import default_max_frames
+from .longform import Segment
+from .prompt import VoiceRef
+from .sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, new_seed
+from .tokenizer import strip_tags
+
+# Silence detection over 10 ms windows on a fixed grid from the segment start, with an absolute floor:
+# the decision for a window never depends on audio after it, so the streamed first segment and the
+# re-assembled take trim at exactly the same sample. -50 dBFS sits 30 dB under speech at the -20 dBFS the
+# reference clips are normalised to (engine/audio.py TARGET_RMS). It is a chosen floor, not yet measured
+# on the real model's pauses (only random weights here): measure the codec's silence level with the real
+# checkpoint and set it just above.
+WINDOW = SAMPLE_RATE // 100
+SILENCE_DBFS = -50.0
+KEEP_SECONDS = 0.04  # the decay kept around speech, as engine/audio.py TRIM_MARGIN_SECONDS
+FADE_SECONDS = 0.005  # 120 samples: long enough that no step is audible, far shorter than a phoneme
+MAX_GAIN_DB = 6.0
+KEEP = int(KEEP_SECONDS * SAMPLE_RATE)
+FADE = int(FADE_SECONDS * SAMPLE_RATE)
+# A take that ends on these was cut, not finished: the segment is generated once more with the next seed.
+CUT_SHORT = ("max_frames", "repeat_guard")
+
+
+@dataclass(frozen=True)
+class SegmentTake:
+    """One generated segment: its prompt's numbers, the raw audio, and how it ended."""
+
+    index: int
+    text: str
+    seed: int
+    codes: torch.Tensor
+    audio: np.ndarray  # raw engine output, before trimming, fades and gain
+    stop_reason: str
+    retried: bool  # the first seed was cut short, so this is the next seed's take
+    prompt_tokens: int
+    prefix_len: int
+    reused_tokens: int  # prompt positions served by the prefix KV cache
+
+    @property
+    def flagged(self) -> bool:
+        return self.retried or self.stop_reason in CUT_SHORT
+
+    @property
+    def seconds(self) -> float:
+        return len(self.audio) / SAMPLE_RATE
+
+
+@dataclass(frozen=True)
+class TakeChunk:
+    audio: np.ndarray  # float32 mono 24 kHz, the next samples of the assembled take
+    segment: int  # the segment these samples belong to (pause samples: the segment before the pause)
+    done: int  # segments finished so far
+    total: int
+
+
+# ------------------------------------------------------------------------------------------- joins
+def speech_bounds(audio: np.ndarray) -> tuple[int, int] | None:
+    """[start, end) of the windows louder than SILENCE_DBFS, or None when the segment is silent."""
+    loud = np.flatnonzero(_window_rms(audio) >= 10 ** (SILENCE_DBFS / 20))
+    if not len(loud):
+        return None
+    return int(loud[0]) * WINDOW, min(len(audio), (int(loud[-1]) + 1) * WINDOW)
+
+
+def _window_rms(audio: np.ndarray) -> np.ndarray:
+    whole = len(audio) // WINDOW * WINDOW
+    windows = audio[:whole].astype(np.float64).reshape(-1, WINDOW)
+    rms = np.sqrt(np.mean(windows ** 2, axis=1))
+    if whole < len(audio):
+        rms = np.append(rms, np.sqrt(np.mean(audio[whole:].astype(np.float64) ** 2)))
+    return rms
+
+
+def speech_rms(audio: np.ndarray) -> float:
+    """RMS of the windows that hold speech (silence would make a sparse segment look quiet)."""
+    rms = _window_rms(audio)
+    loud = rms[rms >= 10 ** (SILENCE_DBFS / 20)]
+    return float(np.sqrt(np.mean(loud ** 2))) if len(loud) else 0.0
+
+
+def shape_segment(audio: np.ndarray, *, trim_start: bool, reference_rms: float | None) -> np.ndarray:
+    """A segment's raw audio as it goes into the take: silence trimmed to KEEP_SECONDS (the start only when
+    `trim_start`), gain to `reference_rms` within ±MAX_GAIN_DB and under MAX_PEAK (None: gain 1), and
+    raised-cosine fades at both ends."""
+    first, last = speech_bounds(audio) or (0, 0)  # a silent segment keeps a KEEP_SECONDS stub
+    start = max(0, first - KEEP) if trim_start else 0
+    end = min(len(audio), last + KEEP)
+    out = audio[start:end].astype(np.float32, copy=True)
+    if reference_rms:
+        limit = 10 ** (MAX_GAIN_DB / 20)
+        gain = float(np.clip(reference_rms / max(speech_rms(out), 1e-12), 1 / limit, limit))
+        peak = float(np.max(np.abs(out))) if len(out) else 0.0
+        if peak * gain > MAX_PEAK:
+            gain = MAX_PEAK / peak
+        out *= np.float32(gain)
+    _fade(out)
+    return out
+
+
+def _ramp(n: int) -> np.ndarray:
+    """Raised-cosine fade-in of n samples (never exactly 0 or 1, so both ends move)."""
+    return (0.5 - 0.5 * np.cos(np.pi * (np.arange(n) + 0.5) / n)).astype(np.float32)
+
+
+def _fade(out: np.ndarray) -> None:
+    n = min(FADE, len(out) // 2)
+    if n:
+        ramp = _ramp(n)
+        out[:n] *= ramp
+        out[len(out) - n:] *= ramp[::-1]
+
+
+def _anchor_frames(audio: np.ndarray, frames: int) -> slice:
+    """Whole frames covering a segment's speech (all of them when it has none)."""
+    bounds = speech_bounds(audio)
+    if bounds is None:
+        return slice(0, frames)
+    start = bounds[0] // SAMPLES_PER_FRAME
+    end = min(frames, -(-bounds[1] // SAMPLES_PER_FRAME))
+    return slice(start, max(end, start + 1))
+
+
+# ------------------------------------------------------------------------------------------- the take
+class LongTake:
+    """Drives one `Engine` through a plan: anchors, per-segment seeds, streaming in order, regeneration of
+    one segment and re-assembly. `voices` maps the plan's voice names to `VoiceRef`s; a segment that names
+    none is spoken in `voice`, or with no `voice` zero-shot, anchored on its speaker's first segment.
+    `seeds` (one per segment, e.g. from a recipe) reproduce a take exactly: they are used as they are,
+    with no retry."""
+
+    def __init__(self, engine, segments: list[Segment], *, voice: VoiceRef | None = None,
+                 voices: Mapping[str, VoiceRef] | None = None, seed: int | None = None, seeds: list[int] | None = None,
+                 temperature: float = DEFAULT_TEMPERATURE, top_k: int = DEFAULT_TOP_K, top_p: float = DEFAULT_TOP_P,
+                 max_frames: int | None = None, repeat_guard: int | None = 32,
+                 cancel: threading.Event | None = None, keep_audio: bool = True):
+        if not segments:
+            raise ValueError("the plan has no segments; give some text to speak")
+        voices = dict(voices or {})
+        missing = sorted({s.voice for s in segments if s.voice is not None and s.voice not in voices})
+        if missing:
+            raise ValueError(f"no voice loaded for {', '.join(map(repr, missing))}; "
+                             f"the take has {', '.join(map(repr, voices)) or 'none'}")
+        if seeds is not None and len(seeds) != len(segments):
+            raise ValueError(f"give one seed per segment: {len(seeds)} seeds for {len(segments)} segments")
+        self.engine, self.segments, self.voice, self.voices = engine, list(segments), voice, voices
+        self.options = dict(temperature=temperature, top_k=top_k, top_p=top_p, repeat_guard=repeat_guard)
+        self.max_frames = max_frames
+        # An HTTP stream of a 100k-character input is ~2 hours of audio (~1.3 GB as raw + shaped float32):
+        # a server that only streams it drops each segment's samples once they are sent (codes are kept).
+        self.keep_audio = keep_audio
+        self.retry = seeds is None
+        if seeds is not None:
+            self.seeds = [int(s) for s in seeds]
+            self.base_seed = self.seeds[0]
+        else:
+            self.base_seed = new_seed() if seed is None else int(seed)
+            self.seeds = [_next_seed(self.base_seed, i) for i in range(len(segments))]
+        self.cancel = cancel or threading.Event()
+        self.takes: list[SegmentTake | None] = [None] * len(segments)
+        self.prompts: list = [None] * len(segments)
+        self.shaped: list[np.ndarray | None] = [None] * len(segments)
+        self.anchors: dict = {}  # speaker (None in plain text) → zero-shot anchor made from its first segment
+        self.reference_rms: float | None = None  # the first segment's, kept through regenerations
+        self.metrics = None  # the engine's Metrics of the latest chunk (prompt, reuse, stop reason)
+        self.ttfa_ms: float | None = None
+        self.wall_ms: float | None = None
+
+    @classmethod
+    def from_recipe(cls, engine, recipe: dict, *, voice: VoiceRef | None = None,
+                    voices: Mapping[str, VoiceRef] | None = None, cancel: threading.Event | None = None) -> "LongTake":
+        """The take a `recipe()` describes, ready to `run()`: the same segments, options and seeds."""
+        try:
+            items = recipe["segments"]
+            segments = [Segment(index=i, text=item["text"], source=item.get("source", item["text"]),
+                                pause_after=float(item["pause_after"]), speaker=item.get("speaker"),
+                                voice=item.get("voice")) for i, item in enumerate(items)]
+            seeds = [int(item["seed"]) for item in items]
+            options = dict(recipe["options"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"this is not a long-take recipe ({type(exc).__name__}: {exc}); "
+                             "use the JSON that LongTake.recipe() wrote") from None
+        return cls(engine, segments, voice=voice, voices=voices, seeds=seeds, cancel=cancel, **options)
+
+    # ---------------------------------------------------------------- prompts
+    def _prompt(self, segment: Segment, text: str):
+        if segment.voice is not None:
+            voice = self.voices[segment.voice]
+        else:
+            voice = self.voice or self.anchors.get(segment.speaker)
+        return self.engine.build_prompt(text, voice=voice)
+
+    def _make_anchor(self, segment: Segment, take: SegmentTake) -> None:
+        """Zero-shot: the first segment of a speaker becomes the reference of its later segments."""
+        key = segment.speaker
+        if segment.voice is None and self.voice is None and key not in self.anchors:
+            frames = take.codes[_anchor_frames(take.audio, take.codes.shape[0])]
+            if frames.shape[0]:
+                self.anchors[key] = VoiceRef(codes=frames, transcript=strip_tags(take.text).strip())
+
+    # ---------------------------------------------------------------- generation
+    def _generate(self, index: int, text: str, seed: int, *, retry: bool, live: bool = False):
+        """Generate segment `index`; yields raw audio chunks when `live`, and returns its SegmentTake."""
+        segment = self.segments[index]
+        prompt = self._prompt(segment, text)
+        self.prompts[index] = prompt
+        cap = self.max_frames or default_max_frames(text)
+        take = None
+        for attempt in range(2 if retry else 1):
+            chunks = []
+            for chunk in self.engine.generate_stream(prompt=prompt, seed=seed, max_frames=cap, cancel=self.cancel,
+                                                     **self.options):
+                chunks.append(chunk.audio)
+                self.metrics = chunk.metrics
+                if live and len(chunk.audio):
+                    yield chunk.audio
+                last = chunk
+            m = last.metrics
+            take = SegmentTake(index=index, text=text, seed=seed, codes=last.codes, audio=np.concatenate(chunks),
+                               stop_reason=m.stop_reason, retried=attempt > 0, prompt_tokens=m.prompt_tokens,
+                               prefix_len=prompt.prefix_len, reused_tokens=m.reused_tokens)
+            if live or m.stop_reason not in CUT_SHORT or self.cancel.is_set():
+                break  # audio already heard cannot be taken back: a live segment is only flagged
+            seed = _next_seed(seed)
+        return take
+
+    def stream(self) -> Iterator[TakeChunk]:
+        """Generate every segment in order and yield the take as it is assembled: the first segment as it
+        is generated, each later one whole, followed by its pause. Stops at once when `cancel` is set."""
+        started = time.perf_counter()
+        total = len(self.segments)
+        emitted = 0
+        first = self.segments[0]
+        gen = self._generate(0, first.text, self.seeds[0], retry=False, live=True)
+        raw = np.zeros(0, np.float32)
+        while True:
+            try:
+                raw = np.concatenate([raw, next(gen)])
+            except StopIteration as stop:
+                take = stop.value
+                break
+            if self.cancel.is_set():
+                gen.close()  # the engine's last, "cancelled" chunk is not part of the take
+                return
+            # Everything before the last loud window's end + KEEP − FADE is final: the trim and the
+            # fade-out can only fall after it, and only the fade-in touches the start. Only whole windows
+            # count, so a window judged now is judged the same way on the finished segment.
+            complete = raw[:len(raw) // WINDOW * WINDOW]
+            _, last = speech_bounds(complete) or (0, 0)
+            limit = min(len(complete), last + KEEP) - FADE
+            if limit > emitted:
+                piece = raw[emitted:limit].copy()
+                if emitted < FADE:
+                    head = min(FADE, limit) - emitted
+                    piece[:head] *= _ramp(FADE)[emitted:emitted + head]
+                if self.ttfa_ms is None:
+                    self.ttfa_ms = 1e3 * (time.perf_counter() - started)
+                yield TakeChunk(piece, 0, 0, total)
+                emitted = limit
+        if self.cancel.is_set():
+            return
+        self._finish(0, take)
+        tail = self.shaped[0][emitted:]
+        if self.ttfa_ms is None and len(tail):
+            self.ttfa_ms = 1e3 * (time.perf_counter() - started)
+        yield TakeChunk(np.concatenate([tail, _pause(first)]), 0, 1, total)
+        self._sent(0)
+        for index in range(1, total):
+            segment = self.segments[index]
+            take = yield from self._generate(index, segment.text, self.seeds[index], retry=self.retry)
+            if self.cancel.is_set():
+                return
+            self._finish(index, take)
+            yield TakeChunk(np.concatenate([self.shaped[index], _pause(segment)]), index, index + 1, total)
+            self._sent(index)
+        self.wall_ms = 1e3 * (time.perf_counter() - started)
+
+    def _finish(self, index: int, take: SegmentTake) -> None:
+        """Record a generated segment and shape it for the take. The first segment sets the loudness
+        reference the first time; generated again, it is matched to that reference like the others."""
+        self.takes[index] = take
+        self.seeds[index] = take.seed
+        self._make_anchor(self.segments[index], take)
+        self.shaped[index] = shape_segment(take.audio, trim_start=index > 0, reference_rms=self.reference_rms)
+        if self.reference_rms is None:
+            self.reference_rms = speech_rms(self.shaped[0]) or None
+
+    def _sent(self, index: int) -> None:
+        if not self.keep_audio:
+            self.takes[index] = replace(self.takes[index], audio=np.zeros(0, np.float32))
+            self.shaped[index] = None
+
+    def run(self) -> np.ndarray:
+        """Generate everything (draining `stream`) and return the assembled take."""
+        for _ in self.stream():
+            pass
+        return self.assemble()
+
+    # ---------------------------------------------------------------- editing
+    def regenerate(self, index: int, *, seed: int | None = None, text: str | None = None) -> SegmentTake:
+        """Generate segment `index` again (a new seed, or edited text) from the same anchor; the other
+        segments are untouched. A segment that made a zero-shot anchor keeps the old anchor, so the rest
+        of the take keeps its voice; the new take is generated from it."""
+        if not self.keep_audio:
+            raise ValueError("this take was streamed without keeping its audio (keep_audio=False)")
+        if not 0 <= index < len(self.segments) or self.takes[index] is None:
+            raise ValueError(f"segment {index} has not been generated; the take has {len(self.segments)} segments")
+        segment = self.segments[index]
+        if text is not None:
+            if not text.strip():
+                raise ValueError("the edited segment is empty; type what it should say")
+            segment = replace(segment, text=text, source=text)
+            self.segments[index] = segment
+        seed = _next_seed(self.seeds[index]) if seed is None else int(seed)
+        generator = self._generate(index, segment.text, seed, retry=self.retry)
+        while True:
+            try:
+                next(generator)
+            except StopIteration as stop:
+                take = stop.value
+                break
+        self._finish(index, take)
+        return take
+
+    def assemble(self) -> np.ndarray:
+        """The whole take: every segment as shaped for the take, with the planned pauses."""
+        if not self.keep_audio:
+            raise ValueError("this take was streamed without keeping its audio (keep_audio=False)")
+        if any(s is None for s in self.shaped):
+            raise ValueError("the take is not complete; generate every segment first")
+        return np.concatenate([part for i, s in enumerate(self.segments) for part in (self.shaped[i], _pause(s))])
+
+    def spans(self) -> list[tuple[int, int]]:
+        """[start, end) of each segment's samples in `assemble()`."""
+        out, at = [], 0
+        for i, segment in enumerate(self.segments):
+            out.append((at, at + len(self.shaped[i])))
+            at += len(self.shaped[i]) + len(_pause(segment))
+        return out
+
+    def recipe(self) -> dict:
+        """Everything needed to make this take again: the segments' texts, voices and seeds."""
+        return {"options": {**self.options, "max_frames": self.max_frames},
+                "segments": [{"text": s.text, "source": s.source, "speaker": s.speaker, "voice": s.voice,
+                              "pause_after": s.pause_after,
+                              "seed": self.seeds[i], "stop_reason": t.stop_reason if t else None,
+                              "flagged": bool(t and t.flagged)}
+                             for i, (s, t) in enumerate(zip(self.segments, self.takes))]}
+
+
+def _next_seed(seed: int, step: int = 1) -> int:
+    """Segment i's seed is the take's seed + i, and a retry takes the next one; seeds stay 63-bit (SPEC D6)."""
+    return (seed + step) % 2**63
+
+
+def _pause(segment: Segment) -> np.ndarray:
+    return np.zeros(round(segment.pause_after * SAMPLE_RATE), np.float32)
+
+
+__all__ = ["LongTake", "SegmentTake", "TakeChunk", "shape_segment", "speech_bounds", "speech_rms",
+           "SILENCE_DBFS", "KEEP_SECONDS", "FADE_SECONDS", "MAX_GAIN_DB"]

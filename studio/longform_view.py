@@ -1,0 +1,162 @@
+"""The "Long form" tab: a chapter or a script → its segment table (text, speaker, seed, seconds, status),
+generated as one take through the GPU queue, any row generated again (new seed or edited text) and the
+whole take re-assembled for download. Thin over studio/longform.py.
+
+Wiring (studio/page.py, for the lead): inside `Page.build`'s `gr.Tabs()`, add
+`with gr.Tab("Long form", id="long"): LongFormView(self.service, self.out_dir).build(GPU_QUEUE)`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import time
+from pathlib import Path
+
+import gradio as gr
+
+from engine.config import SAMPLE_RATE
+from engine.longform import plan
+from studio.formats import write_audio
+from studio.longform import generate_long, regenerate_segment, segment_rows
+from studio.service import ServiceBusy, SynthesisRequest
+
+HEADERS = ["#", "speaker", "text", "seed", "seconds", "status"]
+
+
+def parse_voices_map(text: str) -> dict[str, str | None] | None:
+    """`Alice = Narrator` lines → {"Alice": "Narrator"}; an empty voice means zero-shot; no lines → None
+    (the text is not a script)."""
+    voices: dict[str, str | None] = {}
+    for number, line in enumerate((text or "").splitlines(), start=1):
+        if not line.strip():
+            continue
+        speaker, sep, voice = line.partition("=")
+        if not sep or not speaker.strip():
+            raise ValueError(f"line {number} of the voices map should read `Speaker = voice name` "
+                             f"(or `Speaker =` for no voice); got {line.strip()!r}")
+        voices[speaker.strip()] = voice.strip() or None
+    return voices or None
+
+
+class LongFormView:
+    """Builds the tab and handles its events; the LongTake of each session lives in a gr.State."""
+
+    _files = itertools.count(1)
+
+    def __init__(self, service, out_dir: str | Path):
+        self.service = service
+        self.out_dir = Path(out_dir)
+
+    # ------------------------------------------------------------------ handlers (plain functions)
+
+    def preview(self, text, style, voices_map, normalize):
+        """The plan before generating: the segment table, the text as it will be spoken, the duration."""
+        segments = plan(text or "", style=self.service.resolve_style(style or None), normalize=bool(normalize),
+                        voices=parse_voices_map(voices_map))
+        rows = [[s.index + 1, s.speaker or "", s.text, "", round(s.seconds, 1), "planned"] for s in segments]
+        seconds = sum(s.seconds + s.pause_after for s in segments)
+        return rows, "\n\n".join(s.text for s in segments), f"{len(segments)} segments, about {seconds:.0f} s of speech"
+
+    def generate(self, text, voice, style, voices_map, normalize, seed):
+        """Generate the take; yields (take, rows, progress, file) as segments finish, the file at the end."""
+        request = SynthesisRequest(text=text or "", voice_id=voice or None, style=style or None,
+                                   seed=None if seed is None or seed < 0 else int(seed), source="ui")
+        take, started = None, time.perf_counter()
+        try:
+            for take, piece in generate_long(self.service, request, voices=parse_voices_map(voices_map),
+                                             normalize=bool(normalize)):
+                if piece.done > piece.segment:
+                    yield take, segment_rows(take), self._progress(take, piece.done, started), gr.skip()
+        except ServiceBusy as exc:
+            raise ValueError(str(exc)) from None
+        if take is None:
+            return
+        note = "; ".join(request.warnings)
+        yield take, segment_rows(take), f"done: {len(take.segments)} segments. {note}".strip(), self._write(take)
+
+    def regenerate(self, take, row, seed, text):
+        """Generate one row again (a new seed when `seed` is empty or negative, or edited `text`)."""
+        if take is None:
+            raise ValueError("Generate a take first; then pick a row to generate again.")
+        index = int(row or 0) - 1
+        if not 0 <= index < len(take.segments):
+            raise ValueError(f"Pick a row between 1 and {len(take.segments)}.")
+        regenerate_segment(self.service, take, index, seed=None if seed is None or seed < 0 else int(seed),
+                           text=(text or "").strip() or None)
+        return take, segment_rows(take), f"row {index + 1} generated again (seed {take.seeds[index]})", \
+            self._write(take)
+
+    @staticmethod
+    def _progress(take, done: int, started: float) -> str:
+        """Segments done of total, and the time left at the pace so far (by estimated seconds of speech)."""
+        spoken = sum(s.seconds for s in take.segments[:done])
+        left = sum(s.seconds for s in take.segments[done:])
+        eta = (time.perf_counter() - started) / max(spoken, 1e-9) * left
+        return f"{done} of {len(take.segments)} segments, about {eta:.0f} s left"
+
+    def _write(self, take) -> str:
+        path = self.out_dir / f"long-take-{next(self._files)}-seed{take.base_seed}.wav"
+        return write_audio(path, take.assemble(), SAMPLE_RATE)
+
+    # ------------------------------------------------------------------ layout
+
+    def build(self, concurrency_id: str) -> None:
+        """The tab's components and events, inside an open `gr.Tab`."""
+        take = gr.State(None)
+        with gr.Row():
+            with gr.Column(scale=3):
+                text = gr.Textbox(label="Text or script", lines=14, elem_id="long-text",
+                                  placeholder="Paste a chapter, or a script with lines like `Alice: Hello.`")
+                spoken = gr.Textbox(label="As it will be spoken", lines=4, interactive=False)
+            with gr.Column(scale=2):
+                voices = [("None (zero-shot)", "")] + [(v.name, v.id) for v in self.service.list_voices()]
+                voice = gr.Dropdown(voices, value="", label="Voice (plain text)")
+                style = gr.Textbox(label="Style (preset name or tags)")
+                voices_map = gr.Textbox(label="Script voices, one `Speaker = voice name` per line", lines=3)
+                normalize = gr.Checkbox(True, label="Write numbers, dates and units as words (English)")
+                seed = gr.Number(-1, label="Seed (-1: random)", precision=0)
+                with gr.Row():
+                    preview = gr.Button("Plan")
+                    go = gr.Button("Generate", variant="primary", elem_id="long-generate")
+        progress = gr.Markdown(elem_id="long-progress")
+        table = gr.Dataframe(headers=HEADERS, interactive=False, wrap=True, elem_id="long-table")
+        with gr.Row():
+            row = gr.Number(1, label="Row", precision=0)
+            row_seed = gr.Number(-1, label="New seed (-1: the next one)", precision=0)
+            row_text = gr.Textbox(label="Edited text (empty: keep)")
+            redo = gr.Button("Regenerate row", elem_id="long-regenerate")
+        audio = gr.Audio(label="Long take", type="filepath", interactive=False, elem_id="long-take")
+
+        preview.click(_toasts(self.preview, 3), [text, style, voices_map, normalize], [table, spoken, progress],
+                      api_visibility="private")
+        go.click(_toasts(self.generate, 4), [text, voice, style, voices_map, normalize, seed],
+                 [take, table, progress, audio], concurrency_id=concurrency_id, concurrency_limit=1,
+                 api_name="long_generate")
+        redo.click(_toasts(self.regenerate, 4), [take, row, row_seed, row_text], [take, table, progress, audio],
+                   concurrency_id=concurrency_id, concurrency_limit=1, api_name="long_regenerate")
+
+
+def _toasts(fn, n_outputs: int):
+    """A handler whose ValueError (a mistake the user can fix) becomes a warning toast, outputs unchanged."""
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def stream(*args):
+            try:
+                yield from fn(*args)
+            except ValueError as exc:
+                gr.Warning(str(exc))
+        return stream
+
+    @functools.wraps(fn)
+    def call(*args):
+        try:
+            return fn(*args)
+        except ValueError as exc:
+            gr.Warning(str(exc))
+            return (gr.skip(),) * n_outputs
+    return call
+
+
+__all__ = ["LongFormView", "parse_voices_map"]

@@ -1,0 +1,100 @@
+"""studio/longform.py: a long input and a multi-voice script streamed through the studio's queue on the
+demo checkpoint (the function the HTTP API calls for long inputs)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine import Engine
+from engine.config import SAMPLE_RATE
+from engine.delay import apply_delay
+from engine.longform import plan
+from engine.longtake import LongTake
+from engine.testing import demo_checkpoint
+from studio.longform import (MAX_LONG_INPUT_CHARS, generate_long, regenerate_segment, segment_rows, stream_long,
+                            wants_long_form)
+from studio.service import StudioService, SynthesisRequest
+from studio.voices import Consent, VoiceLibrary
+
+SENTENCE = "The tide came in over the flats, slow and grey, and the birds lifted off the sand. "
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    library = VoiceLibrary(tmp_path_factory.mktemp("voices"))
+    service = StudioService(Engine.load(demo_checkpoint(), device="cpu"), library)
+    t = np.arange(2 * SAMPLE_RATE) / SAMPLE_RATE
+    for name, pitch in (("Narrator", 140.0), ("Guest", 220.0)):
+        wav = (0.3 * np.sin(2 * np.pi * pitch * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+        library.add((SAMPLE_RATE, wav), name=name, transcript=f"I am the {name.lower()}.",
+                    consent=Consent("the test suite"), encode=service._encode_codes)
+    yield service
+    service.close()
+
+
+@pytest.mark.slow
+def test_a_20k_character_input_streams_as_one_long_take(service):
+    text = (SENTENCE * 300)[:20_000]
+    assert wants_long_form(text) and not wants_long_form("Hello there.")
+    request = SynthesisRequest(text=text, seed=77, max_frames=12)
+    chunks = list(stream_long(service, request))
+    assert chunks[-1].final and not any(c.final for c in chunks[:-1])
+    assert chunks[-1].metrics.seed == 77 and chunks[0].metrics.ttfa_ms is not None
+    streamed = np.concatenate([c.audio for c in chunks])
+    # The same take made directly by the engine, with the same plan and seed.
+    direct = LongTake(service.engine, plan(text), seed=77, max_frames=12)
+    assert np.array_equal(streamed, direct.run())
+    assert chunks[-1].metrics.frames == sum(t.codes.shape[0] for t in direct.takes)
+
+
+def test_a_script_uses_each_speakers_voice(service, monkeypatch):
+    seen = []
+    real = service.engine.build_prompt
+
+    def recording(text, *, voice=None):
+        seen.append((text, voice))
+        return real(text, voice=voice)
+
+    monkeypatch.setattr(service.engine, "build_prompt", recording)
+    script = "Host: Welcome back to the show.\n[S2] Thanks for having me.\nHost: Let us begin."
+    request = SynthesisRequest(text=script, seed=5, max_frames=10)
+    chunks = list(stream_long(service, request, voices={"Host": "Narrator", "S2": "Guest"}))
+    assert chunks[-1].final
+    codes = {name: service.voices.voice_ref(name, encode=service._encode_codes).codes for name in ("Narrator", "Guest")}
+    expected = {"Welcome back to the show.": "Narrator", "Thanks for having me.": "Guest", "Let us begin.": "Narrator"}
+    assert {text for text, _ in seen} == set(expected)
+    for text, voice in seen:
+        assert torch.equal(voice.codes, codes[expected[text]])
+        prompt = real(text, voice=voice)
+        assert torch.equal(prompt.ref_rows, apply_delay(codes[expected[text]], 1024, 1025))
+
+
+def test_long_requests_are_checked_before_they_queue(service):
+    with pytest.raises(ValueError, match="the map has 'Host'") as info:
+        stream_long(service, SynthesisRequest(text="Host: Hi.\nBob: Hello."), voices={"Host": "Narrator"}).__next__()
+    assert "'Bob'" in str(info.value)
+    with pytest.raises(ValueError, match=f"limit for one long take is {MAX_LONG_INPUT_CHARS}"):
+        next(stream_long(service, SynthesisRequest(text="a" * (MAX_LONG_INPUT_CHARS + 1))))
+    with pytest.raises(ValueError, match="Temperature"):
+        next(stream_long(service, SynthesisRequest(text=SENTENCE * 30, temperature=5)))
+    assert service.queue_depth == 0
+
+
+def test_the_page_helpers_fill_the_table_and_regenerate_one_row(service):
+    text = "\n\n".join([SENTENCE * 3] * 4)
+    request = SynthesisRequest(text=text, seed=9, max_frames=10, source="ui")
+    pieces = list(generate_long(service, request))
+    take = pieces[-1][0]
+    assert all(t is take for t, _ in pieces) and pieces[-1][1].done == len(take.segments)
+    rows = segment_rows(take)
+    assert [r[0] for r in rows] == list(range(1, len(take.segments) + 1))
+    assert all(r[5] in ("done", "cut short (max_frames)", "cut short (repeat_guard)") for r in rows)
+    before, spans = take.assemble(), take.spans()
+    after = regenerate_segment(service, take, 2, seed=12345)
+    redone = take.takes[2]
+    assert redone.seed == 12345 + redone.retried  # cut short again, it moves on to the next seed
+    assert segment_rows(take)[2][3] == redone.seed
+    for i, ((a, b), (c, d)) in enumerate(zip(spans, take.spans())):
+        assert np.array_equal(before[a:b], after[c:d]) == (i != 2)

@@ -1,0 +1,78 @@
+"""The "Long form" tab (studio/longform_view.py) on the demo checkpoint: its handlers directly, then its
+events through gradio_client on a served Blocks: four paragraphs fill the segment table, one row is
+generated again, and the downloaded take has the new audio in that row only."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from engine import Engine
+from engine.testing import demo_checkpoint
+from studio.longform_view import LongFormView, parse_voices_map
+from studio.service import StudioService
+
+PARAGRAPHS = "\n\n".join(
+    f"Paragraph {n} begins here, calm and slow. It goes on for a while about the sea and the sky. "
+    f"Then it ends with a short remark." for n in ("one", "two", "three", "four"))
+
+
+@pytest.fixture(scope="module")
+def service():
+    service = StudioService(Engine.load(demo_checkpoint(), device="cpu"))
+    yield service
+    service.close()
+
+
+def test_the_voices_map_reads_lines_and_says_what_is_wrong():
+    assert parse_voices_map("Alice = Narrator\n\n[S2] =\n") == {"Alice": "Narrator", "[S2]": None}
+    assert parse_voices_map("  ") is None
+    with pytest.raises(ValueError, match="line 2 .* `Speaker = voice name`"):
+        parse_voices_map("Alice = Narrator\nBob Narrator")
+
+
+def test_handlers_plan_generate_and_regenerate_one_row(service, tmp_path):
+    view = LongFormView(service, tmp_path)
+    rows, spoken, summary = view.preview(PARAGRAPHS, "", "", True)
+    assert len(rows) >= 4 and all(r[5] == "planned" for r in rows) and "segments" in summary
+    outputs = list(view.generate(PARAGRAPHS, "", "", "", True, 5))
+    take, rows, progress, path = outputs[-1]
+    assert len(rows) == len(take.segments) and all(r[5] != "waiting" for r in rows)
+    assert [o[2] for o in outputs[:-1]][0].startswith("1 of ") and progress.startswith("done")
+    first = sf.read(path)[0]
+    spans = take.spans()
+    take, rows, _, path = view.regenerate(take, 3, 777, "")
+    second = sf.read(path)[0]
+    for i, ((a, b), (c, d)) in enumerate(zip(spans, take.spans())):
+        assert np.array_equal(first[a:b], second[c:d]) == (i != 2), i
+    with pytest.raises(ValueError, match="between 1 and"):
+        view.regenerate(take, 99, -1, "")
+
+
+@pytest.mark.slow
+def test_the_tab_through_gradio_client(service, tmp_path):
+    import gradio as gr
+
+    gradio_client = pytest.importorskip("gradio_client")
+    from tests.studio_server import free_port
+
+    with gr.Blocks() as blocks:
+        with gr.Tab("Long form"):
+            LongFormView(service, tmp_path).build("gpu")
+    port = free_port()
+    blocks.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        client = gradio_client.Client(f"http://127.0.0.1:{port}", verbose=False)
+        rows, progress, path = client.predict(PARAGRAPHS, "", "", "", True, 8, api_name="/long_generate")
+        assert len(rows["data"]) >= 4 and progress.startswith("done")
+        first = sf.read(path)[0]
+        # The session's take (a gr.State) is what the regenerate event works on.
+        rows, progress, path = client.predict(2, 4242, "", api_name="/long_regenerate")
+        assert "row 2" in progress and rows["data"][1][3] in (4242, 4243)
+        second = sf.read(path)[0]
+        differs = np.flatnonzero(first[:min(len(first), len(second))] != second[:len(first)])
+        assert len(differs) or len(first) != len(second)
+        assert not len(differs) or differs[0] > 0.5 * 24000  # row 1 (a sentence and its pause) is untouched
+    finally:
+        blocks.close()
