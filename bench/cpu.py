@@ -172,7 +172,7 @@ def bench_codec(size: str, seconds: float, repeat: int) -> Table:
 # ---------------------------------------------------------------------------------------------- end to end
 def bench_e2e(runs: int) -> Table:
     from engine import Engine
-    from engine.testing import demo_checkpoint
+    from engine.demo import demo_checkpoint
 
     engine = Engine.load(demo_checkpoint(), device="cpu")
     text = "Hello there. This is a short benchmark sentence for the studio."
