@@ -25,8 +25,9 @@ import time
 import numpy as np
 import torch
 
-from bench.common import Table, copy_bandwidth, decode_weight_bytes, machine_line, median_ms, random_backbone
+from bench.common import Table, copy_bandwidth, decode_weight_bytes, machine_line, median_ms
 from engine.config import FRAME_RATE, FULL_SIZE, SAMPLE_RATE, Dims
+from engine.demo import random_backbone
 from engine.model import HiggsModel, rel_error
 
 QUARTER = dataclasses.replace(FULL_SIZE, hidden=640, intermediate=2432, layers=9, heads=8, kv_heads=2, vocab=4096)
@@ -95,7 +96,7 @@ class TwinRunner:
 
 def bench_backbone(dims: Dims, dtype: torch.dtype, frames: int, label: str, floor_bps: float,
                    repeat: int = 3) -> tuple[list, str]:
-    state = random_backbone(dims, dtype, seed=1)
+    state = random_backbone(dims, seed=1, dtype=dtype, names="internal")
     model = HiggsModel.from_state_dict(dims, state, dtype=dtype, max_len=64 + frames + 8)
     del state
     twin = TwinRunner(model, transformers_twin(model))
