@@ -49,6 +49,7 @@ from starlette.routing import Mount
 from engine.audio import ReferenceAudioError, load_audio
 from engine.config import SAMPLE_RATE
 from engine.generate import codes_sha256
+from engine.types import DEFAULT_REPEAT_GUARD
 from studio.formats import MIME, STREAM_FORMATS, FormatError, StreamEncoder, available_formats, encode_audio, to_pcm16
 from studio.presets import check_style_prefix
 from studio.service import MAX_TEXT_CHARS, ServiceBusy, ServiceClosed, SynthesisRequest
@@ -114,7 +115,7 @@ class SpeechRequest(BaseModel):
     seed: int | None = None
     max_frames: int | None = None
     max_new_tokens: int | None = None  # SGLang-Omni / vLLM-Omni name for max_frames
-    repeat_guard: int | None = 32  # stop a take whose last N frames repeat; null disables it
+    repeat_guard: int | None = DEFAULT_REPEAT_GUARD  # stop a take whose last N frames repeat; null disables it
     ref_audio: str | None = None
     ref_text: str | None = None
 

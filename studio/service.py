@@ -39,12 +39,12 @@ import numpy as np
 
 from engine.config import FRAME_RATE, SAMPLE_RATE
 from engine.tokenizer import CONTROL_TAGS, estimate_seconds, lint_tags
+from engine.types import DEFAULT_REPEAT_GUARD, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, MAX_SEED
 from studio.presets import apply_preset, check_style_prefix
 from studio.voices import Consent
 
 MAX_TEXT_CHARS = 4096  # the OpenAI speech API's `input` limit
 MAX_FRAMES = 8192  # the backbone's context: no take can be longer than this many frames (~327 s)
-MAX_SEED = 2**63 - 1  # seeds are 63-bit (SPEC D6)
 RANDOM_SEED_BITS = 31  # drawn seeds stay below 2**31: exact in JSON numbers and in the browser
 
 
@@ -65,12 +65,12 @@ class SynthesisRequest:
     text: str
     voice_id: str | None = None
     style: str | None = None
-    temperature: float = 0.8
-    top_k: int = 30
-    top_p: float = 0.8
+    temperature: float = DEFAULT_TEMPERATURE
+    top_k: int = DEFAULT_TOP_K
+    top_p: float = DEFAULT_TOP_P
     seed: int | None = None
     max_frames: int | None = None
-    repeat_guard: int | None = 32
+    repeat_guard: int | None = DEFAULT_REPEAT_GUARD
     ref_audio: tuple[np.ndarray, int] | None = None
     ref_text: str | None = None
     cancel: threading.Event = field(default_factory=threading.Event)

@@ -48,6 +48,7 @@ import soundfile as sf
 
 from engine.audio import ReferenceAudioError, prepare_reference
 from engine.config import FULL_SIZE, SAMPLE_RATE, SAMPLES_PER_FRAME
+from engine.types import SEED_LIMIT
 from studio.presets import check_style_prefix
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,6 @@ MAX_NAME = 64
 MAX_TRANSCRIPT = 2000
 MAX_DESCRIPTION = 500
 MAX_CONSENT_FIELD = 500
-SEED_LIMIT = 2 ** 63  # seeds are 63-bit (SPEC D6)
 MAX_REFERENCE_SECONDS = 30.0
 
 # Import limits. A prepared reference is at most 30 s: 1.4 MB of 16-bit audio and 6 KB of codes.
