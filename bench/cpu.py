@@ -10,6 +10,9 @@
    decoder's overhead over one-shot with the engine's push schedule, and encode RTF for a 10 s clip.
 3. End to end on the demo checkpoint: time to first audio and RTF of `Engine.generate_stream`, with the
    prefill / first-frames / first-codec-window breakdown.
+4. Batched takes (`--only batch`): c = 1, 2, 4, 8 takes decoded together by the engine's scheduler on
+   random weights at quarter size, bf16 and fp32: aggregate frames/s, per-take ms/frame, and the cost
+   of the batch-invariance padding (a lone take's step at `min_rows` rows vs at one row).
 
 `--smoke` shrinks every size so the whole script runs in seconds (the test suite runs it that way).
 """
@@ -194,11 +197,51 @@ def bench_e2e(runs: int) -> Table:
                  [med])
 
 
+# ---------------------------------------------------------------------------------------------- batch
+def bench_batch(dims: Dims, dtype: torch.dtype, frames: int, label: str, concurrency=(1, 2, 4, 8)) -> Table:
+    from engine.generate import Engine
+    from engine.prompt import Prompt
+    from engine.types import SamplingParams
+
+    model = HiggsModel.from_state_dict(dims, random_backbone(dims, seed=1, dtype=dtype, names="internal"),
+                                       dtype=dtype, max_len=512, max_rows=max(concurrency))
+    precision = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
+    engine = Engine(model, None, None, dims, {"device": "cpu", "precision": precision, "backend": "torch"},
+                    max_batch=max(concurrency))
+    gen = torch.Generator().manual_seed(0)
+    prompt = Prompt(ids=torch.randint(0, dims.vocab, (24,), generator=gen).tolist())
+    # Random weights rarely sample <eoc>, but a take that does stops early: rows are counted, not assumed.
+    params = [SamplingParams(temperature=0.8, seed=i, max_frames=frames, repeat_guard=None)
+              for i in range(max(concurrency))]
+    engine.predict(prompt=prompt, params=params[0].with_seed(99))  # warm-up
+    rows, base = [], None
+    for c in concurrency:
+        t0 = time.perf_counter()
+        takes = engine.generate_batch([prompt] * c, params[:c])
+        wall = time.perf_counter() - t0
+        total = sum(t.metrics.rows for t in takes)
+        per_take = statistics.median(t.metrics.ms_per_frame for t in takes)
+        fps = total / wall
+        base = base or (fps, per_take)
+        rows.append([label, c, total, fps, f"{fps / base[0]:.2f}×", per_take, f"{per_take / base[1]:.2f}×",
+                     max(t.metrics.batch for t in takes)])
+    # The padding's price: one take's step at min_rows rows (what runs) vs at one row (not invariant).
+    row = torch.randint(0, 1024, (1, 8), generator=gen)
+    padded = median_ms(lambda: model.decode_rows(row, [0], [30]), repeat=20, warmup=3)
+    low, model.min_rows = model.min_rows, 1
+    single = median_ms(lambda: model.decode_rows(row, [0], [30]), repeat=20, warmup=3)
+    model.min_rows = low
+    rows.append([label, f"1 (padding: {low} rows vs 1)", "", "", "", padded, f"{padded / single:.2f}× of {single:.3g}", ""])
+    return Table(f"Batched takes, {label}: aggregate frames/s and per-take ms/frame ({frames} frames per take)",
+                 ["config", "takes (c)", "rows", "frames/s (all takes)", "vs c=1", "ms/frame per take",
+                  "vs c=1", "batch seen"], rows)
+
+
 # ---------------------------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (seconds); for the test suite")
-    ap.add_argument("--only", default="backbone,codec,e2e", help="comma-separated sections")
+    ap.add_argument("--only", default="backbone,codec,e2e", help="comma-separated sections (also: batch)")
     ap.add_argument("--full-frames", type=int, default=4, help="decode frames timed at full size")
     ap.add_argument("--quarter-frames", type=int, default=100, help="decode frames timed at quarter size")
     args = ap.parse_args(argv)
@@ -226,6 +269,14 @@ def main(argv=None) -> int:
     if "codec" in sections:
         print(bench_codec("tiny" if args.smoke else "full", 2.0 if args.smoke else 10.0, 1 if not args.smoke else 2).markdown())
         print()
+    if "batch" in sections:
+        # Quarter size only: full size needs ~8 GB of weights and these machines are shared.
+        configs = [(SMOKE, torch.float32, 8, "smoke fp32")] if args.smoke else [
+            (QUARTER, torch.bfloat16, args.quarter_frames, "quarter bf16 (9 L, 640)"),
+            (QUARTER, torch.float32, args.quarter_frames, "quarter fp32 (9 L, 640)")]
+        for dims, dtype, frames, label in configs:
+            print(bench_batch(dims, dtype, frames, label).markdown())
+            print()
     if "e2e" in sections:
         print(bench_e2e(2 if args.smoke else 5).markdown())
         print()

@@ -46,3 +46,12 @@ def test_cpu_bench_smoke_prints_tables(capsys):
 def test_table_markdown():
     text = Table("t", ["a", "b"], [[1.23456, "x"], [12345.6, 2]]).markdown()
     assert text.splitlines()[2] == "| a | b |" and "| 1.23 | x |" in text and "| 12346 | 2 |" in text
+
+
+def test_cpu_bench_batch_section_smoke(capsys):
+    assert cpu.main(["--smoke", "--only", "batch"]) == 0
+    out = capsys.readouterr().out
+    assert "### Batched takes, smoke fp32" in out and "frames/s (all takes)" in out and "padding:" in out
+    lines = [line for line in out.splitlines() if line.startswith("| smoke fp32 | ")]
+    assert [line.split(" | ")[1] for line in lines[:4]] == ["1", "2", "4", "8"]
+    assert lines[3].split(" | ")[-1].strip(" |") == "8"  # the eight takes really ran as one batch
