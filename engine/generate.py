@@ -153,9 +153,14 @@ class Engine:
         self.device = torch.device(info["device"])
         self._lock = threading.Lock()  # device state: one step, prefill or codec call at a time
         self._prefix_key = None  # without batching: the prompt prefix whose KV sits in [0, prefix_len)
-        batched = hasattr(model, "decode_rows") and max_batch > 1
-        if batched and getattr(model, "max_rows", max_batch) != max_batch:
-            model.calibrate_rows(max_batch)
+        # The scheduler samples on the host, so a backend with its own fused device sampling (`rows`)
+        # runs one take at a time; max_batch=1 still goes through the scheduler's queue.
+        batched = hasattr(model, "decode_rows") and not hasattr(model, "rows")
+        # Calibrated against at least 16 rows whatever max_batch is, so engines loaded with different
+        # max_batch (1 included) pad alike and give a seed the same codes.
+        rows = max(max_batch, DEFAULT_MAX_BATCH)
+        if hasattr(model, "calibrate_rows") and model.max_rows != rows:
+            model.calibrate_rows(rows)
         # With batching, the scheduler owns the KV slots; without it, takes run one at a time in slot 0.
         self.scheduler = Scheduler(self, max_batch) if batched else None
         self.info = {**info, "max_batch": max_batch if batched else 1,

@@ -45,6 +45,7 @@ class Take:
         self.started = started
         self.u = uniforms(params.seed, 0, codebooks, steps=rule.max_rows).view(-1, codebooks)
         self.cond = threading.Condition()
+        self.scheduler: Scheduler | None = None
         self.slot: int | None = None
         self.segments: list = []  # prefill chunks still to run: (ids, ref_rows, start)
         self.logits = None
@@ -72,7 +73,10 @@ class Take:
             raise self.error
 
     def close(self) -> None:
-        """Leave the batch (closed generator or cancel) and wait until the worker has let go of the rows."""
+        """Leave the batch (closed generator or cancel) and wait until the worker has let go of the rows.
+        A take still waiting for a slot leaves the queue at once."""
+        if self.scheduler is not None:
+            self.scheduler.withdraw(self)
         with self.cond:
             self.abandoned = True
             self.cond.wait_for(lambda: self.finished)
@@ -102,12 +106,19 @@ class Scheduler:
 
     def submit(self, take: Take) -> Take:
         with self.cond:
+            take.scheduler = self
             self.waiting.append(take)
             if self.worker is None:
                 self.worker = threading.Thread(target=self._run, name="engine-scheduler", daemon=True)
                 self.worker.start()
             self.cond.notify_all()
         return take
+
+    def withdraw(self, take: Take) -> None:
+        with self.cond:
+            if take in self.waiting:
+                self.waiting.remove(take)
+                take.finish()
 
     def reserve(self, key) -> tuple[int, bool]:
         """A free slot for a take (or a direct prefill) with prefix `key`, waiting while all are busy;
