@@ -95,29 +95,39 @@ class KVCache:
 
     def __init__(self, kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype, device=None):
         self.shape, self.dtype, self.device = (kv_heads, max_len, head_dim), dtype, device
-        self.k: dict[int, torch.Tensor] = {}
-        self.v: dict[int, torch.Tensor] = {}
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
+
+    @property
+    def k(self) -> torch.Tensor:  # slot 0, the one sequence of a backend that does not batch
+        self._slot(0)
+        return self.keys[0]
+
+    @property
+    def v(self) -> torch.Tensor:
+        self._slot(0)
+        return self.values[0]
 
     def _slot(self, slot: int) -> None:
-        if slot not in self.k:
-            self.k[slot] = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
-            self.v[slot] = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        if slot not in self.keys:
+            self.keys[slot] = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+            self.values[slot] = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
 
     def update(self, start: int, k: torch.Tensor, v: torch.Tensor, slot: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         self._slot(slot)
         end = start + k.shape[1]
-        self.k[slot][:, start:end] = k
-        self.v[slot][:, start:end] = v
-        return self.k[slot][:, :end], self.v[slot][:, :end]
+        self.keys[slot][:, start:end] = k
+        self.values[slot][:, start:end] = v
+        return self.keys[slot][:, :end], self.values[slot][:, :end]
 
     def grown(self, max_len: int) -> "KVCache":
         """A cache of max_len positions holding this one's contents (takes in flight keep their KV)."""
         out = KVCache(self.shape[0], max_len, self.shape[2], self.dtype, self.device)
         keep = min(max_len, self.shape[1])
-        for slot in self.k:
+        for slot in self.keys:
             out._slot(slot)
-            out.k[slot][:, :keep] = self.k[slot][:, :keep]
-            out.v[slot][:, :keep] = self.v[slot][:, :keep]
+            out.keys[slot][:, :keep] = self.keys[slot][:, :keep]
+            out.values[slot][:, :keep] = self.values[slot][:, :keep]
         return out
 
 
@@ -152,8 +162,8 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
                 mask: torch.Tensor | None, slot: int = 0) -> torch.Tensor:
-        """Prefill: x [L, hidden] of one sequence at positions [start, start + L) of `slot`; cos/sin
-        [L, 1, d] (sin signed, see apply_rope)."""
+        """One sequence: x [L, hidden] at positions [start, start + L) of `slot`; cos/sin [L, 1, d] (sin
+        signed, see apply_rope)."""
         n, heads, kv_heads, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
         qkv = F.linear(x, self.wqkv).view(n, heads + 2 * kv_heads, d)
         qk = apply_rope(rms_norm(qkv[:, :heads + kv_heads], self.qk_norm, self.eps), cos, sin)
@@ -164,7 +174,13 @@ class Attention(nn.Module):
         # query length: [kv_heads, group·L, d] against [kv_heads, T, d].
         group = heads // kv_heads
         q = q.reshape(kv_heads, group * n, d)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask.repeat(group, 1))
+        if n == 1:
+            # One query: the transformers eager math (scores in the compute dtype, softmax in fp32); at one
+            # query it is ~2× faster than SDPA's CPU path (7 vs 14 µs tiny, 172 vs 243 µs at 4B shapes).
+            scores = torch.bmm(q, keys.transpose(1, 2)) * d ** -0.5
+            out = torch.bmm(torch.softmax(scores, -1, dtype=torch.float32).to(q.dtype), values)
+        else:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask.repeat(group, 1))
         out = out.view(heads, n, d).transpose(0, 1).reshape(n, heads * d)
         return self.o_proj(out)
 
@@ -181,8 +197,7 @@ class Attention(nn.Module):
             keys, values = self.cache.update(pos, qk[i:i + 1, heads:].transpose(0, 1),
                                              qkv[i:i + 1, heads + kv_heads:].transpose(0, 1), slot)
             q = qk[i, :heads].reshape(kv_heads, group, d)
-            # The transformers eager math (scores in the compute dtype, softmax in fp32); at one query
-            # it is ~2× faster than SDPA's CPU path (7 vs 14 µs tiny, 172 vs 243 µs at 4B shapes).
+            # The one-query math of `forward`, per sequence over its own slot and length.
             scores = torch.bmm(q, keys.transpose(1, 2)) * d ** -0.5
             out[i] = torch.bmm(torch.softmax(scores, -1, dtype=torch.float32).to(q.dtype), values).reshape(heads * d)
         return self.o_proj(out)
@@ -336,7 +351,9 @@ class HiggsModel(nn.Module):
         if start + n > self.max_len:
             raise ValueError(f"sequence of {start + n} positions exceeds the cache of {self.max_len}")
         cos, sin = self.cos[start:start + n], self.sin[start:start + n]
-        mask = torch.ones(n, start + n, dtype=torch.bool, device=x.device).tril(start)
+        mask = None
+        if n > 1:
+            mask = torch.ones(n, start + n, dtype=torch.bool, device=x.device).tril(start)
         for layer in self.layers:
             x = layer(x, cos, sin, start, mask, slot)
         return self.norm(x[-1])
@@ -349,7 +366,10 @@ class HiggsModel(nn.Module):
 
     @torch.inference_mode()
     def decode(self, row: torch.Tensor, pos: int, slot: int = 0) -> torch.Tensor:
-        return self.decode_rows(row[None], [slot], [pos])[0]
+        """One sequence's step at batch 1 (GEMV shapes): what a backend that does not batch builds on
+        (the CUDA-graph torch backend, `HostRows`). Not bit-identical to a row of `decode_rows`; the
+        engine's torch takes always decode through `decode_rows`."""
+        return self.head(self.forward(self.embed_audio(row.to(self.device))[None], pos, slot))
 
     @torch.inference_mode()
     def decode_rows(self, rows: torch.Tensor, slots: list[int], positions: list[int]) -> torch.Tensor:
