@@ -473,6 +473,17 @@ class Engine:
         run.close()  # from here on the rows are this take's alone
         reason = rule.stop_reason or "cancelled"
         frames_total = max(len(rule.rows) - rule.delay, 0)
+        # A batch can finish a take while its listener lags behind: the frames past the next push still
+        # go out on the schedule's boundaries, because the codec's float sums depend on how frames are
+        # split, and a take must sound the same whatever ran beside it.
+        while audio and frames_total > next_push:
+            chunk = push(next_push)
+            pushed, push_size = next_push, min(2 * push_size, MAX_PUSH_FRAMES)
+            next_push = pushed + push_size
+            if len(chunk):
+                if ttfa is None:
+                    ttfa = 1e3 * (time.perf_counter() - started)
+                yield Chunk(audio=chunk, metrics=metrics(), final=False)
         take_codes = undelay(rule.rows, self.dims.codebook_size) if rule.rows else \
             torch.zeros(0, self.dims.codebooks, dtype=torch.long)
         if result is not None:
