@@ -194,7 +194,8 @@ def test_prefix_reused_per_slot_and_bit_identical_to_cold(parity_dir):
     warm = engine.generate_batch([zero, voice], params[::-1])  # each finds its prefix in its own slot
     assert [c.metrics.reused_tokens for c in warm] == [zero.prefix_len, voice.prefix_len]
     assert torch.equal(warm[0].codes, cold[1].codes) and torch.equal(warm[1].codes, cold[0].codes)
-    assert engine.scheduler.keys[:2] == [engine._prefix_cache_key(voice), engine._prefix_cache_key(zero)]
+    # which take got slot 0 depends on which thread submitted first; each prefix sits in one slot
+    assert set(engine.scheduler.keys[:2]) == {engine._prefix_cache_key(voice), engine._prefix_cache_key(zero)}
 
 
 def test_streamed_chunks_do_not_depend_on_company(fp32, parity_dir):
