@@ -305,7 +305,8 @@ def load(checkpoint, *, device, dtype=None, max_len: int = 4096, precision: str 
     ops = runtime.cubin_ops(kernels)
     backend = CubinBackend(checkpoint.dims, checkpoint.backbone, ops=ops, device=device,
                            precision=resolve_precision(precision, dtype), max_len=max_len, stream=kernels.stream)
-    backend.info = {"kernel_arch": kernels.manifest.target, "kernel_loader": kernels.loader_name}
+    backend.info = {"kernel_arch": kernels.manifest.target,
+                    "kernel_loader": f"{kernels.loader_name} ({kernels.loader_reason})"}
     return backend
 
 
