@@ -76,7 +76,8 @@ def probe_driver(device: int = 0) -> Probe:
         return f"CUresult {code}"
 
     version = ctypes.c_int()
-    driver_cuda = version.value if cuda.cuDriverGetVersion(ctypes.byref(version)) == 0 else 0
+    get_version = getattr(cuda, "cuDriverGetVersion", None)  # absent from some stub libraries
+    driver_cuda = version.value if get_version is not None and get_version(ctypes.byref(version)) == 0 else 0
     rc = cuda.cuInit(0)
     if rc == 34:   # CUDA_ERROR_STUB_LIBRARY
         return Probe(False, "libcuda.so.1 is a stub library: no NVIDIA driver is installed")
