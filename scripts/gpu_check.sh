@@ -7,6 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 
+# The plumbing on any machine (CI): sections, per-section isolation, JSON lines; no GPU, no install.
+if [ "${1:-}" = "--cpu-selftest" ]; then
+    exec $PY -m bench.gpu_check "$@"
+fi
+
 # No driver or no GPU: say why and stop before installing anything (ctypes probe, never hangs). A GPU
 # that this torch cannot use (CPU-only build, driver too old for its CUDA, arch not in the build) gets the
 # same paragraph as Engine.load, with the pip line that fits the driver.
