@@ -342,14 +342,15 @@ def gpu_sections(args) -> list[Section]:
         yield Row("setup", f"D2D copy floor on {torch.cuda.get_device_name()}", f"{state['floor'] / 1e9:.0f} GB/s",
                   "", "INFO")
 
+    # budgets add up to 350 s: the whole run fits 6 minutes, so a 15-minute device session holds a rerun
     sections = [Section("preflight", 20, preflight_rows),
                 Section("cubins", 10, lambda: manifest_rows(probe_driver().cc)),
-                Section("setup", 60, load_rows),
-                Section("kernels", 120, lambda: kernel_rows(KERNELS, torch.device("cuda"))),
+                Section("setup", 40, load_rows),
+                Section("kernels", 90, lambda: kernel_rows(KERNELS, torch.device("cuda"))),
                 Section("thread", 20, lambda: [thread_row()])]
     if not args.quick:
         sections += [Section("floor", 20, floor_rows),
-                     Section("model", 240, lambda: model_rows(FULL_SIZE, args.steps, state["floor"]))]
+                     Section("model", 150, lambda: model_rows(FULL_SIZE, args.steps, state["floor"]))]
     return sections
 
 
