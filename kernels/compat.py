@@ -13,9 +13,10 @@ MIN_DRIVER = {(12, 0): "525.60.13", (12, 1): "530.30.02", (12, 2): "535.54.03", 
               (12, 4): "550.54.14", (12, 5): "555.42.02", (12, 6): "560.28.03", (12, 8): "570.26",
               (12, 9): "575.51.03", (13, 0): "580.65.06"}
 
-# CUDA builds that torch publishes for its release at https://download.pytorch.org/whl/<tag>, newest
-# first (RELEASE.md, "Release Compatibility Matrix", and pytorch.org/get-started/previous-versions).
-# The 2.13 row is taken from that matrix as the project recorded it; check it there when torch moves.
+# CUDA builds torch publishes per release at https://download.pytorch.org/whl/<tag> (pytorch/pytorch
+# RELEASE.md, "Release Compatibility Matrix"; pytorch.org/get-started/previous-versions). cu126 / cu128 /
+# cu130 is the set of the 2.9-2.11 releases; it was not re-checked for 2.13 from the offline build machine,
+# so compare it with that matrix when torch's pin moves.
 TORCH_VERSION = "2.13.0"
 TORCH_CUDA_BUILDS = ((13, 0), (12, 8), (12, 6))
 TORCH_INDEX = "https://download.pytorch.org/whl/"

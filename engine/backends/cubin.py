@@ -17,6 +17,12 @@ load and static per-tensor activation scales, calibrated once at load by running
 through the BF16 path (never from a user's request, so a take does not depend on which request came
 first); o_proj keeps bf16 activations (W8A16: attention output has no fused quantiser). The BF16 copies
 of quantised weights are freed after calibration. "bf16" keeps every weight in bf16.
+
+Self-check. `load` trusts the kernels only after `self_check`: a fixed 32-token prompt and 8 teacher-forced
+decode steps through this backend and through the torch path on the same device and weights, compared by
+logit cosine and greedy agreement against documented thresholds. A failure raises `SelfCheckFailed`, which
+the engine turns into the torch path under backend "auto" (with the figures as the reason) and into an
+error when "cubin" was asked for; a pass puts the figures in `engine.info["self_check"]`.
 """
 
 from __future__ import annotations
