@@ -8,14 +8,23 @@
      of the backbone, peak VRAM, achieved weight bandwidth and its % of a device-to-device copy floor
      measured in the same run.
 
-    python -m bench.gpu_check [--quick]
+    python -m bench.gpu_check [--quick] [--out DIR]     # rows also go to DIR/rows.jsonl as they come
+    python -m bench.gpu_check --cpu-selftest --out DIR  # no GPU: the plumbing, with deliberate failures
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
+import signal
+import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -23,6 +32,7 @@ from bench.common import random_backbone
 from engine.backends.cubin import CubinBackend
 from engine.config import FRAME_RATE, FULL_SIZE, Dims
 from engine.model import HiggsModel
+from kernels import manifest as mf
 from kernels.check import Row, format_table, kernel_rows
 
 FIRST_CHUNK_FRAMES = 2  # engine.generate.FIRST_PUSH_FRAMES: the first streamed chunk
@@ -206,37 +216,201 @@ def thread_row() -> Row:
 HIDDEN_CHECK = 2560
 
 
-def main(argv=None) -> int:
+# ---------------------------------------------------------------------------------------------
+# Sections: each has its own try and time budget, so one failure costs one row, not the table. Rows are
+# printed as they come and appended to <out>/rows.jsonl, so a run cut short still returns what it had.
+
+class SectionTimeout(Exception):
+    pass
+
+
+@dataclass
+class Section:
+    name: str
+    budget_s: int
+    rows: Callable[[], Iterable[Row]]   # a generator: each row is reported as soon as it is made
+
+
+class Report:
+    """Prints each row as one line and appends it as JSON to `<out>/rows.jsonl`."""
+
+    def __init__(self, out: Path | None):
+        self.rows: list[Row] = []
+        self.path = None
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            self.path = out / "rows.jsonl"
+            self.path.write_text("")
+
+    def add(self, row: Row) -> None:
+        self.rows.append(row)
+        print(f"[{row.status or '-':4s}] {row.section} | {row.item} | {row.value}"
+              + (f" | limit {row.limit}" if row.limit else ""), flush=True)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(asdict(row)) + "\n")
+
+
+def run_sections(sections: list[Section], report: Report) -> dict[str, str]:
+    """Run each section under its budget (SIGALRM, main thread: it interrupts Python between device calls);
+    an exception or an overrun ends that section with one FAIL row and the next section starts.
+    Returns each section's outcome: "done", "failed" or "over budget"."""
+    def on_alarm(signum, frame):
+        raise SectionTimeout()
+
+    use_alarm = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGALRM, on_alarm) if use_alarm else None
+    outcome = {}
+    try:
+        for sec in sections:
+            t0 = time.perf_counter()
+            if use_alarm:
+                signal.alarm(sec.budget_s)
+            try:
+                for row in sec.rows():
+                    report.add(row)
+                outcome[sec.name] = "done"
+            except SectionTimeout:
+                outcome[sec.name] = "over budget"
+                report.add(Row(sec.name, "time budget", f"stopped after {time.perf_counter() - t0:.0f} s",
+                               f"<= {sec.budget_s} s", "FAIL"))
+            except Exception as exc:  # one row, then the next section
+                outcome[sec.name] = "failed"
+                report.add(Row(sec.name, "section failed", f"{type(exc).__name__}: {exc}"[:200], "", "FAIL"))
+            finally:
+                if use_alarm:
+                    signal.alarm(0)
+    finally:
+        if use_alarm:
+            signal.signal(signal.SIGALRM, previous)
+    return outcome
+
+
+def preflight_rows() -> Iterable[Row]:
+    """Driver, clocks, package versions and the loader choice (ctypes and metadata only: no launch)."""
+    from importlib import metadata
+
+    from kernels.runtime import loader_choice, probe_driver
+
+    p = probe_driver()
+    yield Row("preflight", "driver", f"{p.driver or '?'} (CUDA {p.driver_cuda // 1000}.{p.driver_cuda % 1000 // 10})"
+              if p.ok else p.reason, "", "INFO")
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.limit",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=15)
+        yield Row("preflight", "nvidia-smi name, SM / max SM / mem clock, power", smi.stdout.strip() or smi.stderr.strip(),
+                  "", "INFO")
+    versions = []
+    for pkg in ("torch", "triton", "cuda-core", "cuda-bindings", "pycuda", "numpy"):
+        try:
+            versions.append(f"{pkg} {metadata.version(pkg)}")
+        except metadata.PackageNotFoundError:
+            versions.append(f"{pkg} -")
+    yield Row("preflight", "packages", ", ".join(versions), "", "INFO")
+    name, why = loader_choice()
+    yield Row("preflight", "loader", f"{name or 'none'} ({why})", "", "INFO")
+
+
+def manifest_rows(cc: int) -> Iterable[Row]:
+    """Per cubin: static + dynamic shared memory and the opt-in the loader applies (from the manifest)."""
+    m = mf.load(cc)
+    t = m.toolchain
+    yield Row("cubins", f"{m.target} toolchain", f"ptxas {t.ptxas}, ELF ABI {t.elf_abi}, driver {t.min_driver}+",
+              "", "INFO")
+    for e in m.kernels.values():
+        total = e.shared + e.static_shared
+        yield Row("cubins", e.name, f"{e.static_shared} B static + {e.shared} B dynamic"
+                  + (" (opts in)" if e.needs_smem_opt_in else ""), f"<= {mf.SMEM_OPT_IN} B or opt in",
+                  "PASS" if total <= mf.SMEM_OPT_IN or e.needs_smem_opt_in else "FAIL")
+
+
+def gpu_sections(args) -> list[Section]:
     global OPS, KERNELS
+    from kernels.runtime import CubinKernels, cubin_ops, probe_driver
+
+    state = {}
+
+    def load_rows():
+        global OPS, KERNELS
+        KERNELS = CubinKernels()
+        OPS = cubin_ops(KERNELS)
+        yield Row("setup", "loader", f"{KERNELS.loader_name} ({KERNELS.loader_reason})", "", "INFO")
+        yield Row("setup", "torch / CUDA", f"{torch.__version__} / {torch.version.cuda}", "", "INFO")
+
+    def floor_rows():
+        state["floor"] = copy_floor()
+        yield Row("setup", f"D2D copy floor on {torch.cuda.get_device_name()}", f"{state['floor'] / 1e9:.0f} GB/s",
+                  "", "INFO")
+
+    # budgets add up to 350 s: the whole run fits 6 minutes, so a 15-minute device session holds a rerun
+    sections = [Section("preflight", 20, preflight_rows),
+                Section("cubins", 10, lambda: manifest_rows(probe_driver().cc)),
+                Section("setup", 40, load_rows),
+                Section("kernels", 90, lambda: kernel_rows(KERNELS, torch.device("cuda"))),
+                Section("thread", 20, lambda: [thread_row()])]
+    if not args.quick:
+        sections += [Section("floor", 20, floor_rows),
+                     Section("model", 150, lambda: model_rows(FULL_SIZE, args.steps, state["floor"]))]
+    return sections
+
+
+def selftest_sections() -> list[Section]:
+    """The plumbing without a GPU: the real preflight and manifest sections, the kernels package's own CPU
+    self-test, and two stand-ins that fail on purpose (an exception, an overrun) between real sections."""
+    from kernels.check import selftest_rows
+
+    def broken():
+        yield Row("stand-in", "row before the failure", "made", "", "PASS")
+        raise RuntimeError("deliberate failure (the self-test's stand-in)")
+
+    def slow():
+        yield Row("stand-in-slow", "row before the overrun", "made", "", "PASS")
+        time.sleep(30)
+        yield Row("stand-in-slow", "never reached", "", "", "FAIL")
+
+    return [Section("preflight", 20, preflight_rows),
+            Section("stand-in", 10, broken),
+            Section("cubins", 10, lambda: (r for cc in mf.TARGETS for r in manifest_rows(cc))),
+            Section("stand-in-slow", 1, slow),
+            Section("kernels (CPU self-test)", 120, selftest_rows)]
+
+
+DELIBERATE = {("stand-in", "section failed"), ("stand-in-slow", "time budget")}
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=200, help="decode rows per correctness/benchmark run")
     ap.add_argument("--quick", action="store_true", help="kernels only (no full-size model)")
+    ap.add_argument("--out", type=Path, default=None, help="directory for rows.jsonl (one JSON row per line)")
+    ap.add_argument("--cpu-selftest", action="store_true",
+                    help="no GPU: run the plumbing (sections, isolation, JSON lines) with stand-in sections")
     args = ap.parse_args(argv)
-    from kernels.runtime import CubinKernels, available, cubin_ops
-
-    ok, reason = available()
-    if not ok:
-        print(f"no GPU check possible here: {reason}")
-        return 2
+    report = Report(args.out)
     t0 = time.perf_counter()
-    KERNELS = CubinKernels()
-    OPS = cubin_ops(KERNELS)
-    name = torch.cuda.get_device_name()
-    rows = [Row("setup", "device", reason, "", "INFO"),
-            Row("setup", "loader", KERNELS.loader_name, "pycuda preferred", "INFO"),
-            Row("setup", "torch / CUDA", f"{torch.__version__} / {torch.version.cuda}", "", "INFO")]
-    rows += kernel_rows(KERNELS, torch.device("cuda"))
-    rows.append(thread_row())
-    if not args.quick:
-        floor = copy_floor()
-        rows.append(Row("setup", f"D2D copy floor on {name}", f"{floor / 1e9:.0f} GB/s", "", "INFO"))
-        try:
-            rows += model_rows(FULL_SIZE, args.steps, floor)
-        except Exception as exc:  # report, do not lose the kernel rows
-            rows.append(Row("model", "full-size run", f"{type(exc).__name__}: {exc}"[:160], "", "FAIL"))
-    rows.append(Row("setup", "wall time", f"{time.perf_counter() - t0:.0f} s", "< 480 s", "INFO"))
-    print(format_table(rows))
-    return 1 if any(r.status == "FAIL" for r in rows) else 0
+    if args.cpu_selftest:
+        outcome = run_sections(selftest_sections(), report)
+        contained = {(r.section, r.item) for r in report.rows if r.status == "FAIL"} & DELIBERATE
+        after = outcome.get("cubins") == outcome.get("kernels (CPU self-test)") == "done"
+        report.add(Row("self-test", "deliberate failures contained, later sections ran",
+                       f"{len(contained)}/{len(DELIBERATE)} contained, later sections {'ran' if after else 'MISSING'}",
+                       "", "PASS" if contained == DELIBERATE and after else "FAIL"))
+        failures = [r for r in report.rows if r.status == "FAIL" and (r.section, r.item) not in DELIBERATE]
+    else:
+        from kernels.runtime import available
+
+        ok, reason = available()
+        if not ok:
+            print(f"no GPU check possible here: {reason}")
+            return 2
+        report.add(Row("setup", "device", reason, "", "INFO"))
+        run_sections(gpu_sections(args), report)
+        failures = [r for r in report.rows if r.status == "FAIL"]
+    report.add(Row("setup", "wall time", f"{time.perf_counter() - t0:.0f} s", "< 360 s", "INFO"))
+    # the self-test's deliberate failures show as XFAIL in the table (rows.jsonl keeps what each section said)
+    print(format_table([replace(r, status="XFAIL") if args.cpu_selftest and (r.section, r.item) in DELIBERATE
+                        else r for r in report.rows]))
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -140,15 +140,28 @@ def _start_backend(name: str, factory: Callable, *, auto: bool, reason: str | No
         return make(BACKENDS["torch"]), "torch", f"{why}; using the torch path"
 
 
+class GpuUnusable(ValueError):
+    """An NVIDIA GPU is present but this torch cannot use it; the message names the fix."""
+
+
 def _device(device: str | torch.device) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """"auto" → CUDA when torch can use it. An NVIDIA GPU that torch cannot use (CPU-only torch, a driver
+    too old for torch's CUDA, an arch missing from the build) stops "auto" and "cuda" with the fix,
+    rather than quietly running a 4B model on the CPU; only an explicit "cpu" goes ahead."""
     try:
-        dev = torch.device(device)
+        dev = torch.device("cuda" if device == "auto" else device)
     except (RuntimeError, TypeError):
         raise ValueError(f"unknown device {device!r}; use 'auto', 'cpu' or 'cuda'") from None
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"unsupported device {device!r}; use 'auto', 'cpu' or 'cuda'")
+    if dev.type == "cuda":
+        from kernels.runtime import torch_cannot_use_gpu
+
+        unusable = torch_cannot_use_gpu(dev.index or 0)
+        if unusable:
+            raise GpuUnusable(unusable)
+    if device == "auto":
+        return dev if torch.cuda.is_available() else torch.device("cpu")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was requested but no CUDA GPU is available; use device='cpu'")
     return dev
@@ -499,4 +512,5 @@ def _is_demo(root: Path) -> bool:
         return False
 
 
-__all__ = ["Engine", "Chunk", "Metrics", "codes_sha256", "BACKENDS", "register_backend", "BackendUnavailable"]
+__all__ = ["Engine", "Chunk", "Metrics", "codes_sha256", "BACKENDS", "register_backend", "BackendUnavailable",
+           "GpuUnusable"]

@@ -243,6 +243,8 @@ def test_bf16_prefill_close_to_fp32_fixture(run):
     assert err < 5e-2
     agree = sum(a == b for a, b in zip(run["kern_rows"], run["prompt"]["rows"][:STEPS]))
     print(f"BF16 kernel greedy rows equal to the fp32 fixture's: {agree}/{STEPS}")
+    # measured 20/20; bf16 storage may flip a near-tie late in the take, a broken step flips most rows
+    assert agree >= STEPS - 2
 
 
 def test_fp8_teacher_forced_logits(run):

@@ -17,11 +17,20 @@ load and static per-tensor activation scales, calibrated once at load by running
 through the BF16 path (never from a user's request, so a take does not depend on which request came
 first); o_proj keeps bf16 activations (W8A16: attention output has no fused quantiser). The BF16 copies
 of quantised weights are freed after calibration. "bf16" keeps every weight in bf16.
+
+Self-check. `load` trusts the kernels only after `self_check`: a fixed 32-token prompt and 8 teacher-forced
+decode steps through this backend and through the torch path on the same device and weights, compared by
+logit cosine and greedy agreement against documented thresholds. A failure raises `SelfCheckFailed`, which
+the engine turns into the torch path under backend "auto" (with the figures as the reason) and into an
+error when "cubin" was asked for; a pass puts the figures in `engine.info["self_check"]`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -269,6 +278,85 @@ class CubinBackend:
             t.copy_(s)
 
 
+# -------------------------------------------------------------------------------------------- self-check
+# A fixed prompt of 32 tokens: the calibration prompt, then more ordinary text ids, so prefill runs the
+# GEMM path on a tile boundary's worth of rows; then SELF_CHECK_STEPS teacher-forced decode steps (GEMV).
+SELF_CHECK_IDS = CALIBRATION_IDS + (576, 4024, 6666, 2937, 8730, 311, 6351, 13, 151645, 198, 151644)
+SELF_CHECK_STEPS = 8
+# Thresholds. The cubin path and the torch path compute the same math, so on correct kernels they differ
+# by rounding: BF16 by accumulation order and bf16 stores (cosine min 0.9999, greedy 72/72 on the tiny
+# checkpoint), FP8 by the W8A8 quantisation (0.9944, 68/72 there; real weights' outlier channels cost
+# more, hence the margin). The broken GEMV/GEMM of tests/test_self_check.py (zeroed output, transposed
+# weight, FP8 weight scale off by 16×) gave cosine min 0.00 / -0.07 / -0.05; NaN counts as -1. Greedy
+# agreement counts codebook argmaxes equal to the torch path's; near-ties on random weights flip some under
+# FP8, so its floor is low: it is there for garbage, not for precision.
+SELF_CHECK_MIN_COSINE = {"bf16": 0.999, "fp8": 0.98}
+SELF_CHECK_MIN_GREEDY = {"bf16": 0.9, "fp8": 0.5}
+
+
+class SelfCheckFailed(RuntimeError):
+    """The cubin path disagrees with the torch path on the same weights: its kernels are not trusted."""
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    precision: str
+    cosine_min: float     # over the prefill and every decode step's logits; -1 for NaN/inf
+    greedy: int           # codebook argmaxes equal to the torch path's
+    total: int
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return (self.cosine_min >= SELF_CHECK_MIN_COSINE[self.precision]
+                and self.greedy >= SELF_CHECK_MIN_GREEDY[self.precision] * self.total)
+
+    @property
+    def summary(self) -> str:
+        return (f"{'passed' if self.ok else 'FAILED'}: {self.precision} logits vs the torch path, cosine min "
+                f"{self.cosine_min:.4f} (needs {SELF_CHECK_MIN_COSINE[self.precision]}), greedy "
+                f"{self.greedy}/{self.total} (needs {SELF_CHECK_MIN_GREEDY[self.precision]:.0%}), "
+                f"{len(SELF_CHECK_IDS)}-token prompt + {SELF_CHECK_STEPS} steps, {self.seconds:.1f} s")
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    c = float(F.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0))
+    return c if math.isfinite(c) and torch.isfinite(a).all() else -1.0
+
+
+def self_check(backend: CubinBackend, reference, *, ids=SELF_CHECK_IDS, steps: int = SELF_CHECK_STEPS) -> SelfCheck:
+    """Run `ids` and `steps` decode steps through `backend` and `reference` (the torch path on the same
+    device and weights), both fed the reference's greedy rows; compare every step's logits. The backend's
+    KV positions it writes are overwritten by the next take's prefill."""
+    t0 = time.perf_counter()
+    ids = torch.tensor(ids, dtype=torch.long)
+    got, want = backend.prefill(ids, None, 0), reference.prefill(ids.to(backend.device), None, 0)
+    pairs = [(got, want)]
+    for step in range(steps):
+        row = want.argmax(-1)
+        row[step + 1:] = backend.dims.boc  # the delay window, as calibration feeds it
+        got, want = backend.decode(row, len(ids) + step), reference.decode(row, len(ids) + step)
+        pairs.append((got, want))
+    cos = min(_cosine(g.float().cpu(), w.float().cpu()) for g, w in pairs)
+    greedy = sum(int((g.float().argmax(-1).cpu() == w.float().argmax(-1).cpu()).sum()) for g, w in pairs)
+    return SelfCheck(backend.precision, cos, greedy, sum(w.shape[0] for _, w in pairs), time.perf_counter() - t0)
+
+
+def run_self_check(backend: CubinBackend, checkpoint) -> SelfCheck:
+    """Build the torch path in bf16 on the backend's device for the check only, then free it: both copies
+    of the weights are held for the check's second or so (4B: 8 GB bf16 beside the 4.5 GB FP8 engine)."""
+    from engine.model import HiggsModel
+
+    reference = HiggsModel.from_state_dict(checkpoint.dims, checkpoint.backbone, dtype=BF16, device=backend.device,
+                                           max_len=len(SELF_CHECK_IDS) + SELF_CHECK_STEPS)
+    try:
+        return self_check(backend, reference)
+    finally:
+        del reference
+        if backend.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
 # -------------------------------------------------------------------------------------------- engine hook
 def probe(device) -> str | None:
     """Why the cubin backend cannot run on `device` (None when it can)."""
@@ -305,7 +393,12 @@ def load(checkpoint, *, device, dtype=None, max_len: int = 4096, precision: str 
     ops = runtime.cubin_ops(kernels)
     backend = CubinBackend(checkpoint.dims, checkpoint.backbone, ops=ops, device=device,
                            precision=resolve_precision(precision, dtype), max_len=max_len, stream=kernels.stream)
-    backend.info = {"kernel_arch": kernels.manifest.target, "kernel_loader": kernels.loader_name}
+    check = run_self_check(backend, checkpoint)
+    if not check.ok:  # auto: the engine falls back to the torch path with this sentence; explicit: raises it
+        raise SelfCheckFailed(f"the cubin kernels' self-check {check.summary}")
+    backend.info = {"kernel_arch": kernels.manifest.target,
+                    "kernel_loader": f"{kernels.loader_name} ({kernels.loader_reason})",
+                    "self_check": check.summary}
     return backend
 
 
