@@ -17,6 +17,7 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 
+from engine.audio import load_audio
 from engine.config import SAMPLE_RATE
 from studio import render
 from studio.access import Access
@@ -96,7 +97,10 @@ class Page:
         if voice == CLIP_VOICE:
             if clip is None:
                 raise gr.Error("Voice is set to the reference clip, but no clip is loaded. Upload or record one.")
-            ref = (self._clip_array(clip), clip[0])
+            try:
+                ref = load_audio(clip)
+            except ValueError as exc:
+                raise gr.Error(str(exc)) from None
         req = SynthesisRequest(
             text=text or "", voice_id=voice if voice not in (NO_VOICE, CLIP_VOICE) else None,
             style=style or None, temperature=temperature, top_k=int(top_k), top_p=top_p,
@@ -197,13 +201,6 @@ class Page:
         return (render.metrics_html(take.metrics, state="stopped", seconds=take.seconds),
                 *self.take_outputs(take, takes or []))
 
-    @staticmethod
-    def _clip_array(clip) -> np.ndarray:
-        data = np.asarray(clip[1])
-        if data.dtype.kind == "i":
-            data = data.astype(np.float32) / np.iinfo(data.dtype).max
-        return data.astype(np.float32).mean(axis=1) if data.ndim == 2 else data.astype(np.float32)
-
     # ------------------------------------------------------------------ building
 
     def build(self) -> gr.Blocks:
@@ -249,8 +246,10 @@ class Page:
                         preset_name = gr.Textbox(label="Preset name", scale=3)
                         save_preset = gr.Button("Save preset", scale=1)
                 with gr.Accordion("Clone a voice", open=False, elem_id="clone"):
-                    self.clip = gr.Audio(label="Reference clip (3-15 s of clear speech)", type="numpy",
-                                         sources=["upload", "microphone"], elem_id="clip")
+                    # A path, decoded by engine.audio under its sample budget: Gradio's own decoding (type="numpy",
+                    # or a `format` conversion) would decode a compressed bomb whole first.
+                    self.clip = gr.Audio(label="Reference clip (3-15 s of clear speech)", type="filepath",
+                                         format=None, sources=["upload", "microphone"], elem_id="clip")
                     self.clip_text = gr.Textbox(label="Transcript of the clip (improves cloning a lot)",
                                                 elem_id="clip-text")
                     with gr.Row():
@@ -373,7 +372,8 @@ class Page:
     def _save_voice(self, clip, transcript, name, description, style, consent):
         if clip is None:
             raise ValueError("Upload or record a reference clip first.")
-        voice = self.service.save_voice(self._clip_array(clip), clip[0], name=name, transcript=transcript,
+        samples, rate = load_audio(clip)
+        voice = self.service.save_voice(samples, rate, name=name, transcript=transcript,
                                         description=description, style=style or None, consent=consent)
         gr.Info(f"Saved voice {voice.name!r}.")
         return gr.update(choices=self.voice_choices(), value=voice.id), self._voice_rows()
