@@ -142,8 +142,11 @@ def register(blocks: gr.Blocks, service, *, api_key: str | None = None) -> None:
         return {"id": voice.id, "name": voice.name, "seconds": round(voice.seconds, 2),
                 "transcript": voice.transcript or None}
 
+    # queue=False: Gradio's MCP server then calls the tool in-process with the MCP request (its Authorization
+    # header reaches `check_key`). A queued tool is called back over HTTP through the page's routes, which a
+    # login on the page (`auth=`) closes to it. The service's own queue still runs one take at a time.
     with blocks:
-        gr.api(synthesize, api_name="synthesize")
-        gr.api(list_voices, api_name="list_voices", concurrency_limit=None)
-        gr.api(add_voice, api_name="add_voice")
+        gr.api(synthesize, api_name="synthesize", queue=False)
+        gr.api(list_voices, api_name="list_voices", queue=False)
+        gr.api(add_voice, api_name="add_voice", queue=False)
 
