@@ -167,6 +167,7 @@ def test_every_page_event_needs_the_owners_login(keyed):
         if dep.get("api_name"):
             assert stranger.post(f"/gradio_api/call/{dep['api_name']}", json={"data": []}).status_code == 401
     assert stranger.post("/gradio_api/upload", files={"files": ("x.zip", b"PK")}).status_code == 401
+    assert stranger.get(f"/gradio_api/file={voices}/presets.json").status_code == 401
     assert stranger.get("/config").status_code == 401
     assert tree_hash(voices) == before and healthy(url)
     # The check is the login, not a blanket refusal: the owner's session runs the same event.
@@ -174,7 +175,7 @@ def test_every_page_event_needs_the_owners_login(keyed):
     assert status == 200 and message["success"], message
 
 
-def test_mcp_has_only_the_keyed_tools_and_refuses_without_the_key(keyed):
+def test_mcp_has_only_the_keyed_tools_and_refuses_without_the_key(keyed, tmp_path):
     url, voices = keyed
     mcp_client = pytest.importorskip("mcp.client.streamable_http")
     from mcp import ClientSession
@@ -185,13 +186,13 @@ def test_mcp_has_only_the_keyed_tools_and_refuses_without_the_key(keyed):
 
     clip = "data:audio/wav;base64," + base64.b64encode(clip_bytes()).decode()
 
-    async def call_all(headers):
+    async def call_all(headers, audio=clip):
         async with mcp_client.streamablehttp_client(f"{url}/gradio_api/mcp/", headers=headers) as (r, w, _):
             async with ClientSession(r, w) as session:
                 await session.initialize()
                 out = []
                 for name, args in (("synthesize", {"text": "Hello."}), ("list_voices", {}),
-                                   ("add_voice", {"audio": clip, "transcript": "A tone.", "name": "Intruder",
+                                   ("add_voice", {"audio": audio, "transcript": "A tone.", "name": "Intruder",
                                                   "consent": True})):
                     result = await asyncio.wait_for(session.call_tool(name, args), timeout=120)
                     out.append((result.isError, "".join(c.text for c in result.content if c.type == "text")))
@@ -203,8 +204,12 @@ def test_mcp_has_only_the_keyed_tools_and_refuses_without_the_key(keyed):
             assert "Owner Voice" not in text
     assert tree_hash(voices) == before and healthy(url)
     # With the key the same tools answer (the page's login does not stand in their way).
-    (_, spoken), (_, listed), _ = asyncio.run(call_all(BEARER))
+    # The bomb goes through MCP's add_voice to the same bounded decoder.
+    big = "data:audio/flac;base64," + base64.b64encode(bomb(tmp_path / "bomb.flac", 300)).decode()
+    (_, spoken), (_, listed), (is_error, added) = asyncio.run(call_all(BEARER, big))
     assert "speech-seed" in spoken and "Owner Voice" in listed
+    assert is_error and "5,760,000 samples" in added, added
+    assert tree_hash(voices) == before
 
 
 def test_the_public_page_generates_within_limits_and_cannot_touch_the_library(public, tmp_path):
@@ -242,6 +247,11 @@ def test_the_public_page_generates_within_limits_and_cannot_touch_the_library(pu
     args[9] = 8
     status, message = run_event(visitor, generate, args)
     assert message["success"], message
+    args[2] = voice_id  # a saved voice: its name is among the page's choices
+    assert "Owner Voice" in json.dumps(config)
+    status, message = run_event(visitor, generate, args)
+    assert message["success"], message
+    args[2] = ""
     # The one-off clip is decoded under the same sample budget as every other entry point.
     clip = visitor.post("/gradio_api/upload", files={"files": ("bomb.flac", bomb(tmp_path / "b.flac", 300))})
     args[2:4] = ["__clip__", {"path": clip.json()[0], "meta": {"_type": "gradio.FileData"}}]
@@ -254,7 +264,39 @@ def test_the_public_page_generates_within_limits_and_cannot_touch_the_library(pu
     assert message["success"], message
 
 
+def test_public_limits_hold_visitors_only():
+    from studio.access import PUBLIC_MAX_FRAMES, Access
+    from studio.service import SynthesisRequest
+
+    class Visitor:
+        username, headers = None, {}
+
+    access = Access(KEY, public_page=True)
+    req = SynthesisRequest(text="Hello.")
+    access.limit_public(req, Visitor())
+    assert req.max_frames == PUBLIC_MAX_FRAMES  # "auto" length is capped to the public limit
+    with pytest.raises(ValueError, match="up to 1000 characters"):
+        access.limit_public(SynthesisRequest(text="a" * 1001), Visitor())
+    owner = Visitor()
+    owner.headers = {"authorization": BEARER["Authorization"]}  # as gr.Request gives them: lower case
+    unlimited = SynthesisRequest(text="a" * 4000, max_frames=8000)
+    access.limit_public(unlimited, owner)
+    assert unlimited.max_frames == 8000
+    keyless = SynthesisRequest(text="a" * 4000)
+    Access(None).limit_public(keyless, Visitor())  # no key: every visitor is the owner
+    assert keyless.max_frames is None
+
+
 # ---------------------------------------------------------------------------------------------- decoding
+
+def test_too_many_channels_are_refused_from_the_header():
+    from engine.audio import ReferenceAudioError, load_audio
+
+    buf = io.BytesIO()
+    sf.write(buf, np.zeros((100, 33), np.float32), 48_000, format="WAV", subtype="PCM_16")
+    with pytest.raises(ReferenceAudioError, match="33 channels; the limit is 32"):
+        load_audio(buf.getvalue())
+
 
 def test_decode_bombs_are_refused_by_work_with_bounded_memory(keyed, tmp_path):
     url, voices = keyed
