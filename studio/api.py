@@ -90,8 +90,9 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def response(self) -> JSONResponse:
-        kind = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 503: "server_busy", 504: "timeout"}.get(
-            self.status, "invalid_request_error" if self.status < 500 else "server_error")
+        kinds = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 503: "server_busy",
+                 504: "timeout"}
+        kind = kinds.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
         body = {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 

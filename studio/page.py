@@ -213,8 +213,9 @@ class Page:
                     self._studio_tab()
                 with gr.Tab("Voices", id="voices") as self.voices_tab:
                     self._voices_tab()
-            self.save_voice.click(self.access.owner_only(self._save_voice), [self.clip, self.clip_text, self.voice_name, self.voice_desc,
-                                                     self.style, self.consent], [self.voice, self.voices_table],
+            self.save_voice.click(self.access.owner_only(self._save_voice),
+                                  [self.clip, self.clip_text, self.voice_name, self.voice_desc, self.style,
+                                   self.consent], [self.voice, self.voices_table],
                                   concurrency_id=GPU_QUEUE, concurrency_limit=1, api_visibility="private")
             demo.load(self.refresh_lists, None, [self.voice, self.style, self.status], queue=False,
                       api_visibility="private")

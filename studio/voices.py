@@ -17,8 +17,10 @@ text, unique case-insensitively, and never touch the file system.
 Durability. Every write goes to a temp directory or file inside `root`, is fsynced, then renamed into
 place, so a crash leaves either the old state or the new one; leftovers are swept the next time a
 library opens. A write of several voices (an import) is staged whole and marked committed before the
-renames, so the next open after a crash completes it or removes it: all of the bundle or none. Writers hold a process-wide lock and an `fcntl` lock on `<root>/.lock`, so threads
-and processes adding voices at once all land. Readers take no lock (renames are atomic).
+renames, so the next open after a crash completes it or removes it: all of the bundle or none.
+Writers hold a process-wide lock and an `fcntl` lock on `<root>/.lock`, so threads and processes adding
+voices at once all land. Readers take no lock (renames are atomic; while an import's voices are being
+renamed into place a reader may see some of them for a moment).
 """
 
 from __future__ import annotations

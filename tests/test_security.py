@@ -287,6 +287,20 @@ def test_public_limits_hold_visitors_only():
     assert keyless.max_frames is None
 
 
+def test_the_page_needs_a_login_unless_it_is_public(monkeypatch):
+    import app
+    from studio.access import Access
+
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    monkeypatch.delenv("HIGGS_PUBLIC_PAGE", raising=False)
+    assert app.parse_args(["--api-key", KEY]).public_page is False
+    assert "auth" in Access(KEY).launch_kwargs()
+    assert Access(KEY).login("any name", KEY) and not Access(KEY).login("any name", "wrong")
+    assert Access(KEY, public_page=True).launch_kwargs() == {} and Access(None).launch_kwargs() == {}
+    monkeypatch.setenv("SPACE_ID", "someone/studio")
+    assert app.parse_args(["--api-key", KEY]).public_page is True  # Spaces: the page is public
+
+
 # ---------------------------------------------------------------------------------------------- decoding
 
 def test_too_many_channels_are_refused_from_the_header():
