@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> None:
         warm_up(engine)
 
     from studio.access import Access
+    from studio.api import MAX_UPLOAD_BYTES
     from studio.page import Page, launch_kwargs
     from studio.presets import PresetStore
     from studio.service import StudioService
@@ -126,11 +127,13 @@ def main(argv: list[str] | None = None) -> None:
         from studio import mcp
         mcp.register(demo, service, api_key=args.api_key)  # gr.api tools: added before launch
     demo.queue(default_concurrency_limit=1, max_size=64)
+    # Gradio refuses uploads over this as they arrive: the largest legitimate one is a voice bundle, or on a
+    # public page (where only the owner may import, and not from the page) a reference clip.
+    max_upload = MAX_UPLOAD_BYTES if access.api_key and access.public_page else MAX_IMPORT_BYTES
     try:
-        # max_file_size: the largest legitimate upload is a voice bundle; Gradio refuses bigger ones as they arrive.
         demo.launch(server_name=args.host, server_port=args.port, share=args.share, mcp_server=args.mcp,
                     prevent_thread_lock=True, show_error=False, allowed_paths=[str(page.out_dir)],
-                    max_file_size=MAX_IMPORT_BYTES, **access.launch_kwargs(), **launch_kwargs())
+                    max_file_size=max_upload, **access.launch_kwargs(), **launch_kwargs())
     except OSError as exc:
         sys.exit(f"Cannot listen on {args.host}:{args.port} ({exc}). Pick another port with --port or PORT.")
     from studio import api  # routes go on the running app: launch() builds a new FastAPI app each time

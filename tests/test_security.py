@@ -264,6 +264,7 @@ def test_the_public_page_generates_within_limits_and_cannot_touch_the_library(pu
     assert message["success"], message
 
 
+
 def test_public_limits_hold_visitors_only():
     from studio.access import PUBLIC_MAX_FRAMES, Access
     from studio.service import SynthesisRequest
@@ -410,6 +411,9 @@ def test_an_oversized_upload_is_refused_as_it_arrives(public):
         status = repr(exc)
     print(f"\n300 MB upload to the page: {status}")
     assert status == 413
+    # A public page takes no upload larger than a reference clip (10 MB): only the owner imports bundles.
+    r = httpx.post(f"{url}/gradio_api/upload", timeout=60, files={"files": ("clip.wav", b"\0" * (11 * 2**20))})
+    assert r.status_code == 413
     assert tree_hash(voices) == before and healthy(url)
 
 
