@@ -27,8 +27,8 @@ from engine.config import FRAME_RATE
 # What a visitor of a public page (a key set, no login) may generate: a minute of speech from a short text.
 PUBLIC_MAX_FRAMES = 1500  # 60 s at 25 frames per second
 PUBLIC_MAX_TEXT_CHARS = 1000
-OWNER_ONLY = ("Only the studio's owner can change or export the voice library and the style presets. Log in with "
-              "the studio's key, or use the HTTP API with `Authorization: Bearer <key>`.")
+OWNER_ONLY = ("Only the studio's owner can see the voice library's details, change or export it, and save style "
+              "presets. Log in with the studio's key, or use the HTTP API with `Authorization: Bearer <key>`.")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 

@@ -409,8 +409,10 @@ class Page:
     def _voices_tab(self):
         gr.Markdown("Saved voices: a prepared reference clip, its transcript, a default style and a consent "
                     "record. Select a row to preview, edit, export or delete it.")
-        self.voices_table = gr.Dataframe(self._voice_rows(), headers=["name", "id", "style", "seconds", "transcript",
-                                                                      "description"],
+        # The table (transcripts, descriptions) is the owner's: with a key it fills when the owner opens the tab,
+        # because the page's config, where a starting value would sit, is public on a public page.
+        rows = self._voice_rows() if self.access.api_key is None else []
+        self.voices_table = gr.Dataframe(rows, headers=["name", "id", "style", "seconds", "transcript", "description"],
                                          interactive=False, wrap=True, label="Voices", elem_id="voices-table")
         current = gr.State(None)
         with gr.Row():
@@ -435,7 +437,7 @@ class Page:
         priv = dict(api_visibility="private")
         lists = [self.voices_table, self.voice]
         owner = self.access.owner_only  # the queue runs any event by fn_index: each of these checks the caller
-        self.voices_tab.select(lambda: self._voice_rows(), None, self.voices_table, queue=False, **priv)
+        self.voices_tab.select(owner(self._voice_rows), None, self.voices_table, queue=False, **priv)
         self.voices_table.select(owner(self._pick_voice), None, [current, preview, *fields, export_one], **priv)
         save.click(owner(self._edit_voice), [current, *fields], lists, **priv)
         delete.click(owner(self._delete_voice), [current, confirm], [*lists, current, confirm], **priv)

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.slow
 KEY = "SECRET"
 BEARER = {"Authorization": f"Bearer {KEY}"}
 OWNER_EVENTS = ("_save_voice", "_save_preset", "_edit_voice", "_delete_voice", "_export_all", "_pick_voice",
-                "_import")
+                "_import", "_voice_rows")
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -229,13 +229,15 @@ def test_the_public_page_generates_within_limits_and_cannot_touch_the_library(pu
               "_delete_voice": [voice_id, True],
               "_export_all": [],
               "_pick_voice": [],
-              "_import": [bundle]}
+              "_import": [bundle],
+              "_voice_rows": []}
     assert set(probes) == set(OWNER_EVENTS)
     for name, data in probes.items():
         event_data = {"index": [0, 0], "value": "Owner Voice", "row_value": ["Owner Voice", voice_id]} \
             if name == "_pick_voice" else None
         status, message = run_event(visitor, by_name[name], data, event_data=event_data)
         assert status == 200 and "Only the studio's owner" in refused(message), name
+        assert "A test tone." not in json.dumps(message)  # the owner voice's transcript
     assert tree_hash(voices) == before
     assert httpx.get(f"{url}/v1/audio/styles", headers=BEARER).json() == presets
     assert httpx.get(f"{url}/v1/audio/voices").status_code == 401  # the API still needs the key
