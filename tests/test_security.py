@@ -440,6 +440,10 @@ def test_keyless_server_refuses_cross_site_writes_and_hides_remote_credentials(t
                        content=b'{"input": "Hello."}', timeout=60)
         assert r.status_code == 415  # a simple request (text/plain) never generates
         assert post_voice(url, "Cross Site", "true", evil).status_code == 403
+        # A JSON body from another site needs a preflight, and the answer does not let that site through.
+        preflight = httpx.options(f"{url}/v1/audio/speech", timeout=30, headers={
+            **evil, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type"})
+        assert preflight.headers.get("access-control-allow-origin") not in ("*", evil["Origin"])
         assert tree_hash(voices) == before
         # The studio's own page (same origin) and local pages may write.
         same = post_voice(url, "Same Site", "true", {"Origin": url})
