@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import gradio as gr
 
 from engine.config import FRAME_RATE
+from engine.delay import default_max_frames
 
 # What a visitor of a public page (a key set, no login) may generate: a minute of speech from a short text.
 PUBLIC_MAX_FRAMES = 1500  # 60 s at 25 frames per second
@@ -97,7 +98,7 @@ class Access:
         if req.max_frames is not None and req.max_frames > PUBLIC_MAX_FRAMES:
             raise ValueError(f"The public page makes takes of up to {PUBLIC_MAX_FRAMES} frames "
                              f"({PUBLIC_MAX_FRAMES // FRAME_RATE} s). Lower the max length, or log in as the owner.")
-        req.max_frames = req.max_frames or PUBLIC_MAX_FRAMES
+        req.max_frames = min(req.max_frames or default_max_frames(req.text), PUBLIC_MAX_FRAMES)
 
     def cross_site_refusal(self, origin: str | None, host: str | None) -> str | None:
         """Why a state-changing request from another site is refused, or None. Only a keyless server needs

@@ -274,10 +274,14 @@ def test_public_limits_hold_visitors_only():
     class Visitor:
         username, headers = None, {}
 
+    from engine.delay import default_max_frames
+
     access = Access(KEY, public_page=True)
-    req = SynthesisRequest(text="Hello.")
-    access.limit_public(req, Visitor())
-    assert req.max_frames == PUBLIC_MAX_FRAMES  # "auto" length is capped to the public limit
+    short, long = SynthesisRequest(text="Hello."), SynthesisRequest(text="Words and more words. " * 45)
+    access.limit_public(short, Visitor())
+    access.limit_public(long, Visitor())
+    assert short.max_frames == default_max_frames("Hello.") < PUBLIC_MAX_FRAMES  # "auto" as for the owner...
+    assert default_max_frames(long.text) > PUBLIC_MAX_FRAMES == long.max_frames  # ...capped to the public limit
     with pytest.raises(ValueError, match="up to 1000 characters"):
         access.limit_public(SynthesisRequest(text="a" * 1001), Visitor())
     owner = Visitor()
