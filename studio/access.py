@@ -94,10 +94,10 @@ class Access:
             return
         if len(req.text or "") > PUBLIC_MAX_TEXT_CHARS:
             raise ValueError(f"The public page speaks up to {PUBLIC_MAX_TEXT_CHARS} characters at a time (this text "
-                             f"has {len(req.text)}). Split it, or log in as the owner.")
+                             f"has {len(req.text)}). Split it.")
         if req.max_frames is not None and req.max_frames > PUBLIC_MAX_FRAMES:
             raise ValueError(f"The public page makes takes of up to {PUBLIC_MAX_FRAMES} frames "
-                             f"({PUBLIC_MAX_FRAMES // FRAME_RATE} s). Lower the max length, or log in as the owner.")
+                             f"({PUBLIC_MAX_FRAMES // FRAME_RATE} s). Lower the max length.")
         req.max_frames = min(req.max_frames or default_max_frames(req.text), PUBLIC_MAX_FRAMES)
 
     def cross_site_refusal(self, origin: str | None, host: str | None) -> str | None:

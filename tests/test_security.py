@@ -3,9 +3,10 @@
 * `app.py --demo --mcp --api-key SECRET` (the page behind the owner's login): every Gradio event by
   `fn_index` (queue/join, run/predict, call/<api_name>) without the login; MCP tools without the key; decode
   bombs made with ffmpeg (peak RSS growth of the server printed); control characters in tags; lone
-  surrogates; deep JSON; negative consent; an oversized upload.
+  surrogates; deep JSON; negative consent.
 * `--api-key SECRET --public-page` (a Space's page): visitors may generate within the public limits, and every
-  event that changes or exports the library or presets refuses them, however it is called.
+  event that shows, changes or exports the library or saves presets refuses them, however it is called;
+  oversized uploads.
 * A keyless server driving a credentialed `--remote`: cross-site simple requests are refused, and neither
   `/health` nor the page shows the remote's credentials.
 Each probe checks that the voices directory is unchanged and `/health` still answers. In-process: the
