@@ -140,6 +140,9 @@ def main(argv: list[str] | None = None) -> None:
     api.register(demo.app, service, access=access)
     print(f"OpenAI-compatible API: POST {demo.local_url.rstrip('/')}/v1/audio/speech"
           + (" (Bearer key required)" if args.api_key else ""), flush=True)
+    if not args.api_key and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"No API key and listening on {args.host}: whoever reaches this port can change the voice library. "
+              "Set --api-key (HIGGS_API_KEY) to keep that to yourself (docs/SECURITY.md).", flush=True)
     if args.api_key:
         print("The page " + ("is public: visitors generate within the public limits; the library is managed with "
                              "the key" if args.public_page else "asks for a login: any name, the key as password"),
