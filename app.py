@@ -36,7 +36,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--share", action="store_true", help="also open a public gradio.live link")
     p.add_argument("--mcp", action="store_true", default=_env_flag("GRADIO_MCP_SERVER"),
                    help="serve the studio's tools over MCP at /gradio_api/mcp/")
-    p.add_argument("--api-key", default=env.get("HIGGS_API_KEY"), help="require this Bearer key on /v1/* routes")
+    p.add_argument("--api-key", default=env.get("HIGGS_API_KEY"),
+                   help="the owner's key: required as a Bearer key on /v1/* and MCP, and as the page's login "
+                        "password (env HIGGS_API_KEY; docs/SECURITY.md)")
+    p.add_argument("--public-page", action="store_true", default=_env_flag("HIGGS_PUBLIC_PAGE") or on_spaces,
+                   help="with --api-key, serve the page without a login: visitors generate within the public "
+                        "limits and cannot change the library (default on Spaces) (env HIGGS_PUBLIC_PAGE=1)")
     p.add_argument("--voices-dir", default=env.get("HIGGS_VOICES_DIR"), help="where saved voices live")
     p.add_argument("--remote", default=env.get("HIGGS_REMOTE"),
                    help="drive a running speech server (another Higgs Studio, SGLang-Omni, vLLM-Omni) at this URL "
@@ -102,15 +107,18 @@ def main(argv: list[str] | None = None) -> None:
     if not getattr(engine, "is_remote", False):
         warm_up(engine)
 
+    from studio.access import Access
+    from studio.api import MAX_UPLOAD_BYTES
     from studio.page import Page, launch_kwargs
     from studio.presets import PresetStore
     from studio.service import StudioService
-    from studio.voices import VoiceLibrary
+    from studio.voices import MAX_IMPORT_BYTES, VoiceLibrary
 
     voices = VoiceLibrary(args.voices_dir)
     presets = PresetStore(voices.root / "presets.json")
     service = StudioService(engine, voices, presets)
-    page = Page(service)
+    access = Access(args.api_key, public_page=args.public_page)
+    page = Page(service, access)
     if not page.streaming:
         print("ffmpeg is not on PATH: takes play when complete instead of streaming, and mp3/opus/aac downloads are "
               "off. Install ffmpeg (e.g. `apt-get install ffmpeg`) for live streaming.", flush=True)
@@ -119,16 +127,26 @@ def main(argv: list[str] | None = None) -> None:
         from studio import mcp
         mcp.register(demo, service, api_key=args.api_key)  # gr.api tools: added before launch
     demo.queue(default_concurrency_limit=1, max_size=64)
+    # Gradio refuses uploads over this as they arrive: the largest legitimate one is a voice bundle, or on a
+    # public page (where only the owner may import, and not from the page) a reference clip.
+    max_upload = MAX_UPLOAD_BYTES if access.api_key and access.public_page else MAX_IMPORT_BYTES
     try:
         demo.launch(server_name=args.host, server_port=args.port, share=args.share, mcp_server=args.mcp,
                     prevent_thread_lock=True, show_error=False, allowed_paths=[str(page.out_dir)],
-                    **launch_kwargs())
+                    max_file_size=max_upload, **access.launch_kwargs(), **launch_kwargs())
     except OSError as exc:
         sys.exit(f"Cannot listen on {args.host}:{args.port} ({exc}). Pick another port with --port or PORT.")
     from studio import api  # routes go on the running app: launch() builds a new FastAPI app each time
-    api.register(demo.app, service, api_key=args.api_key)
+    api.register(demo.app, service, access=access)
     print(f"OpenAI-compatible API: POST {demo.local_url.rstrip('/')}/v1/audio/speech"
           + (" (Bearer key required)" if args.api_key else ""), flush=True)
+    if not args.api_key and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"No API key and listening on {args.host}: whoever reaches this port can change the voice library. "
+              "Set --api-key (HIGGS_API_KEY) to keep that to yourself (docs/SECURITY.md).", flush=True)
+    if args.api_key:
+        print("The page " + ("is public: visitors generate within the public limits; the library is managed with "
+                             "the key" if args.public_page else "asks for a login: any name, the key as password"),
+              flush=True)
     if args.mcp:
         print(f"MCP server: {demo.local_url.rstrip('/')}/gradio_api/mcp/", flush=True)
     try:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import hmac
 import json
 import logging
 import re
@@ -49,6 +48,7 @@ from starlette.routing import Mount
 from engine.audio import ReferenceAudioError, load_audio
 from engine.config import SAMPLE_RATE
 from engine.generate import codes_sha256
+from studio.access import Access
 from studio.formats import MIME, STREAM_FORMATS, FormatError, StreamEncoder, available_formats, encode_audio, to_pcm16
 from studio.presets import check_style_prefix
 from studio.service import MAX_TEXT_CHARS, ServiceBusy, ServiceClosed, SynthesisRequest
@@ -66,6 +66,10 @@ MAX_UPLOAD_BYTES = 10 * 1024 * 1024  # reference clips: Boson's and SGLang-Omni'
 # before it is parsed.
 MAX_JSON_BYTES = 16 * 1024 * 1024
 FORM_OVERHEAD = 64 * 1024  # multipart boundaries and the small text fields around the clip
+MB = 2 ** 20  # sizes are stated in MB of 2**20 bytes, as the docs state the limits
+CONSENT_YES = ("true", "yes", "1", "on")
+CONSENT_STATEMENT_WORDS = 3  # a statement is a sentence ("The speaker agreed."), not a word ("n", "ok")
+_NEGATIONS = frozenset("no not nope never none false deny denied refuse refused without don't dont isn't".split())
 SPEED_RANGE = (0.25, 4.0)
 REQUEST_TIMEOUT_S = 600.0
 STREAMED_FORMATS = ("pcm", "wav", *STREAM_FORMATS)  # sent as the take is decoded; flac waits for the whole take
@@ -86,8 +90,9 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def response(self) -> JSONResponse:
-        kind = {401: "authentication_error", 404: "not_found_error", 503: "server_busy", 504: "timeout"}.get(
-            self.status, "invalid_request_error" if self.status < 500 else "server_error")
+        kinds = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 503: "server_busy",
+                 504: "timeout"}
+        kind = kinds.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
         body = {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
@@ -179,7 +184,7 @@ def decode_ref_audio(value: str) -> bytes:
     except (binascii.Error, ValueError):
         raise ApiError(400, "`ref_audio` is not valid base64.", param="ref_audio") from None
     if len(data) > MAX_UPLOAD_BYTES:
-        raise ApiError(413, f"`ref_audio` is {len(data) / 1e6:.1f} MB; the limit is {MAX_UPLOAD_BYTES // 2**20} MB.",
+        raise ApiError(413, f"`ref_audio` is {len(data) / MB:.1f} MB; the limit is {MAX_UPLOAD_BYTES // MB} MB.",
                        param="ref_audio")
     return data
 
@@ -262,8 +267,29 @@ def metric_headers(metrics, seed, *, final: bool, codes=None) -> dict[str, str]:
     return headers
 
 
-def _ascii_header(text: str) -> str:
-    return text.encode("ascii", "replace").decode().replace("\n", " ")[:1000]
+MAX_HEADER_CHARS = 1000
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+def header_value(value: object) -> str:
+    """Any value as a safe HTTP header value: ASCII, no control characters (a `\\r` or NUL from a tag would
+    make the server drop the response), at most MAX_HEADER_CHARS characters."""
+    text = str(value).encode("ascii", "replace").decode()
+    return _CONTROL_RE.sub(" ", text).strip()[:MAX_HEADER_CHARS]
+
+
+def check_consent(value: str) -> str:
+    """The consent field → the statement stored with the voice; an ApiError unless it is an explicit yes."""
+    value = value.strip()
+    words = value.lower().replace(",", " ").replace(".", " ").split()
+    if value.lower() in CONSENT_YES:
+        return DEFAULT_CONSENT_STATEMENT
+    if len(words) >= CONSENT_STATEMENT_WORDS and not _NEGATIONS.intersection(words):
+        return value
+    raise ApiError(400, "Field `consent` must confirm that the speaker agreed to have their voice cloned: send "
+                        f"\"true\" (also \"yes\", \"1\", \"on\") or a statement of at least "
+                        f"{CONSENT_STATEMENT_WORDS} words, such as \"Ann agreed by email on 2026-11-30\". It is "
+                        "stored with the voice.", param="consent")
 
 
 # ---------------------------------------------------------------------------------------------- the routes
@@ -272,33 +298,36 @@ class SpeechAPI:
     """The routes' state: the service, the key, the limits, and a thread limiter of its own (requests
     waiting for their turn on the GPU sit in threads; they must not starve Gradio's own thread pool)."""
 
-    def __init__(self, service, *, api_key: str | None, request_timeout: float):
+    def __init__(self, service, *, access: Access, request_timeout: float):
         self.service = service
-        self.api_key = api_key or None
+        self.access = access
+        self.api_key = access.api_key
         self.request_timeout = request_timeout
         self.limiter = anyio.CapacityLimiter(max(8, int(getattr(service, "max_queue", 64)) + 4))
 
     # ------------------------------------------------------------ plumbing
 
     def check_auth(self, request: Request) -> None:
-        if self.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+        if not self.access.bearer_ok(request.headers.get("authorization")):
             raise ApiError(401, "Missing or wrong API key: send `Authorization: Bearer <key>`.",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    def check_site(self, request: Request) -> None:
+        """The cross-site rule for requests that write or generate (docs/SECURITY.md)."""
+        refusal = self.access.cross_site_refusal(request.headers.get("origin"), request.headers.get("host"))
+        if refusal is not None:
+            raise ApiError(403, refusal, code="cross_site_request")
 
     async def read_body(self, request: Request, limit: int) -> bytes:
         """The body, refused with 413 as soon as it passes `limit` (never buffered beyond it)."""
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
-            raise ApiError(413, f"Request body is {int(declared) / 1e6:.1f} MB; the limit is {limit / 1e6:.0f} MB.")
+            raise ApiError(413, f"Request body is {int(declared) / MB:.1f} MB; the limit is {limit // MB} MB.")
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise ApiError(413, f"Request body is over the {limit / 1e6:.0f} MB limit.")
+                raise ApiError(413, f"Request body is over the {limit // MB} MB limit.")
             chunks.append(chunk)
         body = b"".join(chunks)
         request._body = body  # so request.form() parses what was already read
@@ -311,12 +340,18 @@ class SpeechAPI:
 
     async def speech(self, request: Request) -> Response:
         self.check_auth(request)
+        self.check_site(request)
+        if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+            raise ApiError(415, "Send the speech request as JSON with the header `Content-Type: application/json`.")
         body = await self.read_body(request, MAX_JSON_BYTES)
         try:
             payload = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ApiError(400, f"Request body is not valid JSON ({exc}). Send a JSON object like "
                                 f'{{"model": "{MODEL_IDS[0]}", "input": "Hello", "voice": "default"}}.') from None
+        except RecursionError:
+            raise ApiError(400, "Request body is nested too deeply to be a speech request. Send a flat JSON object "
+                                "of the documented fields.") from None
         if not isinstance(payload, dict):
             raise ApiError(400, "Request body must be a JSON object.")
         try:
@@ -331,17 +366,19 @@ class SpeechAPI:
         headers = metric_headers(first.metrics if first else None, synth.seed, final=bool(first and first.final))
         warnings = [*notes, *synth.warnings]
         if warnings:
-            headers["X-Warnings"] = _ascii_header("; ".join(warnings))
+            headers["X-Warnings"] = "; ".join(warnings)
+        headers = {name: header_value(value) for name, value in headers.items()}
         fmt = req.response_format
         streamable = fmt in STREAMED_FORMATS and req.stream is not False
         if req.stream_format == "sse":
-            return StreamingResponse(self._sse(run, first, fmt, len(req.input), started),
-                                     media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
+            return _TakeResponse(run, self._sse(run, first, fmt, len(req.input), started),
+                                 media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
         if streamable:
-            return StreamingResponse(self._audio_stream(run, first, fmt), media_type=MIME[fmt], headers=headers)
+            return _TakeResponse(run, self._audio_stream(run, first, fmt), media_type=MIME[fmt], headers=headers)
         audio, last = await run.collect(first)
         data, mime = await self.in_thread(encode_audio, audio, SAMPLE_RATE, fmt)
-        headers.update(metric_headers(last.metrics, synth.seed, final=True, codes=getattr(last, "codes", None)))
+        final = metric_headers(last.metrics, synth.seed, final=True, codes=getattr(last, "codes", None))
+        headers.update({name: header_value(value) for name, value in final.items()})
         return Response(data, media_type=mime, headers=headers)
 
     async def build_request(self, req: SpeechRequest) -> tuple[SynthesisRequest, list[str]]:
@@ -518,6 +555,7 @@ class SpeechAPI:
         """Multipart `audio_sample` (≤ 10 MB), `name`, `consent` (required), `ref_text` (the clip's transcript;
         recommended), optional `description`, `style`, `asserted_by`."""
         self.check_auth(request)
+        self.check_site(request)
         self._library()
         if "multipart/form-data" not in request.headers.get("content-type", ""):
             raise ApiError(400, "Send the voice as multipart/form-data with fields audio_sample (the clip), name, "
@@ -533,18 +571,13 @@ class SpeechAPI:
                            param="audio_sample")
         data = await upload.read()
         if len(data) > MAX_UPLOAD_BYTES:
-            raise ApiError(413, f"`audio_sample` is {len(data) / 1e6:.1f} MB; the limit is "
-                                f"{MAX_UPLOAD_BYTES // 2**20} MB.", param="audio_sample")
+            raise ApiError(413, f"`audio_sample` is {len(data) / MB:.1f} MB; the limit is "
+                                f"{MAX_UPLOAD_BYTES // MB} MB.", param="audio_sample")
         fields = {k: str(form.get(k) or "").strip() for k in
                   ("name", "consent", "ref_text", "transcript", "description", "style", "asserted_by")}
         if not fields["name"]:
             raise ApiError(400, "Field `name` is required.", param="name")
-        if fields["consent"].lower() in ("", "false", "no", "0", "off"):
-            raise ApiError(400, "Field `consent` is required: confirm that the speaker agreed to have their voice "
-                                "cloned (\"true\", a statement, or a consent id; it is stored with the voice).",
-                           param="consent")
-        statement = DEFAULT_CONSENT_STATEMENT if fields["consent"].lower() in ("true", "yes", "1", "on") \
-            else fields["consent"]
+        statement = check_consent(fields["consent"])
         consent = Consent(asserted_by=fields["asserted_by"] or "API client", statement=statement)
         try:
             samples, rate = await self.in_thread(load_audio, data)
@@ -564,6 +597,7 @@ class SpeechAPI:
 
     async def delete_voice(self, request: Request) -> JSONResponse:
         self.check_auth(request)
+        self.check_site(request)
         voice = await self.in_thread(self._get, request.path_params["voice_id"])
         try:
             await self.in_thread(self._library().delete, voice.id)
@@ -592,6 +626,23 @@ class SpeechAPI:
                              "backend": status.get("backend"), "queue_depth": status.get("queue_depth"),
                              "demo": status.get("demo"), "formats": list(available_formats()),
                              "auth": self.api_key is not None})
+
+
+class _TakeResponse(StreamingResponse):
+    """A streamed take that is cancelled however sending ends. The body's own `finally` stops the take
+    once the body has started; this also covers a failure before it starts (the server refusing a header,
+    the client gone before the first byte), which would otherwise leave the take running on the GPU."""
+
+    def __init__(self, run: "_Run", content, **kwargs):
+        super().__init__(content, **kwargs)
+        self.run = run
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.run.close()
 
 
 class _Run:
@@ -681,11 +732,12 @@ class _Run:
 
 # ---------------------------------------------------------------------------------------------- registration
 
-def register(app: FastAPI, service, *, api_key: str | None = None,
+def register(app: FastAPI, service, *, api_key: str | None = None, access: Access | None = None,
              request_timeout: float = REQUEST_TIMEOUT_S) -> SpeechAPI:
-    """Add the HTTP API to `app` (the FastAPI app that serves the Gradio studio). With `api_key`, every
-    `/v1/*` route needs `Authorization: Bearer <api_key>`; `/health` stays open for load balancers."""
-    api = SpeechAPI(service, api_key=api_key, request_timeout=request_timeout)
+    """Add the HTTP API to `app` (the FastAPI app that serves the Gradio studio). With `api_key` (or an
+    `access` that holds it), every `/v1/*` route needs `Authorization: Bearer <api_key>`; `/health` stays
+    open for load balancers. Without a key, writes from other sites are refused (`Access.cross_site_refusal`)."""
+    api = SpeechAPI(service, access=access or Access(api_key), request_timeout=request_timeout)
 
     def guarded(handler):
         async def endpoint(request: Request):

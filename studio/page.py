@@ -17,8 +17,10 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 
+from engine.audio import load_audio
 from engine.config import SAMPLE_RATE
 from studio import render
+from studio.access import Access
 from studio.formats import available_formats, ffmpeg_path, to_pcm16, write_audio
 from studio.service import MAX_FRAMES, MAX_SEED, ServiceBusy, StudioService, SynthesisRequest
 
@@ -47,8 +49,9 @@ def _warns(n_outputs: int):
 class Page:
     """Builds the Blocks and holds per-session live requests (so Stop can cancel the right one)."""
 
-    def __init__(self, service: StudioService):
+    def __init__(self, service: StudioService, access: Access | None = None):
         self.service = service
+        self.access = access or Access()  # no key: whoever reaches the page is the owner
         # Gradio encodes streamed audio with an ffmpeg subprocess; without it the page plays each take once
         # it is complete instead of failing every generation.
         self.streaming = ffmpeg_path() is not None
@@ -94,12 +97,19 @@ class Page:
         if voice == CLIP_VOICE:
             if clip is None:
                 raise gr.Error("Voice is set to the reference clip, but no clip is loaded. Upload or record one.")
-            ref = (self._clip_array(clip), clip[0])
+            try:
+                ref = load_audio(clip)
+            except ValueError as exc:
+                raise gr.Error(str(exc)) from None
         req = SynthesisRequest(
             text=text or "", voice_id=voice if voice not in (NO_VOICE, CLIP_VOICE) else None,
             style=style or None, temperature=temperature, top_k=int(top_k), top_p=top_p,
             seed=None if seed is None or seed < 0 else int(seed), max_frames=int(max_frames) or None,
             repeat_guard=int(repeat_guard) or None, ref_audio=ref, ref_text=clip_text or None, source="ui")
+        try:
+            self.access.limit_public(req, request)
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from None
         key = request.session_hash if request else "local"
         with self._lock:
             self._active[key] = req
@@ -191,13 +201,6 @@ class Page:
         return (render.metrics_html(take.metrics, state="stopped", seconds=take.seconds),
                 *self.take_outputs(take, takes or []))
 
-    @staticmethod
-    def _clip_array(clip) -> np.ndarray:
-        data = np.asarray(clip[1])
-        if data.dtype.kind == "i":
-            data = data.astype(np.float32) / np.iinfo(data.dtype).max
-        return data.astype(np.float32).mean(axis=1) if data.ndim == 2 else data.astype(np.float32)
-
     # ------------------------------------------------------------------ building
 
     def build(self) -> gr.Blocks:
@@ -210,8 +213,9 @@ class Page:
                     self._studio_tab()
                 with gr.Tab("Voices", id="voices") as self.voices_tab:
                     self._voices_tab()
-            self.save_voice.click(self._save_voice, [self.clip, self.clip_text, self.voice_name, self.voice_desc,
-                                                     self.style, self.consent], [self.voice, self.voices_table],
+            self.save_voice.click(self.access.owner_only(self._save_voice),
+                                  [self.clip, self.clip_text, self.voice_name, self.voice_desc, self.style,
+                                   self.consent], [self.voice, self.voices_table],
                                   concurrency_id=GPU_QUEUE, concurrency_limit=1, api_visibility="private")
             demo.load(self.refresh_lists, None, [self.voice, self.style, self.status], queue=False,
                       api_visibility="private")
@@ -243,8 +247,10 @@ class Page:
                         preset_name = gr.Textbox(label="Preset name", scale=3)
                         save_preset = gr.Button("Save preset", scale=1)
                 with gr.Accordion("Clone a voice", open=False, elem_id="clone"):
-                    self.clip = gr.Audio(label="Reference clip (3-15 s of clear speech)", type="numpy",
-                                         sources=["upload", "microphone"], elem_id="clip")
+                    # A path, decoded by engine.audio under its sample budget: Gradio's own decoding (type="numpy",
+                    # or a `format` conversion) would decode a compressed bomb whole first.
+                    self.clip = gr.Audio(label="Reference clip (3-15 s of clear speech)", type="filepath",
+                                         format=None, sources=["upload", "microphone"], elem_id="clip")
                     self.clip_text = gr.Textbox(label="Transcript of the clip (improves cloning a lot)",
                                                 elem_id="clip-text")
                     with gr.Row():
@@ -301,8 +307,8 @@ class Page:
                   seed, max_frames, repeat_guard, self.takes]
         gen_event = generate.click(self.generate, inputs, [self.live, self.metrics, self.take_audio, self.download,
                                                            self.history, self.takes, self.last_seed, self.result],
-                                   api_name="generate", concurrency_id=GPU_QUEUE, concurrency_limit=1,
-                                   js=render.CLICK_JS)
+                                   api_name="generate", api_visibility="undocumented",  # not an MCP tool
+                                   concurrency_id=GPU_QUEUE, concurrency_limit=1, js=render.CLICK_JS)
         gen_event.success(self._download_as, [fmt, self.takes], self.download, api_visibility="private")
         stop.click(self.stop, [self.takes], [self.metrics, self.take_audio, self.download, self.history,
                                              self.takes, self.last_seed],
@@ -322,7 +328,7 @@ class Page:
         random_seed.click(lambda: -1, None, seed, queue=False, api_visibility="private")
         reuse_seed.click(self._reuse_seed, self.last_seed, seed, queue=False, api_visibility="private")
         fmt.change(self._download_as, [fmt, self.takes], self.download, api_visibility="private")
-        save_preset.click(self._save_preset, [preset_name, self.style], self.style,
+        save_preset.click(self.access.owner_only(self._save_preset), [preset_name, self.style], self.style,
                           api_visibility="private")
         self.history.select(self._select_take, self.takes, [selected, hist_audio, recipe, curl, detail],
                             api_visibility="private")
@@ -367,7 +373,8 @@ class Page:
     def _save_voice(self, clip, transcript, name, description, style, consent):
         if clip is None:
             raise ValueError("Upload or record a reference clip first.")
-        voice = self.service.save_voice(self._clip_array(clip), clip[0], name=name, transcript=transcript,
+        samples, rate = load_audio(clip)
+        voice = self.service.save_voice(samples, rate, name=name, transcript=transcript,
                                         description=description, style=style or None, consent=consent)
         gr.Info(f"Saved voice {voice.name!r}.")
         return gr.update(choices=self.voice_choices(), value=voice.id), self._voice_rows()
@@ -402,8 +409,10 @@ class Page:
     def _voices_tab(self):
         gr.Markdown("Saved voices: a prepared reference clip, its transcript, a default style and a consent "
                     "record. Select a row to preview, edit, export or delete it.")
-        self.voices_table = gr.Dataframe(self._voice_rows(), headers=["name", "id", "style", "seconds", "transcript",
-                                                                      "description"],
+        # The table (transcripts, descriptions) is the owner's: with a key it fills when the owner opens the tab,
+        # because the page's config, where a starting value would sit, is public on a public page.
+        rows = self._voice_rows() if self.access.api_key is None else []
+        self.voices_table = gr.Dataframe(rows, headers=["name", "id", "style", "seconds", "transcript", "description"],
                                          interactive=False, wrap=True, label="Voices", elem_id="voices-table")
         current = gr.State(None)
         with gr.Row():
@@ -427,12 +436,13 @@ class Page:
 
         priv = dict(api_visibility="private")
         lists = [self.voices_table, self.voice]
-        self.voices_tab.select(lambda: self._voice_rows(), None, self.voices_table, queue=False, **priv)
-        self.voices_table.select(self._pick_voice, None, [current, preview, *fields, export_one], **priv)
-        save.click(self._edit_voice, [current, *fields], lists, **priv)
-        delete.click(self._delete_voice, [current, confirm], [*lists, current, confirm], **priv)
-        export_all.click(lambda: self._export(None), None, export_file, **priv)
-        bundle.upload(self._import, bundle, lists, **priv)
+        owner = self.access.owner_only  # the queue runs any event by fn_index: each of these checks the caller
+        self.voices_tab.select(owner(self._voice_rows), None, self.voices_table, queue=False, **priv)
+        self.voices_table.select(owner(self._pick_voice), None, [current, preview, *fields, export_one], **priv)
+        save.click(owner(self._edit_voice), [current, *fields], lists, **priv)
+        delete.click(owner(self._delete_voice), [current, confirm], [*lists, current, confirm], **priv)
+        export_all.click(owner(self._export_all), None, export_file, **priv)
+        bundle.upload(owner(self._import), bundle, lists, **priv)
 
     @_warns(7)
     def _pick_voice(self, evt: gr.SelectData):
@@ -458,6 +468,9 @@ class Page:
         self.service.voices.delete(voice_id)
         return self._voice_rows(), gr.update(choices=self.voice_choices(), value=NO_VOICE), None, False
 
+    def _export_all(self) -> str:
+        return self._export(None)
+
     def _export(self, ids) -> str:
         name = "voices.zip" if ids is None else f"voice-{ids[0]}.zip"
         path = self.out_dir / name
@@ -466,7 +479,7 @@ class Page:
 
     @_warns(2)
     def _import(self, path):
-        added = self.service.voices.import_zip(Path(path).read_bytes())
+        added = self.service.voices.import_zip(path)  # its size is checked before it is read
         gr.Info(f"Imported {len(added)} voice(s).")
         return self._voice_rows(), gr.update(choices=self.voice_choices())
 

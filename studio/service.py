@@ -84,6 +84,8 @@ class SynthesisRequest:
         """Raise ValueError with a sentence the user can act on."""
         if not isinstance(self.text, str) or not self.text.strip():
             raise ValueError("Text is empty: type something to say.")
+        for what, value in (("Text", self.text), ("The style", self.style), ("The clip's transcript", self.ref_text)):
+            _check_unicode(what, value)
         if len(self.text) > MAX_TEXT_CHARS:
             raise ValueError(f"Text is {len(self.text)} characters; the limit is {MAX_TEXT_CHARS}. Split it.")
         if not 0.0 <= float(self.temperature) <= 2.0:
@@ -440,6 +442,17 @@ class StudioService:
         status["queue_depth"] = self.queue_depth
         status["control_tags"] = len(CONTROL_TAGS)
         return status
+
+
+def _check_unicode(what: str, value: str | None) -> None:
+    """Refuse text that is not valid Unicode: a lone surrogate (JSON allows "\\ud800") breaks the tokenizer."""
+    if value is None:
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} holds an invalid character at position {exc.start} (a lone UTF-16 surrogate). "
+                         "Send valid Unicode text.") from None
 
 
 def _with_stop_reason(metrics, reason: str):

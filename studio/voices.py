@@ -16,8 +16,11 @@ text, unique case-insensitively, and never touch the file system.
 
 Durability. Every write goes to a temp directory or file inside `root`, is fsynced, then renamed into
 place, so a crash leaves either the old state or the new one; leftovers are swept the next time a
-library opens. Writers hold a process-wide lock and an `fcntl` lock on `<root>/.lock`, so threads
-and processes adding voices at once all land. Readers take no lock (renames are atomic).
+library opens. A write of several voices (an import) is staged whole and marked committed before the
+renames, so the next open after a crash completes it or removes it: all of the bundle or none.
+Writers hold a process-wide lock and an `fcntl` lock on `<root>/.lock`, so threads and processes adding
+voices at once all land. Readers take no lock (renames are atomic; while an import's voices are being
+renamed into place a reader may see some of them for a moment).
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ MAX_IMPORT_BYTES = 256 * 2 ** 20
 MAX_IMPORT_VOICES = 200
 ENTRY_LIMITS = {"voice.json": 64 * 2 ** 10, "audio.wav": 4 * 2 ** 20, "codes.npy": 256 * 2 ** 10}
 _ENTRY_RE = re.compile(r"(?:([A-Za-z0-9_-][A-Za-z0-9_.-]{0,63})/)?(voice\.json|audio\.wav|codes\.npy)")
+STAGE_PREFIX = ".stage-"  # a write in progress: one directory per voice, then COMMIT_MARK, then renames
+COMMIT_MARK = "COMMIT"
 _DIR_ENTRY_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}/")
 
 DEFAULT_CONSENT_STATEMENT = ("I have the right to clone this voice: it is my own, or its speaker has given "
@@ -514,11 +519,17 @@ class VoiceLibrary:
                         zf.write(voice.codes_path, f"{voice.id}/codes.npy")
             return buf.getvalue()
 
-    def import_zip(self, data: bytes) -> list[Voice]:
-        """Import voices exported by `export_zip`. Everything is checked first — entry names and types,
-        sizes, JSON, audio, codes, consent, name clashes — and on any problem the whole import is
-        rejected with `VoiceImportError` and the library is left as it was. Voices already saved (same
-        content) are returned as they are."""
+    def import_zip(self, data: bytes | str | os.PathLike) -> list[Voice]:
+        """Import voices exported by `export_zip` (its bytes, or the path of the file: its size is checked
+        before a byte is read). Everything is checked first — entry names and types, sizes, JSON, audio,
+        codes, consent, name clashes — and on any problem the whole import is rejected with
+        `VoiceImportError` and the library is left as it was. Voices already saved (same content) are
+        returned as they are."""
+        if isinstance(data, (str, os.PathLike)):
+            size = Path(data).stat().st_size
+            if size > MAX_IMPORT_BYTES:
+                raise VoiceImportError(_too_big(size))
+            data = Path(data).read_bytes()
         files = _read_bundle(data)
         staged = []
         for folder, entries in sorted(files.items()):
@@ -636,13 +647,18 @@ class VoiceLibrary:
         raise VoiceError("Every id for this content is taken; the library is damaged.")
 
     def _write_all(self, items: list[tuple[str, _Staged]]) -> None:
-        temps: list[tuple[Path, str]] = []
+        """Write voices all-or-nothing, even across a kill: every voice is written and fsynced into one staging
+        directory, then a `COMMIT` mark makes the set durable, then each voice is renamed into place. A
+        crash before the mark leaves a stage that the next open deletes; after it, the next open finishes
+        the renames (`_sweep`)."""
+        stage = self.root / f"{STAGE_PREFIX}{uuid.uuid4().hex}"
         placed: list[Path] = []
+        committed = False
         try:
+            stage.mkdir()
             for voice_id, s in items:
-                tmp = self.root / f".tmp-{uuid.uuid4().hex}"
+                tmp = stage / voice_id
                 tmp.mkdir()
-                temps.append((tmp, voice_id))
                 record = {"format": VOICE_FORMAT, "id": voice_id, **s.record,
                           "consent": s.record["consent"].to_json(), "sample_rate": SAMPLE_RATE,
                           "notes": list(s.record["notes"])}
@@ -651,11 +667,17 @@ class VoiceLibrary:
                     _write_file(tmp / "codes.npy", _npy_bytes(s.codes))
                 _write_file(tmp / "voice.json", json.dumps(record, ensure_ascii=False, indent=1).encode("utf-8"))
                 _fsync_dir(tmp)
-            for tmp, voice_id in temps:
-                os.rename(tmp, self.root / voice_id)
+            _write_file(stage / COMMIT_MARK, "\n".join(v for v, _ in items).encode())
+            _fsync_dir(stage)
+            committed = True
+            for voice_id, _ in items:
+                os.rename(stage / voice_id, self.root / voice_id)
                 placed.append(self.root / voice_id)
             _fsync_dir(self.root)
         except BaseException:
+            if committed:  # un-commit first, so a crash during the roll-back does not roll forward
+                (stage / COMMIT_MARK).unlink(missing_ok=True)
+                _fsync_dir(stage)
             for path in placed:  # all or nothing: take back what was already renamed into place
                 trash = self.root / f".trash-{uuid.uuid4().hex}"
                 try:
@@ -664,9 +686,9 @@ class VoiceLibrary:
                     log.exception("could not roll back %s", path)
                     continue
                 shutil.rmtree(trash, ignore_errors=True)
-            for tmp, _ in temps:
-                shutil.rmtree(tmp, ignore_errors=True)
             raise
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
 
     def _by_content(self, digest: str) -> Voice | None:
         return next((v for v in self.list() if v.content_hash == digest), None)
@@ -691,14 +713,30 @@ class VoiceLibrary:
             log.warning("skipping unreadable voice %s: %s", path, exc)
             return None
 
+    def _roll_forward(self, stage: Path) -> None:
+        """Finish a committed write that a crash interrupted: move the voices still staged into place."""
+        for voice_id in (stage / COMMIT_MARK).read_text().split():
+            staged = stage / voice_id
+            if ID_RE.fullmatch(voice_id) and staged.is_dir() and not (self.root / voice_id).exists():
+                os.rename(staged, self.root / voice_id)
+        _fsync_dir(self.root)
+        log.info("completed an interrupted write of voices (%s)", stage.name)
+
     def _sweep(self) -> None:
         """Remove what an interrupted write left behind (only ever names no reader looks at)."""
         for entry in self.root.iterdir():
-            if entry.name.startswith((".tmp-", ".trash-")) and entry.is_dir():
+            if entry.name.startswith(STAGE_PREFIX) and (entry / COMMIT_MARK).is_file():
+                self._roll_forward(entry)
+            if entry.name.startswith((".tmp-", ".trash-", STAGE_PREFIX)) and entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
             elif ID_RE.fullmatch(entry.name) and entry.is_dir():
                 for leftover in entry.glob(".*.tmp"):
                     leftover.unlink(missing_ok=True)
+
+
+def _too_big(size: int) -> str:
+    return (f"The voice bundle is {size / 2 ** 20:.1f} MB; the limit is {MAX_IMPORT_BYTES // 2 ** 20} MB. Export "
+            "fewer voices at a time.")
 
 
 def _read_bundle(data: bytes) -> dict[str, dict[str, bytes]]:
@@ -706,7 +744,7 @@ def _read_bundle(data: bytes) -> dict[str, dict[str, bytes]]:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise VoiceImportError("A voice bundle must be the bytes of a .zip file.")
     if len(data) > MAX_IMPORT_BYTES:
-        raise VoiceImportError(f"The voice bundle is larger than {MAX_IMPORT_BYTES // 2 ** 20} MB.")
+        raise VoiceImportError(_too_big(len(data)))
     try:
         zf = zipfile.ZipFile(io.BytesIO(bytes(data)))
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError):

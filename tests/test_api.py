@@ -510,7 +510,8 @@ def test_bad_key_is_refused_and_never_reaches_a_voice(base):
 @pytest.mark.slow
 def test_limits_give_clear_errors(base, client):
     def post(body, **kw):
-        return httpx.post(f"{base}/v1/audio/speech", headers={**auth(), **kw.pop("headers", {})}, timeout=60,
+        return httpx.post(f"{base}/v1/audio/speech", timeout=60,
+                          headers={**auth(), "Content-Type": "application/json", **kw.pop("headers", {})},
                           **({"content": body} if isinstance(body, (bytes, str)) else {"json": body}), **kw)
 
     big = post({"input": "a" * 5_000_000, "response_format": "wav"})
@@ -518,6 +519,8 @@ def test_limits_give_clear_errors(base, client):
     assert raw_status(base, "/v1/audio/speech", "application/json", 17 * 2**20) == 413
     bad_json = post('{"input": "hi", ')
     assert bad_json.status_code == 400 and "not valid JSON" in bad_json.json()["error"]["message"]
+    form = post('{"input": "hi"}', headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert form.status_code == 415 and "application/json" in form.json()["error"]["message"]
     wrong_type = post({"input": ["not", "text"]})
     assert wrong_type.status_code == 422 and "`input`" in wrong_type.json()["error"]["message"]
     unknown_voice = post({"input": "Hi.", "voice": "nobody-by-this-name"})
