@@ -243,7 +243,7 @@ function onMessage(t, m) {
     if (t.state !== 'streaming') { t.state = 'streaming'; state('streaming', ''); }
     showMetrics(t, m.metrics);
   } else if (m.type === 'done') {
-    t.takeId = m.take_id; t.stopReason = m.stop_reason;
+    t.takeId = m.take_id; t.stopReason = m.stop_reason; t.doneAt = performance.now();
     showMetrics(t, m.metrics);
   } else if (m.type === 'error') {
     fail(t, m.message);
@@ -253,7 +253,8 @@ function onMessage(t, m) {
 function onWorklet(t, m) {
   if (m.played !== undefined) t.played = m.played;
   if (m.type === 'started') {
-    t.heard = performance.now() - t.click;
+    t.startedAt = performance.now();
+    t.heard = t.startedAt - t.click;
     put('m-heard', Math.round(t.heard) + ' ms');
     if (t.ttfa != null) put('live-net', Math.round(t.heard - t.ttfa));
   } else if (m.type === 'underrun') {
