@@ -238,6 +238,7 @@ function onMessage(t, m) {
     if (m.position > 1) state('waiting', 'queue position ' + m.position);
   } else if (m.type === 'audio') {
     const pcm = pcm16(m.pcm);
+    t.marks.audio ??= performance.now();
     t.received += pcm.length;
     if (!t.stopped) t.node.port.postMessage({pcm}, [pcm.buffer]);
     if (t.state !== 'streaming') { t.state = 'streaming'; state('streaming', ''); }
@@ -302,8 +303,10 @@ async function play(t, fields, clip) {
   try {
     if (fields.voice === '__clip__' && clip && clip.url) form.append('clip', await (await fetch(clip.url)).blob(), 'clip');
     const token = document.querySelector('.hs-live')?.dataset.token || '';
+    t.marks.fetch = performance.now();
     const res = await fetch('/studio/live', {method: 'POST', body: form, headers: {'X-Studio-Token': token},
                                              signal: t.abort.signal});
+    t.marks.response = performance.now();
     if (!res.ok) return fail(t, (await res.json().catch(() => ({}))).error || 'The live stream was refused (' + res.status + ').');
     const reader = res.body.getReader(), text = new TextDecoder();
     let buf = '';
@@ -327,7 +330,7 @@ S.start = (args) => {
   if (S.take) S.stop();  // one take plays at a time in a tab
   const [text, style, voice, clip, clip_text, temperature, top_p, top_k, seed, max_frames, repeat_guard] = args;
   const id = Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, '0')).join('');
-  const t = S.take = {id, click: S.click ?? performance.now(), abort: new AbortController(), received: 0, played: 0,
+  const t = S.take = {id, click: S.click ?? performance.now(), marks: {start: performance.now()}, abort: new AbortController(), received: 0, played: 0,
                       heard: null, ttfa: null, state: 'waiting'};
   state('waiting', 'waiting for the GPU');
   put('live-underruns', 0);
