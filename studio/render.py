@@ -229,7 +229,9 @@ function pcm16(b64) {
 function showMetrics(t, m) {
   if (m.ttfa_ms != null) { t.ttfa = m.ttfa_ms; put('live-ttfa', Math.round(m.ttfa_ms)); }
   if (m.rtf != null) put('live-rtf', m.rtf.toFixed(3));
-  if (m.peak_mem_bytes) put('live-mem', (m.peak_mem_bytes / 2 ** 20).toFixed(0) + ' MiB ' + (m.mem_kind || '').toUpperCase());
+  if (m.peak_mem_bytes) {
+    put('live-mem', (m.peak_mem_bytes / 2 ** 20).toFixed(0) + ' MiB ' + (m.mem_kind || '').toUpperCase());
+  }
   if (t.heard != null && t.ttfa != null) put('live-net', Math.round(t.heard - t.ttfa));
 }
 
@@ -301,13 +303,18 @@ async function play(t, fields, clip) {
   const form = new FormData();
   form.append('request', JSON.stringify({...fields, live_id: t.id}));
   try {
-    if (fields.voice === '__clip__' && clip && clip.url) form.append('clip', await (await fetch(clip.url)).blob(), 'clip');
+    if (fields.voice === '__clip__' && clip && clip.url) {
+      form.append('clip', await (await fetch(clip.url)).blob(), 'clip');
+    }
     const token = document.querySelector('.hs-live')?.dataset.token || '';
     t.marks.fetch = performance.now();
     const res = await fetch('/studio/live', {method: 'POST', body: form, headers: {'X-Studio-Token': token},
                                              signal: t.abort.signal});
     t.marks.response = performance.now();
-    if (!res.ok) return fail(t, (await res.json().catch(() => ({}))).error || 'The live stream was refused (' + res.status + ').');
+    if (!res.ok) {
+      const why = (await res.json().catch(() => ({}))).error;
+      return fail(t, why || 'The live stream was refused (' + res.status + ').');
+    }
     const reader = res.body.getReader(), text = new TextDecoder();
     let buf = '';
     for (;;) {
@@ -330,7 +337,9 @@ S.start = (args) => {
   if (S.take) S.stop();  // one take plays at a time in a tab
   const [text, style, voice, clip, clip_text, temperature, top_p, top_k, seed, max_frames, repeat_guard] = args;
   const id = Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, '0')).join('');
-  const t = S.take = {id, click: S.click ?? performance.now(), marks: {start: performance.now()}, abort: new AbortController(), received: 0, played: 0,
+  // marks: when the stream was sent, answered and first carried audio (the Heard − TTFA breakdown).
+  const t = S.take = {id, click: S.click ?? performance.now(), marks: {start: performance.now()},
+                      abort: new AbortController(), received: 0, played: 0,
                       heard: null, ttfa: null, state: 'waiting'};
   state('waiting', 'waiting for the GPU');
   put('live-underruns', 0);
