@@ -16,6 +16,9 @@ The page's Gradio `generate` event runs beside the stream with the same `live_id
 route registered and, once the take ends, fills the history, take player, downloads and recipe as before; Stop
 cancels it through the same registry.
 
+Why not WebRTC (the `fastrtc` library): a Space would need TURN credentials and another dependency, while a
+streamed `fetch` is plain HTTP that passes the Spaces proxy; PCM at 24 kHz is 48 kB/s (64 kB/s as base64).
+
 Auth: the page token is an HMAC of its expiry time under a per-process secret, issued each time the page
 loads. It proves a request comes from a page this server served, so with `--api-key` the route is not an
 open door to the engine for scripts: they get 401 unless they send the key, as on `/v1/*`.
