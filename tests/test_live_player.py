@@ -273,3 +273,43 @@ def test_fallback_plays_through_the_gradio_player(browser, studio_url, how):
     if how == "flag":
         print(f"\nheard (Gradio streaming player, fallback) median {statistics.median(heard):.0f} ms over 5 takes "
               f"{[round(x) for x in heard]}")
+
+
+def test_the_worklet_recovers_from_an_underrun_without_a_click(browser, studio_url):
+    """The player's AudioWorklet rendered offline: a 0.5 DC level runs dry mid-take, then resumes. A player that
+    stops on a non-zero sample steps by 0.5 (a click); this one ramps. Every sample still plays exactly once."""
+    from studio.render import LIVE_WORKLET
+
+    pg = open_page(browser, studio_url)
+    result = pg.evaluate("""async (source) => {
+      const rate = 24000, ctx = new OfflineAudioContext(1, rate, rate);
+      await ctx.audioWorklet.addModule(URL.createObjectURL(new Blob([source], {type: 'text/javascript'})));
+      const node = new AudioWorkletNode(ctx, 'hs-player', {numberOfInputs: 0, outputChannelCount: [1],
+        processorOptions: {prebuffer: 1440, maxPrebuffer: 11520, fade: 120}});
+      node.connect(ctx.destination);
+      const seen = [];
+      node.port.onmessage = (e) => seen.push(e.data);
+      const chunk = (tail) => {  // 0.1 s at 0.5; the take's last chunk ramps itself down to 0 (its own ending)
+        const x = new Int16Array(2400).fill(16384);
+        for (let i = 0; i < tail; i++) x[2400 - tail + i] = Math.round(16384 * (1 - (i + 1) / tail));
+        return x;
+      };
+      const settle = () => new Promise((r) => setTimeout(r, 100));  // let the message reach the worklet
+      ctx.suspend(0).then(async () => { node.port.postMessage({pcm: chunk(0)}); await settle(); ctx.resume(); });
+      ctx.suspend(0.4).then(async () => {  // the first chunk (0.1 s) ran dry long ago: an underrun
+        node.port.postMessage({pcm: chunk(480)}); node.port.postMessage({end: true}); await settle(); ctx.resume();
+      });
+      const out = (await ctx.startRendering()).getChannelData(0);
+      let step = 0, loud = 0;
+      for (let i = 1; i < out.length; i++) step = Math.max(step, Math.abs(out[i] - out[i - 1]));
+      for (const v of out) if (Math.abs(v - 0.5) < 1e-6) loud++;
+      return {step, loud, seen};
+    }""", LIVE_WORKLET)
+    kinds = [m["type"] for m in result["seen"]]
+    assert "underrun" in kinds and kinds[-1] == "drained" and result["seen"][-1]["played"] == 4800
+    # Starting, running dry and resuming move the output by one 5 ms ramp step at most (0.5 / 96 samples at
+    # the underrun here), where a hard stop or start would jump by 0.5; the level in between is untouched.
+    # Only the ramps (two 120-sample fade-ins, < 128 samples faded out) and the take's own 480-sample tail are
+    # below the level.
+    assert result["step"] < 0.02 and result["loud"] >= 4800 - 480 - 2 * 120 - 128
+    print(f"\nunderrun: largest step between samples {result['step']:.4f} (a hard stop: 0.5)")
