@@ -255,7 +255,7 @@ class Page:
                 # The WebAudio player (studio/live.py); its session token is issued at every page load.
                 gr.HTML(lambda: render.live_player_html(self.player.issue_token()), js_on_load=render.LIVE_JS,
                         elem_id="live-player")
-                self.live_id = gr.Textbox(visible=False, elem_id="live-id")  # set by CLICK_JS in WebAudio mode
+                self.live_id = gr.Textbox("", visible=False, elem_id="live-id")  # set by CLICK_JS in WebAudio mode
                 self.result = gr.JSON(label="Result", visible=False)  # the take's metrics and recipe, for API clients
                 self.take_audio = gr.Audio(label="Take", type="filepath", interactive=False, elem_id="take")
                 with gr.Row():
