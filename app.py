@@ -43,6 +43,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with --api-key, serve the page without a login: visitors generate within the public "
                         "limits and cannot change the library (default on Spaces) (env HIGGS_PUBLIC_PAGE=1)")
     p.add_argument("--voices-dir", default=env.get("HIGGS_VOICES_DIR"), help="where saved voices live")
+    p.add_argument("--max-input-chars", type=int, default=int(env.get("HIGGS_MAX_INPUT_CHARS") or 0) or None,
+                   help="longest `input` /v1/audio/speech takes as one long take, planned into segments "
+                        "(default 100,000; env HIGGS_MAX_INPUT_CHARS)")
     p.add_argument("--remote", default=env.get("HIGGS_REMOTE"),
                    help="drive a running speech server (another Higgs Studio, SGLang-Omni, vLLM-Omni) at this URL "
                         "instead of a local model (env HIGGS_REMOTE; its key in HIGGS_REMOTE_API_KEY)")
@@ -137,7 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as exc:
         sys.exit(f"Cannot listen on {args.host}:{args.port} ({exc}). Pick another port with --port or PORT.")
     from studio import api  # routes go on the running app: launch() builds a new FastAPI app each time
-    api.register(demo.app, service, access=access)
+    from studio.longform import MAX_LONG_INPUT_CHARS
+    api.register(demo.app, service, access=access, max_input_chars=args.max_input_chars or MAX_LONG_INPUT_CHARS)
     page.player.mount(demo.app, access=access)  # the page's WebAudio stream route (studio/live.py)
     print(f"OpenAI-compatible API: POST {demo.local_url.rstrip('/')}/v1/audio/speech"
           + (" (Bearer key required)" if args.api_key else ""), flush=True)

@@ -22,6 +22,7 @@ from studio import render
 from studio.access import Access
 from studio.formats import available_formats, ffmpeg_path, to_pcm16, write_audio
 from studio.live import CLIP_VOICE, NO_VOICE, LivePlayer, page_request
+from studio.longform_view import LongFormView
 from studio.service import MAX_FRAMES, MAX_SEED, Queued, ServiceBusy, StudioService, SynthesisRequest
 
 log = logging.getLogger("higgs.studio")
@@ -186,12 +187,18 @@ class Page:
                     self._studio_tab()
                 with gr.Tab("Voices", id="voices") as self.voices_tab:
                     self._voices_tab()
+                with gr.Tab("Long form", id="long"):
+                    LongFormView(self.service, self.out_dir, self.access).build(GPU_QUEUE)
             self.save_voice.click(self.access.owner_only(self._save_voice),
                                   [self.clip, self.clip_text, self.voice_name, self.voice_desc, self.style,
                                    self.consent], [self.voice, self.voices_table],
                                   concurrency_id=GPU_QUEUE, concurrency_limit=1, api_visibility="private")
             demo.load(self.refresh_lists, None, [self.voice, self.style, self.status], queue=False,
                       api_visibility="private")
+            # An explicit private load event, not a callable value: Gradio would publish that one as an API
+            # endpoint and an MCP tool.
+            demo.load(lambda: render.live_player_html(self.player.issue_token()), None, self.live_panel,
+                      queue=False, api_visibility="private")
         return demo
 
     def refresh_lists(self):
@@ -253,9 +260,9 @@ class Page:
                 self.live = gr.Audio(label="Live" if self.streaming else "Live (off: install ffmpeg to stream)",
                                      streaming=self.streaming, autoplay=True, interactive=False, elem_id="live")
                 self.metrics = gr.HTML(render.metrics_html(), label="Metrics", elem_id="metrics")
-                # The WebAudio player (studio/live.py); its session token is issued at every page load.
-                gr.HTML(lambda: render.live_player_html(self.player.issue_token()), js_on_load=render.LIVE_JS,
-                        elem_id="live-player")
+                # The WebAudio player (studio/live.py); its session token is issued at every page load (below).
+                self.live_panel = gr.HTML(render.live_player_html(""), js_on_load=render.LIVE_JS,
+                                          elem_id="live-player")
                 self.live_id = gr.Textbox("", visible=False, elem_id="live-id")  # set by CLICK_JS in WebAudio mode
                 self.result = gr.JSON(label="Result", visible=False)  # the take's metrics and recipe, for API clients
                 self.take_audio = gr.Audio(label="Take", type="filepath", interactive=False, elem_id="take")

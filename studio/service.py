@@ -320,6 +320,19 @@ class StudioService:
         request.seed = int(request.seed)
         return prompt_text, voice, style
 
+    def queued(self, work: Callable[[_Job], None], cancel: threading.Event, *,
+               positions: bool = False) -> Iterator[Any]:
+        """Run `work(job)` on the GPU worker in turn with every other request, and yield what it puts in
+        `job.out`; with `positions=True`, first a `Queued` each time the job's place in the queue changes.
+        Nothing is yielded after a cancel while waiting (the job leaves the queue)."""
+        job = self._submit(work, cancel)
+        for position in self._wait_turn(job, self.queue_timeout):
+            if positions:
+                yield Queued(position)
+        if not job.started:  # cancelled while waiting
+            return
+        yield from self._results(job)
+
     def stream(self, request: SynthesisRequest, *, positions: bool = False) -> Iterator[Any]:
         """Validate, queue, generate: yields the engine's Chunks (the last has `final=True`), and with
         `positions=True` first a `Queued` each time the request's place in the queue changes. Raises
@@ -329,14 +342,9 @@ class StudioService:
         `request.finished` set) even when the consumer goes away; a stopped take ends with a final chunk
         whose `metrics.stop_reason` is "cancelled"."""
         prompt_text, voice, style = self.prepare(request)
-        job = self._submit(lambda job: self._generate(job, request, prompt_text, voice, style), request.cancel)
         try:
-            for position in self._wait_turn(job, self.queue_timeout):
-                if positions:
-                    yield Queued(position)
-            if not job.started:  # cancelled while waiting
-                return
-            yield from self._results(job)
+            yield from self.queued(lambda job: self._generate(job, request, prompt_text, voice, style),
+                                   request.cancel, positions=positions)
         finally:
             if not request.finished.is_set():
                 request.cancel.set()  # stopped, failed or abandoned by the consumer: free the worker
