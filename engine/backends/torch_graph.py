@@ -11,8 +11,9 @@ cache): one graph per bucket, so a short take does not pay for 4k positions of a
 
 Numbers. Every op is the eager step's own (`HiggsModel.decode`), except the attention window: at
 `pos + 1 == length` the step is bit-identical to eager; with masked positions in the window the softmax
-sums and the P·V product reduce over a longer axis (the masked terms are exact zeros, but the reduction
-order differs), so logits differ from eager by float rounding only (tests/test_torch_graph.py bounds it).
+sums and the P·V product reduce over a longer axis of exact zeros, which can change the reduction order,
+so logits may differ from eager by float rounding (0 on the CPU tests' fp32 model; tests/test_torch_graph.py
+bounds it; the device check measures it on the GPU).
 
 Sampling on the device. `sample_static` is `engine.sampling.sample` with its one data-dependent shape
 (`nonzero`) replaced by a sort of the kept indices, so it picks exactly what `sample` picks on the same
