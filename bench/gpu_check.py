@@ -80,7 +80,9 @@ def cosine(a, b) -> float:
     return float(torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0))
 
 
-def model_rows(dims: Dims, steps: int, floor: float) -> list[Row]:
+def model_rows(dims: Dims, steps: int, floor: float, results: dict | None = None) -> list[Row]:
+    """`results` (when given) receives the cubin ms/frame per precision, for the torch-graph section's
+    speed-up row."""
     rows = []
     gen = torch.Generator().manual_seed(1)
     ids13 = torch.randint(0, 150000, (13,), generator=gen)
@@ -101,7 +103,7 @@ def model_rows(dims: Dims, steps: int, floor: float) -> list[Row]:
     torch_prefill = {n: cuda_ms(lambda ids=ids: ref.prefill(ids, None, 0), repeat=3) / len(ids)
                      for n, ids in ((13, ids13), (300, ids300))}
 
-    results = {}
+    results = {} if results is None else results
     for precision in ("bf16", "fp8"):
         torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
@@ -181,6 +183,120 @@ def model_rows(dims: Dims, steps: int, floor: float) -> list[Row]:
              Row("bench", "speed-up fp8 / bf16 cubin vs torch eager",
                  f"{torch_ms / results['fp8']:.2f}x / {torch_ms / results['bf16']:.2f}x", "", "INFO")]
     return rows
+
+
+def device_ms(fn, device: torch.device, repeat: int = 5) -> float:
+    """Median milliseconds of fn(): CUDA events on a GPU, the wall clock on the CPU (the self-test)."""
+    if device.type == "cuda":
+        return cuda_ms(fn, repeat=repeat)
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(1e3 * (time.perf_counter() - t0))
+    return sorted(times)[len(times) // 2]
+
+
+def torch_graph_rows(dims: Dims, steps: int, device: torch.device, contexts=(64, 512, 2048),
+                     cubin_ms: dict | None = None) -> Iterable[Row]:
+    """The torch path on CUDA (engine/backends/torch_graph.py), the cubin path's baseline: its graph step
+    against the eager step of the same model (teacher-forced logits), fused greedy rows against the eager
+    greedy loop, fused device sampling against `engine.sampling.sample` on the same logits, ms/frame as
+    the context grows, eager ms/frame, the first capture, VRAM. On the CPU (the self-test) the graphs are
+    the stand-in and the dims tiny: the same code, no driver capture."""
+    from engine.backends.torch_graph import TorchGraphBackend
+    from engine.sampling import sample, uniforms
+
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    gen = torch.Generator().manual_seed(2)
+    sd = random_backbone(dims, dtype, device=device.type)
+    model = HiggsModel.from_state_dict(dims, sd, dtype=dtype, device=device, max_len=max(contexts) + steps + 1)
+    del sd
+    be = TorchGraphBackend(model)
+    yield Row("torch-graph", "graphs", be.info["graphs"], "", "INFO")
+    ids = torch.randint(0, dims.vocab, (contexts[0],), generator=gen)
+    n = min(steps, 32)
+
+    # Teacher-forced on the eager greedy rows: eager decode and the graph step of the same model write the
+    # same K/V at each position, so one model serves both.
+    logits = first = model.prefill(ids)
+    cos, rel, agree, want_rows, capture_ms = [], 0.0, 0, [], None
+    for step in range(n):
+        row = greedy(logits, step, dims.boc)
+        want_rows.append(row)
+        want = model.decode(row, len(ids) + step)
+        t0 = time.perf_counter()
+        got = be.decode(row, len(ids) + step)
+        if capture_ms is None:  # the first call captured the step graph of this window
+            capture_ms = 1e3 * (time.perf_counter() - t0)
+        cos.append(cosine(got, want))
+        rel = max(rel, float((got - want).abs().max() / want.abs().max()))
+        agree += int((got.argmax(-1) == want.argmax(-1)).sum())
+        logits = want
+    yield Row("torch-graph", f"graph step vs eager step, teacher-forced, {n} steps",
+              f"min cosine {min(cos):.6f}, max rel err {rel:.1e}, greedy {agree}/{n * dims.codebooks}", "> 0.9999",
+              "PASS" if min(cos) > 0.9999 else "FAIL")
+    yield Row("torch-graph", f"first step-graph capture (window {be.bucket(len(ids))})", f"{capture_ms:.0f} ms", "",
+              "INFO")
+
+    # Fused greedy take (device sampling, graph replay) vs the eager greedy rows.
+    be.prefill(ids)
+    be.begin(first, len(ids), seed=0, temperature=0.0, top_k=0, top_p=1.0, max_rows=n)
+    fused, _ = be.rows(n)
+    same = (fused == torch.stack(want_rows).cpu()).all(-1)
+    prefix = int(same.long().cumprod(0).sum())
+    yield Row("torch-graph", "fused greedy rows vs eager greedy rows",
+              f"{prefix}/{n} identical before the first divergence", f">= {min(8, n)} (random weights: near-ties)",
+              "PASS" if prefix >= min(8, n) else "FAIL")
+
+    # Device sampling vs engine.sampling.sample on the same logits (the host loop feeds the same graphs).
+    seed, settings = 1234, dict(temperature=0.8, top_k=30, top_p=0.8)
+    be.prefill(ids)
+    be.begin(first, len(ids), seed=seed, max_rows=n, **settings)
+    fused, _ = be.rows(n)
+    logits, host = be.prefill(ids), []
+    for step, u in enumerate(uniforms(seed, 0, dims.codebooks, steps=n)):
+        row = sample(logits, u.to(device), *settings.values())
+        row[step + 1:] = dims.boc
+        host.append(row.cpu())
+        logits = be.decode(row, len(ids) + step)
+    same = torch.equal(fused, torch.stack(host))
+    yield Row("torch-graph", "device sampling (T 0.8, top-k 30, top-p 0.8) vs sampling.sample",
+              "identical rows" if same else "DIFFERENT", "identical", "PASS" if same else "FAIL")
+
+    # ms/frame as the context grows: one untimed pass captures the windows, then rows(50) chunks are timed.
+    chunk = min(50, steps)
+    for ctx in contexts:
+        ids_ctx = torch.randint(0, dims.vocab, (ctx,), generator=gen)
+        for timed in (False, True):
+            first_ctx = be.prefill(ids_ctx)
+            be.begin(first_ctx, ctx, seed=0, max_rows=steps, **settings)
+            if cuda:
+                torch.cuda.synchronize()
+            t0, done = time.perf_counter(), 0
+            while done + chunk <= steps:
+                be.rows(chunk)
+                done += chunk
+            ms = 1e3 * (time.perf_counter() - t0) / max(done, 1)
+        yield Row("torch-graph", f"decode ms/frame at context {ctx} (sync per {chunk} rows)", f"{ms:.2f} ms", "", "INFO")
+        if ctx == contexts[0]:
+            graph_ms = ms
+    eager_ms = device_ms(lambda: model.decode(want_rows[0], len(ids)), device, repeat=9)
+    yield Row("torch-graph", f"eager decode ms/step at context {len(ids)} (host sampling excluded)",
+              f"{eager_ms:.2f} ms = {eager_ms / graph_ms:.2f}x the graphed step", "", "INFO")
+    if cuda:
+        yield Row("torch-graph", "peak VRAM (weights, cache, graphs)",
+                  f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", "", "INFO")
+    if cubin_ms:
+        yield Row("bench", "speed-up cubin fp8 / bf16 vs the CUDA-graphed torch path",
+                  " / ".join(f"{graph_ms / cubin_ms[p]:.2f}x" for p in ("fp8", "bf16") if p in cubin_ms), "", "INFO")
+    del be, model
+    if cuda:
+        torch.cuda.empty_cache()
 
 
 OPS = KERNELS = None
@@ -345,12 +461,15 @@ def gpu_sections(args) -> list[Section]:
     # budgets add up to 350 s: the whole run fits 6 minutes, so a 15-minute device session holds a rerun
     sections = [Section("preflight", 20, preflight_rows),
                 Section("cubins", 10, lambda: manifest_rows(probe_driver().cc)),
-                Section("setup", 40, load_rows),
-                Section("kernels", 90, lambda: kernel_rows(KERNELS, torch.device("cuda"))),
-                Section("thread", 20, lambda: [thread_row()])]
+                Section("setup", 35, load_rows),
+                Section("kernels", 80, lambda: kernel_rows(KERNELS, torch.device("cuda"))),
+                Section("thread", 10, lambda: [thread_row()])]
     if not args.quick:
-        sections += [Section("floor", 20, floor_rows),
-                     Section("model", 150, lambda: model_rows(FULL_SIZE, args.steps, state["floor"]))]
+        sections += [Section("floor", 15, floor_rows),
+                     Section("model", 130, lambda: model_rows(FULL_SIZE, args.steps, state["floor"],
+                                                              state.setdefault("cubin_ms", {}))),
+                     Section("torch-graph", 50, lambda: torch_graph_rows(FULL_SIZE, args.steps, torch.device("cuda"),
+                                                                         cubin_ms=state.get("cubin_ms")))]
     return sections
 
 
@@ -369,12 +488,17 @@ def selftest_sections() -> list[Section]:
         yield Row("stand-in-slow", "never reached", "", "", "FAIL")
 
     return [Section("preflight", 20, preflight_rows),
+            Section("torch-graph", 50, lambda: torch_graph_rows(SELFTEST_DIMS, 16, torch.device("cpu"),
+                                                                contexts=(8, 16, 32))),
             Section("stand-in", 10, broken),
             Section("cubins", 10, lambda: (r for cc in mf.TARGETS for r in manifest_rows(cc))),
             Section("stand-in-slow", 1, slow),
             Section("kernels (CPU self-test)", 120, selftest_rows)]
 
 
+# A tiny random model for the self-test's torch-graph section (the real run uses FULL_SIZE).
+SELFTEST_DIMS = Dims(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, head_dim=16, vocab=1000,
+                     rms_eps=1e-6, rope_theta=1e6, max_positions=4096)
 DELIBERATE = {("stand-in", "section failed"), ("stand-in-slow", "time budget")}
 
 
