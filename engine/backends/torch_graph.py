@@ -35,8 +35,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from engine.delay import MAX_ROWS
 from engine.model import HiggsModel, apply_rope, rms_norm
-from engine.sampling import GOLDEN, MIX1, MIX2, splitmix64, top_k_mask
+from engine.sampling import (DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, GOLDEN, MIX1, MIX2, splitmix64,
+                             top_k_mask)
 
 # The smallest attention window a step graph covers (positions); windows double up to the cache size.
 MIN_BUCKET = 256
@@ -281,6 +283,14 @@ class TorchGraphBackend:
         self.sampler = self.sampler_graphs[key]
         self.start, self.taken, self.max_rows = pos, 0, max_rows
 
+    def warm_up(self) -> None:
+        """Capture the graphs a first take at the default settings needs (its sampler, the first window),
+        so that its time to first audio does not pay for them. Writes K/V at position 0, which every
+        take's prefill rewrites before reading it."""
+        self.begin(torch.zeros_like(self.logits), 0, seed=0, temperature=DEFAULT_TEMPERATURE, top_k=DEFAULT_TOP_K,
+                   top_p=DEFAULT_TOP_P, max_rows=min(MAX_ROWS, self.max_len))
+        self.rows(1)
+
     @torch.inference_mode()
     def rows(self, n: int) -> tuple[torch.Tensor, bool]:
         """Advance up to n steps on the device, then ONE host sync: the rows sampled ([k, 8] int64) and
@@ -303,7 +313,9 @@ def load(checkpoint, *, device, dtype=None, max_len: int = 4096, precision: str 
                          "or fp16")
     model = HiggsModel.from_state_dict(checkpoint.dims, checkpoint.backbone, dtype=dtype, device=device,
                                        max_len=max_len)
-    return TorchGraphBackend(model)
+    backend = TorchGraphBackend(model)
+    backend.warm_up()
+    return backend
 
 
 def _register() -> None:
