@@ -185,8 +185,9 @@ def test_greedy_take_equals_the_parity_codes(parity_dir, name):
     d, prompt = fixture(parity_dir, name)
     engine = Engine.load(parity_dir / "tiny_checkpoint", device="cpu", precision="fp32", backend="torch-graph")
     assert engine.info["backend"] == "torch-graph" and "stand-in" in engine.info["graphs"]
-    # load captured what a first take at the default settings needs
-    assert list(engine.model.sampler_graphs) == [(0.8, 30, 0.8)] and list(engine.model.step_graphs) == [256]
+    # load captured every window and the default-settings sampler (a failing capture fails the load)
+    assert list(engine.model.sampler_graphs) == [(0.8, 30, 0.8)]
+    assert sorted(engine.model.step_graphs) == engine.model.windows() == [256, 512, 1024, 2048, 4096]
     frames = engine.predict(prompt=prompt, temperature=0, max_frames=d["predict_max_frames"], repeat_guard=None)
     assert frames.tolist() == d["frames"]
 

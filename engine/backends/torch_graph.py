@@ -21,7 +21,8 @@ logits; the SPEC D6 uniforms are computed on the device from the seed and a step
 int64 tensor ops, wrap-around multiplies, logical shifts by masking). The delay window and the D5 stop
 state follow `kernels/sampler.py`. One sampler graph per (temperature, top_k, top_p): these pick the ops
 (greedy, top-k, top-p), exactly as `sample`'s Python branches do. `rows(n)` replays n × (sampler, step)
-and syncs once.
+and syncs once. `load` captures every window and the default sampler up front (`warm_up`): a capture
+that fails then fails the load, where "auto" falls back to eager torch with the reason.
 
 Where there is no CUDA (the CPU tests) the "graph" is a stand-in that replays by calling the same step
 function (`eager_capture`), so every path but the driver's capture runs in CI. `auto` never picks this
@@ -283,10 +284,18 @@ class TorchGraphBackend:
         self.sampler = self.sampler_graphs[key]
         self.start, self.taken, self.max_rows = pos, 0, max_rows
 
+    def windows(self) -> list[int]:
+        """Every attention window a step graph can have at this cache size."""
+        return sorted({self.bucket(pos) for pos in range(0, self.max_len, self.min_bucket)} | {self.max_len})
+
     def warm_up(self) -> None:
-        """Capture the graphs a first take at the default settings needs (its sampler, the first window),
-        so that its time to first audio does not pay for them. Writes K/V at position 0, which every
-        take's prefill rewrites before reading it."""
+        """Capture every window's step graph and the sampler at the default settings, so that a capture
+        that fails does so at load (where "auto" falls back to eager torch with the reason) and a first
+        take's time to first audio does not pay for captures. Writes K/V at position `window - 1` of each
+        window and at 0: positions that a take's prefill or steps write before the mask lets them be read."""
+        zero = torch.zeros(self.dims.codebooks, dtype=torch.long, device=self.device)
+        for length in self.windows():
+            self.decode(zero, length - 1)
         self.begin(torch.zeros_like(self.logits), 0, seed=0, temperature=DEFAULT_TEMPERATURE, top_k=DEFAULT_TOP_K,
                    top_p=DEFAULT_TOP_P, max_rows=min(MAX_ROWS, self.max_len))
         self.rows(1)
