@@ -283,7 +283,8 @@ def torch_graph_rows(dims: Dims, steps: int, device: torch.device, contexts=(64,
                 be.rows(chunk)
                 done += chunk
             ms = 1e3 * (time.perf_counter() - t0) / max(done, 1)
-        yield Row("torch-graph", f"decode ms/frame at context {ctx} (sync per {chunk} rows)", f"{ms:.2f} ms", "", "INFO")
+        yield Row("torch-graph", f"decode ms/frame at context {ctx} (sync per {chunk} rows)", f"{ms:.2f} ms", "",
+                  "INFO")
         if ctx == contexts[0]:
             graph_ms = ms
     eager_ms = device_ms(lambda: model.decode(want_rows[0], len(ids)), device, repeat=9)
