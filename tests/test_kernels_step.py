@@ -48,7 +48,7 @@ def r(t):
 
 
 class Weights:
-    """The tiny checkpoint in kernel layout: fused qkv and gate_up, bf16 (or fp8 + per-channel scales)."""
+    """The tiny checkpoint for the torch reference, in kernel layout: fused qkv and gate_up, bf16."""
 
     def __init__(self, root):
         from safetensors.torch import load_file
@@ -69,7 +69,6 @@ class Weights:
         self.norm = b("body.norm.weight")
         self.audio = b("tied.embedding.modality_embeddings.0.embedding.weight")
         self.text = sd["tied.embedding.text_embedding.weight"].to(BF16)
-        self.state = sd
 
 
 class TorchReference:
