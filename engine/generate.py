@@ -148,6 +148,23 @@ def _start_backend(name: str, factory: Callable, *, auto: bool, reason: str | No
                               make=make)
 
 
+def _auto_choice(dev: torch.device) -> tuple[str, str, str | None]:
+    """What "auto" runs on `dev`: (backend, its fallback if it fails to start, why faster ones were
+    skipped). On CUDA the first usable of AUTO_ON_CUDA, then eager torch; on the CPU eager torch."""
+    if dev.type != "cuda":
+        return "torch", "torch", "no CUDA GPU: the torch reference path runs on the CPU"
+    usable, skipped = [], []
+    for candidate in AUTO_ON_CUDA:
+        try:
+            _backend(candidate, dev)
+            usable.append(candidate)
+        except BackendUnavailable as exc:
+            skipped.append(str(exc))
+    usable.append("torch")
+    reason = f"{'; '.join(skipped)}; using the {usable[0]} path" if skipped else None
+    return usable[0], usable[1] if len(usable) > 1 else "torch", reason
+
+
 class GpuUnusable(ValueError):
     """An NVIDIA GPU is present but this torch cannot use it; the message names the fix."""
 
@@ -211,22 +228,7 @@ class Engine:
         dev = _device(device)
         if precision not in ("auto", "fp8", *DTYPES):
             raise ValueError(f"unknown precision {precision!r}; use 'auto', 'fp32', 'bf16', 'fp16' or 'fp8' (GPU kernels)")
-        reason = None
-        if backend == "auto":
-            usable, skipped = [], []
-            if dev.type != "cuda":
-                skipped.append("no CUDA GPU: the torch reference path runs on the CPU")
-            for candidate in AUTO_ON_CUDA if dev.type == "cuda" else ():
-                try:
-                    _backend(candidate, dev)
-                    usable.append(candidate)
-                except BackendUnavailable as exc:
-                    skipped.append(f"{exc}; using the {'torch-graph' if candidate == 'cubin' else 'torch'} path")
-            usable.append("torch")
-            name, fallback = usable[0], usable[1] if len(usable) > 1 else "torch"
-            reason = "; ".join(skipped) or None
-        else:
-            name, fallback = backend, "torch"
+        name, fallback, reason = _auto_choice(dev) if backend == "auto" else (backend, "torch", None)
         factory = _backend(name, dev)  # before reading gigabytes of weights
         ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
         dims = ckpt.dims

@@ -204,6 +204,18 @@ def test_auto_on_the_cpu_is_still_the_eager_torch_path(parity_dir):
     assert engine.info["backend"] == "torch" and type(engine.model) is HiggsModel
 
 
+def test_auto_choice_on_a_cuda_device_without_cubins(monkeypatch):
+    """A CUDA device where the cubin backend is unavailable (here: its module cannot be imported): auto
+    takes torch-graph, with eager torch behind it, and says why."""
+    monkeypatch.delitem(generate.BACKENDS, "cubin", raising=False)
+    monkeypatch.setitem(generate.BACKEND_MODULES, "cubin", "engine.backends.not_installed")
+    name, fallback, reason = generate._auto_choice(torch.device("cuda"))
+    assert (name, fallback) == ("torch-graph", "torch")
+    assert reason.startswith("backend 'cubin' is not available") and reason.endswith("using the torch-graph path")
+    assert generate._auto_choice(torch.device("cpu")) == (
+        "torch", "torch", "no CUDA GPU: the torch reference path runs on the CPU")
+
+
 def test_auto_falls_back_cubin_then_torch_graph_then_torch():
     def broken(name):
         def factory():
