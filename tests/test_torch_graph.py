@@ -254,3 +254,19 @@ def test_registered_as_a_backend_module():
     assert generate.BACKEND_MODULES["torch-graph"] == "engine.backends.torch_graph"
     assert generate.BACKENDS["torch-graph"] is torch_graph.load
     assert generate.AUTO_ON_CUDA == ("cubin", "torch-graph")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the capture itself)")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_cuda_graphs_give_the_eager_engines_takes(parity_dir, precision):
+    """On a GPU: the real `torch.cuda.graph` captures, greedy and sampled takes against eager torch on the
+    same device (the picks must agree; the window's rounding is far below the fixture's argmax margins)."""
+    d, prompt = fixture(parity_dir, "voice_clone")
+    engines = [Engine.load(parity_dir / "tiny_checkpoint", device="cuda", precision=precision, backend=b)
+               for b in ("torch", "torch-graph")]
+    assert engines[1].info["graphs"] == "CUDA graphs"
+    for options in (dict(temperature=0, max_frames=d["predict_max_frames"], repeat_guard=None),
+                    dict(seed=11, max_frames=120)):
+        eager, graphed = (e.predict(prompt=prompt, **options) for e in engines)
+        assert torch.equal(eager, graphed), options
