@@ -258,12 +258,12 @@ def test_registered_as_a_backend_module():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the capture itself)")
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_cuda_graphs_give_the_eager_engines_takes(parity_dir, precision):
+def test_cuda_graphs_give_the_eager_engines_takes(parity_dir):
     """On a GPU: the real `torch.cuda.graph` captures, greedy and sampled takes against eager torch on the
-    same device (the picks must agree; the window's rounding is far below the fixture's argmax margins)."""
+    same device in fp32 (the window's rounding is far below the fixture's argmax margins; in bf16 it might
+    flip a near-tie, which the device check reports instead)."""
     d, prompt = fixture(parity_dir, "voice_clone")
-    engines = [Engine.load(parity_dir / "tiny_checkpoint", device="cuda", precision=precision, backend=b)
+    engines = [Engine.load(parity_dir / "tiny_checkpoint", device="cuda", precision="fp32", backend=b)
                for b in ("torch", "torch-graph")]
     assert engines[1].info["graphs"] == "CUDA graphs"
     for options in (dict(temperature=0, max_frames=d["predict_max_frames"], repeat_guard=None),
