@@ -125,8 +125,8 @@ class LongFormView:
         progress = gr.Markdown(elem_id="long-progress")
         table = gr.Dataframe(headers=HEADERS, interactive=False, wrap=True, elem_id="long-table")
         with gr.Row():
-            row = gr.Number(1, label="Row", precision=0)
-            row_seed = gr.Number(-1, label="New seed (-1: the next one)", precision=0)
+            row = gr.Number(1, label="Row", precision=0, elem_id="long-row")
+            row_seed = gr.Number(-1, label="New seed (-1: the next one)", precision=0, elem_id="long-row-seed")
             row_text = gr.Textbox(label="Edited text (empty: keep)")
             redo = gr.Button("Regenerate row", elem_id="long-regenerate")
         audio = gr.Audio(label="Long take", type="filepath", interactive=False, elem_id="long-take")

@@ -151,3 +151,50 @@ def test_save_voice_from_upload_then_generate_with_it(page, tmp_path, artifacts_
     pg.check("#delete-confirm input[type=checkbox]")
     pg.click("#delete-voice")
     pg.wait_for_function("() => !document.querySelector('#voices-table')?.innerText.includes('Renamed Fox')")
+
+
+LONG_TEXT = "\n\n".join(
+    f"Paragraph {n} begins here, calm and slow. It goes on for a while about the sea and the sky. "
+    f"Then it ends with a short remark." for n in ("one", "two", "three", "four"))
+
+
+def _long_take(pg, previous: str | None = None):
+    """The Long form tab's take as downloaded: its file URL (once it differs from `previous`) and samples."""
+    import io
+
+    import httpx
+    import numpy as np
+    import soundfile as sf
+
+    pg.wait_for_function("prev => { const a = document.querySelector('#long-take a[download]');"
+                         " return a && a.href && a.href !== prev; }", arg=previous or "", timeout=180_000)
+    src = pg.eval_on_selector("#long-take a[download]", "a => a.href")  # the take's download link
+    samples, rate = sf.read(io.BytesIO(httpx.get(src, timeout=60).content), dtype="float32")
+    assert rate == 24_000
+    return src, np.asarray(samples)
+
+
+def test_long_form_fills_the_segment_table_and_regenerates_one_row(page):
+    import numpy as np
+
+    pg = page
+    pg.get_by_role("tab", name="Long form").click()
+    pg.fill("#long-text textarea", LONG_TEXT)
+    pg.click("#long-generate")
+    pg.wait_for_function("() => document.querySelector('#long-progress')?.innerText.startsWith('done')",
+                         timeout=240_000)
+    done = re.match(r"done: (\d+) segments", pg.inner_text("#long-progress"))
+    assert done and int(done.group(1)) >= 4  # the first segment is one sentence; none crosses a paragraph
+    pg.wait_for_function("() => document.querySelector('#long-table')?.innerText.includes('Paragraph four')")
+    first_src, first = _long_take(pg)
+
+    pg.fill("#long-row input", "2")
+    pg.fill("#long-row-seed input", "4242")
+    pg.click("#long-regenerate")
+    pg.wait_for_function("() => document.querySelector('#long-progress')?.innerText.includes('row 2 generated')",
+                         timeout=240_000)
+    _, second = _long_take(pg, previous=first_src)
+    n = min(len(first), len(second))
+    differs = np.flatnonzero(first[:n] != second[:n])
+    assert len(differs) or len(first) != len(second)  # the download has the new audio of row 2 ...
+    assert not len(differs) or differs[0] > 0.5 * 24_000  # ... and row 1 (a sentence and its pause) is untouched
