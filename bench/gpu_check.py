@@ -183,6 +183,36 @@ def model_rows(dims: Dims, steps: int, floor: float) -> list[Row]:
     return rows
 
 
+def variant_rows(dims: Dims, steps: int) -> list[Row]:
+    """Issue 16's A/B: the v1 and v2 decode steps of the cubin backend on the same GPU in one run, graph
+    replay with device sampling (sync per 50 rows, the first 50 rows are capture and warm-up)."""
+    sd = random_backbone(dims, torch.bfloat16, device="cuda")
+    ids = torch.randint(0, 150000, (13,), generator=torch.Generator().manual_seed(3))
+    ms = {}
+    for precision in ("fp8", "bf16"):
+        for variant in ("v1", "v2"):
+            be = CubinBackend(dims, sd, ops=OPS, device="cuda", precision=precision, max_len=1024,
+                              stream=KERNELS.stream, variant=variant)
+            be.begin(be.prefill(ids, None, 0), 13, seed=0, temperature=0.8, top_k=30, top_p=0.8, max_rows=steps)
+            be.rows(50)
+            torch.cuda.synchronize()
+            t0, done = time.perf_counter(), 0
+            while done + 100 <= steps:
+                be.rows(50)
+                done += 50
+            ms[precision, variant] = 1e3 * (time.perf_counter() - t0) / max(done, 1)
+            del be
+            torch.cuda.empty_cache()
+    return step_ab_rows(ms)
+
+
+def step_ab_rows(ms: dict[tuple[str, str], float]) -> list[Row]:
+    """Whole-step ms/frame per precision, v1 and v2, and the ratio (an improvement counts only as a ratio
+    measured in one run)."""
+    return [Row(f"A/B step {p}", "decode ms/frame v1 | v2 | v1/v2", f"{ms[p, 'v1']:.3f} | {ms[p, 'v2']:.3f} | "
+                f"{ms[p, 'v1'] / ms[p, 'v2']:.2f}x", "", "INFO") for p in ("fp8", "bf16")]
+
+
 OPS = KERNELS = None
 
 
@@ -342,7 +372,7 @@ def gpu_sections(args) -> list[Section]:
         yield Row("setup", f"D2D copy floor on {torch.cuda.get_device_name()}", f"{state['floor'] / 1e9:.0f} GB/s",
                   "", "INFO")
 
-    # budgets add up to 350 s: the whole run fits 6 minutes, so a 15-minute device session holds a rerun
+    # budgets add up to 410 s: the whole run fits 7 minutes, so a 15-minute device session holds a rerun
     sections = [Section("preflight", 20, preflight_rows),
                 Section("cubins", 10, lambda: manifest_rows(probe_driver().cc)),
                 Section("setup", 40, load_rows),
@@ -350,7 +380,8 @@ def gpu_sections(args) -> list[Section]:
                 Section("thread", 20, lambda: [thread_row()])]
     if not args.quick:
         sections += [Section("floor", 20, floor_rows),
-                     Section("model", 150, lambda: model_rows(FULL_SIZE, args.steps, state["floor"]))]
+                     Section("model", 150, lambda: model_rows(FULL_SIZE, args.steps, state["floor"])),
+                     Section("A/B step", 60, lambda: variant_rows(FULL_SIZE, args.steps))]
     return sections
 
 
@@ -372,7 +403,9 @@ def selftest_sections() -> list[Section]:
             Section("stand-in", 10, broken),
             Section("cubins", 10, lambda: (r for cc in mf.TARGETS for r in manifest_rows(cc))),
             Section("stand-in-slow", 1, slow),
-            Section("kernels (CPU self-test)", 120, selftest_rows)]
+            Section("kernels (CPU self-test)", 120, selftest_rows),
+            Section("A/B step (stand-in figures)", 5,
+                    lambda: step_ab_rows({(p, v): 1.0 for p in ("fp8", "bf16") for v in ("v1", "v2")}))]
 
 
 DELIBERATE = {("stand-in", "section failed"), ("stand-in-slow", "time budget")}

@@ -169,6 +169,7 @@ def decode_attn_fused_kernel(QKV, Q_NORM, K_NORM, COS, SIN, POS, K_CACHE, V_CACH
             den += tl.load(L_PART + idx, mask=gmask, other=0.0, cache_modifier=".cg") * w
             num += tl.load(ACC_PART + idx.to(tl.int64)[:, None] * HEAD_DIM + d[None, :], mask=gmask[:, None],
                            other=0.0, cache_modifier=".cg") * w[:, None]
+        den = tl.where(gmask, den, 1.0)         # padding rows of the group tile: never stored, kept finite
         tl.store(OUT + heads[:, None] * HEAD_DIM + d[None, :], (num / den[:, None]).to(OUT.dtype.element_ty),
                  mask=gmask[:, None])
         tl.store(COUNT + kvh, 0)
