@@ -101,3 +101,21 @@ def test_the_check_fails_on_the_v1_gemv():
     for cc in mf.TARGETS:
         m = mf.load(cc)
         assert loads_in_flight(m.root / m.kernels["gemv_w8a8"].cubin) < MIN_LOADS_IN_FLIGHT, m.target
+
+
+ATTN = committed("decode_attn_fused_")
+
+
+@pytest.mark.skipif(not ATTN, reason="no committed v2 cubins (python -m kernels.build)")
+@pytest.mark.parametrize("cc,name", ATTN)
+def test_fused_attention_takes_one_ticket_per_cta_after_a_release_fence(cc, name):
+    """The combine's ticket: one `ATOMG.E.ADD` in the kernel, with a GPU-scope `MEMBAR` just before it, so
+    every partial this CTA stored (ordered by the barrier before it) is visible before the counter moves.
+    Read by hand on sm_90a, not asserted here: a branch lets only thread 0 reach the atomic, `CCTL.IVALL`
+    follows it, and the ticket reaches the other threads through shared memory and a barrier."""
+    m = mf.load(cc)
+    ins = instructions(m.root / m.kernels[name].cubin)
+    atoms = [i for i, (_, op, _) in enumerate(ins) if op.startswith("ATOMG")]
+    assert len(atoms) == 1 and ins[atoms[0]][1].startswith("ATOMG.E.ADD"), [ins[i][1] for i in atoms]
+    before = [op for _, op, _ in ins[max(0, atoms[0] - 6):atoms[0]]]
+    assert any(op.startswith("MEMBAR") and op.endswith(".GPU") for op in before), (m.target, before)
