@@ -438,6 +438,36 @@ def real_shape_rows(ops, dims: Dims, device: torch.device, gemm_rows: int = 300)
                   f"< {TOL_BF16:.0e}", "PASS" if err < TOL_BF16 else "FAIL")
 
 
+def variant_rows(dims: Dims, steps: int) -> list[Row]:
+    """Issue 16's A/B: the v1 and v2 decode steps of the cubin backend on the same GPU in one run, graph
+    replay with device sampling (sync per 50 rows, the first 50 rows are capture and warm-up)."""
+    sd = random_backbone(dims, torch.bfloat16, device="cuda")
+    ids = torch.randint(0, 150000, (13,), generator=torch.Generator().manual_seed(3))
+    ms = {}
+    for precision in ("fp8", "bf16"):
+        for variant in ("v1", "v2"):
+            be = CubinBackend(dims, sd, ops=OPS, device="cuda", precision=precision, max_len=1024,
+                              stream=KERNELS.stream, variant=variant)
+            be.begin(be.prefill(ids, None, 0), 13, seed=0, temperature=0.8, top_k=30, top_p=0.8, max_rows=steps)
+            be.rows(50)
+            torch.cuda.synchronize()
+            t0, done = time.perf_counter(), 0
+            while done + 100 <= steps:
+                be.rows(50)
+                done += 50
+            ms[precision, variant] = 1e3 * (time.perf_counter() - t0) / max(done, 1)
+            del be
+            torch.cuda.empty_cache()
+    return step_ab_rows(ms)
+
+
+def step_ab_rows(ms: dict[tuple[str, str], float]) -> list[Row]:
+    """Whole-step ms/frame per precision, v1 and v2, and the ratio (an improvement counts only as a ratio
+    measured in one run)."""
+    return [Row(f"A/B step {p}", "decode ms/frame v1 | v2 | v1/v2", f"{ms[p, 'v1']:.3f} | {ms[p, 'v2']:.3f} | "
+                f"{ms[p, 'v1'] / ms[p, 'v2']:.2f}x", "", "INFO") for p in ("fp8", "bf16")]
+
+
 OPS = KERNELS = None
 
 
@@ -602,15 +632,16 @@ def gpu_sections(args) -> list[Section]:
     sections = [Section("preflight", 20, preflight_rows),
                 Section("cubins", 10, lambda: manifest_rows(probe_driver().cc)),
                 Section("setup", 30, load_rows),
-                Section("kernels", 70, lambda: kernel_rows(KERNELS, cuda)),
+                Section("kernels", 50, lambda: kernel_rows(KERNELS, cuda)),
                 Section("real shapes", 25, lambda: real_shape_rows(OPS, FULL_SIZE, cuda)),
                 Section("thread", 10, lambda: [thread_row()]),
                 Section("floor", 10, floor_rows)]
     if not args.quick:
-        sections += [Section("model", 110, lambda: model_rows(FULL_SIZE, args.steps, state["floor"],
-                                                              state.setdefault("cubin_ms", {}))),
-                     Section("torch-graph", 40, lambda: torch_graph_rows(FULL_SIZE, args.steps, cuda,
-                                                                         cubin_ms=state.get("cubin_ms")))]
+        sections += [Section("model", 95, lambda: model_rows(FULL_SIZE, args.steps, state["floor"],
+                                                             state.setdefault("cubin_ms", {}))),
+                     Section("torch-graph", 30, lambda: torch_graph_rows(FULL_SIZE, args.steps, cuda,
+                                                                         cubin_ms=state.get("cubin_ms"))),
+                     Section("A/B step", 45, lambda: variant_rows(FULL_SIZE, args.steps))]
     # after the model section, so the sum of kernel times can be set against its graph step time
     sections.append(Section("microbench", 35, lambda: microbench_rows(
         OPS, FULL_SIZE, cuda, KERNELS.stream, state.get("floor"), step_ms=state.get("cubin_ms"))))
@@ -641,7 +672,9 @@ def selftest_sections() -> list[Section]:
             Section("kernels (CPU self-test)", 120, selftest_rows),
             Section("real shapes", 30, lambda: real_shape_rows(interpreted_ops(), SELFTEST_DIMS, cpu, gemm_rows=0)),
             Section("microbench", 60, lambda: microbench_rows(interpreted_ops(), SELFTEST_DIMS, cpu,
-                                                              contexts=(16, 32, 64)))]
+                                                              contexts=(16, 32, 64))),
+            Section("A/B step (stand-in figures)", 5,
+                    lambda: step_ab_rows({(p, v): 1.0 for p in ("fp8", "bf16") for v in ("v1", "v2")}))]
 
 
 def interpreted_ops():

@@ -52,7 +52,7 @@ if _triton_ptxas():
 
 # Op-family modules, in the order the decode step uses them.
 KERNEL_MODULES = tuple(f"kernels.{m}" for m in
-                       ("norm", "gemv", "rope_kv", "attention", "mlp", "head", "sampler", "gemm"))
+                       ("norm", "gemv", "rope_kv", "attention", "mlp", "head", "sampler", "gemm", "fused"))
 
 
 def source_hash(module) -> str:
@@ -106,7 +106,7 @@ def compile_spec(spec: KernelSpec, module: str, cc: int) -> tuple[bytes, mf.Kern
 
     k = triton.compile(_ast_source(spec), target=GPUTarget("cuda", cc, 32),
                        options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages,
-                                    **({} if spec.maxnreg is None else {"maxnreg": spec.maxnreg})))
+                                    **({} if spec.maxnreg_for(cc) is None else {"maxnreg": spec.maxnreg_for(cc)})))
     md = k.metadata
     if md.launch_cooperative_grid or md.launch_pdl or md.tensordesc_meta or md.tmem_size:
         raise SystemExit(f"{spec.name} sm_{cc}: needs cooperative/PDL/TMA/TMEM launch support the runtime lacks")

@@ -80,8 +80,9 @@ def test_composition_matches_torch_reference(tiny, precision):
         got, want = be.decode(row, pos + step), ref.decode(row, pos + step)
         assert close(got, want, precision), (step, rel_error(got, want), cosine(got, want))
     used = set(kernels.launches)
-    expect = {"gemm_w8a8", "gemv_w8a8", "gemv_w8a16_res", "gemv_w8a8_res"} if precision == "fp8" else \
-        {"gemm_bf16", "gemv_bf16", "gemv_bf16_res", "gemm_bf16_res"}
+    # prefill: the GEMMs; decode: the default v2 step (kernels/fused.py)
+    expect = {"gemm_w8a8", "gemv2_norm_w8a8", "gemv2_w8a16_res", "gemv2_silu_w8a8_res"} if precision == "fp8" else \
+        {"gemm_bf16", "gemm_bf16_res", "gemv2_norm_bf16", "gemv2_bf16_res", "gemv2_silu_bf16_res"}
     assert expect <= used, sorted(used)
     if precision == "fp8":
         L = be.layers[0]

@@ -2,11 +2,17 @@
 interface of docs/ARCHITECTURE.md (`prefill`, `decode`, `setup_cache`, `max_len`), plus a fused decode
 that samples on the device and replays the whole step as one CUDA graph.
 
-One decode step, per layer (9 launches), then the head and the sampler:
+One decode step of variant "v1", per layer (10 launches), then the head and the sampler:
 
-    rmsnorm(h) -> fp8 x   | gemv qkv (W8A8)  | q/k norm + RoPE + KV write | split-K attention + combine
+    rmsnorm(h) -> fp8 x   | gemv qkv (W8A8)  | q/k norm + RoPE + KV write | split-K attention | combine
     gemv o_proj (W8A16, + residual into h)   | rmsnorm(h) -> fp8 | gemv gate_up (W8A8) | silu·mul -> fp8
     gemv down (W8A8, + residual into h)      ... audio head (final norm fused) -> fp32 logits -> sampler
+
+Variant "v2" (the default, kernels/fused.py) runs the same math in 5 launches per layer: the norms and
+silu·mul move into the prologue of the GEMV that consumes them, and q/k norm + RoPE + KV write and the
+combine into the attention kernel. Prefill, and the BF16 calibration pass (which must observe the
+quantised inputs), always use v1's kernels. "v1" stays selectable so a device check can time both steps
+in one run on the same GPU.
 
 The backend takes an `ops` provider: `kernels.runtime.cubin_ops(CubinKernels())` on a GPU, or the
 interpreter (`kernels.ops` / `cubin_ops(InterpretedKernels(...))`) in the CPU tests, so CI runs this very
@@ -39,6 +45,7 @@ from engine.config import Dims
 from engine.model import embed_prompt
 
 PRECISIONS = ("fp8", "bf16")
+VARIANTS = ("v1", "v2")
 FP8_MAX = 448.0
 # Static activation scales map the calibration amax to half the e4m3 range: one binade of headroom for
 # prompts whose activations exceed the calibration prompt's, at the cost of one bit near the top.
@@ -67,10 +74,13 @@ class CubinBackend:
     """Owns the fused weights, KV caches, positions and sampler state of one model on one device."""
 
     def __init__(self, dims: Dims, backbone: dict[str, torch.Tensor], *, ops, device, precision: str = "fp8",
-                 max_len: int = 4096, stream=None, calibration_steps: int = CALIBRATION_DECODE_STEPS):
+                 max_len: int = 4096, stream=None, calibration_steps: int = CALIBRATION_DECODE_STEPS,
+                 variant: str = "v2"):
         if precision not in PRECISIONS:
             raise ValueError(f"cubin backend precision must be one of {PRECISIONS}, got {precision!r}")
-        self.dims, self.ops, self.precision = dims, ops, precision
+        if variant not in VARIANTS:
+            raise ValueError(f"cubin backend variant must be one of {VARIANTS}, got {variant!r}")
+        self.dims, self.ops, self.precision, self.variant = dims, ops, precision, variant
         self.device, self.stream = torch.device(device), stream
         self.max_len = 0
         self.graph = None
@@ -99,6 +109,7 @@ class CubinBackend:
             self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
             self.logits = torch.zeros(dims.audio_rows, dtype=torch.float32, device=dev)
             self.attn_scratch = ops.attention_scratch(dims.heads, dims.head_dim, dev)
+            self.fused_scratch = ops.fused_attention_scratch(dims.heads, dims.kv_heads, dims.head_dim, dev)
         self.setup_cache(max_len)
         if precision == "fp8":
             self._calibrate_and_quantize(calibration_steps)
@@ -166,6 +177,9 @@ class CubinBackend:
         writes fp32 logits of the last row into self.logits."""
         ops, d = self.ops, self.dims
         m = h.shape[0]
+        if m == 1 and self.variant == "v2" and self._calib is None:
+            self._layers_v2(h)
+            return
         for i, L in enumerate(self.layers):
             xn = ops.rmsnorm(h, L.ln1, d.rms_eps, scale=L.x_qkv)
             self._observe(i, "qkv", xn)
@@ -184,6 +198,21 @@ class CubinBackend:
             self._observe(i, "down", act)
             ops.linear(act, L.down, w_scale=L.down_s, x_scale=L.x_down, residual=h, out=h)
         ops.audio_head(h[-1], self.audio_w, self.norm_w, d.rms_eps, out=self.logits)
+
+    def _layers_v2(self, h: torch.Tensor) -> None:
+        """`_layers` for one decode row in 5 launches per layer (kernels/fused.py), same rounding points."""
+        ops, d = self.ops, self.dims
+        row = h.view(-1)
+        for L in self.layers:
+            qkv = ops.gemv2(row, L.qkv, prologue="norm", norm_w=L.ln1, eps=d.rms_eps, w_scale=L.qkv_s,
+                            x_scale=L.x_qkv)
+            a = ops.decode_attention_fused(qkv, L.q_norm, L.k_norm, self.cos, self.sin, self.pos, L.k, L.v,
+                                           heads=d.heads, eps=d.rms_eps, scratch=self.fused_scratch)
+            ops.gemv2(a.view(-1), L.o, w_scale=L.o_s, residual=row, out=row)
+            gu = ops.gemv2(row, L.gate_up, prologue="norm", norm_w=L.ln2, eps=d.rms_eps, w_scale=L.gate_up_s,
+                           x_scale=L.x_gate_up)
+            ops.gemv2(gu, L.down, prologue="silu", w_scale=L.down_s, x_scale=L.x_down, residual=row, out=row)
+        ops.audio_head(row, self.audio_w, self.norm_w, d.rms_eps, out=self.logits)
 
     def _embed(self, ids: torch.Tensor, ref_rows: torch.Tensor | None) -> torch.Tensor:
         """Prompt rows; reference rows are summed in fp32 and rounded once, as the sampler kernel writes
@@ -383,7 +412,8 @@ def resolve_precision(precision: str | None, dtype: torch.dtype | None) -> str:
     raise ValueError(f"unknown precision {precision!r} for the cubin backend; use 'auto', 'fp8' or 'bf16'")
 
 
-def load(checkpoint, *, device, dtype=None, max_len: int = 4096, precision: str | None = None) -> CubinBackend:
+def load(checkpoint, *, device, dtype=None, max_len: int = 4096, precision: str | None = None,
+         variant: str = "v2") -> CubinBackend:
     """Engine factory: CubinKernels for the device's arch, ops launched from them, weights from the
     checkpoint's internal names."""
     from kernels import runtime
@@ -392,11 +422,12 @@ def load(checkpoint, *, device, dtype=None, max_len: int = 4096, precision: str 
     kernels = runtime.CubinKernels(device.index or 0)
     ops = runtime.cubin_ops(kernels)
     backend = CubinBackend(checkpoint.dims, checkpoint.backbone, ops=ops, device=device,
-                           precision=resolve_precision(precision, dtype), max_len=max_len, stream=kernels.stream)
+                           precision=resolve_precision(precision, dtype), max_len=max_len, stream=kernels.stream,
+                           variant=variant)
     check = run_self_check(backend, checkpoint)
     if not check.ok:  # auto: the engine falls back to the torch path with this sentence; explicit: raises it
         raise SelfCheckFailed(f"the cubin kernels' self-check {check.summary}")
-    backend.info = {"kernel_arch": kernels.manifest.target,
+    backend.info = {"kernel_arch": kernels.manifest.target, "kernel_variant": variant,
                     "kernel_loader": f"{kernels.loader_name} ({kernels.loader_reason})",
                     "self_check": check.summary}
     return backend
