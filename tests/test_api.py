@@ -515,7 +515,7 @@ def test_limits_give_clear_errors(base, client):
                           **({"content": body} if isinstance(body, (bytes, str)) else {"json": body}), **kw)
 
     big = post({"input": "a" * 5_000_000, "response_format": "wav"})
-    assert big.status_code == 400 and "limit is 4096" in big.json()["error"]["message"]
+    assert big.status_code == 400 and "limit is 100000" in big.json()["error"]["message"]
     assert raw_status(base, "/v1/audio/speech", "application/json", 17 * 2**20) == 413
     bad_json = post('{"input": "hi", ')
     assert bad_json.status_code == 400 and "not valid JSON" in bad_json.json()["error"]["message"]
