@@ -366,7 +366,7 @@ class SpeechAPI:
 
         synth, notes = await self.build_request(req)
         started = time.perf_counter()
-        run = _Run(self, synth, voices=req.voices if wants_long_form(req.input, req.voices) else None)
+        run = _Run(self, synth, long=wants_long_form(req.input, req.voices), voices=req.voices)
         first = await run.first(request)
         headers = metric_headers(first.metrics if first else None, synth.seed, final=bool(first and first.final))
         warnings = [*notes, *synth.warnings]
@@ -659,9 +659,10 @@ class _Run:
 
     _END = object()
 
-    def __init__(self, api: SpeechAPI, synth: SynthesisRequest, *, voices: dict | None = None):
-        """`voices` not None: a long input or a script, generated segment by segment (studio/longform.py)."""
-        self.api, self.synth, self.voices = api, synth, voices
+    def __init__(self, api: SpeechAPI, synth: SynthesisRequest, *, long: bool = False, voices: dict | None = None):
+        """`long`: a long input or a script (`voices`: its speakers' voices), generated segment by segment
+        (studio/longform.py)."""
+        self.api, self.synth, self.long, self.voices = api, synth, long, voices
         self.timed_out = False
         self._gen: Iterator | None = None
         self._timer = threading.Timer(api.request_timeout, self._timeout)
@@ -673,9 +674,9 @@ class _Run:
 
     def _next(self):
         if self._gen is None:
-            self._gen = self.api.service.stream(self.synth) if self.voices is None else \
-                stream_long(self.api.service, self.synth, voices=self.voices or None,
-                            max_chars=self.api.max_input_chars)
+            self._gen = stream_long(self.api.service, self.synth, voices=self.voices or None,
+                                    max_chars=self.api.max_input_chars) if self.long else \
+                self.api.service.stream(self.synth)
         return next(self._gen, self._END)
 
     async def _pull(self):
