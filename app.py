@@ -43,10 +43,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with --api-key, serve the page without a login: visitors generate within the public "
                         "limits and cannot change the library (default on Spaces) (env HIGGS_PUBLIC_PAGE=1)")
     p.add_argument("--voices-dir", default=env.get("HIGGS_VOICES_DIR"), help="where saved voices live")
+    p.add_argument("--voices-presets", default=env.get("HIGGS_VOICE_PRESETS") or _bundled_presets(),
+                   help="the owner's preset voices, read-only for everyone: a folder with config.json "
+                        "({name: {transcript, audio_file}}) and its wavs (env HIGGS_VOICE_PRESETS; default "
+                        "presets/voices/ when it has a config.json)")
+    p.add_argument("--private-voices", action="store_true", default=_env_flag("HIGGS_PRIVATE_VOICES") or on_spaces,
+                   help="voices saved on the page belong to their visitor and live in the visitor's browser; the "
+                        "shared library is the owner's, through the API (default on Spaces) "
+                        "(env HIGGS_PRIVATE_VOICES=1; docs/SPACES.md)")
     p.add_argument("--remote", default=env.get("HIGGS_REMOTE"),
                    help="drive a running speech server (another Higgs Studio, SGLang-Omni, vLLM-Omni) at this URL "
                         "instead of a local model (env HIGGS_REMOTE; its key in HIGGS_REMOTE_API_KEY)")
     return p.parse_args(argv)
+
+
+def _bundled_presets() -> str | None:
+    folder = Path(__file__).resolve().parent / "presets" / "voices"
+    return str(folder) if (folder / "config.json").is_file() else None
+
+
+def load_voices(args: argparse.Namespace, engine):
+    """The voice catalog: the owner's library, the preset voices (encoded once, cached) and, with
+    --private-voices, the registry of visitors' private voices. Exits with one sentence on a bad presets folder."""
+    from studio.voices import VoiceError, VoiceLibrary
+    from studio.voices.catalog import VoiceCatalog
+    from studio.voices.presets import PresetVoices
+    from studio.voices.private import PrivateVoices
+
+    presets = None
+    if args.voices_presets:
+        # A remote engine has no codec here: its voices travel as clips, so there is nothing to encode.
+        encode = None if getattr(engine, "is_remote", False) else engine.encode_codes
+        try:
+            presets = PresetVoices(args.voices_presets, encode=encode)
+        except (VoiceError, OSError) as exc:
+            sys.exit(f"Cannot load the preset voices in {args.voices_presets}: {exc}")
+        print(f"Preset voices: {', '.join(v.name for v in presets.list())}", flush=True)
+    return VoiceCatalog(VoiceLibrary(args.voices_dir), presets=presets,
+                        private=PrivateVoices() if args.private_voices else None)
 
 
 def configure_spaces(data: Path = Path("/data")) -> None:
@@ -112,13 +146,13 @@ def main(argv: list[str] | None = None) -> None:
     from studio.page import Page, launch_kwargs
     from studio.presets import PresetStore
     from studio.service import StudioService
-    from studio.voices import MAX_IMPORT_BYTES, VoiceLibrary
+    from studio.voices import MAX_IMPORT_BYTES
 
-    voices = VoiceLibrary(args.voices_dir)
+    voices = load_voices(args, engine)
     presets = PresetStore(voices.root / "presets.json")
     service = StudioService(engine, voices, presets)
     access = Access(args.api_key, public_page=args.public_page)
-    page = Page(service, access)
+    page = Page(service, access, private_voices=voices.private)
     if not page.streaming:
         print("ffmpeg is not on PATH: takes play when complete instead of streaming, and mp3/opus/aac downloads are "
               "off. Install ffmpeg (e.g. `apt-get install ffmpeg`) for live streaming.", flush=True)

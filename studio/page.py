@@ -22,7 +22,9 @@ from engine.config import SAMPLE_RATE
 from studio import render
 from studio.access import Access
 from studio.formats import available_formats, ffmpeg_path, to_pcm16, write_audio
+from studio.private_view import PrivateVoicesView
 from studio.service import MAX_FRAMES, MAX_SEED, ServiceBusy, StudioService, SynthesisRequest
+from studio.voices.private import PrivateVoices
 
 log = logging.getLogger("higgs.studio")
 
@@ -49,9 +51,13 @@ def _warns(n_outputs: int):
 class Page:
     """Builds the Blocks and holds per-session live requests (so Stop can cancel the right one)."""
 
-    def __init__(self, service: StudioService, access: Access | None = None):
+    def __init__(self, service: StudioService, access: Access | None = None, *,
+                 private_voices: PrivateVoices | None = None):
         self.service = service
         self.access = access or Access()  # no key: whoever reaches the page is the owner
+        # Voices private to each visitor (a Space, or --private-voices): the Voices tab and "Save as voice"
+        # keep them in the visitor's browser; the shared library is the owner's, through the API.
+        self.private = PrivateVoicesView(self, private_voices) if private_voices is not None else None
         # Gradio encodes streamed audio with an ffmpeg subprocess; without it the page plays each take once
         # it is complete instead of failing every generation.
         self.streaming = ffmpeg_path() is not None
@@ -64,7 +70,7 @@ class Page:
     def voice_choices(self) -> list[tuple[str, str]]:
         voices = self.service.list_voices()
         return [("None (zero-shot)", NO_VOICE), ("Reference clip below (one-off)", CLIP_VOICE)] + \
-               [(v.name, v.id) for v in voices]
+               [(f"{v.name} (preset)" if v.preset else v.name, v.id) for v in voices]
 
     def style_choices(self) -> list[tuple[str, str]]:
         styles = self.service.list_styles()
@@ -212,17 +218,24 @@ class Page:
                 with gr.Tab("Studio", id="studio"):
                     self._studio_tab()
                 with gr.Tab("Voices", id="voices") as self.voices_tab:
-                    self._voices_tab()
-            self.save_voice.click(self.access.owner_only(self._save_voice),
-                                  [self.clip, self.clip_text, self.voice_name, self.voice_desc, self.style,
-                                   self.consent], [self.voice, self.voices_table],
-                                  concurrency_id=GPU_QUEUE, concurrency_limit=1, api_visibility="private")
+                    if self.private is not None:
+                        self.private.tab()
+                    else:
+                        self._voices_tab()
+            if self.private is not None:
+                self.private.wire(demo)  # its page load fills the voice menu with the visitor's own voices too
+            else:
+                self.save_voice.click(self.access.owner_only(self._save_voice),
+                                      [self.clip, self.clip_text, self.voice_name, self.voice_desc, self.style,
+                                       self.consent], [self.voice, self.voices_table],
+                                      concurrency_id=GPU_QUEUE, concurrency_limit=1, api_visibility="private")
             demo.load(self.refresh_lists, None, [self.voice, self.style, self.status], queue=False,
                       api_visibility="private")
         return demo
 
     def refresh_lists(self):
-        return gr.update(choices=self.voice_choices()), gr.update(choices=self.style_choices()), self.service.status()
+        voices = gr.skip() if self.private is not None else gr.update(choices=self.voice_choices())
+        return voices, gr.update(choices=self.style_choices()), self.service.status()
 
     def _studio_tab(self):
         with gr.Row(equal_height=False):

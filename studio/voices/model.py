@@ -124,6 +124,7 @@ class Voice:
     frames: int
     notes: tuple[str, ...]
     path: Path
+    preset: bool = False  # one of the owner's preset voices: read-only, shown to every visitor
 
     @property
     def seconds(self) -> float:
@@ -180,6 +181,12 @@ def check_codes(codes: Any, frames: int) -> np.ndarray:
     if codes.size and (codes.min() < 0 or codes.max() >= FULL_SIZE.codebook_size):
         raise VoiceError(f"The voice codes must lie in [0, {FULL_SIZE.codebook_size}).")
     return codes.astype(np.int16)
+
+
+def record_json(voice_id: str, record: dict) -> dict:
+    """voice.json for a staged voice's `record` under `voice_id`."""
+    return {"format": VOICE_FORMAT, "id": voice_id, **record, "consent": record["consent"].to_json(),
+            "sample_rate": SAMPLE_RATE, "notes": list(record["notes"])}
 
 
 @dataclass

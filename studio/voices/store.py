@@ -44,9 +44,9 @@ import soundfile as sf
 
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from studio.voices.bundles import bundle_zip, stage_zip
-from studio.voices.model import (ID_RE, MAX_DESCRIPTION, MAX_TRANSCRIPT, VOICE_FORMAT, Consent, Staged, Voice,
+from studio.voices.model import (ID_RE, MAX_DESCRIPTION, MAX_TRANSCRIPT, Consent, Staged, Voice,
                                  VoiceError, VoiceImportError, VoiceNotFound, check_codes, clean_name, clean_seed,
-                                 clean_style, clean_text, content_hash, stage_audio)
+                                 clean_style, clean_text, content_hash, record_json, stage_audio)
 
 log = logging.getLogger(__name__)
 
@@ -377,9 +377,7 @@ class VoiceLibrary:
             for voice_id, s in items:
                 tmp = stage / voice_id
                 tmp.mkdir()
-                record = {"format": VOICE_FORMAT, "id": voice_id, **s.record,
-                          "consent": s.record["consent"].to_json(), "sample_rate": SAMPLE_RATE,
-                          "notes": list(s.record["notes"])}
+                record = record_json(voice_id, s.record)
                 _write_file(tmp / "audio.wav", wav_bytes(s.pcm))
                 if s.codes is not None:
                     _write_file(tmp / "codes.npy", npy_bytes(s.codes))
