@@ -214,6 +214,8 @@ class Page:
         with gr.Blocks(title="Higgs Studio", delete_cache=(3600, 3600)) as demo:
             gr.HTML(render.header_html(self.service.status()))
             self.takes, self.last_seed = gr.State([]), gr.State(None)
+            if self.private is not None:
+                self.private.state()
             with gr.Tabs():
                 with gr.Tab("Studio", id="studio"):
                     self._studio_tab()

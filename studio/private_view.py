@@ -36,12 +36,16 @@ class PrivateVoicesView:
         self.service = page.service
         self.registry = registry
 
+    def state(self):
+        """The browser's store: built outside the tabs, since a component in a tab not yet shown is not mounted
+        and would never read or write the browser's storage."""
+        self.store = gr.BrowserState([], storage_key=BROWSER_KEY, secret=BROWSER_SECRET)
+
     def tab(self):
         gr.Markdown("**Your voices live in this browser only**: nobody else sees them, and this studio keeps "
                     "nothing of them on disk. Save one from the Studio tab's *Clone a voice*. Export them to keep "
                     "a copy or to use them elsewhere; clearing the browser's site data deletes them. Preset "
                     "voices are the studio's own, for everyone.")
-        self.store = gr.BrowserState([], storage_key=BROWSER_KEY, secret=BROWSER_SECRET)
         self.table = gr.Dataframe([], headers=["name", "seconds", "transcript", "description"], interactive=False,
                                   wrap=True, label="Your voices (this browser)", elem_id="private-table")
         self.presets_table = gr.Dataframe(self._preset_rows(), headers=["name", "seconds", "transcript"],
