@@ -106,10 +106,15 @@ def load_engine(args: argparse.Namespace):
         source = demo_checkpoint()
     else:
         source = args.checkpoint
+    from studio import zerogpu
+
+    # ZeroGPU attaches the GPU only inside decorated calls; the cubin path's per-process context and graph
+    # capture would be paid on each of them, so the torch path runs there (studio/zerogpu.py).
+    backend = "torch" if zerogpu.active() else "auto"
     print(f"Loading {source} (device={args.device}, precision={args.precision}) …", flush=True)
     t0 = time.perf_counter()
     try:
-        engine = Engine.load(source, device=args.device, precision=args.precision)
+        engine = Engine.load(source, device=args.device, precision=args.precision, backend=backend)
     except CheckpointError as exc:
         sys.exit(f"\nCannot load the checkpoint: {exc}\n\nTo try the studio without it: python app.py --demo")
     except (ValueError, RuntimeError) as exc:  # device / precision / backend not available here
@@ -117,7 +122,7 @@ def load_engine(args: argparse.Namespace):
     print(f"Loaded in {time.perf_counter() - t0:.1f} s: {engine.info.get('device')} · {engine.info.get('precision')}"
           f" · {engine.info.get('backend')}" + (" · DEMO (random weights, the audio is noise)"
                                                   if engine.info.get("demo") else ""), flush=True)
-    return engine
+    return zerogpu.wrap(engine)
 
 
 def warm_up(engine) -> None:
@@ -137,8 +142,10 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     args = parse_args(argv)
     configure_spaces()
+    from studio import zerogpu
+    zerogpu.active()  # on ZeroGPU, `spaces` is imported before anything can initialise CUDA
     engine = load_engine(args)
-    if not getattr(engine, "is_remote", False):
+    if not getattr(engine, "is_remote", False) and not zerogpu.active():  # on ZeroGPU the GPU is not ours yet
         warm_up(engine)
 
     from studio.access import Access
