@@ -51,6 +51,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="voices saved on the page belong to their visitor and live in the visitor's browser; the "
                         "shared library is the owner's, through the API (default on Spaces) "
                         "(env HIGGS_PRIVATE_VOICES=1; docs/SPACES.md)")
+    p.add_argument("--asr", default=env.get("HIGGS_ASR"),
+                   help="transcribe reference clips when the transcript box is empty: auto (whisper-large-v3-turbo "
+                        "on a GPU, whisper-base on CPU), none, or a model id or folder (env HIGGS_ASR; default auto, "
+                        "none with --demo, which downloads nothing)")
     p.add_argument("--remote", default=env.get("HIGGS_REMOTE"),
                    help="drive a running speech server (another Higgs Studio, SGLang-Omni, vLLM-Omni) at this URL "
                         "instead of a local model (env HIGGS_REMOTE; its key in HIGGS_REMOTE_API_KEY)")
@@ -159,7 +163,9 @@ def main(argv: list[str] | None = None) -> None:
     presets = PresetStore(voices.root / "presets.json")
     service = StudioService(engine, voices, presets)
     access = Access(args.api_key, public_page=args.public_page)
-    page = Page(service, access, private_voices=voices.private)
+    from studio.asr import Transcriber
+    asr = Transcriber.from_flag(args.asr or ("none" if args.demo else "auto"))
+    page = Page(service, access, private_voices=voices.private, transcriber=asr)
     if not page.streaming:
         print("ffmpeg is not on PATH: takes play when complete instead of streaming, and mp3/opus/aac downloads are "
               "off. Install ffmpeg (e.g. `apt-get install ffmpeg`) for live streaming.", flush=True)

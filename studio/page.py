@@ -21,6 +21,7 @@ from engine.audio import load_audio
 from engine.config import SAMPLE_RATE
 from studio import render
 from studio.access import Access
+from studio.asr import Transcriber
 from studio.formats import available_formats, ffmpeg_path, to_pcm16, write_audio
 from studio.private_view import PrivateVoicesView
 from studio.service import MAX_FRAMES, MAX_SEED, ServiceBusy, StudioService, SynthesisRequest
@@ -52,8 +53,9 @@ class Page:
     """Builds the Blocks and holds per-session live requests (so Stop can cancel the right one)."""
 
     def __init__(self, service: StudioService, access: Access | None = None, *,
-                 private_voices: PrivateVoices | None = None):
+                 private_voices: PrivateVoices | None = None, transcriber: Transcriber | None = None):
         self.service = service
+        self.transcriber = transcriber  # fills an empty transcript box when a clip arrives (studio/asr.py)
         self.access = access or Access()  # no key: whoever reaches the page is the owner
         # Voices private to each visitor (a Space, or --private-voices): the Voices tab and "Save as voice"
         # keep them in the visitor's browser; the shared library is the owner's, through the API.
@@ -268,6 +270,7 @@ class Page:
                                          format=None, sources=["upload", "microphone"], elem_id="clip")
                     self.clip_text = gr.Textbox(label="Transcript of the clip (improves cloning a lot)",
                                                 elem_id="clip-text")
+                    self.asr_note = gr.Markdown("", elem_id="asr-note")
                     with gr.Row():
                         self.voice_name = gr.Textbox(label="Name", elem_id="voice-name")
                         self.voice_desc = gr.Textbox(label="Description", elem_id="voice-desc")
@@ -340,6 +343,9 @@ class Page:
         self.style.input(self._style_temperature, self.style, temperature, queue=False, api_visibility="private")
         self.clip.change(lambda c, v: CLIP_VOICE if c is not None and v == NO_VOICE else gr.skip(),
                          [self.clip, self.voice], self.voice, queue=False, api_visibility="private")
+        if self.transcriber is not None:
+            self.clip.change(self._transcribe, [self.clip, self.clip_text], [self.clip_text, self.asr_note],
+                             concurrency_id="asr", concurrency_limit=1, api_visibility="private")
         random_seed.click(lambda: -1, None, seed, queue=False, api_visibility="private")
         reuse_seed.click(self._reuse_seed, self.last_seed, seed, queue=False, api_visibility="private")
         fmt.change(self._download_as, [fmt, self.takes], self.download, api_visibility="private")
@@ -383,6 +389,17 @@ class Page:
         preset = self.service.save_style(name, style)
         gr.Info(f"Saved preset {preset.name!r}.")
         return gr.update(choices=self.style_choices(), value=preset.prefix)
+
+    def _transcribe(self, clip, text):
+        """A new clip and an empty transcript box: fill the box with the clip's transcript (still editable),
+        or say in one line why not."""
+        if clip is None or (text or "").strip():
+            return gr.skip(), gr.skip()
+        try:
+            transcript, note = self.transcriber.transcribe(clip)
+        except ValueError as exc:  # an unreadable clip: saving or generating will say so too
+            return gr.skip(), str(exc)
+        return (transcript or gr.skip()), (note or "")
 
     @_warns(2)
     def _save_voice(self, clip, transcript, name, description, style, consent):
