@@ -42,6 +42,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--public-page", action="store_true", default=_env_flag("HIGGS_PUBLIC_PAGE") or on_spaces,
                    help="with --api-key, serve the page without a login: visitors generate within the public "
                         "limits and cannot change the library (default on Spaces) (env HIGGS_PUBLIC_PAGE=1)")
+    p.add_argument("--queue-size", type=int, default=int(env.get("HIGGS_QUEUE_SIZE") or 64),
+                   help="page requests that may wait for the GPU; beyond it a visitor is asked to try again in a "
+                        "minute (env HIGGS_QUEUE_SIZE; docs/SPACES.md lists every limit)")
+    p.add_argument("--public-max-chars", type=int, default=int(env.get("HIGGS_PUBLIC_MAX_CHARS") or 1000),
+                   help="longest text a visitor of a public page may speak at once (env HIGGS_PUBLIC_MAX_CHARS)")
+    p.add_argument("--public-max-seconds", type=int, default=int(env.get("HIGGS_PUBLIC_MAX_SECONDS") or 60),
+                   help="longest take a visitor of a public page may make (env HIGGS_PUBLIC_MAX_SECONDS)")
     p.add_argument("--voices-dir", default=env.get("HIGGS_VOICES_DIR"), help="where saved voices live")
     p.add_argument("--voices-presets", default=env.get("HIGGS_VOICE_PRESETS") or _bundled_presets(),
                    help="the owner's preset voices, read-only for everyone: a folder with config.json "
@@ -152,7 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     if not getattr(engine, "is_remote", False) and not zerogpu.active():  # on ZeroGPU the GPU is not ours yet
         warm_up(engine)
 
-    from studio.access import Access
+    from engine.config import FRAME_RATE
+    from studio.access import Access, friendly_queue_full
     from studio.api import MAX_UPLOAD_BYTES
     from studio.page import Page, launch_kwargs
     from studio.presets import PresetStore
@@ -162,7 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     voices = load_voices(args, engine)
     presets = PresetStore(voices.root / "presets.json")
     service = StudioService(engine, voices, presets)
-    access = Access(args.api_key, public_page=args.public_page)
+    access = Access(args.api_key, public_page=args.public_page, public_max_chars=args.public_max_chars,
+                    public_max_frames=args.public_max_seconds * FRAME_RATE)
     from studio.asr import Transcriber
     asr = Transcriber.from_flag(args.asr or ("none" if args.demo else "auto"))
     page = Page(service, access, private_voices=voices.private, transcriber=asr)
@@ -173,7 +182,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.mcp:
         from studio import mcp
         mcp.register(demo, service, api_key=args.api_key)  # gr.api tools: added before launch
-    demo.queue(default_concurrency_limit=1, max_size=64)
+    demo.queue(default_concurrency_limit=1, max_size=args.queue_size)
+    friendly_queue_full(demo)
     # Gradio refuses uploads over this as they arrive: the largest legitimate one is a voice bundle, or on a
     # public page (where only the owner may import, and not from the page) a reference clip.
     max_upload = MAX_UPLOAD_BYTES if access.api_key and access.public_page else MAX_IMPORT_BYTES
