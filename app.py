@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="transcribe reference clips when the transcript box is empty: auto (whisper-large-v3-turbo "
                         "on a GPU, whisper-base on CPU), none, or a model id or folder (env HIGGS_ASR; default auto, "
                         "none with --demo, which downloads nothing)")
+    p.add_argument("--max-input-chars", type=int, default=int(env.get("HIGGS_MAX_INPUT_CHARS") or 0) or None,
+                   help="longest `input` /v1/audio/speech takes as one long take, planned into segments "
+                        "(default 100,000; env HIGGS_MAX_INPUT_CHARS)")
     p.add_argument("--remote", default=env.get("HIGGS_REMOTE"),
                    help="drive a running speech server (another Higgs Studio, SGLang-Omni, vLLM-Omni) at this URL "
                         "instead of a local model (env HIGGS_REMOTE; its key in HIGGS_REMOTE_API_KEY)")
@@ -162,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     from engine.config import FRAME_RATE
     from studio.access import Access, friendly_queue_full
     from studio.api import MAX_UPLOAD_BYTES
+    from studio.asr import Transcriber
     from studio.page import Page, launch_kwargs
     from studio.presets import PresetStore
     from studio.service import StudioService
@@ -172,7 +176,6 @@ def main(argv: list[str] | None = None) -> None:
     service = StudioService(engine, voices, presets)
     access = Access(args.api_key, public_page=args.public_page, public_max_chars=args.public_max_chars,
                     public_max_frames=args.public_max_seconds * FRAME_RATE)
-    from studio.asr import Transcriber
     asr = Transcriber.from_flag(args.asr or ("none" if args.demo else "auto"))
     page = Page(service, access, private_voices=voices.private, transcriber=asr)
     if not page.streaming:
@@ -194,7 +197,9 @@ def main(argv: list[str] | None = None) -> None:
     except OSError as exc:
         sys.exit(f"Cannot listen on {args.host}:{args.port} ({exc}). Pick another port with --port or PORT.")
     from studio import api  # routes go on the running app: launch() builds a new FastAPI app each time
-    api.register(demo.app, service, access=access)
+    from studio.longform import MAX_LONG_INPUT_CHARS
+    api.register(demo.app, service, access=access, max_input_chars=args.max_input_chars or MAX_LONG_INPUT_CHARS)
+    page.player.mount(demo.app, access=access)  # the page's WebAudio stream route (studio/live.py)
     print(f"OpenAI-compatible API: POST {demo.local_url.rstrip('/')}/v1/audio/speech"
           + (" (Bearer key required)" if args.api_key else ""), flush=True)
     if not args.api_key and args.host not in ("127.0.0.1", "localhost", "::1"):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -80,7 +81,9 @@ def cosine(a, b) -> float:
     return float(torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0))
 
 
-def model_rows(dims: Dims, steps: int, floor: float) -> list[Row]:
+def model_rows(dims: Dims, steps: int, floor: float, results: dict | None = None) -> list[Row]:
+    """`results` (when given) receives the cubin ms/frame per precision, for the torch-graph section's
+    speed-up row."""
     rows = []
     gen = torch.Generator().manual_seed(1)
     ids13 = torch.randint(0, 150000, (13,), generator=gen)
@@ -101,7 +104,7 @@ def model_rows(dims: Dims, steps: int, floor: float) -> list[Row]:
     torch_prefill = {n: cuda_ms(lambda ids=ids: ref.prefill(ids, None, 0), repeat=3) / len(ids)
                      for n, ids in ((13, ids13), (300, ids300))}
 
-    results = {}
+    results = {} if results is None else results
     for precision in ("bf16", "fp8"):
         torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
@@ -181,6 +184,258 @@ def model_rows(dims: Dims, steps: int, floor: float) -> list[Row]:
              Row("bench", "speed-up fp8 / bf16 cubin vs torch eager",
                  f"{torch_ms / results['fp8']:.2f}x / {torch_ms / results['bf16']:.2f}x", "", "INFO")]
     return rows
+
+
+def device_ms(fn, device: torch.device, repeat: int = 5) -> float:
+    """Median milliseconds of fn(): CUDA events on a GPU, the wall clock on the CPU (the self-test)."""
+    if device.type == "cuda":
+        return cuda_ms(fn, repeat=repeat)
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(1e3 * (time.perf_counter() - t0))
+    return sorted(times)[len(times) // 2]
+
+
+def torch_graph_rows(dims: Dims, steps: int, device: torch.device, contexts=(64, 512, 2048),
+                     cubin_ms: dict | None = None) -> Iterable[Row]:
+    """The torch path on CUDA (engine/backends/torch_graph.py), the cubin path's baseline: its graph step
+    against the eager step of the same model (teacher-forced logits), fused greedy rows against the eager
+    greedy loop, fused device sampling against `engine.sampling.sample` on the same logits, ms/frame as
+    the context grows, eager ms/frame, the first capture, VRAM. On the CPU (the self-test) the graphs are
+    the stand-in and the dims tiny: the same code, no driver capture."""
+    from engine.backends.torch_graph import TorchGraphBackend
+    from engine.sampling import sample, uniforms
+
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    gen = torch.Generator().manual_seed(2)
+    sd = random_backbone(dims, dtype, device=device.type)
+    model = HiggsModel.from_state_dict(dims, sd, dtype=dtype, device=device, max_len=max(contexts) + steps + 1)
+    del sd
+    be = TorchGraphBackend(model)
+    yield Row("torch-graph", "graphs", be.info["graphs"], "", "INFO")
+    ids = torch.randint(0, dims.vocab, (contexts[0],), generator=gen)
+    n = min(steps, 32)
+
+    # Teacher-forced on the eager greedy rows: eager decode and the graph step of the same model write the
+    # same K/V at each position, so one model serves both.
+    logits = first = model.prefill(ids)
+    cos, rel, agree, want_rows, capture_ms = [], 0.0, 0, [], None
+    for step in range(n):
+        row = greedy(logits, step, dims.boc)
+        want_rows.append(row)
+        want = model.decode(row, len(ids) + step)
+        t0 = time.perf_counter()
+        got = be.decode(row, len(ids) + step)
+        if capture_ms is None:  # the first call captured the step graph of this window
+            capture_ms = 1e3 * (time.perf_counter() - t0)
+        cos.append(cosine(got, want))
+        rel = max(rel, float((got - want).abs().max() / want.abs().max()))
+        agree += int((got.argmax(-1) == want.argmax(-1)).sum())
+        logits = want
+    yield Row("torch-graph", f"graph step vs eager step, teacher-forced, {n} steps",
+              f"min cosine {min(cos):.6f}, max rel err {rel:.1e}, greedy {agree}/{n * dims.codebooks}", "> 0.9999",
+              "PASS" if min(cos) > 0.9999 else "FAIL")
+    yield Row("torch-graph", f"first step-graph capture (window {be.bucket(len(ids))})", f"{capture_ms:.0f} ms", "",
+              "INFO")
+
+    # Fused greedy take (device sampling, graph replay) vs the eager greedy rows.
+    be.prefill(ids)
+    be.begin(first, len(ids), seed=0, temperature=0.0, top_k=0, top_p=1.0, max_rows=n)
+    fused, _ = be.rows(n)
+    same = (fused == torch.stack(want_rows).cpu()).all(-1)
+    prefix = int(same.long().cumprod(0).sum())
+    yield Row("torch-graph", "fused greedy rows vs eager greedy rows",
+              f"{prefix}/{n} identical before the first divergence", f">= {min(8, n)} (random weights: near-ties)",
+              "PASS" if prefix >= min(8, n) else "FAIL")
+
+    # Device sampling vs engine.sampling.sample on the same logits (the host loop feeds the same graphs).
+    seed, settings = 1234, dict(temperature=0.8, top_k=30, top_p=0.8)
+    be.prefill(ids)
+    be.begin(first, len(ids), seed=seed, max_rows=n, **settings)
+    fused, _ = be.rows(n)
+    logits, host = be.prefill(ids), []
+    for step, u in enumerate(uniforms(seed, 0, dims.codebooks, steps=n)):
+        row = sample(logits, u.to(device), *settings.values())
+        row[step + 1:] = dims.boc
+        host.append(row.cpu())
+        logits = be.decode(row, len(ids) + step)
+    same = torch.equal(fused, torch.stack(host))
+    yield Row("torch-graph", "device sampling (T 0.8, top-k 30, top-p 0.8) vs sampling.sample",
+              "identical rows" if same else "DIFFERENT", "identical", "PASS" if same else "FAIL")
+
+    # ms/frame as the context grows: one untimed pass captures the windows, then rows(50) chunks are timed.
+    chunk = min(50, steps)
+    for ctx in contexts:
+        ids_ctx = torch.randint(0, dims.vocab, (ctx,), generator=gen)
+        for timed in (False, True):
+            first_ctx = be.prefill(ids_ctx)
+            be.begin(first_ctx, ctx, seed=0, max_rows=steps, **settings)
+            if cuda:
+                torch.cuda.synchronize()
+            t0, done = time.perf_counter(), 0
+            while done + chunk <= steps:
+                be.rows(chunk)
+                done += chunk
+            ms = 1e3 * (time.perf_counter() - t0) / max(done, 1)
+        yield Row("torch-graph", f"decode ms/frame at context {ctx} (sync per {chunk} rows)", f"{ms:.2f} ms", "",
+                  "INFO")
+        if ctx == contexts[0]:
+            graph_ms = ms
+    eager_ms = device_ms(lambda: model.decode(want_rows[0], len(ids)), device, repeat=9)
+    yield Row("torch-graph", f"eager decode ms/step at context {len(ids)} (host sampling excluded)",
+              f"{eager_ms:.2f} ms = {eager_ms / graph_ms:.2f}x the graphed step", "", "INFO")
+    if cuda:
+        yield Row("torch-graph", "peak VRAM (weights, cache, graphs)",
+                  f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", "", "INFO")
+    if cubin_ms:
+        yield Row("bench", "speed-up cubin fp8 / bf16 vs the CUDA-graphed torch path",
+                  " / ".join(f"{graph_ms / cubin_ms[p]:.2f}x" for p in ("fp8", "bf16") if p in cubin_ms), "", "INFO")
+    del be, model
+    if cuda:
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-kernel microbenchmarks and correctness at the real decode shapes
+
+def layer_gemvs(dims: Dims) -> tuple[tuple[str, int, int], ...]:
+    """The four layer GEMVs of one decode step as (name, N, K): on FULL_SIZE qkv 6144×2560, o 2560×4096,
+    gate_up 19456×2560, down 2560×9728."""
+    q, kv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    return (("qkv", q + 2 * kv, dims.hidden), ("o", dims.hidden, q), ("gate_up", 2 * dims.intermediate, dims.hidden),
+            ("down", dims.hidden, dims.intermediate))
+
+
+def replay_us(fn, device: torch.device, stream, replays: int) -> float:
+    """Microseconds per call of fn: on a GPU one call captured in a CUDA graph (on the kernels' stream) and
+    replayed `replays` times between two events, so host launch cost is out; on the CPU (the self-test:
+    the interpreter, seconds per launch) the wall clock of one call."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return 1e6 * (time.perf_counter() - t0)
+    from kernels.runtime import capture_graph
+
+    graph = capture_graph(fn, stream or torch.cuda.current_stream())
+    graph.replay()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(replays):
+        graph.replay()
+    b.record()
+    b.synchronize()
+    return 1e3 * a.elapsed_time(b) / replays
+
+
+def _gemv_inputs(ops, n: int, k: int, precision: str, name: str, device, gen):
+    """x, w and the op's keyword arguments as the cubin backend launches that layer's GEMV: W8A8 for qkv /
+    gate_up / down in fp8, W8A16 (bf16 activations) for o; bf16 everywhere in bf16."""
+    x = torch.randn(k, generator=gen).to(device, torch.bfloat16)
+    w = (torch.randn(n, k, generator=gen) * k ** -0.5).to(device, torch.bfloat16)
+    if precision == "bf16":
+        return x, w, {}
+    w8, ws = ops.quantize_weight_fp8(w)
+    if name == "o":
+        return x, w8, dict(w_scale=ws)
+    xs = (x.float().abs().amax() / 448.0).reshape(1)
+    return ops.quantize_fp8(x, xs), w8, dict(w_scale=ws, x_scale=xs)
+
+
+def microbench_rows(ops, dims: Dims, device: torch.device, stream=None, floor: float | None = None,
+                    contexts=(256, 1024, 4096), replays: int = 100, step_ms: dict | None = None) -> Iterable[Row]:
+    """µs, GB/s and % of the copy floor of each decode kernel at `dims`' shapes: the four layer GEMVs in fp8
+    and bf16, the audio head, decode attention at each context, the sampler greedy and top-k/top-p; then
+    the sum of one fp8 step's benchmarked kernels against the graph step time of the model section
+    (`step_ms`), the difference being launch / serialisation overhead and the kernels not listed
+    (norms, RoPE + KV write, silu·mul)."""
+    gen = torch.Generator().manual_seed(5)
+    dev = device
+    per_step = {}
+
+    def row(label: str, us: float, nbytes: float) -> Row:
+        bw = nbytes / (us * 1e-6)
+        share = f" = {bw / floor:.0%} of copy" if floor else ""
+        return Row("microbench", label, f"{us:.1f} µs, {bw / 1e9:.0f} GB/s{share}", "", "INFO")
+
+    for name, n, k in layer_gemvs(dims):
+        for precision in ("fp8", "bf16"):
+            x, w, kw = _gemv_inputs(ops, n, k, precision, name, dev, gen)
+            out = torch.empty(n, dtype=torch.bfloat16, device=dev)
+            us = replay_us(lambda: ops.gemv(x, w, out=out, **kw), dev, stream, replays)
+            per_step[f"{name} {precision}"] = us
+            mode = "bf16" if precision == "bf16" else ("w8a16" if name == "o" else "w8a8")
+            yield row(f"gemv {name} {n}x{k} {mode}", us, w.numel() * w.element_size() + x.numel() * x.element_size()
+                      + 2 * n + (4 * n if precision == "fp8" else 0))
+    h = torch.randn(dims.hidden, generator=gen).to(dev, torch.bfloat16)
+    audio = (torch.randn(dims.audio_rows, dims.hidden, generator=gen) * dims.hidden ** -0.5).to(dev, torch.bfloat16)
+    norm = torch.ones(dims.hidden, dtype=torch.bfloat16, device=dev)
+    logits = torch.empty(dims.audio_rows, dtype=torch.float32, device=dev)
+    us = per_step["head"] = replay_us(lambda: ops.audio_head(h, audio, norm, dims.rms_eps, out=logits), dev, stream,
+                                      replays)
+    yield row(f"audio head {dims.audio_rows}x{dims.hidden} bf16 -> fp32", us, audio.numel() * 2 + logits.numel() * 4)
+    scratch = ops.attention_scratch(dims.heads, dims.head_dim, dev)
+    q = torch.randn(dims.heads, dims.head_dim, generator=gen).to(dev, torch.bfloat16)
+    attn_out = torch.empty_like(q)
+    for ctx in contexts:
+        kc = torch.randn(dims.kv_heads, ctx, dims.head_dim, generator=gen).to(dev, torch.bfloat16)
+        vc = torch.randn(dims.kv_heads, ctx, dims.head_dim, generator=gen).to(dev, torch.bfloat16)
+        pos = torch.tensor([ctx - 1], dtype=torch.int32, device=dev)
+        us = per_step[f"attention {ctx}"] = replay_us(
+            lambda: ops.decode_attention(q, kc, vc, pos, out=attn_out, scratch=scratch), dev, stream, replays)
+        yield row(f"decode attention at context {ctx} ({dims.heads}/{dims.kv_heads} heads x {dims.head_dim})", us,
+                  2 * kc.numel() * 2)
+        del kc, vc
+    logits8 = (torch.randn(dims.audio_rows, generator=gen) * 3).to(dev)
+    x_row = torch.empty(dims.hidden, dtype=torch.bfloat16, device=dev)
+    for label, settings in (("greedy", (0.0, 0, 1.0)), ("T 0.8, top-k 30, top-p 0.8", (0.8, 30, 0.8))):
+        temperature, top_k, top_p = settings
+        state, params = ops.sampler_state(7, top_k, temperature, top_p, dev)
+        hist = torch.full((8, dims.codebooks), -1, dtype=torch.int32, device=dev)  # later steps store nothing
+        us = per_step[f"sampler {label}"] = replay_us(lambda: ops.sample(logits8, audio, state, params, hist, x_row),
+                                                      dev, stream, replays)
+        yield row(f"sampler + embedding, {label}", us, logits8.numel() * 4 + dims.codebooks * dims.hidden * 2)
+    ctx = contexts[0]
+    layer = sum(per_step[f"{name} fp8"] for name, _, _ in layer_gemvs(dims)) + per_step[f"attention {ctx}"]
+    total_ms = (dims.layers * layer + per_step["head"] + per_step["sampler T 0.8, top-k 30, top-p 0.8"]) / 1e3
+    graph = (step_ms or {}).get("fp8")
+    yield Row("microbench", f"sum of one fp8 step's kernels above at context {ctx} ({dims.layers} layers)",
+              f"{total_ms:.3f} ms" + (f" vs graph step {graph:.3f} ms: {graph - total_ms:+.3f} ms overhead and "
+                                      "unlisted kernels" if graph else " (no graph step time: model section absent)"),
+              "", "INFO")
+
+
+def real_shape_rows(ops, dims: Dims, device: torch.device, gemm_rows: int = 300) -> Iterable[Row]:
+    """Correctness at the real K and N (kernels.check runs 3072×2560): every layer GEMV in fp8 and bf16,
+    and the prefill GEMM at K 2560 / 4096 / 9728 and N up to 19456, against float64 references.
+    gemm_rows=0 leaves the GEMMs out (the self-test: the CPU interpreter's bf16 `tl.dot` is defective,
+    tests/interp_rounding.py)."""
+    from kernels.check import TOL_BF16
+    from kernels.reference import linear_ref
+
+    gen = torch.Generator().manual_seed(6)
+    for name, n, k in layer_gemvs(dims):
+        for precision in ("fp8", "bf16"):
+            x, w, kw = _gemv_inputs(ops, n, k, precision, name, device, gen)
+            y = ops.gemv(x, w, **kw)
+            want = linear_ref(x.view(1, -1), w, **kw).view(-1)
+            err = float((y.double() - want).abs().max() / want.abs().max())
+            yield Row("real shapes", f"gemv {name} N {n} K {k} {precision}", f"rel err {err:.2e}", f"< {TOL_BF16:.0e}",
+                      "PASS" if err < TOL_BF16 else "FAIL")
+        if not gemm_rows:
+            continue
+        a = (torch.randn(gemm_rows, k, generator=gen)).to(device, torch.bfloat16)
+        wb = (torch.randn(n, k, generator=gen) * k ** -0.5).to(device, torch.bfloat16)
+        y = ops.gemm(a, wb)
+        want = linear_ref(a, wb)
+        err = float((y.double() - want).abs().max() / want.abs().max())
+        yield Row("real shapes", f"gemm {name} M {gemm_rows} N {n} K {k} bf16", f"rel err {err:.2e}",
+                  f"< {TOL_BF16:.0e}", "PASS" if err < TOL_BF16 else "FAIL")
 
 
 OPS = KERNELS = None
@@ -342,15 +597,23 @@ def gpu_sections(args) -> list[Section]:
         yield Row("setup", f"D2D copy floor on {torch.cuda.get_device_name()}", f"{state['floor'] / 1e9:.0f} GB/s",
                   "", "INFO")
 
-    # budgets add up to 350 s: the whole run fits 6 minutes, so a 15-minute device session holds a rerun
+    # budgets add up to 360 s: the whole run fits 6 minutes, so a 15-minute device session holds a rerun
+    cuda = torch.device("cuda")
     sections = [Section("preflight", 20, preflight_rows),
                 Section("cubins", 10, lambda: manifest_rows(probe_driver().cc)),
-                Section("setup", 40, load_rows),
-                Section("kernels", 90, lambda: kernel_rows(KERNELS, torch.device("cuda"))),
-                Section("thread", 20, lambda: [thread_row()])]
+                Section("setup", 30, load_rows),
+                Section("kernels", 70, lambda: kernel_rows(KERNELS, cuda)),
+                Section("real shapes", 25, lambda: real_shape_rows(OPS, FULL_SIZE, cuda)),
+                Section("thread", 10, lambda: [thread_row()]),
+                Section("floor", 10, floor_rows)]
     if not args.quick:
-        sections += [Section("floor", 20, floor_rows),
-                     Section("model", 150, lambda: model_rows(FULL_SIZE, args.steps, state["floor"]))]
+        sections += [Section("model", 110, lambda: model_rows(FULL_SIZE, args.steps, state["floor"],
+                                                              state.setdefault("cubin_ms", {}))),
+                     Section("torch-graph", 40, lambda: torch_graph_rows(FULL_SIZE, args.steps, cuda,
+                                                                         cubin_ms=state.get("cubin_ms")))]
+    # after the model section, so the sum of kernel times can be set against its graph step time
+    sections.append(Section("microbench", 35, lambda: microbench_rows(
+        OPS, FULL_SIZE, cuda, KERNELS.stream, state.get("floor"), step_ms=state.get("cubin_ms"))))
     return sections
 
 
@@ -368,13 +631,30 @@ def selftest_sections() -> list[Section]:
         time.sleep(30)
         yield Row("stand-in-slow", "never reached", "", "", "FAIL")
 
+    cpu = torch.device("cpu")
     return [Section("preflight", 20, preflight_rows),
+            Section("torch-graph", 50, lambda: torch_graph_rows(SELFTEST_DIMS, 16, cpu,
+                                                                contexts=(8, 16, 32))),
             Section("stand-in", 10, broken),
             Section("cubins", 10, lambda: (r for cc in mf.TARGETS for r in manifest_rows(cc))),
             Section("stand-in-slow", 1, slow),
-            Section("kernels (CPU self-test)", 120, selftest_rows)]
+            Section("kernels (CPU self-test)", 120, selftest_rows),
+            Section("real shapes", 30, lambda: real_shape_rows(interpreted_ops(), SELFTEST_DIMS, cpu, gemm_rows=0)),
+            Section("microbench", 60, lambda: microbench_rows(interpreted_ops(), SELFTEST_DIMS, cpu,
+                                                              contexts=(16, 32, 64)))]
 
 
+def interpreted_ops():
+    """`kernels.ops` on Triton's CPU interpreter: main() sets TRITON_INTERPRET for the self-test before any
+    kernel module is imported (Triton decides at import whether a kernel is interpreted)."""
+    from kernels import ops
+
+    return ops
+
+
+# A tiny random model for the self-test's torch-graph section (the real run uses FULL_SIZE).
+SELFTEST_DIMS = Dims(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, head_dim=16, vocab=1000,
+                     rms_eps=1e-6, rope_theta=1e6, max_positions=4096)
 DELIBERATE = {("stand-in", "section failed"), ("stand-in-slow", "time budget")}
 
 
@@ -389,6 +669,7 @@ def main(argv=None) -> int:
     report = Report(args.out)
     t0 = time.perf_counter()
     if args.cpu_selftest:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
         outcome = run_sections(selftest_sections(), report)
         contained = {(r.section, r.item) for r in report.rows if r.status == "FAIL"} & DELIBERATE
         after = outcome.get("cubins") == outcome.get("kernels (CPU self-test)") == "done"

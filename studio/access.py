@@ -35,6 +35,9 @@ DEFAULT_QUEUE_SIZE = 64  # takes waiting in Gradio's queue (--queue-size); each 
 QUEUE_FULL = ("The studio is busy: {size} requests are already waiting for the GPU. Try again in a minute.")
 OWNER_ONLY = ("Only the studio's owner can see the voice library's details, change or export it, and save style "
               "presets. Log in with the studio's key, or use the HTTP API with `Authorization: Bearer <key>`.")
+OWNER_ONLY_LONG = ("Long texts and scripts are for the studio's owner: on the public page a take is up to "
+                   f"{PUBLIC_MAX_TEXT_CHARS} characters (use the Studio tab). Log in with the studio's key, or send "
+                   "long input to /v1/audio/speech with `Authorization: Bearer <key>`.")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
@@ -77,18 +80,27 @@ class Access:
         headers = getattr(request, "headers", None) or {}
         return self.bearer_ok(headers.get("authorization"))
 
-    def owner_only(self, fn):
-        """Wrap a page handler that changes or exports the shared library or presets: for anyone but the
-        owner it raises an error and `fn` never runs. The wrapper takes Gradio's request as an extra first
-        parameter (Gradio fills parameters annotated `gr.Request` and `gr.SelectData` by position)."""
+    def owner_only(self, fn, *, message: str = OWNER_ONLY):
+        """Wrap a page handler that changes or exports the shared library or presets (or is beyond the public
+        limits): for anyone but the owner it raises an error saying `message` and `fn` never runs. The wrapper
+        takes Gradio's request as an extra first parameter (Gradio fills parameters annotated `gr.Request` and
+        `gr.SelectData` by position); a generator stays a generator, so Gradio still streams it."""
         hints = typing.get_type_hints(fn)
         params = [p.replace(annotation=hints.get(p.name, p.annotation))
                   for p in inspect.signature(fn).parameters.values()]
 
-        def handler(request, *args):
+        def check(request) -> None:
             if not self.is_owner(request):
-                raise gr.Error(OWNER_ONLY)
-            return fn(*args)
+                raise gr.Error(message)
+
+        if inspect.isgeneratorfunction(fn):
+            def handler(request, *args):
+                check(request)
+                yield from fn(*args)
+        else:
+            def handler(request, *args):
+                check(request)
+                return fn(*args)
 
         first = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)
         handler.__signature__ = inspect.Signature([first, *params])

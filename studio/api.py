@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import dataclasses
 import json
 import logging
 import re
@@ -51,6 +52,7 @@ from engine.generate import codes_sha256
 from studio.access import Access
 from studio.formats import MIME, STREAM_FORMATS, FormatError, StreamEncoder, available_formats, encode_audio, to_pcm16
 from studio.presets import check_style_prefix
+from studio.longform import MAX_LONG_INPUT_CHARS, stream_long, wants_long_form
 from studio.service import MAX_TEXT_CHARS, ServiceBusy, ServiceClosed, SynthesisRequest
 from studio.voices import DEFAULT_CONSENT_STATEMENT, Consent, VoiceError, VoiceNotFound
 
@@ -120,6 +122,7 @@ class SpeechRequest(BaseModel):
     max_frames: int | None = None
     max_new_tokens: int | None = None  # SGLang-Omni / vLLM-Omni name for max_frames
     repeat_guard: int | None = 32  # stop a take whose last N frames repeat; null disables it
+    voices: dict[str, str | None] | None = None  # long form: a script's speakers → saved voices (docs/API.md)
     ref_audio: str | None = None
     ref_text: str | None = None
 
@@ -299,11 +302,13 @@ class SpeechAPI:
     """The routes' state: the service, the key, the limits, and a thread limiter of its own (requests
     waiting for their turn on the GPU sit in threads; they must not starve Gradio's own thread pool)."""
 
-    def __init__(self, service, *, access: Access, request_timeout: float):
+    def __init__(self, service, *, access: Access, request_timeout: float,
+                 max_input_chars: int = MAX_LONG_INPUT_CHARS):
         self.service = service
         self.access = access
         self.api_key = access.api_key
         self.request_timeout = request_timeout
+        self.max_input_chars = max_input_chars  # a long input (or a script); one prompt takes MAX_TEXT_CHARS
         self.limiter = anyio.CapacityLimiter(max(8, int(getattr(service, "max_queue", 64)) + 4))
 
     # ------------------------------------------------------------ plumbing
@@ -362,7 +367,7 @@ class SpeechAPI:
 
         synth, notes = await self.build_request(req)
         started = time.perf_counter()
-        run = _Run(self, synth)
+        run = _Run(self, synth, voices=req.voices if wants_long_form(req.input, req.voices) else None)
         first = await run.first(request)
         headers = metric_headers(first.metrics if first else None, synth.seed, final=bool(first and first.final))
         warnings = [*notes, *synth.warnings]
@@ -385,9 +390,11 @@ class SpeechAPI:
     async def build_request(self, req: SpeechRequest) -> tuple[SynthesisRequest, list[str]]:
         if not req.input.strip():
             raise ApiError(400, "`input` is empty: send the text to speak.", param="input")
-        if len(req.input) > MAX_TEXT_CHARS:
-            raise ApiError(400, f"`input` is {len(req.input)} characters; the limit is {MAX_TEXT_CHARS}. Split the "
-                                f"text into several requests.", param="input", code="string_above_max_length")
+        long = wants_long_form(req.input, req.voices)
+        limit = self.max_input_chars if long else MAX_TEXT_CHARS
+        if len(req.input) > limit:
+            raise ApiError(400, f"`input` is {len(req.input)} characters; the limit is {limit}. Split the text into "
+                                f"several requests.", param="input", code="string_above_max_length")
         if req.response_format not in available_formats():
             raise ApiError(400, f"response_format {req.response_format!r} needs ffmpeg, which this server does not "
                                 f"have; ask for one of {', '.join(available_formats())}.", param="response_format")
@@ -434,7 +441,8 @@ class SpeechAPI:
             if value is not None:
                 setattr(synth, name, value)
         try:
-            synth.validate()
+            # A long input is checked segment by segment when it is planned; here only its settings are.
+            (dataclasses.replace(synth, text="x") if long else synth).validate()
             if style is not None:
                 self.service.resolve_style(style)
         except ValueError as exc:
@@ -654,8 +662,9 @@ class _Run:
 
     _END = object()
 
-    def __init__(self, api: SpeechAPI, synth: SynthesisRequest):
-        self.api, self.synth = api, synth
+    def __init__(self, api: SpeechAPI, synth: SynthesisRequest, *, voices: dict | None = None):
+        """`voices` not None: a long input or a script, generated segment by segment (studio/longform.py)."""
+        self.api, self.synth, self.voices = api, synth, voices
         self.timed_out = False
         self._gen: Iterator | None = None
         self._timer = threading.Timer(api.request_timeout, self._timeout)
@@ -667,7 +676,9 @@ class _Run:
 
     def _next(self):
         if self._gen is None:
-            self._gen = self.api.service.stream(self.synth)
+            self._gen = self.api.service.stream(self.synth) if self.voices is None else \
+                stream_long(self.api.service, self.synth, voices=self.voices or None,
+                            max_chars=self.api.max_input_chars)
         return next(self._gen, self._END)
 
     async def _pull(self):
@@ -736,11 +747,12 @@ class _Run:
 # ---------------------------------------------------------------------------------------------- registration
 
 def register(app: FastAPI, service, *, api_key: str | None = None, access: Access | None = None,
-             request_timeout: float = REQUEST_TIMEOUT_S) -> SpeechAPI:
+             request_timeout: float = REQUEST_TIMEOUT_S, max_input_chars: int = MAX_LONG_INPUT_CHARS) -> SpeechAPI:
     """Add the HTTP API to `app` (the FastAPI app that serves the Gradio studio). With `api_key` (or an
     `access` that holds it), every `/v1/*` route needs `Authorization: Bearer <api_key>`; `/health` stays
     open for load balancers. Without a key, writes from other sites are refused (`Access.cross_site_refusal`)."""
-    api = SpeechAPI(service, access=access or Access(api_key), request_timeout=request_timeout)
+    api = SpeechAPI(service, access=access or Access(api_key), request_timeout=request_timeout,
+                    max_input_chars=max_input_chars)
 
     def guarded(handler):
         async def endpoint(request: Request):

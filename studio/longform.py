@@ -102,11 +102,8 @@ def _new_take(service, request, prepared: _Prepared, *, keep_audio: bool) -> Lon
 
 def _queued(service, request, work) -> Iterator[Any]:
     """Run `work(job)` on the service's GPU worker in turn with every other request; yield what it puts out."""
-    job = service._submit(work, request.cancel)
     try:
-        if not service._wait_turn(job, request.on_position, service.queue_timeout):
-            return
-        yield from service._results(job)
+        yield from service.queued(work, request.cancel)
     finally:
         if not request.finished.is_set():
             request.cancel.set()  # stopped, failed or abandoned by the consumer: free the worker

@@ -18,6 +18,7 @@ import gradio as gr
 
 from engine.config import SAMPLE_RATE
 from engine.longform import plan
+from studio.access import OWNER_ONLY_LONG, Access
 from studio.formats import write_audio
 from studio.longform import generate_long, regenerate_segment, segment_rows
 from studio.service import ServiceBusy, SynthesisRequest
@@ -45,9 +46,10 @@ class LongFormView:
 
     _files = itertools.count(1)
 
-    def __init__(self, service, out_dir: str | Path):
+    def __init__(self, service, out_dir: str | Path, access: Access | None = None):
         self.service = service
         self.out_dir = Path(out_dir)
+        self.access = access or Access()  # long takes are beyond the public page's limits: the owner's
 
     # ------------------------------------------------------------------ handlers (plain functions)
 
@@ -131,11 +133,14 @@ class LongFormView:
 
         preview.click(_toasts(self.preview, 3), [text, style, voices_map, normalize], [table, spoken, progress],
                       api_visibility="private")
-        go.click(_toasts(self.generate, 4), [text, voice, style, voices_map, normalize, seed],
+        owner = functools.partial(self.access.owner_only, message=OWNER_ONLY_LONG)
+        # Undocumented: callable by gradio_client (by position) but no MCP tool, like the Studio tab's generate.
+        go.click(owner(_toasts(self.generate, 4)), [text, voice, style, voices_map, normalize, seed],
                  [take, table, progress, audio], concurrency_id=concurrency_id, concurrency_limit=1,
-                 api_name="long_generate")
-        redo.click(_toasts(self.regenerate, 4), [take, row, row_seed, row_text], [take, table, progress, audio],
-                   concurrency_id=concurrency_id, concurrency_limit=1, api_name="long_regenerate")
+                 api_name="long_generate", api_visibility="undocumented")
+        redo.click(owner(_toasts(self.regenerate, 4)), [take, row, row_seed, row_text], [take, table, progress, audio],
+                   concurrency_id=concurrency_id, concurrency_limit=1, api_name="long_regenerate",
+                   api_visibility="undocumented")
 
 
 def _toasts(fn, n_outputs: int):

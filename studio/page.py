@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import queue
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -23,14 +22,15 @@ from studio import render
 from studio.access import Access
 from studio.asr import Transcriber
 from studio.formats import available_formats, ffmpeg_path, to_pcm16, write_audio
+from studio.live import CLIP_VOICE, NO_VOICE, LivePlayer, page_request
+from studio.longform_view import LongFormView
 from studio.private_view import PrivateVoicesView
-from studio.service import MAX_FRAMES, MAX_SEED, ServiceBusy, StudioService, SynthesisRequest
+from studio.service import MAX_FRAMES, MAX_SEED, Queued, ServiceBusy, StudioService, SynthesisRequest
 from studio.voices.private import PrivateVoices
 
 log = logging.getLogger("higgs.studio")
 
 GPU_QUEUE = "gpu"  # concurrency_id shared by every event that touches the engine
-NO_VOICE, CLIP_VOICE = "", "__clip__"
 STREAM_SECONDS = 1.0  # after the first chunk, stream in ~1 s pieces (Gradio's advice for smooth HLS playback)
 
 
@@ -64,6 +64,7 @@ class Page:
         # it is complete instead of failing every generation.
         self.streaming = ffmpeg_path() is not None
         self.out_dir = Path(tempfile.mkdtemp(prefix="higgs-studio-"))
+        self.player = LivePlayer(service)  # the WebAudio player's route; app.py mounts it after launch
         self._active: dict[str, SynthesisRequest] = {}
         self._lock = threading.Lock()
 
@@ -99,46 +100,26 @@ class Page:
     # ------------------------------------------------------------------ generation
 
     def generate(self, text, style, voice, clip, clip_text, temperature, top_p, top_k, seed, max_frames,
-                 repeat_guard, takes, request: gr.Request):
-        """Stream a take: audio chunks into the live player and the metrics panel, then the full take."""
-        ref = None
-        if voice == CLIP_VOICE:
-            if clip is None:
-                raise gr.Error("Voice is set to the reference clip, but no clip is loaded. Upload or record one.")
-            try:
-                ref = load_audio(clip)
-            except ValueError as exc:
-                raise gr.Error(str(exc)) from None
-        req = SynthesisRequest(
-            text=text or "", voice_id=voice if voice not in (NO_VOICE, CLIP_VOICE) else None,
-            style=style or None, temperature=temperature, top_k=int(top_k), top_p=top_p,
-            seed=None if seed is None or seed < 0 else int(seed), max_frames=int(max_frames) or None,
-            repeat_guard=int(repeat_guard) or None, ref_audio=ref, ref_text=clip_text or None, source="ui")
-        try:
-            self.access.limit_public(req, request)
-        except ValueError as exc:
-            raise gr.Error(str(exc)) from None
+                 repeat_guard, takes, live_id="", request: gr.Request = None):
+        """Stream a take into the live player and the metrics panel, then show the full take. With `live_id` the
+        browser's own player streams the take (studio/live.py, which applies the public limits) and this handler
+        waits for it to end, so the take lands in the history, take player, downloads and recipe the same way."""
         key = request.session_hash if request else "local"
-        with self._lock:
-            self._active[key] = req
-        yield {self.live: None, self.metrics: render.metrics_html(state="waiting", note="waiting for the GPU")}
-        buffer, sent, last = [], 0, None
+        req = None
         try:
-            for chunk in self._with_positions(req):
-                if isinstance(chunk, int):  # still queued behind other requests (e.g. API calls)
-                    yield {self.metrics: render.metrics_html(state="waiting", note=f"queue position {chunk}")}
-                    continue
-                last = chunk
-                if len(chunk.audio):
-                    buffer.append(chunk.audio)
-                samples = sum(len(b) for b in buffer)
-                sent_s = (sent + samples) / SAMPLE_RATE
-                if buffer and (chunk.final or sent == 0 or samples >= STREAM_SECONDS * SAMPLE_RATE):
-                    piece = np.concatenate(buffer)
-                    buffer, sent = [], sent + len(piece)
-                    yield {**({self.live: (SAMPLE_RATE, to_pcm16(piece))} if self.streaming else {}),
-                           self.metrics: render.metrics_html(chunk.metrics, state="streaming", seconds=sent_s,
-                                                             warnings=req.warnings)}
+            if live_id:
+                req = self.player.claim(live_id)
+            else:
+                req = page_request(text=text, style=style, voice=voice, clip=self._clip(clip), clip_text=clip_text,
+                                   temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                                   max_frames=max_frames, repeat_guard=repeat_guard)
+                self.access.limit_public(req, request)
+            with self._lock:
+                self._active[key] = req
+            if live_id:
+                self.player.wait(live_id)
+            else:
+                yield from self._stream(req)
         except ValueError as exc:  # bad request: text, settings, voice, style, reference clip
             raise gr.Error(str(exc)) from None
         except ServiceBusy as exc:
@@ -147,9 +128,9 @@ class Page:
             log.exception("generation failed")
             raise gr.Error(f"Generation failed: {exc}") from None
         finally:
-            if not req.finished.is_set():
+            if req is not None and not req.finished.is_set():
                 req.cancel.set()  # Gradio closed us (Stop, client cancel, tab closed): free the GPU now
-            else:
+            elif req is not None:
                 # A stopped request stays registered: Stop's handler may run after Gradio has closed us (its
                 # `cancels=` and the handler race) and still needs the partial take. The next take replaces it.
                 with self._lock:
@@ -160,41 +141,29 @@ class Page:
         take = req.take
         state = "stopped" if take.stop_reason == "cancelled" else "done"
         wav, dl, rows, takes, last_seed = self.take_outputs(take, takes or [])
-        yield {self.metrics: render.metrics_html(last.metrics, state=state, seconds=take.seconds,
+        yield {self.metrics: render.metrics_html(take.metrics, state=state, seconds=take.seconds,
                                                  warnings=req.warnings),
                self.take_audio: wav, self.download: dl, self.history: rows, self.takes: takes,
                self.last_seed: last_seed, self.result: render.result_json(take, req.warnings)}
 
-    def _with_positions(self, req: SynthesisRequest) -> Iterator:
-        """`service.stream(req)` run on a helper thread, so that while the request waits for the GPU its queue
-        position (an int) can be shown; then the chunks. Closing this generator cancels the request."""
-        items: queue.Queue = queue.Queue()
-        done = object()
-
-        def on_position(position: int) -> None:
-            if position > 1:  # something is ahead of us (0 = started, 1 = next up: the worker picks it at once)
-                items.put(position)
-
-        req.on_position = on_position
-
-        def pump():
-            try:
-                for chunk in self.service.stream(req):
-                    items.put(chunk)
-            except Exception as exc:  # re-raised on the page's thread
-                items.put(exc)
-            finally:
-                items.put(done)
-
-        threading.Thread(target=pump, name="higgs-page-pump", daemon=True).start()
-        try:
-            while (item := items.get()) is not done:
-                if isinstance(item, Exception):
-                    raise item
-                yield item
-        finally:
-            if not req.finished.is_set():
-                req.cancel.set()
+    def _stream(self, req: SynthesisRequest) -> Iterator[dict]:
+        """Today's Gradio path (the fallback player): queue positions, then the audio in ~1 s pieces."""
+        yield {self.live: None, self.metrics: render.metrics_html(state="waiting", note="waiting for the GPU")}
+        buffer, sent = [], 0
+        for item in self.service.stream(req, positions=True):
+            if isinstance(item, Queued):
+                if item.position > 1:  # something is ahead of us (1 = next up: the worker takes it at once)
+                    yield {self.metrics: render.metrics_html(state="waiting", note=f"queue position {item.position}")}
+                continue
+            if len(item.audio):
+                buffer.append(item.audio)
+            samples = sum(len(b) for b in buffer)
+            if buffer and (item.final or sent == 0 or samples >= STREAM_SECONDS * SAMPLE_RATE):
+                piece = np.concatenate(buffer)
+                buffer, sent = [], sent + len(piece)
+                yield {**({self.live: (SAMPLE_RATE, to_pcm16(piece))} if self.streaming else {}),
+                       self.metrics: render.metrics_html(item.metrics, state="streaming", seconds=sent / SAMPLE_RATE,
+                                                         warnings=req.warnings)}
 
     def stop(self, takes, request: gr.Request):
         """Cancel this session's running take; show what was generated before the stop."""
@@ -208,6 +177,11 @@ class Page:
         take = req.take
         return (render.metrics_html(take.metrics, state="stopped", seconds=take.seconds),
                 *self.take_outputs(take, takes or []))
+
+    @staticmethod
+    def _clip(clip) -> tuple[np.ndarray, int] | None:
+        """The clip component's file → (samples, rate), through the bounded decoder (engine/audio.py)."""
+        return None if clip is None else load_audio(clip)
 
     # ------------------------------------------------------------------ building
 
@@ -226,6 +200,8 @@ class Page:
                         self.private.tab()
                     else:
                         self._voices_tab()
+                with gr.Tab("Long form", id="long"):
+                    LongFormView(self.service, self.out_dir, self.access).build(GPU_QUEUE)
             if self.private is not None:
                 self.private.wire(demo)  # its page load fills the voice menu with the visitor's own voices too
             else:
@@ -235,6 +211,10 @@ class Page:
                                       concurrency_id=GPU_QUEUE, concurrency_limit=1, api_visibility="private")
             demo.load(self.refresh_lists, None, [self.voice, self.style, self.status], queue=False,
                       api_visibility="private")
+            # An explicit private load event, not a callable value: Gradio would publish that one as an API
+            # endpoint and an MCP tool.
+            demo.load(lambda: render.live_player_html(self.player.issue_token()), None, self.live_panel,
+                      queue=False, api_visibility="private")
         return demo
 
     def refresh_lists(self):
@@ -298,7 +278,10 @@ class Page:
                 self.live = gr.Audio(label="Live" if self.streaming else "Live (off: install ffmpeg to stream)",
                                      streaming=self.streaming, autoplay=True, interactive=False, elem_id="live")
                 self.metrics = gr.HTML(render.metrics_html(), label="Metrics", elem_id="metrics")
-                gr.HTML(render.HEARD_HTML, js_on_load=render.HEARD_JS, elem_id="heard")
+                # The WebAudio player (studio/live.py); its session token is issued at every page load (below).
+                self.live_panel = gr.HTML(render.live_player_html(""), js_on_load=render.LIVE_JS,
+                                          elem_id="live-player")
+                self.live_id = gr.Textbox("", visible=False, elem_id="live-id")  # set by CLICK_JS in WebAudio mode
                 self.result = gr.JSON(label="Result", visible=False)  # the take's metrics and recipe, for API clients
                 self.take_audio = gr.Audio(label="Take", type="filepath", interactive=False, elem_id="take")
                 with gr.Row():
@@ -322,7 +305,7 @@ class Page:
             selected = gr.State(None)
 
         inputs = [self.text, self.style, self.voice, self.clip, self.clip_text, temperature, top_p, top_k,
-                  seed, max_frames, repeat_guard, self.takes]
+                  seed, max_frames, repeat_guard, self.takes, self.live_id]
         gen_event = generate.click(self.generate, inputs, [self.live, self.metrics, self.take_audio, self.download,
                                                            self.history, self.takes, self.last_seed, self.result],
                                    api_name="generate", api_visibility="undocumented",  # not an MCP tool

@@ -623,3 +623,34 @@ def test_a_client_that_leaves_frees_the_engine(base):
     assert full["status"] == 200 and full["frames"] == "3000"
     assert depth <= 1  # the waiting client left the queue; at most the long take is still there
     assert freed_after < full["seconds"] / 2  # the abandoned take was stopped, not run to the end
+
+
+@pytest.mark.slow
+def test_a_long_input_streams_as_one_take_and_a_script_needs_known_speakers(base, client):
+    """Past OpenAI's 4096 characters `input` is planned into segments and streamed as one take (studio/
+    longform.py; its equality with the engine's own long take is tested in tests/test_longform_api.py)."""
+    text = ("The tide came in over the flats, slow and grey, and the birds lifted off the sand. " * 250)[:20_000]
+    body = {"max_frames": 12, "seed": 5}  # short segments: the machinery, not the demo model, is under test
+    pieces = []
+    with client.audio.speech.with_streaming_response.create(
+            model="higgs-audio-v3-tts", input=text, voice="default", response_format="pcm", extra_body=body) as r:
+        assert r.headers["x-seed"] == "5"
+        for data in r.iter_bytes():
+            pieces.append(data)
+    streamed = b"".join(pieces)
+    assert len(pieces) > 1 and len(streamed) > 100 * 2 * SAMPLES_PER_FRAME  # over a hundred segments' audio
+    again = httpx.post(f"{base}/v1/audio/speech", headers=auth(), timeout=300,
+                       json={"input": text, "response_format": "pcm", "stream": False, **body})
+    assert again.status_code == 200 and again.content == streamed  # the seed reproduces the long take
+
+    too_long = httpx.post(f"{base}/v1/audio/speech", headers=auth(), timeout=60,
+                          json={"input": "a " * 50_001, "response_format": "pcm"})
+    assert too_long.status_code == 400 and "the limit is 100000" in too_long.json()["error"]["message"]
+    script = "Alice: Hello there.\nBob: Hi, Alice."
+    unknown = httpx.post(f"{base}/v1/audio/speech", headers=auth(), timeout=60,
+                         json={"input": script, "voices": {"Alice": None}, "response_format": "pcm", **body})
+    assert unknown.status_code == 400 and "Bob" in unknown.json()["error"]["message"]
+    known = httpx.post(f"{base}/v1/audio/speech", headers=auth(), timeout=120,
+                       json={"input": script, "voices": {"Alice": None, "Bob": None}, "response_format": "pcm",
+                             **body})
+    assert known.status_code == 200 and len(known.content) > 0

@@ -30,6 +30,10 @@ def test_cpu_selftest_contains_deliberate_failures_and_writes_json_lines(tmp_pat
             "status": "FAIL"} in rows
     assert not any(r["item"] == "never reached" for r in rows)
     assert any(r["section"] == "cubins" and "opts in" in r["value"] for r in rows)
+    # the torch-graph, real-shape and microbenchmark sections run on the CPU (tiny model, interpreter)
+    assert {"torch-graph", "real shapes", "microbench"} <= set(sections)
+    assert any(r["section"] == "torch-graph" and r["item"].startswith("device sampling") and r["status"] == "PASS"
+               for r in rows)
     assert "deliberate failures contained, later sections ran" in out.stdout and "XFAIL" in out.stdout
     # rows are printed as they are produced, before the final table
     assert out.stdout.index("[FAIL] stand-in | section failed") < out.stdout.index("+---")

@@ -244,7 +244,7 @@ def test_the_public_page_generates_within_limits_and_cannot_touch_the_library(pu
     assert httpx.get(f"{url}/v1/audio/voices").status_code == 401  # the API still needs the key
 
     generate = by_name["generate"]
-    args = ["Hello from a visitor.", "", "", None, "", 0.8, 0.8, 30, 1, 2000, 32, []]
+    args = ["Hello from a visitor.", "", "", None, "", 0.8, 0.8, 30, 1, 2000, 32, [], ""]
     status, message = run_event(visitor, generate, args)
     assert "up to 1500 frames" in refused(message)
     args[9] = 8
@@ -260,6 +260,9 @@ def test_the_public_page_generates_within_limits_and_cannot_touch_the_library(pu
     args[2:4] = ["__clip__", {"path": clip.json()[0], "meta": {"_type": "gradio.FileData"}}]
     status, message = run_event(visitor, generate, args)
     assert "5,760,000 samples" in refused(message)
+    # Long texts and scripts (the Long form tab) are beyond the public limits: the owner's.
+    status, message = run_event(visitor, by_name["long_generate"], ["A visitor's chapter. " * 80, "", "", "", True, 1])
+    assert "Long texts and scripts are for the studio's owner" in refused(message)
     assert tree_hash(voices) == before and healthy(url)
     # The owner's key, sent as a Bearer header on the same event, is the owner.
     status, message = run_event(visitor, by_name["_save_preset"], ["Owner preset", "<|emotion:awe|>"],
