@@ -6,6 +6,9 @@
     @access.owner_only                                       # a page handler that changes the shared library
     access.limit_public(synthesis_request, gr_request)       # the public page's generation limits
     access.cross_site_refusal(origin, host)                  # a keyless server refuses other sites' writes
+    friendly_queue_full(demo)                                # a full queue answers with a sentence
+
+Every limit of a public studio, with its flag, is listed in docs/SPACES.md ("Limits").
 
 Without a key (the local default) whoever can reach the studio is its owner. With a key, the owner is whoever
 shows it: as `Authorization: Bearer <key>` (HTTP API, MCP, scripts), or as the password of the page's login.
@@ -28,6 +31,8 @@ from engine.delay import default_max_frames
 # What a visitor of a public page (a key set, no login) may generate: a minute of speech from a short text.
 PUBLIC_MAX_FRAMES = 1500  # 60 s at 25 frames per second
 PUBLIC_MAX_TEXT_CHARS = 1000
+DEFAULT_QUEUE_SIZE = 64  # takes waiting in Gradio's queue (--queue-size); each holds a browser connection
+QUEUE_FULL = ("The studio is busy: {size} requests are already waiting for the GPU. Try again in a minute.")
 OWNER_ONLY = ("Only the studio's owner can see the voice library's details, change or export it, and save style "
               "presets. Log in with the studio's key, or use the HTTP API with `Authorization: Bearer <key>`.")
 OWNER_ONLY_LONG = ("Long texts and scripts are for the studio's owner: on the public page a take is up to "
@@ -39,9 +44,12 @@ LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 class Access:
     """The studio's access rule, shared by the page, the HTTP API and the MCP tools."""
 
-    def __init__(self, api_key: str | None = None, *, public_page: bool = False):
+    def __init__(self, api_key: str | None = None, *, public_page: bool = False,
+                 public_max_chars: int = PUBLIC_MAX_TEXT_CHARS, public_max_frames: int = PUBLIC_MAX_FRAMES):
         self.api_key = api_key or None
         self.public_page = public_page
+        self.public_max_chars = public_max_chars  # --public-max-chars
+        self.public_max_frames = public_max_frames  # --public-max-seconds × 25
 
     def bearer_ok(self, authorization: str | None) -> bool:
         """True if no key is set, or `authorization` is `Bearer <key>` (compared in constant time)."""
@@ -104,13 +112,13 @@ class Access:
         """Hold a visitor's take to the public limits (ValueError with the limit); the owner has none."""
         if self.is_owner(request):
             return
-        if len(req.text or "") > PUBLIC_MAX_TEXT_CHARS:
-            raise ValueError(f"The public page speaks up to {PUBLIC_MAX_TEXT_CHARS} characters at a time (this text "
+        if len(req.text or "") > self.public_max_chars:
+            raise ValueError(f"The public page speaks up to {self.public_max_chars} characters at a time (this text "
                              f"has {len(req.text)}). Split it.")
-        if req.max_frames is not None and req.max_frames > PUBLIC_MAX_FRAMES:
-            raise ValueError(f"The public page makes takes of up to {PUBLIC_MAX_FRAMES} frames "
-                             f"({PUBLIC_MAX_FRAMES // FRAME_RATE} s). Lower the max length.")
-        req.max_frames = min(req.max_frames or default_max_frames(req.text), PUBLIC_MAX_FRAMES)
+        if req.max_frames is not None and req.max_frames > self.public_max_frames:
+            raise ValueError(f"The public page makes takes of up to {self.public_max_frames} frames "
+                             f"({self.public_max_frames // FRAME_RATE} s). Lower the max length.")
+        req.max_frames = min(req.max_frames or default_max_frames(req.text), self.public_max_frames)
 
     def cross_site_refusal(self, origin: str | None, host: str | None) -> str | None:
         """Why a state-changing request from another site is refused, or None. Only a keyless server needs
@@ -124,3 +132,19 @@ class Access:
             return None
         return (f"Requests from another site ({origin}) may not change or use this studio: it has no API key, so "
                 "it only accepts writes from its own page, local pages and non-browser clients.")
+
+
+def friendly_queue_full(demo: gr.Blocks) -> None:
+    """Answer a join of a full queue (`demo.queue(max_size=…)`) with `QUEUE_FULL` instead of Gradio's "Queue
+    is full. Max size is N and size is N." The page shows the answer as its error toast. Call after
+    `demo.queue()` and before `launch()`."""
+    queue = demo._queue  # Gradio keeps its queue here; its `push` decides "queue_full"
+    push = queue.push
+
+    async def friendly_push(body, request, username):
+        ok, result, status = await push(body, request, username)
+        if status == "queue_full":
+            result = QUEUE_FULL.format(size=queue.max_size)
+        return ok, result, status
+
+    queue.push = friendly_push

@@ -54,7 +54,7 @@ from studio.formats import MIME, STREAM_FORMATS, FormatError, StreamEncoder, ava
 from studio.presets import check_style_prefix
 from studio.longform import MAX_LONG_INPUT_CHARS, stream_long, wants_long_form
 from studio.service import MAX_TEXT_CHARS, ServiceBusy, ServiceClosed, SynthesisRequest
-from studio.voices import DEFAULT_CONSENT_STATEMENT, Consent, VoiceNotFound
+from studio.voices import DEFAULT_CONSENT_STATEMENT, Consent, VoiceError, VoiceNotFound
 
 log = logging.getLogger("higgs.api")
 
@@ -195,19 +195,20 @@ def decode_ref_audio(value: str) -> bytes:
 # ---------------------------------------------------------------------------------------------- voices
 
 def voice_json(voice) -> dict[str, Any]:
-    """One saved voice (`studio.voices.Voice`) as the API shows it (the same fields in both list shapes)."""
+    """One saved or preset voice (`studio.voices.Voice`) as the API shows it (the same fields in both list shapes)."""
     try:
         created = int(datetime.fromisoformat(voice.created).timestamp())
     except (TypeError, ValueError):
         created = None
     return {"id": voice.id, "object": "audio.voice", "name": voice.name, "ref_text": voice.transcript or None,
             "description": voice.description or None, "style": voice.style or None, "seed": voice.seed,
-            "seconds": round(voice.seconds, 2), "created_at": created}
+            "seconds": round(voice.seconds, 2), "created_at": created,
+            "preset": voice.preset}  # one of the owner's preset voices: read-only
 
 
 _DEFAULT_VOICE_JSON = {"id": DEFAULT_VOICE, "object": "audio.voice", "name": "Default (zero-shot)", "ref_text": None,
                        "description": "The model's own voice, no reference clip.", "style": None, "seed": None,
-                       "seconds": None, "created_at": None}
+                       "seconds": None, "created_at": None, "preset": False}
 
 
 @dataclass
@@ -611,6 +612,8 @@ class SpeechAPI:
             await self.in_thread(self._library().delete, voice.id)
         except VoiceNotFound:  # deleted by someone else in between: the outcome the client asked for
             pass
+        except VoiceError as exc:  # one of the owner's preset voices: read-only, also over the API
+            raise ApiError(403, str(exc), param="voice_id") from None
         return JSONResponse({"id": voice.id, "object": "audio.voice.deleted", "deleted": True})
 
     async def styles(self, request: Request) -> JSONResponse:

@@ -20,10 +20,13 @@ from engine.audio import load_audio
 from engine.config import SAMPLE_RATE
 from studio import render
 from studio.access import Access
+from studio.asr import Transcriber
 from studio.formats import available_formats, ffmpeg_path, to_pcm16, write_audio
 from studio.live import CLIP_VOICE, NO_VOICE, LivePlayer, page_request
 from studio.longform_view import LongFormView
+from studio.private_view import PrivateVoicesView
 from studio.service import MAX_FRAMES, MAX_SEED, Queued, ServiceBusy, StudioService, SynthesisRequest
+from studio.voices.private import PrivateVoices
 
 log = logging.getLogger("higgs.studio")
 
@@ -49,9 +52,14 @@ def _warns(n_outputs: int):
 class Page:
     """Builds the Blocks and holds per-session live requests (so Stop can cancel the right one)."""
 
-    def __init__(self, service: StudioService, access: Access | None = None):
+    def __init__(self, service: StudioService, access: Access | None = None, *,
+                 private_voices: PrivateVoices | None = None, transcriber: Transcriber | None = None):
         self.service = service
+        self.transcriber = transcriber  # fills an empty transcript box when a clip arrives (studio/asr.py)
         self.access = access or Access()  # no key: whoever reaches the page is the owner
+        # Voices private to each visitor (a Space, or --private-voices): the Voices tab and "Save as voice"
+        # keep them in the visitor's browser; the shared library is the owner's, through the API.
+        self.private = PrivateVoicesView(self, private_voices) if private_voices is not None else None
         # Gradio encodes streamed audio with an ffmpeg subprocess; without it the page plays each take once
         # it is complete instead of failing every generation.
         self.streaming = ffmpeg_path() is not None
@@ -65,7 +73,7 @@ class Page:
     def voice_choices(self) -> list[tuple[str, str]]:
         voices = self.service.list_voices()
         return [("None (zero-shot)", NO_VOICE), ("Reference clip below (one-off)", CLIP_VOICE)] + \
-               [(v.name, v.id) for v in voices]
+               [(f"{v.name} (preset)" if v.preset else v.name, v.id) for v in voices]
 
     def style_choices(self) -> list[tuple[str, str]]:
         styles = self.service.list_styles()
@@ -182,17 +190,25 @@ class Page:
         with gr.Blocks(title="Higgs Studio", delete_cache=(3600, 3600)) as demo:
             gr.HTML(render.header_html(self.service.status()))
             self.takes, self.last_seed = gr.State([]), gr.State(None)
+            if self.private is not None:
+                self.private.state()
             with gr.Tabs():
                 with gr.Tab("Studio", id="studio"):
                     self._studio_tab()
                 with gr.Tab("Voices", id="voices") as self.voices_tab:
-                    self._voices_tab()
+                    if self.private is not None:
+                        self.private.tab()
+                    else:
+                        self._voices_tab()
                 with gr.Tab("Long form", id="long"):
                     LongFormView(self.service, self.out_dir, self.access).build(GPU_QUEUE)
-            self.save_voice.click(self.access.owner_only(self._save_voice),
-                                  [self.clip, self.clip_text, self.voice_name, self.voice_desc, self.style,
-                                   self.consent], [self.voice, self.voices_table],
-                                  concurrency_id=GPU_QUEUE, concurrency_limit=1, api_visibility="private")
+            if self.private is not None:
+                self.private.wire(demo)  # its page load fills the voice menu with the visitor's own voices too
+            else:
+                self.save_voice.click(self.access.owner_only(self._save_voice),
+                                      [self.clip, self.clip_text, self.voice_name, self.voice_desc, self.style,
+                                       self.consent], [self.voice, self.voices_table],
+                                      concurrency_id=GPU_QUEUE, concurrency_limit=1, api_visibility="private")
             demo.load(self.refresh_lists, None, [self.voice, self.style, self.status], queue=False,
                       api_visibility="private")
             # An explicit private load event, not a callable value: Gradio would publish that one as an API
@@ -202,7 +218,8 @@ class Page:
         return demo
 
     def refresh_lists(self):
-        return gr.update(choices=self.voice_choices()), gr.update(choices=self.style_choices()), self.service.status()
+        voices = gr.skip() if self.private is not None else gr.update(choices=self.voice_choices())
+        return voices, gr.update(choices=self.style_choices()), self.service.status()
 
     def _studio_tab(self):
         with gr.Row(equal_height=False):
@@ -233,6 +250,7 @@ class Page:
                                          format=None, sources=["upload", "microphone"], elem_id="clip")
                     self.clip_text = gr.Textbox(label="Transcript of the clip (improves cloning a lot)",
                                                 elem_id="clip-text")
+                    self.asr_note = gr.Markdown("", elem_id="asr-note")
                     with gr.Row():
                         self.voice_name = gr.Textbox(label="Name", elem_id="voice-name")
                         self.voice_desc = gr.Textbox(label="Description", elem_id="voice-desc")
@@ -308,6 +326,9 @@ class Page:
         self.style.input(self._style_temperature, self.style, temperature, queue=False, api_visibility="private")
         self.clip.change(lambda c, v: CLIP_VOICE if c is not None and v == NO_VOICE else gr.skip(),
                          [self.clip, self.voice], self.voice, queue=False, api_visibility="private")
+        if self.transcriber is not None:
+            self.clip.change(self._transcribe, [self.clip, self.clip_text], [self.clip_text, self.asr_note],
+                             concurrency_id="asr", concurrency_limit=1, api_visibility="private")
         random_seed.click(lambda: -1, None, seed, queue=False, api_visibility="private")
         reuse_seed.click(self._reuse_seed, self.last_seed, seed, queue=False, api_visibility="private")
         fmt.change(self._download_as, [fmt, self.takes], self.download, api_visibility="private")
@@ -351,6 +372,17 @@ class Page:
         preset = self.service.save_style(name, style)
         gr.Info(f"Saved preset {preset.name!r}.")
         return gr.update(choices=self.style_choices(), value=preset.prefix)
+
+    def _transcribe(self, clip, text):
+        """A new clip and an empty transcript box: fill the box with the clip's transcript (still editable),
+        or say in one line why not."""
+        if clip is None or (text or "").strip():
+            return gr.skip(), gr.skip()
+        try:
+            transcript, note = self.transcriber.transcribe(clip)
+        except ValueError as exc:  # an unreadable clip: saving or generating will say so too
+            return gr.skip(), str(exc)
+        return (transcript or gr.skip()), (note or "")
 
     @_warns(2)
     def _save_voice(self, clip, transcript, name, description, style, consent):

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-import studio.voices as voices_mod
+import studio.voices.bundles as bundles_mod
+import studio.voices.store as store_mod
 from engine.audio import ReferenceAudioError
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from studio.voices import (ENTRY_LIMITS, Consent, VoiceError, VoiceImportError, VoiceLibrary, VoiceNotFound,
@@ -393,7 +394,7 @@ def test_import_is_all_or_nothing(tmp_path, source):
 
 def test_oversized_bundle_and_too_many_entries(tmp_path, source, monkeypatch):
     target = VoiceLibrary(tmp_path / "target")
-    monkeypatch.setattr(voices_mod, "MAX_IMPORT_BYTES", 1000)
+    monkeypatch.setattr(bundles_mod, "MAX_IMPORT_BYTES", 1000)
     with pytest.raises(VoiceImportError, match=r"MB; the limit is 0 MB"):
         target.import_zip(source.export_zip())
     bundle = tmp_path / "big.zip"
@@ -401,7 +402,7 @@ def test_oversized_bundle_and_too_many_entries(tmp_path, source, monkeypatch):
     with pytest.raises(VoiceImportError, match="the limit is"):
         target.import_zip(bundle)
     monkeypatch.undo()
-    many = {f"f{i}/voice.json": b"{}" for i in range(voices_mod.MAX_IMPORT_VOICES * 4 + 1)}
+    many = {f"f{i}/voice.json": b"{}" for i in range(bundles_mod.MAX_IMPORT_VOICES * 4 + 1)}
     with pytest.raises(VoiceImportError, match="entries"):
         target.import_zip(_zip(many))
     # One entry over its own limit (64 KiB for voice.json), though the bundle is small.
@@ -621,8 +622,8 @@ def test_default_root(monkeypatch, tmp_path):
     monkeypatch.setenv("HIGGS_VOICES_DIR", str(tmp_path / "env"))
     assert default_voices_dir() == tmp_path / "env"
     monkeypatch.delenv("HIGGS_VOICES_DIR")
-    monkeypatch.setattr(voices_mod, "SPACES_DATA", tmp_path)
+    monkeypatch.setattr(store_mod, "SPACES_DATA", tmp_path)
     assert default_voices_dir() == tmp_path / "higgs-studio" / "voices"
-    monkeypatch.setattr(voices_mod, "SPACES_DATA", tmp_path / "absent")
+    monkeypatch.setattr(store_mod, "SPACES_DATA", tmp_path / "absent")
     import platformdirs
     assert default_voices_dir() == Path(platformdirs.user_data_dir("higgs-studio")) / "voices"

@@ -1,4 +1,4 @@
-"""Voice library: saved reference voices for cloning, shared by the studio page and the HTTP API.
+"""The voice library on disk: saved reference voices for cloning, shared by the studio page and the HTTP API.
 
 A voice is a bundle in its own directory `<root>/<id>/`:
     voice.json   name, transcript, description, default style tags, default seed, created time,
@@ -26,199 +26,33 @@ renamed into place a reader may see some of them for a moment).
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import io
 import json
 import logging
 import os
-import re
 import shutil
-import stat
 import threading
-import unicodedata
 import uuid
-import zipfile
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import soundfile as sf
 
-from engine.audio import ReferenceAudioError, prepare_reference
-from engine.config import FULL_SIZE, SAMPLE_RATE, SAMPLES_PER_FRAME
-from studio.presets import check_style_prefix
+from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
+from studio.voices.bundles import bundle_zip, stage_zip
+from studio.voices.model import (ID_RE, MAX_DESCRIPTION, MAX_TRANSCRIPT, Consent, Staged, Voice,
+                                 VoiceError, VoiceImportError, VoiceNotFound, check_codes, clean_name, clean_seed,
+                                 clean_style, clean_text, content_hash, record_json, stage_audio)
 
 log = logging.getLogger(__name__)
 
-VOICE_FORMAT = "higgs-studio-voice/1"
 SPACES_DATA = Path("/data")  # Hugging Face Spaces persistent storage
-ID_RE = re.compile(r"v_[0-9a-f]{16,64}")
-MAX_NAME = 64
-MAX_TRANSCRIPT = 2000
-MAX_DESCRIPTION = 500
-MAX_CONSENT_FIELD = 500
-SEED_LIMIT = 2 ** 63  # seeds are 63-bit (SPEC D6)
-MAX_REFERENCE_SECONDS = 30.0
-
-# Import limits. A prepared reference is at most 30 s: 1.4 MB of 16-bit audio and 6 KB of codes.
-MAX_IMPORT_BYTES = 256 * 2 ** 20
-MAX_IMPORT_VOICES = 200
-ENTRY_LIMITS = {"voice.json": 64 * 2 ** 10, "audio.wav": 4 * 2 ** 20, "codes.npy": 256 * 2 ** 10}
-_ENTRY_RE = re.compile(r"(?:([A-Za-z0-9_-][A-Za-z0-9_.-]{0,63})/)?(voice\.json|audio\.wav|codes\.npy)")
 STAGE_PREFIX = ".stage-"  # a write in progress: one directory per voice, then COMMIT_MARK, then renames
 COMMIT_MARK = "COMMIT"
-_DIR_ENTRY_RE = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,63}/")
-
-DEFAULT_CONSENT_STATEMENT = ("I have the right to clone this voice: it is my own, or its speaker has given "
-                             "permission for this use.")
-
-
-class VoiceError(ValueError):
-    """A request the library refuses; the message says why and what to do."""
-
-
-class VoiceImportError(VoiceError):
-    """An import was rejected as a whole; nothing was changed."""
-
-
-class VoiceNotFound(KeyError, ValueError):
-    """No voice with that id or name. (A KeyError for lookups, a ValueError for the API's 4xx mapping.)"""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else "voice not found"
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _clean(value: Any, what: str, limit: int, *, required: bool = False) -> str:
-    """User text → one line without control characters, NFC, trimmed; checked for length."""
-    if value is None:
-        value = ""
-    if not isinstance(value, str):
-        raise VoiceError(f"The {what} must be text.")
-    value = unicodedata.normalize("NFC", value)
-    value = "".join(" " if unicodedata.category(ch).startswith("C") else ch for ch in value)
-    value = " ".join(value.split())
-    if required and not value:
-        raise VoiceError(f"The {what} is empty.")
-    if len(value) > limit:
-        raise VoiceError(f"The {what} is {len(value)} characters long; the limit is {limit}.")
-    return value
-
-
-def clean_name(name: Any) -> str:
-    name = _clean(name, "voice name", MAX_NAME, required=True)
-    if ID_RE.fullmatch(name.lower()):
-        raise VoiceError(f"{name!r} looks like a voice id; choose a name that does not start with 'v_' + hex digits.")
-    return name
-
-
-def _clean_style(style: Any) -> str:
-    try:
-        return check_style_prefix(style or "")
-    except ValueError as exc:
-        raise VoiceError(f"Default style: {exc}") from None
-
-
-def _clean_seed(seed: Any) -> int | None:
-    if seed is None:
-        return None
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= int(seed) < SEED_LIMIT:
-        raise VoiceError(f"The default seed must be a whole number from 0 to 2**63 - 1 (got {seed!r}).")
-    return int(seed)
-
-
-@dataclass(frozen=True, slots=True)
-class Consent:
-    """Who asserted the right to clone this voice, what they asserted, and when."""
-
-    asserted_by: str
-    statement: str = DEFAULT_CONSENT_STATEMENT
-    at: str = field(default_factory=_now)
-
-    def checked(self) -> "Consent":
-        asserted_by = _clean(self.asserted_by, "consent's 'asserted by'", MAX_CONSENT_FIELD)
-        statement = _clean(self.statement, "consent statement", MAX_CONSENT_FIELD)
-        if not asserted_by or not statement:
-            raise VoiceError("Saving a voice needs a consent record: who confirms the right to clone this voice, "
-                             "and the statement they confirmed.")
-        if not isinstance(self.at, str) or not self.at:
-            raise VoiceError("The consent record needs the time it was given.")
-        return Consent(asserted_by, statement, self.at)
-
-    def to_json(self) -> dict:
-        return {"asserted_by": self.asserted_by, "statement": self.statement, "at": self.at}
-
-    @classmethod
-    def from_json(cls, data: Any) -> "Consent":
-        if not isinstance(data, dict):
-            raise VoiceError("The voice has no consent record.")
-        return cls(data.get("asserted_by"), data.get("statement"), data.get("at")).checked()
-
-
-@dataclass(frozen=True, slots=True)
-class Voice:
-    """One saved voice, as read from its directory. `seconds` and `frames` describe the prepared audio."""
-
-    id: str
-    name: str
-    transcript: str
-    description: str
-    style: str
-    seed: int | None
-    created: str
-    consent: Consent
-    content_hash: str
-    frames: int
-    notes: tuple[str, ...]
-    path: Path
-
-    @property
-    def seconds(self) -> float:
-        return self.frames * SAMPLES_PER_FRAME / SAMPLE_RATE
-
-    @property
-    def audio_path(self) -> Path:
-        return self.path / "audio.wav"
-
-    @property
-    def codes_path(self) -> Path:
-        return self.path / "codes.npy"
-
-    @property
-    def has_codes(self) -> bool:
-        return self.codes_path.is_file()
-
-    def wav(self) -> np.ndarray:
-        """The prepared reference, float32 mono 24 kHz (exactly the samples the content hash covers)."""
-        data, _ = sf.read(self.audio_path, dtype="float32")
-        return data
-
-    def codes(self) -> np.ndarray | None:
-        """Stored codec codes [frames, 8] as int64, or None when not encoded yet."""
-        try:
-            return np.load(self.codes_path, allow_pickle=False).astype(np.int64)
-        except FileNotFoundError:
-            return None
-
-    def to_json(self) -> dict:
-        return {"format": VOICE_FORMAT, "id": self.id, "name": self.name, "transcript": self.transcript,
-                "description": self.description, "style": self.style, "seed": self.seed, "created": self.created,
-                "consent": self.consent.to_json(), "content_hash": self.content_hash,
-                "sample_rate": SAMPLE_RATE, "frames": self.frames, "notes": list(self.notes)}
-
-
-def content_hash(pcm: np.ndarray, transcript: str) -> str:
-    """sha256 over the 16-bit samples and the transcript (the voice's content, as the engine sees it)."""
-    audio = hashlib.sha256(np.ascontiguousarray(pcm, dtype="<i2").tobytes()).digest()
-    return hashlib.sha256(b"higgs-studio-voice\0" + audio + transcript.encode("utf-8")).hexdigest()
 
 
 def default_voices_dir() -> Path:
@@ -232,22 +66,6 @@ def default_voices_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_data_dir("higgs-studio")) / "voices"
-
-
-def _check_codes(codes: Any, frames: int) -> np.ndarray:
-    """An encoder's output → int16 [frames, codebooks], or a VoiceError saying what is off."""
-    if hasattr(codes, "detach"):  # a torch tensor, possibly on the GPU
-        codes = codes.detach().cpu().numpy()
-    codes = np.asarray(codes)
-    expected = (frames, FULL_SIZE.codebooks)
-    if codes.shape != expected:
-        raise VoiceError(f"The voice codes have shape {codes.shape}; expected {expected} "
-                         f"({frames} frames of {SAMPLES_PER_FRAME} samples, {FULL_SIZE.codebooks} codebooks).")
-    if not np.issubdtype(codes.dtype, np.integer):
-        raise VoiceError(f"The voice codes must be integers (got {codes.dtype}).")
-    if codes.size and (codes.min() < 0 or codes.max() >= FULL_SIZE.codebook_size):
-        raise VoiceError(f"The voice codes must lie in [0, {FULL_SIZE.codebook_size}).")
-    return codes.astype(np.int16)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -265,30 +83,16 @@ def _write_file(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _wav_bytes(pcm: np.ndarray) -> bytes:
+def wav_bytes(pcm: np.ndarray) -> bytes:
     buf = io.BytesIO()
     sf.write(buf, pcm, SAMPLE_RATE, format="WAV", subtype="PCM_16")
     return buf.getvalue()
 
 
-def _npy_bytes(codes: np.ndarray) -> bytes:
+def npy_bytes(codes: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, codes, allow_pickle=False)
     return buf.getvalue()
-
-
-@dataclass
-class _Staged:
-    """A validated voice not yet on disk."""
-
-    record: dict  # voice.json without `id`
-    pcm: np.ndarray  # int16
-    codes: np.ndarray | None
-    voice_id: str | None = None  # an imported bundle keeps its id
-
-    @property
-    def content_hash(self) -> str:
-        return self.record["content_hash"]
 
 
 class _RootLock:
@@ -380,13 +184,13 @@ class VoiceLibrary:
         use by `ensure_codes`. Adding content that is already saved returns the saved voice (whatever
         `name` says). Raises `ReferenceAudioError` for unusable audio and `VoiceError` for the rest; on any
         error nothing is stored."""
-        staged = self._stage(audio, name=name, transcript=transcript, description=description, style=style,
+        staged = stage_audio(audio, name=name, transcript=transcript, description=description, style=style,
                              seed=seed, consent=consent, trim_long=trim_long)
         existing = self._by_content(staged.content_hash)
         if existing is None:
             self._check_name_free(staged.record["name"])
             if encode is not None:
-                staged.codes = _check_codes(encode(staged.pcm.astype(np.float32) / 32768.0), len(staged.pcm)
+                staged.codes = check_codes(encode(staged.pcm.astype(np.float32) / 32768.0), len(staged.pcm)
                                             // SAMPLES_PER_FRAME)
             return self._commit([staged])[0]
         if encode is not None and not existing.has_codes:
@@ -416,7 +220,7 @@ class VoiceLibrary:
             if not audio.is_relative_to(folder) or not audio.is_file():
                 raise VoiceImportError(f"Voice {name!r}: {entry['audio_file']!r} is not a file inside {folder}.")
             try:
-                staged.append(self._stage(audio, name=name, transcript=entry.get("transcript"),
+                staged.append(stage_audio(audio, name=name, transcript=entry.get("transcript"),
                                           description=entry.get("description", ""), style="", seed=None,
                                           consent=consent))
             except ValueError as exc:
@@ -424,7 +228,7 @@ class VoiceLibrary:
         if encode is not None:
             for s in staged:
                 if self._by_content(s.content_hash) is None:
-                    s.codes = _check_codes(encode(s.pcm.astype(np.float32) / 32768.0), len(s.pcm) // SAMPLES_PER_FRAME)
+                    s.codes = check_codes(encode(s.pcm.astype(np.float32) / 32768.0), len(s.pcm) // SAMPLES_PER_FRAME)
         return self._commit(staged, error=VoiceImportError)
 
     def ensure_codes(self, id_or_name: str, encode: Callable[[np.ndarray], Any]) -> np.ndarray:
@@ -433,14 +237,14 @@ class VoiceLibrary:
         codes = voice.codes()
         if codes is not None:
             return codes
-        codes = _check_codes(encode(voice.wav()), voice.frames)
+        codes = check_codes(encode(voice.wav()), voice.frames)
         with self._lock.hold():
             if not voice.path.is_dir():
                 raise VoiceNotFound(f"The voice {voice.name!r} was deleted while it was being encoded.")
             if not voice.has_codes:
                 tmp = voice.path / f".codes-{uuid.uuid4().hex}.tmp"
                 try:
-                    _write_file(tmp, _npy_bytes(codes))
+                    _write_file(tmp, npy_bytes(codes))
                     os.replace(tmp, voice.codes_path)
                 finally:
                     tmp.unlink(missing_ok=True)
@@ -469,13 +273,13 @@ class VoiceLibrary:
                 changes["name"] = clean_name(name)
                 self._check_name_free(changes["name"], besides=voice.id)
             if description is not _UNSET:
-                changes["description"] = _clean(description, "description", MAX_DESCRIPTION)
+                changes["description"] = clean_text(description, "description", MAX_DESCRIPTION)
             if style is not _UNSET:
-                changes["style"] = _clean_style(style)
+                changes["style"] = clean_style(style)
             if seed is not _UNSET:
-                changes["seed"] = _clean_seed(seed)
+                changes["seed"] = clean_seed(seed)
             if transcript is not _UNSET:
-                changes["transcript"] = _clean(transcript, "transcript", MAX_TRANSCRIPT)
+                changes["transcript"] = clean_text(transcript, "transcript", MAX_TRANSCRIPT)
                 pcm, _ = sf.read(voice.audio_path, dtype="int16")
                 changes["content_hash"] = content_hash(pcm, changes["transcript"])
                 twin = self._by_content(changes["content_hash"])
@@ -506,114 +310,28 @@ class VoiceLibrary:
     # ------------------------------------------------------------------------------------ exchange
 
     def export_zip(self, ids: Iterable[str] | None = None) -> bytes:
-        """A zip with one folder per voice (`<id>/voice.json`, `audio.wav`, `codes.npy` when encoded).
-        `ids` are ids or names; None exports every voice."""
+        """A bundle (`bundles.py`) with one folder per voice. `ids` are ids or names; None exports every voice."""
         with self._lock.hold():
             voices = self.list() if ids is None else [self.get(i) for i in ids]
-            buf = io.BytesIO()
-            with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-                for voice in voices:
-                    zf.writestr(f"{voice.id}/voice.json", json.dumps(voice.to_json(), ensure_ascii=False, indent=1))
-                    zf.write(voice.audio_path, f"{voice.id}/audio.wav")
-                    if voice.has_codes:
-                        zf.write(voice.codes_path, f"{voice.id}/codes.npy")
-            return buf.getvalue()
+            return bundle_zip((v.id, v.to_json(), v.audio_path.read_bytes(),
+                               v.codes_path.read_bytes() if v.has_codes else None) for v in voices)
 
     def import_zip(self, data: bytes | str | os.PathLike) -> list[Voice]:
-        """Import voices exported by `export_zip` (its bytes, or the path of the file: its size is checked
-        before a byte is read). Everything is checked first — entry names and types, sizes, JSON, audio,
-        codes, consent, name clashes — and on any problem the whole import is rejected with
-        `VoiceImportError` and the library is left as it was. Voices already saved (same content) are
-        returned as they are."""
-        if isinstance(data, (str, os.PathLike)):
-            size = Path(data).stat().st_size
-            if size > MAX_IMPORT_BYTES:
-                raise VoiceImportError(_too_big(size))
-            data = Path(data).read_bytes()
-        files = _read_bundle(data)
-        staged = []
-        for folder, entries in sorted(files.items()):
-            label = folder or "the bundle"
-            if "voice.json" not in entries or "audio.wav" not in entries:
-                raise VoiceImportError(f"{label} lacks voice.json or audio.wav.")
-            try:
-                staged.append(self._stage_bundle(entries))
-            except (ValueError, ReferenceAudioError) as exc:
-                raise VoiceImportError(f"{label}: {exc}") from None
-        return self._commit(staged, error=VoiceImportError)
+        """Import voices exported by `export_zip` (its bytes, or the path of the file). Everything is checked
+        first (`bundles.stage_zip`), and on any problem the whole import is rejected with `VoiceImportError`
+        and the library is left as it was. Voices already saved (same content) are returned as they are."""
+        return self._commit(stage_zip(data), error=VoiceImportError)
 
     # ------------------------------------------------------------------------------------ internals
 
-    def _stage(self, audio, *, name, transcript, description, style, seed, consent, trim_long=False) -> _Staged:
-        if not isinstance(consent, Consent):
-            raise VoiceError("Saving a voice needs a consent record: confirm that you have the right to clone "
-                             "this voice (it is yours, or its speaker agreed).")
-        record = {"name": clean_name(name), "transcript": _clean(transcript, "transcript", MAX_TRANSCRIPT),
-                  "description": _clean(description, "description", MAX_DESCRIPTION), "style": _clean_style(style),
-                  "seed": _clean_seed(seed), "consent": consent.checked()}
-        prepared = prepare_reference(audio, max_seconds=MAX_REFERENCE_SECONDS, trim_long=trim_long)
-        # 16-bit is what we store; hash and encode exactly those samples (peak ≤ 0.95, so no clipping).
-        pcm = np.round(prepared.wav * 32768.0).clip(-32768, 32767).astype(np.int16)
-        record.update(created=_now(), content_hash=content_hash(pcm, record["transcript"]),
-                      frames=len(pcm) // SAMPLES_PER_FRAME, notes=tuple(prepared.notes))
-        return _Staged(record=record, pcm=pcm, codes=None)
-
-    def _stage_bundle(self, entries: dict[str, bytes]) -> _Staged:
-        try:
-            meta = json.loads(entries["voice.json"].decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise VoiceError(f"voice.json is not valid JSON ({exc})") from None
-        if not isinstance(meta, dict):
-            raise VoiceError("voice.json must be a JSON object")
-        try:
-            with sf.SoundFile(io.BytesIO(entries["audio.wav"])) as f:
-                if f.format != "WAV" or f.samplerate != SAMPLE_RATE or f.channels != 1:
-                    raise VoiceError(f"audio.wav must be {SAMPLE_RATE} Hz mono WAV (got {f.format}, {f.samplerate} Hz, "
-                                     f"{f.channels} channels)")
-                pcm = f.read(dtype="int16")
-        except VoiceError:
-            raise
-        except Exception:  # noqa: BLE001 — libsndfile's errors all mean "not a readable WAV"
-            raise VoiceError("audio.wav is not readable audio") from None
-        if not len(pcm) or len(pcm) % SAMPLES_PER_FRAME or len(pcm) > MAX_REFERENCE_SECONDS * SAMPLE_RATE:
-            raise VoiceError(f"audio.wav must hold whole {SAMPLES_PER_FRAME}-sample frames, at most "
-                             f"{MAX_REFERENCE_SECONDS:g} s (got {len(pcm)} samples)")
-        frames = len(pcm) // SAMPLES_PER_FRAME
-        codes = None
-        if "codes.npy" in entries:
-            try:
-                raw = np.load(io.BytesIO(entries["codes.npy"]), allow_pickle=False)
-            except Exception:  # noqa: BLE001 — any parse failure is a damaged file
-                raise VoiceError("codes.npy is not a readable numpy array") from None
-            codes = _check_codes(raw, frames)
-        notes = meta.get("notes", [])
-        if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
-            raise VoiceError("voice.json 'notes' must be a list of text")
-        created = meta.get("created")
-        if not isinstance(created, str) or not created:
-            raise VoiceError("voice.json has no 'created' time")
-        record = {"name": clean_name(meta.get("name")),
-                  "transcript": _clean(meta.get("transcript"), "transcript", MAX_TRANSCRIPT),
-                  "description": _clean(meta.get("description"), "description", MAX_DESCRIPTION),
-                  "style": _clean_style(meta.get("style")), "seed": _clean_seed(meta.get("seed")),
-                  "consent": Consent.from_json(meta.get("consent")), "created": created, "frames": frames,
-                  "notes": tuple(_clean(n, "note", MAX_DESCRIPTION) for n in notes[:20])}
-        record["content_hash"] = content_hash(pcm, record["transcript"])
-        if meta.get("content_hash") not in (None, record["content_hash"]):
-            raise VoiceError("its audio and transcript do not match the recorded content hash (damaged or edited)")
-        voice_id = meta.get("id")
-        if voice_id is not None and (not isinstance(voice_id, str) or not ID_RE.fullmatch(voice_id)):
-            raise VoiceError(f"voice.json has an invalid id {voice_id!r}")
-        return _Staged(record=record, pcm=pcm, codes=codes, voice_id=voice_id)
-
-    def _commit(self, staged: list[_Staged], *, error: type[VoiceError] = VoiceError) -> list[Voice]:
+    def _commit(self, staged: list[Staged], *, error: type[VoiceError] = VoiceError) -> list[Voice]:
         """Write staged voices all-or-nothing; already-saved content is returned instead of written."""
         with self._lock.hold():
             existing = self.list()
             by_hash = {v.content_hash: v for v in existing}
             by_name = {v.name.casefold(): v for v in existing}
             results: list[Voice | str] = []
-            new: dict[str, tuple[str, _Staged]] = {}  # content hash → (id, staged)
+            new: dict[str, tuple[str, Staged]] = {}  # content hash → (id, staged)
             names: dict[str, str] = {}
             for s in staged:
                 h, name = s.content_hash, s.record["name"]
@@ -646,7 +364,7 @@ class VoiceLibrary:
                 return candidate
         raise VoiceError("Every id for this content is taken; the library is damaged.")
 
-    def _write_all(self, items: list[tuple[str, _Staged]]) -> None:
+    def _write_all(self, items: list[tuple[str, Staged]]) -> None:
         """Write voices all-or-nothing, even across a kill: every voice is written and fsynced into one staging
         directory, then a `COMMIT` mark makes the set durable, then each voice is renamed into place. A
         crash before the mark leaves a stage that the next open deletes; after it, the next open finishes
@@ -659,12 +377,10 @@ class VoiceLibrary:
             for voice_id, s in items:
                 tmp = stage / voice_id
                 tmp.mkdir()
-                record = {"format": VOICE_FORMAT, "id": voice_id, **s.record,
-                          "consent": s.record["consent"].to_json(), "sample_rate": SAMPLE_RATE,
-                          "notes": list(s.record["notes"])}
-                _write_file(tmp / "audio.wav", _wav_bytes(s.pcm))
+                record = record_json(voice_id, s.record)
+                _write_file(tmp / "audio.wav", wav_bytes(s.pcm))
                 if s.codes is not None:
-                    _write_file(tmp / "codes.npy", _npy_bytes(s.codes))
+                    _write_file(tmp / "codes.npy", npy_bytes(s.codes))
                 _write_file(tmp / "voice.json", json.dumps(record, ensure_ascii=False, indent=1).encode("utf-8"))
                 _fsync_dir(tmp)
             _write_file(stage / COMMIT_MARK, "\n".join(v for v, _ in items).encode())
@@ -732,67 +448,3 @@ class VoiceLibrary:
             elif ID_RE.fullmatch(entry.name) and entry.is_dir():
                 for leftover in entry.glob(".*.tmp"):
                     leftover.unlink(missing_ok=True)
-
-
-def _too_big(size: int) -> str:
-    return (f"The voice bundle is {size / 2 ** 20:.1f} MB; the limit is {MAX_IMPORT_BYTES // 2 ** 20} MB. Export "
-            "fewer voices at a time.")
-
-
-def _read_bundle(data: bytes) -> dict[str, dict[str, bytes]]:
-    """Validate a voice zip and return {folder: {file name: bytes}}; raises VoiceImportError."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise VoiceImportError("A voice bundle must be the bytes of a .zip file.")
-    if len(data) > MAX_IMPORT_BYTES:
-        raise VoiceImportError(_too_big(len(data)))
-    try:
-        zf = zipfile.ZipFile(io.BytesIO(bytes(data)))
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError):
-        raise VoiceImportError("The file is not a zip archive; export voices from Higgs Studio and import that "
-                               "file.") from None
-    with zf:
-        infos = zf.infolist()
-        if len(infos) > MAX_IMPORT_VOICES * (len(ENTRY_LIMITS) + 1):
-            raise VoiceImportError(f"The bundle has {len(infos)} entries; at most {MAX_IMPORT_VOICES} voices can "
-                                   "be imported at once.")
-        files: dict[str, dict[str, bytes]] = {}
-        for info in infos:
-            name = info.filename
-            mode = info.external_attr >> 16
-            if info.flag_bits & 0x1:
-                raise VoiceImportError(f"{name!r} is encrypted; voice bundles are not.")
-            if stat.S_ISLNK(mode):
-                raise VoiceImportError(f"{name!r} is a symbolic link; voice bundles hold only plain files.")
-            if name.startswith("/") or "\\" in name or re.match(r"[A-Za-z]:", name) or \
-                    any(part in ("..", ".") for part in name.split("/")):
-                raise VoiceImportError(f"{name!r} is an unsafe path; voice bundles hold only <folder>/<file>.")
-            if info.is_dir():
-                if not _DIR_ENTRY_RE.fullmatch(name):
-                    raise VoiceImportError(f"{name!r} is not an expected folder in a voice bundle.")
-                continue
-            if stat.S_IFMT(mode) not in (0, stat.S_IFREG):  # 0: the archiver recorded no file type
-                raise VoiceImportError(f"{name!r} is not a plain file.")
-            match = _ENTRY_RE.fullmatch(name)
-            if match is None:
-                raise VoiceImportError(f"{name!r} is not part of a voice bundle (only voice.json, audio.wav and "
-                                       "codes.npy, one folder per voice).")
-            folder, base = match.group(1) or "", match.group(2)
-            limit = ENTRY_LIMITS[base]
-            if info.file_size > limit:
-                raise VoiceImportError(f"{name!r} is {info.file_size} bytes; the limit for {base} is {limit}.")
-            if base in files.setdefault(folder, {}):
-                raise VoiceImportError(f"{name!r} appears twice in the bundle.")
-            try:
-                with zf.open(info) as f:
-                    blob = f.read(limit + 1)  # never trust the declared size: read at most the limit
-            except (zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError, OSError, EOFError) as exc:
-                raise VoiceImportError(f"{name!r} cannot be extracted ({exc}).") from None
-            if len(blob) > limit:
-                raise VoiceImportError(f"{name!r} is larger than the {limit}-byte limit for {base}.")
-            files[folder][base] = blob
-        files = {k: v for k, v in files.items() if v}
-        if not files:
-            raise VoiceImportError("The bundle holds no voices.")
-        if len(files) > MAX_IMPORT_VOICES:
-            raise VoiceImportError(f"At most {MAX_IMPORT_VOICES} voices can be imported at once.")
-        return files
