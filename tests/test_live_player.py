@@ -73,7 +73,9 @@ def studio_url(tmp_path_factory):
     if not CHROMIUM.exists():
         pytest.skip("Debian chromium is not installed at /usr/bin/chromium (apt-get install chromium)")
     pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
-    with running_studio(tmp_path_factory.mktemp("live-player"), "--api-key", KEY, "--public-page") as url:
+    # A public page (no login; the page's own token), with room for the stop test's long take.
+    with running_studio(tmp_path_factory.mktemp("live-player"), "--api-key", KEY, "--public-page",
+                        "--public-max-seconds", "180") as url:
         yield url
 
 
