@@ -36,12 +36,65 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--share", action="store_true", help="also open a public gradio.live link")
     p.add_argument("--mcp", action="store_true", default=_env_flag("GRADIO_MCP_SERVER"),
                    help="serve the studio's tools over MCP at /gradio_api/mcp/")
-    p.add_argument("--api-key", default=env.get("HIGGS_API_KEY"), help="require this Bearer key on /v1/* routes")
+    p.add_argument("--api-key", default=env.get("HIGGS_API_KEY"),
+                   help="the owner's key: required as a Bearer key on /v1/* and MCP, and as the page's login "
+                        "password (env HIGGS_API_KEY; docs/SECURITY.md)")
+    p.add_argument("--public-page", action="store_true", default=_env_flag("HIGGS_PUBLIC_PAGE") or on_spaces,
+                   help="with --api-key, serve the page without a login: visitors generate within the public "
+                        "limits and cannot change the library (default on Spaces) (env HIGGS_PUBLIC_PAGE=1)")
+    p.add_argument("--queue-size", type=int, default=int(env.get("HIGGS_QUEUE_SIZE") or 64),
+                   help="page requests that may wait for the GPU; beyond it a visitor is asked to try again in a "
+                        "minute (env HIGGS_QUEUE_SIZE; docs/SPACES.md lists every limit)")
+    p.add_argument("--public-max-chars", type=int, default=int(env.get("HIGGS_PUBLIC_MAX_CHARS") or 1000),
+                   help="longest text a visitor of a public page may speak at once (env HIGGS_PUBLIC_MAX_CHARS)")
+    p.add_argument("--public-max-seconds", type=int, default=int(env.get("HIGGS_PUBLIC_MAX_SECONDS") or 60),
+                   help="longest take a visitor of a public page may make (env HIGGS_PUBLIC_MAX_SECONDS)")
     p.add_argument("--voices-dir", default=env.get("HIGGS_VOICES_DIR"), help="where saved voices live")
+    p.add_argument("--voices-presets", default=env.get("HIGGS_VOICE_PRESETS") or _bundled_presets(),
+                   help="the owner's preset voices, read-only for everyone: a folder with config.json "
+                        "({name: {transcript, audio_file}}) and its wavs (env HIGGS_VOICE_PRESETS; default "
+                        "presets/voices/ when it has a config.json)")
+    p.add_argument("--private-voices", action="store_true", default=_env_flag("HIGGS_PRIVATE_VOICES") or on_spaces,
+                   help="voices saved on the page belong to their visitor and live in the visitor's browser; the "
+                        "shared library is the owner's, through the API (default on Spaces) "
+                        "(env HIGGS_PRIVATE_VOICES=1; docs/SPACES.md)")
+    p.add_argument("--asr", default=env.get("HIGGS_ASR"),
+                   help="transcribe reference clips when the transcript box is empty: auto (whisper-large-v3-turbo "
+                        "on a GPU, whisper-base on CPU), none, or a model id or folder (env HIGGS_ASR; default auto, "
+                        "none with --demo, which downloads nothing)")
+    p.add_argument("--max-input-chars", type=int, default=int(env.get("HIGGS_MAX_INPUT_CHARS") or 0) or None,
+                   help="longest `input` /v1/audio/speech takes as one long take, planned into segments "
+                        "(default 100,000; env HIGGS_MAX_INPUT_CHARS)")
     p.add_argument("--remote", default=env.get("HIGGS_REMOTE"),
                    help="drive a running speech server (another Higgs Studio, SGLang-Omni, vLLM-Omni) at this URL "
                         "instead of a local model (env HIGGS_REMOTE; its key in HIGGS_REMOTE_API_KEY)")
     return p.parse_args(argv)
+
+
+def _bundled_presets() -> str | None:
+    folder = Path(__file__).resolve().parent / "presets" / "voices"
+    return str(folder) if (folder / "config.json").is_file() else None
+
+
+def load_voices(args: argparse.Namespace, engine):
+    """The voice catalog: the owner's library, the preset voices (encoded once, cached) and, with
+    --private-voices, the registry of visitors' private voices. Exits with one sentence on a bad presets folder."""
+    from studio.voices import VoiceError, VoiceLibrary
+    from studio.voices.catalog import VoiceCatalog
+    from studio.voices.presets import PresetVoices
+    from studio.voices.private import PrivateVoices
+
+    presets = None
+    if args.voices_presets:
+        # A remote engine has no codec here: its voices travel as clips, so there is nothing to encode.
+        encode = None if getattr(engine, "is_remote", False) else engine.encode_codes
+        try:
+            presets = PresetVoices(args.voices_presets, encode=encode)
+        except (VoiceError, OSError) as exc:
+            sys.exit(f"Cannot load the preset voices in {args.voices_presets}: {exc}")
+        print(f"Preset voices: {', '.join(v.name for v in presets.list())}", flush=True)
+    return VoiceCatalog(VoiceLibrary(args.voices_dir), presets=presets,
+                        private=PrivateVoices() if args.private_voices else None)
 
 
 def configure_spaces(data: Path = Path("/data")) -> None:
@@ -67,10 +120,15 @@ def load_engine(args: argparse.Namespace):
         source = demo_checkpoint()
     else:
         source = args.checkpoint
+    from studio import zerogpu
+
+    # ZeroGPU attaches the GPU only inside decorated calls; the cubin path's per-process context and graph
+    # capture would be paid on each of them, so the torch path runs there (studio/zerogpu.py).
+    backend = "torch" if zerogpu.active() else "auto"
     print(f"Loading {source} (device={args.device}, precision={args.precision}) …", flush=True)
     t0 = time.perf_counter()
     try:
-        engine = Engine.load(source, device=args.device, precision=args.precision)
+        engine = Engine.load(source, device=args.device, precision=args.precision, backend=backend)
     except CheckpointError as exc:
         sys.exit(f"\nCannot load the checkpoint: {exc}\n\nTo try the studio without it: python app.py --demo")
     except (ValueError, RuntimeError) as exc:  # device / precision / backend not available here
@@ -79,7 +137,7 @@ def load_engine(args: argparse.Namespace):
     print(f"Loaded in {time.perf_counter() - t0:.1f} s: {engine.info.get('device')} · {engine.info.get('precision')}"
           f" · {engine.info.get('backend')}" + (" · DEMO (random weights, the audio is noise)"
                                                   if engine.info.get("demo") else ""), flush=True)
-    return engine
+    return zerogpu.wrap(engine)
 
 
 def warm_up(engine) -> None:
@@ -99,19 +157,28 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     args = parse_args(argv)
     configure_spaces()
+    from studio import zerogpu
+    zerogpu.active()  # on ZeroGPU, `spaces` is imported before anything can initialise CUDA
     engine = load_engine(args)
-    if not getattr(engine, "is_remote", False):
+    if not getattr(engine, "is_remote", False) and not zerogpu.active():  # on ZeroGPU the GPU is not ours yet
         warm_up(engine)
 
+    from engine.config import FRAME_RATE
+    from studio.access import Access, friendly_queue_full
+    from studio.api import MAX_UPLOAD_BYTES
+    from studio.asr import Transcriber
     from studio.page import Page, launch_kwargs
     from studio.presets import PresetStore
     from studio.service import StudioService
-    from studio.voices import VoiceLibrary
+    from studio.voices import MAX_IMPORT_BYTES
 
-    voices = VoiceLibrary(args.voices_dir)
+    voices = load_voices(args, engine)
     presets = PresetStore(voices.root / "presets.json")
     service = StudioService(engine, voices, presets)
-    page = Page(service)
+    access = Access(args.api_key, public_page=args.public_page, public_max_chars=args.public_max_chars,
+                    public_max_frames=args.public_max_seconds * FRAME_RATE)
+    asr = Transcriber.from_flag(args.asr or ("none" if args.demo else "auto"))
+    page = Page(service, access, private_voices=voices.private, transcriber=asr)
     if not page.streaming:
         print("ffmpeg is not on PATH: takes play when complete instead of streaming, and mp3/opus/aac downloads are "
               "off. Install ffmpeg (e.g. `apt-get install ffmpeg`) for live streaming.", flush=True)
@@ -119,17 +186,30 @@ def main(argv: list[str] | None = None) -> None:
     if args.mcp:
         from studio import mcp
         mcp.register(demo, service, api_key=args.api_key)  # gr.api tools: added before launch
-    demo.queue(default_concurrency_limit=1, max_size=64)
+    demo.queue(default_concurrency_limit=1, max_size=args.queue_size)
+    friendly_queue_full(demo)
+    # Gradio refuses uploads over this as they arrive: the largest legitimate one is a voice bundle, or on a
+    # public page (where only the owner may import, and not from the page) a reference clip.
+    max_upload = MAX_UPLOAD_BYTES if access.api_key and access.public_page else MAX_IMPORT_BYTES
     try:
         demo.launch(server_name=args.host, server_port=args.port, share=args.share, mcp_server=args.mcp,
                     prevent_thread_lock=True, show_error=False, allowed_paths=[str(page.out_dir)],
-                    **launch_kwargs())
+                    max_file_size=max_upload, **access.launch_kwargs(), **launch_kwargs())
     except OSError as exc:
         sys.exit(f"Cannot listen on {args.host}:{args.port} ({exc}). Pick another port with --port or PORT.")
     from studio import api  # routes go on the running app: launch() builds a new FastAPI app each time
-    api.register(demo.app, service, api_key=args.api_key)
+    from studio.longform import MAX_LONG_INPUT_CHARS
+    api.register(demo.app, service, access=access, max_input_chars=args.max_input_chars or MAX_LONG_INPUT_CHARS)
+    page.player.mount(demo.app, access=access)  # the page's WebAudio stream route (studio/live.py)
     print(f"OpenAI-compatible API: POST {demo.local_url.rstrip('/')}/v1/audio/speech"
           + (" (Bearer key required)" if args.api_key else ""), flush=True)
+    if not args.api_key and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"No API key and listening on {args.host}: whoever reaches this port can change the voice library. "
+              "Set --api-key (HIGGS_API_KEY) to keep that to yourself (docs/SECURITY.md).", flush=True)
+    if args.api_key:
+        print("The page " + ("is public: visitors generate within the public limits; the library is managed with "
+                             "the key" if args.public_page else "asks for a login: any name, the key as password"),
+              flush=True)
     if args.mcp:
         print(f"MCP server: {demo.local_url.rstrip('/')}/gradio_api/mcp/", flush=True)
     try:

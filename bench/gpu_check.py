@@ -8,14 +8,24 @@
      of the backbone, peak VRAM, achieved weight bandwidth and its % of a device-to-device copy floor
      measured in the same run.
 
-    python -m bench.gpu_check [--quick]
+    python -m bench.gpu_check [--quick] [--out DIR]     # rows also go to DIR/rows.jsonl as they come
+    python -m bench.gpu_check --cpu-selftest --out DIR  # no GPU: the plumbing, with deliberate failures
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -24,6 +34,7 @@ from engine.backends.cubin import CubinBackend
 from engine.config import FRAME_RATE, FULL_SIZE, Dims
 from engine.demo import random_backbone
 from engine.model import HiggsModel
+from kernels import manifest as mf
 from kernels.check import Row, format_table, kernel_rows
 
 FIRST_CHUNK_FRAMES = 2  # engine.generate.FIRST_PUSH_FRAMES: the first streamed chunk
@@ -63,7 +74,9 @@ def cosine(a, b) -> float:
     return float(torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0))
 
 
-def model_rows(dims: Dims, steps: int, floor: float) -> list[Row]:
+def model_rows(dims: Dims, steps: int, floor: float, results: dict | None = None) -> list[Row]:
+    """`results` (when given) receives the cubin ms/frame per precision, for the torch-graph section's
+    speed-up row."""
     rows = []
     gen = torch.Generator().manual_seed(1)
     ids13 = torch.randint(0, 150000, (13,), generator=gen)
@@ -84,7 +97,7 @@ def model_rows(dims: Dims, steps: int, floor: float) -> list[Row]:
     torch_prefill = {n: cuda_ms(lambda ids=ids: ref.prefill(ids, None, 0), repeat=3) / len(ids)
                      for n, ids in ((13, ids13), (300, ids300))}
 
-    results = {}
+    results = {} if results is None else results
     for precision in ("bf16", "fp8"):
         torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
@@ -166,6 +179,288 @@ def model_rows(dims: Dims, steps: int, floor: float) -> list[Row]:
     return rows
 
 
+def device_ms(fn, device: torch.device, repeat: int = 5) -> float:
+    """Median milliseconds of fn(): CUDA events on a GPU, the wall clock on the CPU (the self-test)."""
+    if device.type == "cuda":
+        return cuda_ms(fn, repeat=repeat)
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(1e3 * (time.perf_counter() - t0))
+    return sorted(times)[len(times) // 2]
+
+
+def torch_graph_rows(dims: Dims, steps: int, device: torch.device, contexts=(64, 512, 2048),
+                     cubin_ms: dict | None = None) -> Iterable[Row]:
+    """The torch path on CUDA (engine/backends/torch_graph.py), the cubin path's baseline: its graph step
+    against the eager step of the same model (teacher-forced logits), fused greedy rows against the eager
+    greedy loop, fused device sampling against `engine.sampling.sample` on the same logits, ms/frame as
+    the context grows, eager ms/frame, the first capture, VRAM. On the CPU (the self-test) the graphs are
+    the stand-in and the dims tiny: the same code, no driver capture."""
+    from engine.backends.torch_graph import TorchGraphBackend
+    from engine.sampling import sample, uniforms
+
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    gen = torch.Generator().manual_seed(2)
+    sd = random_backbone(dims, dtype=dtype, device=device.type, names="internal")
+    model = HiggsModel.from_state_dict(dims, sd, dtype=dtype, device=device, max_len=max(contexts) + steps + 1)
+    del sd
+    be = TorchGraphBackend(model)
+    yield Row("torch-graph", "graphs", be.info["graphs"], "", "INFO")
+    ids = torch.randint(0, dims.vocab, (contexts[0],), generator=gen)
+    n = min(steps, 32)
+
+    # Teacher-forced on the eager greedy rows: eager decode and the graph step of the same model write the
+    # same K/V at each position, so one model serves both.
+    logits = first = model.prefill(ids)
+    cos, rel, agree, want_rows, capture_ms = [], 0.0, 0, [], None
+    for step in range(n):
+        row = greedy(logits, step, dims.boc)
+        want_rows.append(row)
+        want = model.decode(row, len(ids) + step)
+        t0 = time.perf_counter()
+        got = be.decode(row, len(ids) + step)
+        if capture_ms is None:  # the first call captured the step graph of this window
+            capture_ms = 1e3 * (time.perf_counter() - t0)
+        cos.append(cosine(got, want))
+        rel = max(rel, float((got - want).abs().max() / want.abs().max()))
+        agree += int((got.argmax(-1) == want.argmax(-1)).sum())
+        logits = want
+    yield Row("torch-graph", f"graph step vs eager step, teacher-forced, {n} steps",
+              f"min cosine {min(cos):.6f}, max rel err {rel:.1e}, greedy {agree}/{n * dims.codebooks}", "> 0.9999",
+              "PASS" if min(cos) > 0.9999 else "FAIL")
+    yield Row("torch-graph", f"first step-graph capture (window {be.bucket(len(ids))})", f"{capture_ms:.0f} ms", "",
+              "INFO")
+
+    # Fused greedy take (device sampling, graph replay) vs the eager greedy rows.
+    be.prefill(ids)
+    be.begin(first, len(ids), seed=0, temperature=0.0, top_k=0, top_p=1.0, max_rows=n)
+    fused, _ = be.rows(n)
+    same = (fused == torch.stack(want_rows).cpu()).all(-1)
+    prefix = int(same.long().cumprod(0).sum())
+    yield Row("torch-graph", "fused greedy rows vs eager greedy rows",
+              f"{prefix}/{n} identical before the first divergence", f">= {min(8, n)} (random weights: near-ties)",
+              "PASS" if prefix >= min(8, n) else "FAIL")
+
+    # Device sampling vs engine.sampling.sample on the same logits (the host loop feeds the same graphs).
+    seed, settings = 1234, dict(temperature=0.8, top_k=30, top_p=0.8)
+    be.prefill(ids)
+    be.begin(first, len(ids), seed=seed, max_rows=n, **settings)
+    fused, _ = be.rows(n)
+    logits, host = be.prefill(ids), []
+    for step, u in enumerate(uniforms(seed, 0, dims.codebooks, steps=n)):
+        row = sample(logits, u.to(device), *settings.values())
+        row[step + 1:] = dims.boc
+        host.append(row.cpu())
+        logits = be.decode(row, len(ids) + step)
+    same = torch.equal(fused, torch.stack(host))
+    yield Row("torch-graph", "device sampling (T 0.8, top-k 30, top-p 0.8) vs sampling.sample",
+              "identical rows" if same else "DIFFERENT", "identical", "PASS" if same else "FAIL")
+
+    # ms/frame as the context grows: one untimed pass captures the windows, then rows(50) chunks are timed.
+    chunk = min(50, steps)
+    for ctx in contexts:
+        ids_ctx = torch.randint(0, dims.vocab, (ctx,), generator=gen)
+        for timed in (False, True):
+            first_ctx = be.prefill(ids_ctx)
+            be.begin(first_ctx, ctx, seed=0, max_rows=steps, **settings)
+            if cuda:
+                torch.cuda.synchronize()
+            t0, done = time.perf_counter(), 0
+            while done + chunk <= steps:
+                be.rows(chunk)
+                done += chunk
+            ms = 1e3 * (time.perf_counter() - t0) / max(done, 1)
+        yield Row("torch-graph", f"decode ms/frame at context {ctx} (sync per {chunk} rows)", f"{ms:.2f} ms", "",
+                  "INFO")
+        if ctx == contexts[0]:
+            graph_ms = ms
+    eager_ms = device_ms(lambda: model.decode(want_rows[0], len(ids)), device, repeat=9)
+    yield Row("torch-graph", f"eager decode ms/step at context {len(ids)} (host sampling excluded)",
+              f"{eager_ms:.2f} ms = {eager_ms / graph_ms:.2f}x the graphed step", "", "INFO")
+    if cuda:
+        yield Row("torch-graph", "peak VRAM (weights, cache, graphs)",
+                  f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", "", "INFO")
+    if cubin_ms:
+        yield Row("bench", "speed-up cubin fp8 / bf16 vs the CUDA-graphed torch path",
+                  " / ".join(f"{graph_ms / cubin_ms[p]:.2f}x" for p in ("fp8", "bf16") if p in cubin_ms), "", "INFO")
+    del be, model
+    if cuda:
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-kernel microbenchmarks and correctness at the real decode shapes
+
+def layer_gemvs(dims: Dims) -> tuple[tuple[str, int, int], ...]:
+    """The four layer GEMVs of one decode step as (name, N, K): on FULL_SIZE qkv 6144×2560, o 2560×4096,
+    gate_up 19456×2560, down 2560×9728."""
+    q, kv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    return (("qkv", q + 2 * kv, dims.hidden), ("o", dims.hidden, q), ("gate_up", 2 * dims.intermediate, dims.hidden),
+            ("down", dims.hidden, dims.intermediate))
+
+
+def replay_us(fn, device: torch.device, stream, replays: int) -> float:
+    """Microseconds per call of fn: on a GPU one call captured in a CUDA graph (on the kernels' stream) and
+    replayed `replays` times between two events, so host launch cost is out; on the CPU (the self-test:
+    the interpreter, seconds per launch) the wall clock of one call."""
+    if device.type != "cuda":
+        t0 = time.perf_counter()
+        fn()
+        return 1e6 * (time.perf_counter() - t0)
+    from kernels.runtime import capture_graph
+
+    graph = capture_graph(fn, stream or torch.cuda.current_stream())
+    graph.replay()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(replays):
+        graph.replay()
+    b.record()
+    b.synchronize()
+    return 1e3 * a.elapsed_time(b) / replays
+
+
+def _gemv_inputs(ops, n: int, k: int, precision: str, name: str, device, gen):
+    """x, w and the op's keyword arguments as the cubin backend launches that layer's GEMV: W8A8 for qkv /
+    gate_up / down in fp8, W8A16 (bf16 activations) for o; bf16 everywhere in bf16."""
+    x = torch.randn(k, generator=gen).to(device, torch.bfloat16)
+    w = (torch.randn(n, k, generator=gen) * k ** -0.5).to(device, torch.bfloat16)
+    if precision == "bf16":
+        return x, w, {}
+    w8, ws = ops.quantize_weight_fp8(w)
+    if name == "o":
+        return x, w8, dict(w_scale=ws)
+    xs = (x.float().abs().amax() / 448.0).reshape(1)
+    return ops.quantize_fp8(x, xs), w8, dict(w_scale=ws, x_scale=xs)
+
+
+def microbench_rows(ops, dims: Dims, device: torch.device, stream=None, floor: float | None = None,
+                    contexts=(256, 1024, 4096), replays: int = 100, step_ms: dict | None = None) -> Iterable[Row]:
+    """µs, GB/s and % of the copy floor of each decode kernel at `dims`' shapes: the four layer GEMVs in fp8
+    and bf16, the audio head, decode attention at each context, the sampler greedy and top-k/top-p; then
+    the sum of one fp8 step's benchmarked kernels against the graph step time of the model section
+    (`step_ms`), the difference being launch / serialisation overhead and the kernels not listed
+    (norms, RoPE + KV write, silu·mul)."""
+    gen = torch.Generator().manual_seed(5)
+    dev = device
+    per_step = {}
+
+    def row(label: str, us: float, nbytes: float) -> Row:
+        bw = nbytes / (us * 1e-6)
+        share = f" = {bw / floor:.0%} of copy" if floor else ""
+        return Row("microbench", label, f"{us:.1f} µs, {bw / 1e9:.0f} GB/s{share}", "", "INFO")
+
+    for name, n, k in layer_gemvs(dims):
+        for precision in ("fp8", "bf16"):
+            x, w, kw = _gemv_inputs(ops, n, k, precision, name, dev, gen)
+            out = torch.empty(n, dtype=torch.bfloat16, device=dev)
+            us = replay_us(lambda: ops.gemv(x, w, out=out, **kw), dev, stream, replays)
+            per_step[f"{name} {precision}"] = us
+            mode = "bf16" if precision == "bf16" else ("w8a16" if name == "o" else "w8a8")
+            yield row(f"gemv {name} {n}x{k} {mode}", us, w.numel() * w.element_size() + x.numel() * x.element_size()
+                      + 2 * n + (4 * n if precision == "fp8" else 0))
+    h = torch.randn(dims.hidden, generator=gen).to(dev, torch.bfloat16)
+    audio = (torch.randn(dims.audio_rows, dims.hidden, generator=gen) * dims.hidden ** -0.5).to(dev, torch.bfloat16)
+    norm = torch.ones(dims.hidden, dtype=torch.bfloat16, device=dev)
+    logits = torch.empty(dims.audio_rows, dtype=torch.float32, device=dev)
+    us = per_step["head"] = replay_us(lambda: ops.audio_head(h, audio, norm, dims.rms_eps, out=logits), dev, stream,
+                                      replays)
+    yield row(f"audio head {dims.audio_rows}x{dims.hidden} bf16 -> fp32", us, audio.numel() * 2 + logits.numel() * 4)
+    scratch = ops.attention_scratch(dims.heads, dims.head_dim, dev)
+    q = torch.randn(dims.heads, dims.head_dim, generator=gen).to(dev, torch.bfloat16)
+    attn_out = torch.empty_like(q)
+    for ctx in contexts:
+        kc = torch.randn(dims.kv_heads, ctx, dims.head_dim, generator=gen).to(dev, torch.bfloat16)
+        vc = torch.randn(dims.kv_heads, ctx, dims.head_dim, generator=gen).to(dev, torch.bfloat16)
+        pos = torch.tensor([ctx - 1], dtype=torch.int32, device=dev)
+        us = per_step[f"attention {ctx}"] = replay_us(
+            lambda: ops.decode_attention(q, kc, vc, pos, out=attn_out, scratch=scratch), dev, stream, replays)
+        yield row(f"decode attention at context {ctx} ({dims.heads}/{dims.kv_heads} heads x {dims.head_dim})", us,
+                  2 * kc.numel() * 2)
+        del kc, vc
+    logits8 = (torch.randn(dims.audio_rows, generator=gen) * 3).to(dev)
+    x_row = torch.empty(dims.hidden, dtype=torch.bfloat16, device=dev)
+    for label, settings in (("greedy", (0.0, 0, 1.0)), ("T 0.8, top-k 30, top-p 0.8", (0.8, 30, 0.8))):
+        temperature, top_k, top_p = settings
+        state, params = ops.sampler_state(7, top_k, temperature, top_p, dev)
+        hist = torch.full((8, dims.codebooks), -1, dtype=torch.int32, device=dev)  # later steps store nothing
+        us = per_step[f"sampler {label}"] = replay_us(lambda: ops.sample(logits8, audio, state, params, hist, x_row),
+                                                      dev, stream, replays)
+        yield row(f"sampler + embedding, {label}", us, logits8.numel() * 4 + dims.codebooks * dims.hidden * 2)
+    ctx = contexts[0]
+    layer = sum(per_step[f"{name} fp8"] for name, _, _ in layer_gemvs(dims)) + per_step[f"attention {ctx}"]
+    total_ms = (dims.layers * layer + per_step["head"] + per_step["sampler T 0.8, top-k 30, top-p 0.8"]) / 1e3
+    graph = (step_ms or {}).get("fp8")
+    yield Row("microbench", f"sum of one fp8 step's kernels above at context {ctx} ({dims.layers} layers)",
+              f"{total_ms:.3f} ms" + (f" vs graph step {graph:.3f} ms: {graph - total_ms:+.3f} ms overhead and "
+                                      "unlisted kernels" if graph else " (no graph step time: model section absent)"),
+              "", "INFO")
+
+
+def real_shape_rows(ops, dims: Dims, device: torch.device, gemm_rows: int = 300) -> Iterable[Row]:
+    """Correctness at the real K and N (kernels.check runs 3072×2560): every layer GEMV in fp8 and bf16,
+    and the prefill GEMM at K 2560 / 4096 / 9728 and N up to 19456, against float64 references.
+    gemm_rows=0 leaves the GEMMs out (the self-test: the CPU interpreter's bf16 `tl.dot` is defective,
+    tests/interp_rounding.py)."""
+    from kernels.check import TOL_BF16
+    from kernels.reference import linear_ref
+
+    gen = torch.Generator().manual_seed(6)
+    for name, n, k in layer_gemvs(dims):
+        for precision in ("fp8", "bf16"):
+            x, w, kw = _gemv_inputs(ops, n, k, precision, name, device, gen)
+            y = ops.gemv(x, w, **kw)
+            want = linear_ref(x.view(1, -1), w, **kw).view(-1)
+            err = float((y.double() - want).abs().max() / want.abs().max())
+            yield Row("real shapes", f"gemv {name} N {n} K {k} {precision}", f"rel err {err:.2e}", f"< {TOL_BF16:.0e}",
+                      "PASS" if err < TOL_BF16 else "FAIL")
+        if not gemm_rows:
+            continue
+        a = (torch.randn(gemm_rows, k, generator=gen)).to(device, torch.bfloat16)
+        wb = (torch.randn(n, k, generator=gen) * k ** -0.5).to(device, torch.bfloat16)
+        y = ops.gemm(a, wb)
+        want = linear_ref(a, wb)
+        err = float((y.double() - want).abs().max() / want.abs().max())
+        yield Row("real shapes", f"gemm {name} M {gemm_rows} N {n} K {k} bf16", f"rel err {err:.2e}",
+                  f"< {TOL_BF16:.0e}", "PASS" if err < TOL_BF16 else "FAIL")
+
+
+def variant_rows(dims: Dims, steps: int) -> list[Row]:
+    """Issue 16's A/B: the v1 and v2 decode steps of the cubin backend on the same GPU in one run, graph
+    replay with device sampling (sync per 50 rows, the first 50 rows are capture and warm-up)."""
+    sd = random_backbone(dims, dtype=torch.bfloat16, device="cuda", names="internal")
+    ids = torch.randint(0, 150000, (13,), generator=torch.Generator().manual_seed(3))
+    ms = {}
+    for precision in ("fp8", "bf16"):
+        for variant in ("v1", "v2"):
+            be = CubinBackend(dims, sd, ops=OPS, device="cuda", precision=precision, max_len=1024,
+                              stream=KERNELS.stream, variant=variant)
+            be.begin(be.prefill(ids, None, 0), 13, seed=0, temperature=0.8, top_k=30, top_p=0.8, max_rows=steps)
+            be.rows(50)
+            torch.cuda.synchronize()
+            t0, done = time.perf_counter(), 0
+            while done + 100 <= steps:
+                be.rows(50)
+                done += 50
+            ms[precision, variant] = 1e3 * (time.perf_counter() - t0) / max(done, 1)
+            del be
+            torch.cuda.empty_cache()
+    return step_ab_rows(ms)
+
+
+def step_ab_rows(ms: dict[tuple[str, str], float]) -> list[Row]:
+    """Whole-step ms/frame per precision, v1 and v2, and the ratio (an improvement counts only as a ratio
+    measured in one run)."""
+    return [Row(f"A/B step {p}", "decode ms/frame v1 | v2 | v1/v2", f"{ms[p, 'v1']:.3f} | {ms[p, 'v2']:.3f} | "
+                f"{ms[p, 'v1'] / ms[p, 'v2']:.2f}x", "", "INFO") for p in ("fp8", "bf16")]
+
+
 OPS = KERNELS = None
 
 
@@ -199,37 +494,230 @@ def thread_row() -> Row:
 HIDDEN_CHECK = 2560
 
 
-def main(argv=None) -> int:
+# ---------------------------------------------------------------------------------------------
+# Sections: each has its own try and time budget, so one failure costs one row, not the table. Rows are
+# printed as they come and appended to <out>/rows.jsonl, so a run cut short still returns what it had.
+
+class SectionTimeout(Exception):
+    pass
+
+
+@dataclass
+class Section:
+    name: str
+    budget_s: int
+    rows: Callable[[], Iterable[Row]]   # a generator: each row is reported as soon as it is made
+
+
+class Report:
+    """Prints each row as one line and appends it as JSON to `<out>/rows.jsonl`."""
+
+    def __init__(self, out: Path | None):
+        self.rows: list[Row] = []
+        self.path = None
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            self.path = out / "rows.jsonl"
+            self.path.write_text("")
+
+    def add(self, row: Row) -> None:
+        self.rows.append(row)
+        print(f"[{row.status or '-':4s}] {row.section} | {row.item} | {row.value}"
+              + (f" | limit {row.limit}" if row.limit else ""), flush=True)
+        if self.path is not None:
+            with self.path.open("a") as f:
+                f.write(json.dumps(asdict(row)) + "\n")
+
+
+def run_sections(sections: list[Section], report: Report) -> dict[str, str]:
+    """Run each section under its budget (SIGALRM, main thread: it interrupts Python between device calls);
+    an exception or an overrun ends that section with one FAIL row and the next section starts.
+    Returns each section's outcome: "done", "failed" or "over budget"."""
+    def on_alarm(signum, frame):
+        raise SectionTimeout()
+
+    use_alarm = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGALRM, on_alarm) if use_alarm else None
+    outcome = {}
+    try:
+        for sec in sections:
+            t0 = time.perf_counter()
+            if use_alarm:
+                signal.alarm(sec.budget_s)
+            try:
+                for row in sec.rows():
+                    report.add(row)
+                outcome[sec.name] = "done"
+            except SectionTimeout:
+                outcome[sec.name] = "over budget"
+                report.add(Row(sec.name, "time budget", f"stopped after {time.perf_counter() - t0:.0f} s",
+                               f"<= {sec.budget_s} s", "FAIL"))
+            except Exception as exc:  # one row, then the next section
+                outcome[sec.name] = "failed"
+                report.add(Row(sec.name, "section failed", f"{type(exc).__name__}: {exc}"[:200], "", "FAIL"))
+            finally:
+                if use_alarm:
+                    signal.alarm(0)
+    finally:
+        if use_alarm:
+            signal.signal(signal.SIGALRM, previous)
+    return outcome
+
+
+def preflight_rows() -> Iterable[Row]:
+    """Driver, clocks, package versions and the loader choice (ctypes and metadata only: no launch)."""
+    from importlib import metadata
+
+    from kernels.runtime import loader_choice, probe_driver
+
+    p = probe_driver()
+    yield Row("preflight", "driver", f"{p.driver or '?'} (CUDA {p.driver_cuda // 1000}.{p.driver_cuda % 1000 // 10})"
+              if p.ok else p.reason, "", "INFO")
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.limit",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=15)
+        yield Row("preflight", "nvidia-smi name, SM / max SM / mem clock, power", smi.stdout.strip() or smi.stderr.strip(),
+                  "", "INFO")
+    versions = []
+    for pkg in ("torch", "triton", "cuda-core", "cuda-bindings", "pycuda", "numpy"):
+        try:
+            versions.append(f"{pkg} {metadata.version(pkg)}")
+        except metadata.PackageNotFoundError:
+            versions.append(f"{pkg} -")
+    yield Row("preflight", "packages", ", ".join(versions), "", "INFO")
+    name, why = loader_choice()
+    yield Row("preflight", "loader", f"{name or 'none'} ({why})", "", "INFO")
+
+
+def manifest_rows(cc: int) -> Iterable[Row]:
+    """Per cubin: static + dynamic shared memory and the opt-in the loader applies (from the manifest)."""
+    m = mf.load(cc)
+    t = m.toolchain
+    yield Row("cubins", f"{m.target} toolchain", f"ptxas {t.ptxas}, ELF ABI {t.elf_abi}, driver {t.min_driver}+",
+              "", "INFO")
+    for e in m.kernels.values():
+        total = e.shared + e.static_shared
+        yield Row("cubins", e.name, f"{e.static_shared} B static + {e.shared} B dynamic"
+                  + (" (opts in)" if e.needs_smem_opt_in else ""), f"<= {mf.SMEM_OPT_IN} B or opt in",
+                  "PASS" if total <= mf.SMEM_OPT_IN or e.needs_smem_opt_in else "FAIL")
+
+
+def gpu_sections(args) -> list[Section]:
     global OPS, KERNELS
+    from kernels.runtime import CubinKernels, cubin_ops, probe_driver
+
+    state = {}
+
+    def load_rows():
+        global OPS, KERNELS
+        KERNELS = CubinKernels()
+        OPS = cubin_ops(KERNELS)
+        yield Row("setup", "loader", f"{KERNELS.loader_name} ({KERNELS.loader_reason})", "", "INFO")
+        yield Row("setup", "torch / CUDA", f"{torch.__version__} / {torch.version.cuda}", "", "INFO")
+
+    def floor_rows():
+        state["floor"] = copy_floor()
+        yield Row("setup", f"D2D copy floor on {torch.cuda.get_device_name()}", f"{state['floor'] / 1e9:.0f} GB/s",
+                  "", "INFO")
+
+    # budgets add up to 360 s: the whole run fits 6 minutes, so a 15-minute device session holds a rerun
+    cuda = torch.device("cuda")
+    sections = [Section("preflight", 20, preflight_rows),
+                Section("cubins", 10, lambda: manifest_rows(probe_driver().cc)),
+                Section("setup", 30, load_rows),
+                Section("kernels", 50, lambda: kernel_rows(KERNELS, cuda)),
+                Section("real shapes", 25, lambda: real_shape_rows(OPS, FULL_SIZE, cuda)),
+                Section("thread", 10, lambda: [thread_row()]),
+                Section("floor", 10, floor_rows)]
+    if not args.quick:
+        sections += [Section("model", 95, lambda: model_rows(FULL_SIZE, args.steps, state["floor"],
+                                                             state.setdefault("cubin_ms", {}))),
+                     Section("torch-graph", 30, lambda: torch_graph_rows(FULL_SIZE, args.steps, cuda,
+                                                                         cubin_ms=state.get("cubin_ms"))),
+                     Section("A/B step", 45, lambda: variant_rows(FULL_SIZE, args.steps))]
+    # after the model section, so the sum of kernel times can be set against its graph step time
+    sections.append(Section("microbench", 35, lambda: microbench_rows(
+        OPS, FULL_SIZE, cuda, KERNELS.stream, state.get("floor"), step_ms=state.get("cubin_ms"))))
+    return sections
+
+
+def selftest_sections() -> list[Section]:
+    """The plumbing without a GPU: the real preflight and manifest sections, the kernels package's own CPU
+    self-test, and two stand-ins that fail on purpose (an exception, an overrun) between real sections."""
+    from kernels.check import selftest_rows
+
+    def broken():
+        yield Row("stand-in", "row before the failure", "made", "", "PASS")
+        raise RuntimeError("deliberate failure (the self-test's stand-in)")
+
+    def slow():
+        yield Row("stand-in-slow", "row before the overrun", "made", "", "PASS")
+        time.sleep(30)
+        yield Row("stand-in-slow", "never reached", "", "", "FAIL")
+
+    cpu = torch.device("cpu")
+    return [Section("preflight", 20, preflight_rows),
+            Section("torch-graph", 50, lambda: torch_graph_rows(SELFTEST_DIMS, 16, cpu,
+                                                                contexts=(8, 16, 32))),
+            Section("stand-in", 10, broken),
+            Section("cubins", 10, lambda: (r for cc in mf.TARGETS for r in manifest_rows(cc))),
+            Section("stand-in-slow", 1, slow),
+            Section("kernels (CPU self-test)", 120, selftest_rows),
+            Section("real shapes", 30, lambda: real_shape_rows(interpreted_ops(), SELFTEST_DIMS, cpu, gemm_rows=0)),
+            Section("microbench", 60, lambda: microbench_rows(interpreted_ops(), SELFTEST_DIMS, cpu,
+                                                              contexts=(16, 32, 64))),
+            Section("A/B step (stand-in figures)", 5,
+                    lambda: step_ab_rows({(p, v): 1.0 for p in ("fp8", "bf16") for v in ("v1", "v2")}))]
+
+
+def interpreted_ops():
+    """`kernels.ops` on Triton's CPU interpreter: main() sets TRITON_INTERPRET for the self-test before any
+    kernel module is imported (Triton decides at import whether a kernel is interpreted)."""
+    from kernels import ops
+
+    return ops
+
+
+# A tiny random model for the self-test's torch-graph section (the real run uses FULL_SIZE).
+SELFTEST_DIMS = Dims(hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, head_dim=16, vocab=1000,
+                     rms_eps=1e-6, rope_theta=1e6, max_positions=4096)
+DELIBERATE = {("stand-in", "section failed"), ("stand-in-slow", "time budget")}
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=200, help="decode rows per correctness/benchmark run")
     ap.add_argument("--quick", action="store_true", help="kernels only (no full-size model)")
+    ap.add_argument("--out", type=Path, default=None, help="directory for rows.jsonl (one JSON row per line)")
+    ap.add_argument("--cpu-selftest", action="store_true",
+                    help="no GPU: run the plumbing (sections, isolation, JSON lines) with stand-in sections")
     args = ap.parse_args(argv)
-    from kernels.runtime import CubinKernels, available, cubin_ops
-
-    ok, reason = available()
-    if not ok:
-        print(f"no GPU check possible here: {reason}")
-        return 2
+    report = Report(args.out)
     t0 = time.perf_counter()
-    KERNELS = CubinKernels()
-    OPS = cubin_ops(KERNELS)
-    name = torch.cuda.get_device_name()
-    rows = [Row("setup", "device", reason, "", "INFO"),
-            Row("setup", "loader", KERNELS.loader_name, "pycuda preferred", "INFO"),
-            Row("setup", "torch / CUDA", f"{torch.__version__} / {torch.version.cuda}", "", "INFO")]
-    rows += kernel_rows(KERNELS, torch.device("cuda"))
-    rows.append(thread_row())
-    if not args.quick:
-        floor = copy_floor()
-        rows.append(Row("setup", f"D2D copy floor on {name}", f"{floor / 1e9:.0f} GB/s", "", "INFO"))
-        try:
-            rows += model_rows(FULL_SIZE, args.steps, floor)
-        except Exception as exc:  # report, do not lose the kernel rows
-            rows.append(Row("model", "full-size run", f"{type(exc).__name__}: {exc}"[:160], "", "FAIL"))
-    rows.append(Row("setup", "wall time", f"{time.perf_counter() - t0:.0f} s", "< 480 s", "INFO"))
-    print(format_table(rows))
-    return 1 if any(r.status == "FAIL" for r in rows) else 0
+    if args.cpu_selftest:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        outcome = run_sections(selftest_sections(), report)
+        contained = {(r.section, r.item) for r in report.rows if r.status == "FAIL"} & DELIBERATE
+        after = outcome.get("cubins") == outcome.get("kernels (CPU self-test)") == "done"
+        report.add(Row("self-test", "deliberate failures contained, later sections ran",
+                       f"{len(contained)}/{len(DELIBERATE)} contained, later sections {'ran' if after else 'MISSING'}",
+                       "", "PASS" if contained == DELIBERATE and after else "FAIL"))
+        failures = [r for r in report.rows if r.status == "FAIL" and (r.section, r.item) not in DELIBERATE]
+    else:
+        from kernels.runtime import available
+
+        ok, reason = available()
+        if not ok:
+            print(f"no GPU check possible here: {reason}")
+            return 2
+        report.add(Row("setup", "device", reason, "", "INFO"))
+        run_sections(gpu_sections(args), report)
+        failures = [r for r in report.rows if r.status == "FAIL"]
+    report.add(Row("setup", "wall time", f"{time.perf_counter() - t0:.0f} s", "< 360 s", "INFO"))
+    # the self-test's deliberate failures show as XFAIL in the table (rows.jsonl keeps what each section said)
+    print(format_table([replace(r, status="XFAIL") if args.cpu_selftest and (r.section, r.item) in DELIBERATE
+                        else r for r in report.rows]))
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

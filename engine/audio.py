@@ -16,6 +16,7 @@ import io
 import os
 import tempfile
 from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -43,8 +44,13 @@ MAX_PEAK = 0.95
 # Gains smaller than this are not applied (inaudible, and keeps preparation idempotent), unless the
 # peak is over MAX_PEAK.
 GAIN_TOLERANCE_DB = 0.5
-# Refuse to decode more than this: a reference is seconds long, an hour-long upload is a mistake.
-MAX_DECODE_SECONDS = 20 * 60
+# Decoding is bounded by work, not by duration: a 56 KB FLAC of silence can claim 8 channels at 192 kHz for
+# minutes, and decoding it whole took 0.9 GB. So the header is checked against a sample budget before any
+# decoding, the file is decoded in blocks that are mixed down to mono as they arrive, and a running count
+# stops a container that lied about its length. Memory stays O(MAX_DECODE_SAMPLES) whatever the file claims.
+MAX_DECODE_SAMPLES = 120 * 48_000  # mono samples: 2 minutes at 48 kHz (23 MB as float32)
+MAX_CHANNELS = 32
+DECODE_BLOCK = 1 << 16  # frames per block (8 channels: 2 MB of float32)
 
 
 class ReferenceAudioError(ValueError):
@@ -74,8 +80,8 @@ def load_audio(source: AudioSource, *, sample_rate: int | None = None) -> tuple[
     `source` is a path, encoded bytes, a binary file object, Gradio's `(sample_rate, ndarray)` tuple
     (int16 / int32 / float, shape [n] or [n, channels]) or a bare ndarray with `sample_rate`.
     WAV/FLAC/OGG/MP3 go through libsndfile; anything else (m4a, webm, …) through audioread/ffmpeg."""
-    data, rate = _decode(source, sample_rate)
-    return _downmix(data), rate
+    wav, rate, _ = _decode(source, sample_rate)
+    return wav, rate
 
 
 def prepare_reference(audio: AudioSource, *, sample_rate: int | None = None, max_seconds: float = 30.0,
@@ -87,11 +93,10 @@ def prepare_reference(audio: AudioSource, *, sample_rate: int | None = None, max
     zero-pad the end to whole 960-sample frames. `notes` lists, in words, what was changed."""
     if not 0 < min_seconds < max_seconds:
         raise ValueError(f"need 0 < min_seconds < max_seconds (got {min_seconds}, {max_seconds})")
-    data, rate = _decode(audio, sample_rate)
+    wav, rate, channels = _decode(audio, sample_rate)
     notes: list[str] = []
-    if data.shape[1] > 1:
-        notes.append(f"mixed {data.shape[1]} channels down to mono")
-    wav = _downmix(data)
+    if channels > 1:
+        notes.append(f"mixed {channels} channels down to mono")
 
     peak = float(np.max(np.abs(wav)))
     if peak < SILENCE_PEAK:
@@ -182,24 +187,27 @@ def _downmix(data: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(data.mean(axis=1) if data.shape[1] > 1 else data[:, 0], dtype=np.float32)
 
 
-def _decode(source: AudioSource, sample_rate: int | None) -> tuple[np.ndarray, int]:
-    """Any accepted source → (float32 [n, channels], rate), validated: non-empty, finite."""
+def _decode(source: AudioSource, sample_rate: int | None) -> tuple[np.ndarray, int, int]:
+    """Any accepted source → (float32 mono samples, rate, channels it had), validated: non-empty, finite."""
     if isinstance(source, tuple):
         if len(source) != 2 or not isinstance(source[1], np.ndarray):
             raise ReferenceAudioError("Audio given as a tuple must be (sample_rate, samples), as Gradio provides it.")
         data, rate = _from_array(source[1]), _check_rate(source[0])
+        channels, data = data.shape[1], _downmix(data)
     elif isinstance(source, np.ndarray):
         if sample_rate is None:
             raise ReferenceAudioError("Audio given as a bare array needs its sample_rate.")
         data, rate = _from_array(source), _check_rate(sample_rate)
+        channels, data = data.shape[1], _downmix(data)
     else:
-        data, rate = _decode_encoded(source)
+        data, rate, channels = _decode_encoded(source)
+    _check_size(len(data), rate, channels)
     if data.shape[0] == 0:
         raise ReferenceAudioError("The reference clip contains no samples. Choose a clip with speech in it.")
     if not np.all(np.isfinite(data)):
         raise ReferenceAudioError("The reference clip contains invalid samples (NaN or infinity). "
                                   "Re-export it from your audio editor and try again.")
-    return data, rate
+    return data, rate, channels
 
 
 def _check_rate(rate) -> int:
@@ -251,8 +259,10 @@ def _decode_encoded(source) -> tuple[np.ndarray, int]:
             raise ReferenceAudioError("The audio file is empty. Choose a recording with speech in it.")
     try:
         with sf.SoundFile(path if path is not None else io.BytesIO(payload)) as f:
-            _check_duration(f.frames, f.samplerate)
-            return f.read(dtype="float32", always_2d=True), f.samplerate
+            rate, channels = f.samplerate, f.channels
+            _check_size(f.frames, rate, channels)
+            blocks = (_downmix(b) for b in f.blocks(DECODE_BLOCK, dtype="float32", always_2d=True))
+            return _gather(blocks, rate, channels), rate, channels
     except ReferenceAudioError:
         raise
     except Exception:  # noqa: BLE001 — libsndfile cannot read it; ffmpeg may (m4a, webm, aac, …)
@@ -265,32 +275,53 @@ def _decode_encoded(source) -> tuple[np.ndarray, int]:
         return _decode_ffmpeg(Path(tmp.name))
 
 
-def _decode_ffmpeg(path: Path) -> tuple[np.ndarray, int]:
+def _decode_ffmpeg(path: Path) -> tuple[np.ndarray, int, int]:
     import audioread  # librosa's fallback decoder; only reached for formats libsndfile lacks
 
     try:
         with audioread.audio_open(str(path)) as f:
             rate, channels = int(f.samplerate), int(f.channels)
-            limit = MAX_DECODE_SECONDS * rate * channels * 2
-            chunks, size = [], 0
-            for block in f:
-                chunks.append(block)
-                size += len(block)
-                if size > limit:
-                    _check_duration(size // (2 * channels), rate)
+            if channels < 1 or rate < 1:
+                raise ReferenceAudioError("The file could not be read as audio (no channels or sample rate).")
+            duration = float(getattr(f, "duration", 0) or 0)
+            _check_size(int(duration * rate), rate, channels)
+            return _gather(_pcm_blocks(f, channels), rate, channels), rate, channels
     except ReferenceAudioError:
         raise
     except Exception as exc:  # noqa: BLE001 — every decoder failure means the same thing to the user
         raise ReferenceAudioError("The file could not be read as audio. Use WAV, FLAC, OGG, MP3 or another "
                                   f"common format ({type(exc).__name__}).") from None
-    pcm = np.frombuffer(b"".join(chunks), dtype="<i2")
-    if channels < 1 or rate < 1:
-        raise ReferenceAudioError("The file could not be read as audio (no channels or sample rate).")
-    pcm = pcm[: len(pcm) // channels * channels].reshape(-1, channels)
-    return (pcm.astype(np.float32) / 32768.0), rate
 
 
-def _check_duration(frames: int, rate: int) -> None:
-    if rate > 0 and frames / rate > MAX_DECODE_SECONDS:
-        raise ReferenceAudioError(f"The audio file is {frames / rate / 60:.0f} minutes long; a reference clip should "
-                                  "be 3-15 s of speech. Cut a short clip first.")
+def _pcm_blocks(f, channels: int) -> Iterator[np.ndarray]:
+    """audioread's 16-bit interleaved byte blocks → mono float32 blocks (a frame split across blocks is kept)."""
+    frame_bytes = 2 * channels
+    rest = b""
+    for block in f:
+        block = rest + block
+        whole = len(block) // frame_bytes * frame_bytes
+        rest = block[whole:]
+        pcm = np.frombuffer(block[:whole], dtype="<i2").reshape(-1, channels)
+        yield _downmix(pcm.astype(np.float32) / 32768.0)
+
+
+def _gather(blocks: Iterable[np.ndarray], rate: int, channels: int) -> np.ndarray:
+    """Concatenate mono blocks, stopping as soon as the running count passes the sample budget."""
+    pieces, n = [], 0
+    for block in blocks:
+        n += len(block)
+        _check_size(n, rate, channels)
+        pieces.append(block)
+    return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+
+
+def _check_size(frames: int, rate: int, channels: int) -> None:
+    """Refuse by what decoding would cost (samples, channels), before or while decoding."""
+    if channels > MAX_CHANNELS:
+        raise ReferenceAudioError(f"The audio file has {channels} channels; the limit is {MAX_CHANNELS}. "
+                                  "Export a mono or stereo clip.")
+    if frames > MAX_DECODE_SAMPLES:
+        limit_s = MAX_DECODE_SAMPLES / 48_000
+        raise ReferenceAudioError(f"The audio file is {frames / rate:.0f} s long at {rate} Hz; the limit is "
+                                  f"{MAX_DECODE_SAMPLES:,} samples ({limit_s:.0f} s at 48 kHz, longer at lower "
+                                  "rates). A reference clip should be 3-15 s of speech: cut a short clip first.")

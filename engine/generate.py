@@ -69,7 +69,9 @@ def _torch_backend(checkpoint, *, device: torch.device, dtype: torch.dtype | Non
 BACKENDS: dict[str, Callable] = {"torch": _torch_backend}
 # Backends that live in their own module, imported on first use; the module calls `register_backend`.
 # `probe(device) -> str | None` (reason it cannot run, or None) is optional on the module.
-BACKEND_MODULES = {"cubin": "engine.backends.cubin"}
+BACKEND_MODULES = {"cubin": "engine.backends.cubin", "torch-graph": "engine.backends.torch_graph"}
+# What "auto" tries on a CUDA device, fastest first; the eager torch path is the last resort.
+AUTO_ON_CUDA = ("cubin", "torch-graph")
 
 
 class BackendUnavailable(ValueError):
@@ -100,10 +102,12 @@ def _backend(name: str, device: torch.device) -> Callable:
     return BACKENDS[name]
 
 
-def _start_backend(name: str, factory: Callable, *, auto: bool, reason: str | None, make: Callable):
+def _start_backend(name: str, factory: Callable, *, auto: bool, reason: str | None, make: Callable,
+                   fallback: str = "torch"):
     """Build the chosen backend. A fast backend that fails while starting (a GPU loader that cannot
-    initialise, a cubin the driver refuses) falls back to the torch path when the user asked for "auto",
-    with the reason kept; asked for by name, it fails with one clear sentence."""
+    initialise, a cubin the driver refuses) falls back to `fallback` (which falls back to the torch path
+    in turn) when the user asked for "auto", with the reason kept; asked for by name, it fails with one
+    clear sentence."""
     try:
         return make(factory), name, reason
     except BackendUnavailable:
@@ -114,18 +118,52 @@ def _start_backend(name: str, factory: Callable, *, auto: bool, reason: str | No
         why = f"backend {name!r} failed to start ({type(exc).__name__}: {exc})"
         if not auto:
             raise BackendUnavailable(f"{why}; use backend='torch' or 'auto'") from exc
-        return make(BACKENDS["torch"]), "torch", f"{why}; using the torch path"
+        why = f"{reason}; {why}" if reason else why  # what was skipped or failed before stays said
+        if fallback == "torch":
+            return make(BACKENDS["torch"]), "torch", f"{why}; using the torch path"
+        return _start_backend(fallback, BACKENDS[fallback], auto=True, reason=f"{why}; using the {fallback} path",
+                              make=make)
+
+
+def _auto_choice(dev: torch.device) -> tuple[str, str, str | None]:
+    """What "auto" runs on `dev`: (backend, its fallback if it fails to start, why faster ones were
+    skipped). On CUDA the first usable of AUTO_ON_CUDA, then eager torch; on the CPU eager torch."""
+    if dev.type != "cuda":
+        return "torch", "torch", "no CUDA GPU: the torch reference path runs on the CPU"
+    usable, skipped = [], []
+    for candidate in AUTO_ON_CUDA:
+        try:
+            _backend(candidate, dev)
+            usable.append(candidate)
+        except BackendUnavailable as exc:
+            skipped.append(str(exc))
+    usable.append("torch")
+    reason = f"{'; '.join(skipped)}; using the {usable[0]} path" if skipped else None
+    return usable[0], usable[1] if len(usable) > 1 else "torch", reason
+
+
+class GpuUnusable(ValueError):
+    """An NVIDIA GPU is present but this torch cannot use it; the message names the fix."""
 
 
 def _device(device: str | torch.device) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """"auto" → CUDA when torch can use it. An NVIDIA GPU that torch cannot use (CPU-only torch, a driver
+    too old for torch's CUDA, an arch missing from the build) stops "auto" and "cuda" with the fix,
+    rather than quietly running a 4B model on the CPU; only an explicit "cpu" goes ahead."""
     try:
-        dev = torch.device(device)
+        dev = torch.device("cuda" if device == "auto" else device)
     except (RuntimeError, TypeError):
         raise ValueError(f"unknown device {device!r}; use 'auto', 'cpu' or 'cuda'") from None
     if dev.type not in ("cpu", "cuda"):
         raise ValueError(f"unsupported device {device!r}; use 'auto', 'cpu' or 'cuda'")
+    if dev.type == "cuda":
+        from kernels.runtime import torch_cannot_use_gpu
+
+        unusable = torch_cannot_use_gpu(dev.index or 0)
+        if unusable:
+            raise GpuUnusable(unusable)
+    if device == "auto":
+        return dev if torch.cuda.is_available() else torch.device("cpu")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was requested but no CUDA GPU is available; use device='cpu'")
     return dev
@@ -182,19 +220,7 @@ class Engine:
         dev = _device(device)
         if precision not in ("auto", "fp8", *DTYPES):
             raise ValueError(f"unknown precision {precision!r}; use 'auto', 'fp32', 'bf16', 'fp16' or 'fp8' (GPU kernels)")
-        reason = None
-        if backend == "auto":
-            name = "torch"
-            if dev.type != "cuda":
-                reason = "no CUDA GPU: the torch reference path runs on the CPU"
-            else:
-                try:
-                    _backend("cubin", dev)
-                    name = "cubin"
-                except BackendUnavailable as exc:
-                    reason = f"{exc}; using the torch path"
-        else:
-            name = backend
+        name, fallback, reason = _auto_choice(dev) if backend == "auto" else (backend, "torch", None)
         factory = _backend(name, dev)  # before reading gigabytes of weights
         ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
         dims = ckpt.dims
@@ -204,7 +230,7 @@ class Engine:
         max_len = min(DEFAULT_CACHE_LEN, dims.max_positions)
         # The backend gets the user's choice (None = auto: the cubin backend then picks fp8) and a dtype.
         model, name, reason = _start_backend(
-            name, factory, auto=backend == "auto", reason=reason,
+            name, factory, auto=backend == "auto", reason=reason, fallback=fallback,
             make=lambda f: f(ckpt, device=dev, dtype=DTYPES.get(chosen), max_len=max_len,
                              precision=None if precision == "auto" else precision))
         precision = getattr(model, "precision", chosen)
@@ -597,4 +623,4 @@ def _is_demo(root: Path) -> bool:
 
 
 __all__ = ["Engine", "Chunk", "Metrics", "SamplingParams", "HostRows", "codes_sha256", "tune_threads", "BACKENDS",
-           "register_backend", "BackendUnavailable"]
+           "register_backend", "BackendUnavailable", "GpuUnusable"]

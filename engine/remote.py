@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -139,6 +140,13 @@ def _wav_bytes(samples: np.ndarray, sample_rate: int) -> bytes:
     return buf.getvalue()
 
 
+def redact_url(url: str) -> str:
+    """`url` without its user name, password and query string, which may hold secrets."""
+    parts = urlsplit(url)
+    host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else parts.hostname or ""
+    return parts._replace(netloc=host + (f":{parts.port}" if parts.port else ""), query="", fragment="").geturl()
+
+
 class RemoteEngine:
     """The `Engine` interface the studio uses (`generate_stream`, `generate`, `encode_voice`, `info`), plus
     the server's voice routes, over HTTP. Thread-safe: one `httpx.Client` with a connection pool."""
@@ -149,10 +157,11 @@ class RemoteEngine:
                  timeout: float = 600.0, connect_timeout: float = 10.0, transport: httpx.BaseTransport | None = None):
         base = base_url.strip().rstrip("/")
         if not base.startswith(("http://", "https://")):
-            raise ValueError(f"remote server URL must start with http:// or https:// (got {base_url!r})")
+            raise ValueError(f"remote server URL must start with http:// or https:// (got {redact_url(base_url)!r})")
         if base.endswith("/v1"):
             base = base[:-3]
         self.base_url = base
+        self.shown_url = redact_url(base)  # what status panels, /health and error messages may show
         self.model = model
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(base_url=base, headers=headers, transport=transport,
@@ -166,8 +175,8 @@ class RemoteEngine:
     def info(self) -> dict[str, Any]:
         """What the studio's status panel shows; filled from the server's `/health` when it has one."""
         server = self.health()
-        return {"checkpoint": self.model, "device": self.base_url, "precision": server.get("precision") or "remote",
-                "backend": "remote", "demo": False, "remote": self.base_url,
+        return {"checkpoint": self.model, "device": self.shown_url, "precision": server.get("precision") or "remote",
+                "backend": "remote", "demo": False, "remote": self.shown_url,
                 "server_device": server.get("device"), "server_backend": server.get("backend")}
 
     def health(self) -> dict[str, Any]:
@@ -241,7 +250,7 @@ class RemoteEngine:
         try:
             response = self._http.send(request, stream=True)
         except httpx.HTTPError as exc:
-            raise RemoteError(f"Could not reach the speech server at {self.base_url}: {exc}") from None
+            raise RemoteError(f"Could not reach the speech server at {self.shown_url}: {exc}") from None
         if response.status_code >= 400:
             response.read()
             message = _error_message(response)
@@ -277,7 +286,7 @@ class RemoteEngine:
                            frames=frames, rows=0, ms_per_frame=1e3 * elapsed / max(frames, 1), prefill_ms=0.0,
                            prompt_tokens=0, reused_tokens=0, peak_mem_bytes=0, mem_kind="remote",
                            precision=precision, backend="remote",
-                           device=self.base_url, seed=seed, stop_reason=reason)
+                           device=self.shown_url, seed=seed, stop_reason=reason)
 
         pending = b""
         reason = None
@@ -297,7 +306,7 @@ class RemoteEngine:
                     state["ttfa"] = 1e3 * (time.perf_counter() - started)
                 yield Chunk(audio=audio, metrics=metrics(), final=False)
         except httpx.HTTPError as exc:
-            raise RemoteError(f"The speech stream from {self.base_url} broke off: {exc}") from None
+            raise RemoteError(f"The speech stream from {self.shown_url} broke off: {exc}") from None
         finally:
             response.close()
         tail = np.frombuffer(pending[:len(pending) // 2 * 2], dtype="<i2").astype(np.float32) / 32767.0
@@ -342,7 +351,7 @@ class RemoteEngine:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise RemoteError(f"Could not reach the speech server at {self.base_url}: {exc}") from None
+            raise RemoteError(f"Could not reach the speech server at {self.shown_url}: {exc}") from None
         if response.status_code >= 400:
             raise RemoteError(f"The speech server answered {response.status_code} to {method} {path}: "
                               f"{_error_message(response)}", response.status_code)

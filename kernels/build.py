@@ -33,9 +33,26 @@ os.environ["TRITON_DISABLE_LINE_INFO"] = "1"
 # source, options, target and Triton version, so a hit is the same cubin a fresh compile would give.
 os.environ.setdefault("TRITON_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".triton_cache"))
 
+
+def _triton_ptxas() -> str | None:
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(spec.submodule_search_locations[0]) / "backends" / "nvidia" / "bin" / "ptxas"
+    return str(path) if path.exists() else None
+
+
+# One CUDA 12.9 ptxas for every arch. Triton compiles sm_90+ with its bundled 13.x `ptxas-blackwell`,
+# whose cubins (ELF ABI 8) need an R580 driver that many H100/H200 hosts, cloud images and Spaces lack
+# (R550-R570); 12.9's cubins load on any R525+ driver (sm_120a: R570+, the first driver for that GPU).
+# Triton's wheel ships ptxas 12.9.86 as `bin/ptxas`, so no extra package is needed; TRITON_PTXAS_PATH /
+# TRITON_PTXAS_BLACKWELL_PATH set by the caller (e.g. pip's nvidia-cuda-nvcc-cu12) take precedence.
+if _triton_ptxas():
+    os.environ.setdefault("TRITON_PTXAS_BLACKWELL_PATH", os.environ.get("TRITON_PTXAS_PATH", _triton_ptxas()))
+
 # Op-family modules, in the order the decode step uses them.
 KERNEL_MODULES = tuple(f"kernels.{m}" for m in
-                       ("norm", "gemv", "rope_kv", "attention", "mlp", "head", "sampler", "gemm"))
+                       ("norm", "gemv", "rope_kv", "attention", "mlp", "head", "sampler", "gemm", "fused"))
 
 
 def source_hash(module) -> str:
@@ -89,14 +106,16 @@ def compile_spec(spec: KernelSpec, module: str, cc: int) -> tuple[bytes, mf.Kern
 
     k = triton.compile(_ast_source(spec), target=GPUTarget("cuda", cc, 32),
                        options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages,
-                                    **({} if spec.maxnreg is None else {"maxnreg": spec.maxnreg})))
+                                    **({} if spec.maxnreg_for(cc) is None else {"maxnreg": spec.maxnreg_for(cc)})))
     md = k.metadata
     if md.launch_cooperative_grid or md.launch_pdl or md.tensordesc_meta or md.tmem_size:
         raise SystemExit(f"{spec.name} sm_{cc}: needs cooperative/PDL/TMA/TMEM launch support the runtime lacks")
     cubin = k.asm["cubin"]
+    _abi, static_shared = mf.cubin_elf(cubin, md.name)
     entry = mf.KernelEntry(
         name=spec.name, symbol=md.name, cubin=f"{spec.name}.cubin", sha256=mf.sha256(cubin), module=module,
         num_warps=md.num_warps, num_stages=md.num_stages, num_ctas=md.num_ctas, shared=md.shared,
+        static_shared=static_shared,
         global_scratch_size=md.global_scratch_size, global_scratch_align=md.global_scratch_align,
         profile_scratch_size=md.profile_scratch_size, profile_scratch_align=md.profile_scratch_align,
         constexprs={k: (v if isinstance(v, (bool, int, float)) else str(v)) for k, v in spec.constexprs.items()},
@@ -113,6 +132,18 @@ def _compile_job(module: str, spec_name: str, cc: int):
     t0 = time.perf_counter()
     cubin, entry = compile_spec(spec, module, cc)
     return cc, cubin, entry, time.perf_counter() - t0
+
+
+def toolchain(cc: int, cubins: list[bytes]) -> mf.Toolchain:
+    """The ptxas Triton used for `cc`, the cubins' ELF ABI, and the oldest driver that loads them."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    version = get_ptxas(cc).version
+    abis = {mf.cubin_elf(c, "")[0] for c in cubins} or {0}
+    if len(abis) > 1:
+        raise SystemExit(f"{mf.TARGETS[cc]}: cubins with mixed ELF ABI versions {sorted(abis)}")
+    need = mf.min_driver_cuda(cc, version)
+    return mf.Toolchain(ptxas=version, elf_abi=abis.pop(), min_driver_cuda=need, min_driver=mf.DRIVER_FOR_CUDA[need])
 
 
 def build(out_root: Path, archs=ARCHS, modules=KERNEL_MODULES, jobs: int | None = None,
@@ -143,7 +174,8 @@ def build(out_root: Path, archs=ARCHS, modules=KERNEL_MODULES, jobs: int | None 
         for cubin, entry in results[cc]:
             (d / entry.cubin).write_bytes(cubin)
         m = mf.Manifest(cc=cc, target=mf.TARGETS[cc], triton=triton.__version__, sources=sources,
-                        kernels={e.name: e for _, e in results[cc]}, root=d)
+                        kernels={e.name: e for _, e in results[cc]}, root=d,
+                        toolchain=toolchain(cc, [cubin for cubin, _ in results[cc]]))
         (d / mf.MANIFEST).write_text(m.to_json())
         manifests[cc] = m
     return manifests

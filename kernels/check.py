@@ -201,6 +201,60 @@ def case_sampler(ops, dev, gen):
     return out
 
 
+def case_fused(ops, dev, gen):
+    """The v2 kernels (kernels/fused.py) at the real shapes: the GEMV prologues against float64 math on
+    the input the unfused kernels would store (bf16, or e4m3 at the static scale), and the fused attention
+    (norm + RoPE + KV write + split-K + combine) against the reference of the three v1 kernels."""
+    out = []
+    h, g = _randn(gen, HIDDEN), 1 + _randn(gen, HIDDEN, scale=0.1)
+    w = _randn(gen, 3 * 1024, HIDDEN, scale=HIDDEN ** -0.5)
+    w8, ws = _fp8_weight(ops, w.to(dev))
+    xn, _ = ref.rmsnorm_ref(h, g, EPS)
+    xs = torch.tensor([float(xn.abs().max()) * 2 / 448.0])
+    x8 = ops.quantize_fp8(xn.float(), xs).double() * xs.double()
+    y = ops.gemv2(h.to(dev), w.to(dev), prologue="norm", norm_w=g.to(dev), eps=EPS)
+    out.append(("gemv2 norm bf16", rel_max(y, ref.linear_ref(xn.to(BF16), w)), TOL_BF16))
+    y = ops.gemv2(h.to(dev), w8, prologue="norm", norm_w=g.to(dev), eps=EPS, w_scale=ws, x_scale=xs.to(dev))
+    out.append(("gemv2 norm w8a8", rel_max(y, ref.linear_ref(x8, w8.cpu(), w_scale=ws.cpu())), TOL_FP8))
+    gu = _randn(gen, 2 * INTER)
+    wd = _randn(gen, HIDDEN, INTER, scale=INTER ** -0.5)
+    wd8, wds = _fp8_weight(ops, wd.to(dev))
+    act = ref.silu_mul_ref(gu)
+    acts = torch.tensor([float(act.abs().max()) * 2 / 448.0])
+    a8 = ops.quantize_fp8(act.float(), acts).double() * acts.double()
+    r = _randn(gen, HIDDEN)
+    y = ops.gemv2(gu.to(dev), wd.to(dev), prologue="silu", residual=r.clone().to(dev))
+    out.append(("gemv2 silu bf16 +res", rel_max(y, ref.linear_ref(act.to(BF16), wd, residual=r)), TOL_BF16))
+    y = ops.gemv2(gu.to(dev), wd8, prologue="silu", w_scale=wds, x_scale=acts.to(dev), residual=r.clone().to(dev))
+    out.append(("gemv2 silu w8a8 +res", rel_max(y, ref.linear_ref(a8, wd8.cpu(), w_scale=wds.cpu(), residual=r)),
+                TOL_FP8))
+    xo = _randn(gen, HEADS * HEAD_DIM)
+    wo = _randn(gen, HIDDEN, HEADS * HEAD_DIM, scale=(HEADS * HEAD_DIM) ** -0.5)
+    wo8, wos = _fp8_weight(ops, wo.to(dev))
+    y = ops.gemv2(xo.to(dev), wo.to(dev), residual=r.clone().to(dev))
+    out.append(("gemv2 bf16 +res", rel_max(y, ref.linear_ref(xo, wo, residual=r)), TOL_BF16))
+    y = ops.gemv2(xo.to(dev), wo8, w_scale=wos, residual=r.clone().to(dev))
+    out.append(("gemv2 w8a16 +res", rel_max(y, ref.linear_ref(xo, wo8.cpu(), w_scale=wos.cpu(), residual=r)),
+                TOL_BF16))
+    for d, heads, kv in ((HEAD_DIM, HEADS, KV_HEADS), (16, 4, 2)):
+        pos, max_pos = 699, 1024
+        qkv = _randn(gen, (heads + 2 * kv) * d)
+        qn, kn = 1 + _randn(gen, d, scale=0.1), 1 + _randn(gen, d, scale=0.1)
+        cos, sin = _tables(ops, d, max_pos, "cpu")
+        kc, vc = _randn(gen, kv, max_pos, d), _randn(gen, kv, max_pos, d)
+        qr, kr, vr = ref.qk_norm_rope_ref(qkv[None], qn, kn, cos, sin, torch.tensor([pos]), heads, kv, EPS)
+        kw, vw = kc.clone(), vc.clone()
+        kw[:, pos], vw[:, pos] = kr[0].to(BF16), vr[0].to(BF16)
+        want = ref.attention_ref(qr.to(BF16), kw, vw, torch.tensor([pos]))
+        kd, vd = kc.to(dev), vc.to(dev)
+        y = ops.decode_attention_fused(qkv.to(dev), qn.to(dev), kn.to(dev), cos.to(dev), sin.to(dev),
+                                       torch.tensor([pos], dtype=torch.int32, device=dev), kd, vd, heads=heads,
+                                       eps=EPS, scratch=ops.fused_attention_scratch(heads, kv, d, dev))
+        err = max(rel_max(y.view(1, heads, d), want), rel_max(kd[:, pos], kr[0]), rel_max(vd[:, pos], vr[0]))
+        out.append((f"attention fused d{d}, {pos + 1} positions: out, k/v written", err, TOL_BF16))
+    return out
+
+
 CASES = [
     ("rmsnorm", {"rmsnorm_bf16", "rmsnorm_add_bf16", "rmsnorm_fp8", "rmsnorm_add_fp8"}, case_rmsnorm),
     ("silu_mul", {"silu_mul_bf16", "silu_mul_fp8"}, case_silu_mul),
@@ -213,6 +267,8 @@ CASES = [
     ("attention", {"decode_attn_split_d128", "attn_combine_d128", "prefill_attn_d128", "decode_attn_split_d16",
                    "attn_combine_d16", "prefill_attn_d16"}, case_attention),
     ("sampler", {"sample_embed"}, case_sampler),
+    ("fused (v2)", {"gemv2_bf16_res", "gemv2_w8a16_res", "gemv2_norm_bf16", "gemv2_norm_w8a8", "gemv2_silu_bf16_res",
+                    "gemv2_silu_w8a8_res", "decode_attn_fused_d128", "decode_attn_fused_d16"}, case_fused),
 ]
 
 
@@ -252,6 +308,95 @@ def kernel_rows(kernels, device) -> list[Row]:
                     f"{len(rec.launched)}/{len(kernels.manifest.kernels)} cubins launched"
                     + (f"; never: {', '.join(missing)}" if missing else ""), "all", "FAIL" if missing else "PASS"))
     return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# A/B: the v1 kernels against the v2 kernels that replace them (issue 16), timed side by side
+
+REAL_SHAPES = dict(hidden=HIDDEN, inter=INTER, heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM, positions=700)
+
+
+def cuda_timer(repeat: int = 20):
+    """Seconds per call of fn, from CUDA events on the current stream (the caller enters the kernels' stream)."""
+    def timer(fn) -> float:
+        fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(repeat):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / repeat
+    return timer
+
+
+def ab_pairs(ops, dev, gen, precision: str, shapes=REAL_SHAPES):
+    """(name, bytes streamed, v1 callable, v2 callable) per replaced piece of one decode layer."""
+    hid, inter, heads, kv, d = (shapes[k] for k in ("hidden", "inter", "heads", "kv_heads", "head_dim"))
+    fp8 = precision == "fp8"
+
+    def weight(n, k):
+        w = _randn(gen, n, k, scale=k ** -0.5).to(dev)
+        return _fp8_weight(ops, w) if fp8 else (w, None)
+
+    one = torch.ones(1, device=dev) * 0.02 if fp8 else None
+    h, g, r = _randn(gen, hid).to(dev), (1 + _randn(gen, hid, scale=0.1)).to(dev), _randn(gen, hid).to(dev)
+    pairs = []
+    for name, n in (("qkv (norm + gemv)", (heads + 2 * kv) * d), ("gate_up (norm + gemv)", 2 * inter)):
+        w, ws = weight(n, hid)
+        pairs.append((name, w.numel() * w.element_size(),
+                      lambda w=w, ws=ws: ops.linear(ops.rmsnorm(h, g, EPS, scale=one), w, w_scale=ws, x_scale=one),
+                      lambda w=w, ws=ws: ops.gemv2(h, w, prologue="norm", norm_w=g, eps=EPS, w_scale=ws, x_scale=one)))
+    wo, wos = weight(hid, heads * d)
+    a = _randn(gen, heads * d).to(dev)
+    pairs.append(("o_proj (+ residual)", wo.numel() * wo.element_size(),
+                  lambda: ops.linear(a, wo, w_scale=wos, residual=r, out=r),
+                  lambda: ops.gemv2(a, wo, w_scale=wos, residual=r, out=r)))
+    wd, wds = weight(hid, inter)
+    gu = _randn(gen, 2 * inter).to(dev)
+    pairs.append(("down (silu·mul + gemv + residual)", wd.numel() * wd.element_size(),
+                  lambda: ops.linear(ops.silu_mul(gu, scale=one), wd, w_scale=wds, x_scale=one, residual=r, out=r),
+                  lambda: ops.gemv2(gu, wd, prologue="silu", w_scale=wds, x_scale=one, residual=r, out=r)))
+    pos, max_pos = shapes["positions"] - 1, shapes["positions"] + 8
+    qkv = _randn(gen, (heads + 2 * kv) * d).to(dev)
+    qn, kn = (1 + _randn(gen, d, scale=0.1)).to(dev), (1 + _randn(gen, d, scale=0.1)).to(dev)
+    cos, sin = _tables(ops, d, max_pos, dev)
+    kc, vc = _randn(gen, kv, max_pos, d).to(dev), _randn(gen, kv, max_pos, d).to(dev)
+    p = torch.tensor([pos], dtype=torch.int32, device=dev)
+    scratch, fused = ops.attention_scratch(heads, d, dev), ops.fused_attention_scratch(heads, kv, d, dev)
+
+    def attention_v1():
+        q = ops.qk_norm_rope_kv(qkv[None], qn, kn, cos, sin, p, kc, vc, heads=heads, kv_heads=kv, eps=EPS)
+        return ops.decode_attention(q[0], kc, vc, p, scratch=scratch)
+
+    pairs.append((f"attention (norm + RoPE + KV + split-K + combine), {pos + 1} positions",
+                  2 * kv * (pos + 1) * d * 2, attention_v1,
+                  lambda: ops.decode_attention_fused(qkv, qn, kn, cos, sin, p, kc, vc, heads=heads, eps=EPS,
+                                                     scratch=fused)))
+    return pairs
+
+
+def ab_rows(ops, dev, gen, timer, shapes=REAL_SHAPES) -> list[Row]:
+    """Per replaced piece of a layer, FP8 and BF16: v1 and v2 time (µs), bytes over time (GB/s), ratio."""
+    rows = []
+    for precision in ("fp8", "bf16"):
+        for name, nbytes, v1, v2 in ab_pairs(ops, dev, gen, precision, shapes):
+            t1, t2 = timer(v1), timer(v2)
+            rows.append(Row("A/B kernels", f"{precision} {name}",
+                            f"v1 {t1 * 1e6:.1f} µs {nbytes / t1 / 1e9:.0f} GB/s | v2 {t2 * 1e6:.1f} µs "
+                            f"{nbytes / t2 / 1e9:.0f} GB/s | v1/v2 {t1 / t2:.2f}x", "", "INFO"))
+    return rows
+
+
+def timed_ab_rows(kernels) -> list[Row]:
+    """`ab_rows` at the real shapes on this GPU, through the cubins, timed on the kernels' stream."""
+    from kernels.runtime import cubin_ops
+
+    try:
+        with torch.cuda.stream(kernels.stream) if kernels.stream is not None else contextlib.nullcontext():
+            return ab_rows(cubin_ops(kernels), torch.device("cuda"), torch.Generator().manual_seed(2), cuda_timer())
+    except Exception as exc:  # a failure here is one row; the correctness rows above stand
+        return [Row("A/B kernels", "timing", f"{type(exc).__name__}: {exc}"[:120], "", "FAIL")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,6 +440,13 @@ def selftest_rows() -> list[Row]:
     finite = bool(torch.isfinite(y).all() and torch.isfinite(a).all()) and len(row) == 8 and row[4:] == [1024] * 4
     rows.append(Row("reference", "rmsnorm / attention / sampler refs on CPU", "finite, delay window ok" if finite
                     else "BROKEN", "", "PASS" if finite else "FAIL"))
+    # The A/B rows' plumbing (inputs, pairs, row text) with a stand-in timer that launches nothing.
+    from kernels import ops
+
+    tiny = dict(hidden=64, inter=128, heads=4, kv_heads=2, head_dim=16, positions=20)
+    ab = ab_rows(ops, "cpu", gen, timer=lambda fn: 1e-5, shapes=tiny)
+    rows.append(Row("A/B kernels", "rows with a stand-in timer (no launches)", f"{len(ab)} rows", "10",
+                    "PASS" if len(ab) == 10 and all("v1/v2 1.00x" in r.value for r in ab) else "FAIL"))
     return rows
 
 
@@ -314,6 +466,7 @@ def main(argv=None) -> int:
         kernels = CubinKernels()
         rows = [Row("setup", "device", reason, "", "INFO"), Row("setup", "loader", kernels.loader_name, "", "INFO")]
         rows += kernel_rows(kernels, torch.device("cuda"))
+        rows += timed_ab_rows(kernels)
     print(format_table(rows))
     return 1 if any(r.status == "FAIL" for r in rows) else 0
 

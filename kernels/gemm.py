@@ -33,7 +33,10 @@ def gemm_kernel(A, W, W_SCALE, A_SCALE, R, C, M, N, K, stride_am, stride_wn, str
         kmask = (k0 + rk) < K
         a = tl.load(a_ptrs + k0, mask=mmask[:, None] & kmask[None, :], other=0.0)
         w = tl.load(w_ptrs + k0, mask=kmask[:, None] & nmask[None, :], other=0.0)
-        acc = tl.dot(a, w.to(a.dtype), acc)
+        # On sm_90 Triton's default (2**30) lets FP8 wgmma accumulate in its reduced-precision
+        # accumulator over all of K; BLOCK_K promotes into the fp32 acc after every K tile, as
+        # DeepSeek-V3 §3.3.2 found necessary for K in the thousands. Ignored for bf16 and off Hopper.
+        acc = tl.dot(a, w.to(a.dtype), acc, max_num_imprecise_acc=BLOCK_K)
     if HAS_W_SCALE:
         acc = acc * tl.load(W_SCALE + rn, mask=nmask, other=0.0)[None, :]
     if HAS_A_SCALE:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 CUBIN_DIR = Path(__file__).resolve().parent / "cubin"
 MANIFEST = "manifest.json"
-SCHEMA = 1
+SCHEMA = 2
 
 # Triton emits the arch-specific targets for Hopper and consumer Blackwell (KERNELS.md §1e), so an
 # sm_90a cubin loads only on CC 9.0 and an sm_120a cubin only on CC 12.0 (not on 12.1).
@@ -29,6 +29,16 @@ HIDDEN_PARAMS = ("global_scratch", "profile_scratch")
 # byte offsets the driver sees; tests compare them with the cubin's own EIATTR_KPARAM_INFO.
 SCALAR_CODES = {"i32": "i", "u32": "I", "i64": "q", "u64": "Q", "fp32": "f", "fp64": "d"}
 POINTER_CODE = "P"
+
+# Above this much shared memory per block (static + dynamic) a kernel must opt in with
+# CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES before its launch, or the launch fails.
+SMEM_OPT_IN = 48 * 1024
+
+# The first CUDA (driver API version) that knows each arch, and the driver release that ships it (CUDA
+# Toolkit Release Notes, Table 3). A cubin also needs a driver of its ptxas' major version: within one
+# major, CUDA's minor-version compatibility loads cubins from a newer 12.x ptxas on any R525+ driver.
+ARCH_FIRST_CUDA = {89: 11080, 90: 12000, 120: 12080}
+DRIVER_FOR_CUDA = {11080: "520.61.05", 12000: "525.60.13", 12080: "570.26", 13000: "580.65.06"}
 
 
 class ManifestError(ValueError):
@@ -82,6 +92,7 @@ class KernelEntry:
     num_stages: int
     num_ctas: int
     shared: int            # dynamic shared memory bytes (sharedMemBytes at launch)
+    static_shared: int     # static shared memory bytes, read from the cubin's .nv.shared.* sections
     global_scratch_size: int
     global_scratch_align: int
     profile_scratch_size: int
@@ -93,6 +104,11 @@ class KernelEntry:
     @property
     def block(self) -> tuple[int, int, int]:
         return (32 * self.num_warps, 1, 1)
+
+    @property
+    def needs_smem_opt_in(self) -> bool:
+        """Static + dynamic shared memory above 48 KiB: the launcher must raise the dynamic limit first."""
+        return self.shared + self.static_shared > SMEM_OPT_IN
 
     @property
     def user_params(self) -> tuple[Param, ...]:
@@ -117,6 +133,16 @@ class KernelEntry:
 
 
 @dataclass(frozen=True)
+class Toolchain:
+    """What built one target's cubins, and the driver they need."""
+
+    ptxas: str             # e.g. "12.9.86"
+    elf_abi: int           # the cubins' ELF ABI version (e_ident[EI_ABIVERSION]): 7 from 12.x ptxas, 8 from 13.x
+    min_driver_cuda: int   # cuDriverGetVersion must be at least this (e.g. 12080)
+    min_driver: str        # the first driver release with that CUDA (e.g. "570.26")
+
+
+@dataclass(frozen=True)
 class Manifest:
     cc: int
     target: str
@@ -124,15 +150,48 @@ class Manifest:
     sources: dict          # module -> sha256 of its source text
     kernels: dict          # spec name -> KernelEntry
     root: Path
+    toolchain: Toolchain
 
     def cubin_bytes(self, name: str) -> bytes:
         return (self.root / self.kernels[name].cubin).read_bytes()
 
     def to_json(self) -> str:
         doc = {"schema": SCHEMA, "cc": self.cc, "target": self.target, "triton": self.triton,
+               "toolchain": dict(self.toolchain.__dict__),
                "sources": dict(sorted(self.sources.items())),
                "kernels": {n: self.kernels[n].to_json() for n in sorted(self.kernels)}}
         return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+
+def cubin_elf(cubin: bytes, symbol: str) -> tuple[int, int]:
+    """(ELF ABI version, static shared memory bytes of `symbol`) read from a cubin's ELF64 header and
+    section table: `.nv.shared.<symbol>` plus ptxas' `.nv.shared.reserved.*` (what `cuobjdump -res-usage`
+    reports as SHARED, and the reserved bytes it leaves out but the block still occupies)."""
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
+        raise ManifestError(f"{symbol}: not an ELF64 cubin")
+    abi = cubin[8]
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+
+    def section(i):
+        name, _type, _flags, _addr, _off, size = struct.unpack_from("<IIQQQQ", cubin, shoff + i * shentsize)
+        return name, size
+
+    strtab_off, = struct.unpack_from("<Q", cubin, shoff + shstrndx * shentsize + 0x18)
+    static = 0
+    for i in range(shnum):
+        name_off, size = section(i)
+        end = cubin.index(b"\0", strtab_off + name_off)
+        name = cubin[strtab_off + name_off:end].decode()
+        if name == f".nv.shared.{symbol}" or name.startswith(".nv.shared.reserved."):
+            static += size
+    return abi, static
+
+
+def min_driver_cuda(cc: int, ptxas_version: str) -> int:
+    """The oldest driver (as cuDriverGetVersion reports it) that loads `cc` cubins from this ptxas."""
+    major = int(ptxas_version.split(".")[0])
+    return max(ARCH_FIRST_CUDA[cc], major * 1000)
 
 
 def make_params(signature: dict[str, str]) -> tuple[Param, ...]:
@@ -183,4 +242,4 @@ def load(cc: int, root: Path = CUBIN_DIR, *, verify_hashes: bool = True) -> Mani
     if problems:
         raise ManifestError(f"{path}: " + "; ".join(problems))
     return Manifest(cc=cc, target=target, triton=doc["triton"], sources=doc["sources"], kernels=kernels,
-                    root=path.parent)
+                    root=path.parent, toolchain=Toolchain(**doc["toolchain"]))

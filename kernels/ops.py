@@ -21,6 +21,8 @@ import triton
 from kernels.attention import DECODE_OPTIONS, DECODE_TILES, LOG2E, PREFILL_OPTIONS, PREFILL_TILES, \
     attn_combine_kernel, decode_attn_split_kernel, prefill_attn_kernel
 from kernels.common import FP8_MAX
+from kernels.fused import GEMV2_TILES, PROLOGUE_NONE, PROLOGUE_NORM, PROLOGUE_SILU, decode_attn_fused_kernel, \
+    gemv2_kernel
 from kernels.gemm import GEMM_STAGES, GEMM_TILES, gemm_kernel
 from kernels.gemv import GEMV_TILES, gemv_kernel
 from kernels.head import HEAD_TILES, audio_head_kernel
@@ -88,6 +90,25 @@ def gemv(x, w, *, w_scale=None, x_scale=None, out=None, residual=None, out_dtype
                       residual if residual is not None else out, out, n, k, w.stride(0),
                       HAS_W_SCALE=w_scale is not None, HAS_X_SCALE=x_scale is not None,
                       HAS_RESIDUAL=residual is not None, num_warps=4, **tiles)
+    return out
+
+
+def gemv2(x, w, *, prologue: str = "none", norm_w=None, eps: float = 0.0, w_scale=None, x_scale=None, out=None,
+          residual=None):
+    """The v2 GEMV (kernels/fused.py): y[N] = f(x) · w[N, K]ᵀ, bf16 out, where f is
+    "none": x [K] as given; "norm": rmsnorm(x [K]) · norm_w, rounded to bf16 or, with `x_scale`, quantised
+    to FP8; "silu": x [2K] = [gate | up] → silu(gate)·up, rounded or quantised the same way."""
+    n, k = w.shape
+    mode = {"none": PROLOGUE_NONE, "norm": PROLOGUE_NORM, "silu": PROLOGUE_SILU}[prologue]
+    assert x.numel() == (2 * k if mode == PROLOGUE_SILU else k), f"gemv2: x has {x.numel()} elements for K = {k}"
+    if out is None:
+        out = torch.empty(n, dtype=torch.bfloat16, device=x.device)
+    tiles = GEMV2_TILES["fp8" if w.dtype == FP8 else "bf16"]
+    gemv2_kernel[(triton.cdiv(n, tiles["BLOCK_N"]),)](
+        x, norm_w if norm_w is not None else out, w, w_scale if w_scale is not None else out,
+        x_scale if x_scale is not None else out, residual if residual is not None else out, out, n, k, eps,
+        w.stride(0), PROLOGUE=mode, HAS_W_SCALE=w_scale is not None, HAS_X_SCALE=x_scale is not None,
+        HAS_RESIDUAL=residual is not None, num_warps=4, **tiles)
     return out
 
 
@@ -165,6 +186,27 @@ def decode_attention(q, k_cache, v_cache, pos, *, out=None, scratch=None):
         k_cache.stride(0), k_cache.stride(1), HEAD_DIM=d, **DECODE_OPTIONS, **DECODE_TILES)
     attn_combine_kernel[(heads,)](m_part, l_part, acc_part, out, HEAD_DIM=d,
                                   NUM_SPLITS=DECODE_TILES["NUM_SPLITS"], num_warps=2)
+    return out
+
+
+def fused_attention_scratch(heads: int, kv_heads: int, head_dim: int, device):
+    """`attention_scratch` plus the per-kv-head ticket counters of `decode_attention_fused` (zero between
+    launches: the last program of each kv head resets its counter)."""
+    return (*attention_scratch(heads, head_dim, device), torch.zeros(kv_heads, dtype=torch.int32, device=device))
+
+
+def decode_attention_fused(qkv, q_norm, k_norm, cos, sin, pos, k_cache, v_cache, *, heads: int, eps: float,
+                           scratch, out=None):
+    """One decode row in one launch: q/k RMSNorm + RoPE of the fused qkv row [(heads + 2·kv_heads)·D], its
+    k/v written into the caches at pos[0], attention over [0, pos[0]] and the split-K combine → [heads, D]."""
+    kv_heads, _, d = k_cache.shape
+    if out is None:
+        out = torch.empty((heads, d), dtype=torch.bfloat16, device=qkv.device)
+    m_part, l_part, acc_part, count = scratch
+    decode_attn_fused_kernel[(kv_heads, DECODE_TILES["NUM_SPLITS"])](
+        qkv, q_norm, k_norm, cos, sin, pos, k_cache, v_cache, m_part, l_part, acc_part, count, out,
+        LOG2E / math.sqrt(d), eps, heads // kv_heads, heads, kv_heads, k_cache.stride(0), k_cache.stride(1),
+        HEAD_DIM=d, **DECODE_OPTIONS, **DECODE_TILES)
     return out
 
 

@@ -13,6 +13,12 @@ sharing has to go that way round. Where PyCUDA is not installed or fails to init
 loads the same cubins and launches on a torch stream directly. Graphs are captured with torch on that
 shared stream: capture happens in the driver, so it records either loader's cuLaunchKernel calls.
 
+Every launching thread makes the primary context current once (`ThreadContext`), since the studio
+launches from worker threads; kernels run on a non-blocking stream, and graphs are captured in
+"thread_local" error mode, so other threads' CUDA calls neither serialise with nor invalidate them.
+
+    python -m kernels.runtime                 # which loader, and whether the cubin path can run here
+
 Probe first. With no driver, `cuda.core`'s `ObjectCode.from_cubin` fails in a way that leaves a lock
 held and the next driver call hangs (KERNELS.md §4), so `available()` asks libcuda itself through
 ctypes before anything imports PyCUDA or cuda.core.
@@ -25,12 +31,13 @@ import functools
 import importlib.util
 import os
 import struct
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from kernels import compat
 from kernels import manifest as mf
 
-_SMEM_OPT_IN = 48 * 1024  # above this a kernel must opt in to dynamic shared memory
 
 # Triton pointer type -> torch dtype name, to refuse a tensor of the wrong dtype before it reaches a kernel.
 _POINTER_DTYPES = {"*bf16": "bfloat16", "*fp16": "float16", "*fp32": "float32", "*fp8e4nv": "float8_e4m3fn",
@@ -47,6 +54,8 @@ class Probe:
     reason: str
     cc: int | None = None
     name: str = ""
+    driver_cuda: int = 0     # cuDriverGetVersion: the newest CUDA the driver supports, e.g. 12080
+    driver: str = ""         # the driver's release, e.g. "570.86.15" (NVML), "" when NVML is absent
 
 
 def _cc_text(cc: int) -> str:
@@ -66,6 +75,9 @@ def probe_driver(device: int = 0) -> Probe:
             return s.value.decode()
         return f"CUresult {code}"
 
+    version = ctypes.c_int()
+    get_version = getattr(cuda, "cuDriverGetVersion", None)  # absent from some stub libraries
+    driver_cuda = version.value if get_version is not None and get_version(ctypes.byref(version)) == 0 else 0
     rc = cuda.cuInit(0)
     if rc == 34:   # CUDA_ERROR_STUB_LIBRARY
         return Probe(False, "libcuda.so.1 is a stub library: no NVIDIA driver is installed")
@@ -85,7 +97,28 @@ def probe_driver(device: int = 0) -> Probe:
             or cuda.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev)):  # COMPUTE_CAPABILITY_MINOR
         return Probe(False, f"could not read the compute capability of CUDA device {device}")
     cuda.cuDeviceGetName(name, 256, dev)
-    return Probe(True, "", cc=major.value * 10 + minor.value, name=name.value.decode(errors="replace"))
+    return Probe(True, "", cc=major.value * 10 + minor.value, name=name.value.decode(errors="replace"),
+                 driver_cuda=driver_cuda, driver=_driver_release())
+
+
+def _driver_release() -> str:
+    """The driver's release number (what `nvidia-smi` prints) through NVML; "" when NVML is absent."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        buf = ctypes.create_string_buffer(96)
+        if nvml.nvmlInit_v2() == 0 and nvml.nvmlSystemGetDriverVersion(buf, 96) == 0:
+            return buf.value.decode(errors="replace")
+    except (OSError, AttributeError):
+        pass
+    return ""
+
+
+def torch_cannot_use_gpu(device: int = 0) -> str | None:
+    """One paragraph when an NVIDIA GPU is present but this torch cannot use it (CPU-only build, driver
+    too old for torch's CUDA, compute capability missing from the build); None otherwise."""
+    import torch
+
+    return compat.torch_mismatch(probe_driver(device), torch)
 
 
 def loader_candidates() -> list[str]:
@@ -101,6 +134,16 @@ def loader_candidates() -> list[str]:
     return out
 
 
+def loader_choice() -> tuple[str | None, str]:
+    """(loader the cubin path would use, why): PyCUDA where it is installed, else cuda-core."""
+    found = loader_candidates()
+    if not found:
+        return None, "neither PyCUDA nor cuda-core is installed (pip install -r requirements.txt)"
+    if found[0] == "pycuda":
+        return "pycuda", "PyCUDA is installed, the preferred loader"
+    return "cuda.core", "PyCUDA is not installed; cuda-core loads the same cubins"
+
+
 @functools.cache
 def _available(device: int, root: str) -> tuple[bool, str]:
     p = probe_driver(device)
@@ -110,16 +153,20 @@ def _available(device: int, root: str) -> tuple[bool, str]:
         m = mf.load(p.cc, Path(root))
     except mf.ManifestError as exc:
         return False, f"{p.name}: {exc}"
+    too_old = compat.cubin_driver_problem(p.name, p.driver_cuda or None, m.toolchain.min_driver_cuda,
+                                          m.toolchain.min_driver, m.target)
+    if too_old:
+        return False, too_old
     try:
         import torch
     except ImportError:
         return False, "torch is not installed"
     if not torch.cuda.is_available():
         return False, f"{p.name} is present but this torch build has no CUDA (torch {torch.__version__})"
-    loaders = loader_candidates()
-    if not loaders:
-        return False, f"{p.name}: neither PyCUDA nor cuda-core is installed (pip install -r requirements-gpu.txt)"
-    return True, f"{p.name} (CC {_cc_text(p.cc)}): {len(m.kernels)} {m.target} cubins, loader {loaders[0]}"
+    loader, why = loader_choice()
+    if loader is None:
+        return False, f"{p.name}: {why}"
+    return True, f"{p.name} (CC {_cc_text(p.cc)}): {len(m.kernels)} {m.target} cubins, loader {loader} ({why})"
 
 
 def available(device: int = 0, root: Path = mf.CUBIN_DIR) -> tuple[bool, str]:
@@ -198,8 +245,46 @@ def grid3(grid) -> tuple[int, int, int]:
 # ---------------------------------------------------------------------------------------------
 # Loaders
 
+CU_STREAM_NON_BLOCKING = 1  # no implicit sync with the legacy default stream (cuStreamCreate flags)
+
+
+class ThreadContext:
+    """Makes the device's primary context (the one torch uses) current once per launching thread.
+
+    A driver-API launch runs in the calling thread's current context. PyCUDA makes the primary context
+    current only on the thread that imported `pycuda.autoprimaryctx`, and the studio launches from its
+    worker threads; so each thread sets it once (a thread-local flag), never per launch. `driver` is
+    libcuda through ctypes, or a fake in the CPU tests."""
+
+    def __init__(self, device: int, driver=None):
+        self.driver = driver if driver is not None else ctypes.CDLL("libcuda.so.1")
+        self.device = device
+        self._local = threading.local()
+        self._ctx = None
+
+    def _check(self, rc: int, what: str) -> None:
+        if rc:
+            raise RuntimeError(f"{what} failed on CUDA device {self.device} (CUresult {rc})")
+
+    def ensure(self) -> None:
+        if getattr(self._local, "current", False):
+            return
+        d = self.driver
+        if self._ctx is None:
+            dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+            self._check(d.cuDeviceGet(ctypes.byref(dev), self.device), "cuDeviceGet")
+            self._check(d.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+            self._ctx = ctx
+        self._check(d.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+        self._local.current = True
+
+
+def open_driver_api(device: int) -> ThreadContext:
+    return ThreadContext(device)
+
+
 class PyCudaLoader:
-    """PyCUDA on the primary context; torch adopts PyCUDA's stream."""
+    """PyCUDA on the primary context; torch adopts PyCUDA's (non-blocking) stream."""
 
     name = "pycuda"
     device_type = "cuda"
@@ -213,18 +298,21 @@ class PyCudaLoader:
         import pycuda.driver as drv
 
         self.drv = drv
-        self.pycuda_stream = drv.Stream()
+        self.context = open_driver_api(device)
+        self.context.ensure()
+        self.pycuda_stream = drv.Stream(CU_STREAM_NON_BLOCKING)
         self.stream = torch.cuda.ExternalStream(self.pycuda_stream.handle, device=torch.device("cuda", device))
 
     def load(self, cubin: bytes, entry: mf.KernelEntry):
         module = self.drv.module_from_buffer(cubin)
         fn = module.get_function(entry.symbol)
-        if entry.shared > _SMEM_OPT_IN:
+        if entry.needs_smem_opt_in:
             fn.set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, entry.shared)
         fn.prepare(entry.struct_format)
         return module, fn
 
     def launch(self, handle, grid, block, shared: int, packed: Packed) -> None:
+        self.context.ensure()
         handle[1].prepared_async_call(grid, block, self.pycuda_stream, *packed.values, shared_size=shared)
 
 
@@ -249,12 +337,14 @@ class CudaCoreLoader:
         self.ObjectCode, self.LaunchConfig, self._launch = ObjectCode, LaunchConfig, launch
         self.device = device
         Device(device).set_current()  # the primary context, as torch uses
+        self.context = open_driver_api(device)
+        # torch creates its pool streams with cudaStreamNonBlocking: no implicit sync with stream 0
         self.stream = torch.cuda.Stream(device=torch.device("cuda", device))
 
     def load(self, cubin: bytes, entry: mf.KernelEntry):
         obj = self.ObjectCode.from_cubin(cubin)
         kernel = obj.get_kernel(entry.symbol)
-        if entry.shared > _SMEM_OPT_IN:
+        if entry.needs_smem_opt_in:
             (err,) = self.driver.cuKernelSetAttribute(
                 self.driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, entry.shared,
                 kernel.handle, self.driver.CUdevice(self.device))
@@ -264,6 +354,7 @@ class CudaCoreLoader:
         return obj, kernel, types
 
     def launch(self, handle, grid, block, shared: int, packed: Packed) -> None:
+        self.context.ensure()
         _, kernel, types = handle
         args = [t(v) for t, v in zip(types, packed.values)]
         self._launch(self.stream, self.LaunchConfig(grid=grid, block=block, shmem_size=shared), kernel, *args)
@@ -273,14 +364,22 @@ LOADERS = {"pycuda": PyCudaLoader, "cuda.core": CudaCoreLoader}
 
 
 def open_loader(device: int, preference: str = "auto"):
-    """First loader that initialises; RuntimeError listing why each failed."""
-    names = loader_candidates() if preference == "auto" else [preference]
+    """First loader that initialises, with `.why` saying why it was chosen; RuntimeError listing why
+    each failed."""
+    if preference == "auto":
+        _, why = loader_choice()
+        names = loader_candidates()
+    else:
+        names, why = [preference], "asked for by name"
     failures = []
     for name in names:
         try:
-            return LOADERS[name](device)
+            loader = LOADERS[name](device)
         except Exception as exc:  # ImportError, pycuda.driver.Error, cuda errors: try the next one
             failures.append(f"{name}: {type(exc).__name__}: {exc}")
+            continue
+        loader.why = why if not failures else f"{'; '.join(failures)}; {name} loads the same cubins"
+        return loader
     raise RuntimeError("no cubin loader could start (" + ("; ".join(failures) or "none installed") + ")")
 
 
@@ -313,6 +412,10 @@ class _Kernel:
         self.runtime.loader.launch(self.handle, g, self.entry.block, self.entry.shared, packed)
 
 
+class CubinLoadError(RuntimeError):
+    """A cubin the driver would not load; the message names the kernel and the driver's error."""
+
+
 class CubinKernels:
     """The committed cubins for one device, by KernelSpec name: `k.launch(name, grid, *args)` or
     `k[name](grid, *args)`. Launches go to `k.stream` (a torch stream); run torch work on it too."""
@@ -328,12 +431,22 @@ class CubinKernels:
         self.device = f"cuda:{device}" if loader.device_type == "cuda" else loader.device_type
         self.manifest = mf.load(cc, root)
         self.stream = loader.stream
-        self._kernels = {name: _Kernel(e, loader.load(self.manifest.cubin_bytes(name), e), self)
-                         for name, e in self.manifest.kernels.items()}
+        self._kernels = {}
+        for name, e in self.manifest.kernels.items():  # one by one: a refusal names its kernel
+            try:
+                handle = loader.load(self.manifest.cubin_bytes(name), e)
+            except Exception as exc:  # the driver's error type depends on the loader
+                raise CubinLoadError(f"the driver refused kernel {name} ({self.manifest.target}, {e.symbol}) "
+                                     f"with the {loader.name} loader: {type(exc).__name__}: {exc}") from exc
+            self._kernels[name] = _Kernel(e, handle, self)
 
     @property
     def loader_name(self) -> str:
         return self.loader.name
+
+    @property
+    def loader_reason(self) -> str:
+        return getattr(self.loader, "why", "")
 
     def __contains__(self, name: str) -> bool:
         return name in self._kernels
@@ -359,7 +472,9 @@ def capture_graph(fn, stream, *, warmup: int = 2, pool=None):
             fn()
     stream.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream, pool=pool):
+    # thread_local: another thread's CUDA call (the studio serves requests from several) cannot
+    # invalidate this capture, while this thread's own unsafe calls still fail it.
+    with torch.cuda.graph(graph, stream=stream, pool=pool, capture_error_mode="thread_local"):
         fn()
     return graph
 
@@ -473,3 +588,19 @@ class InterpretedKernels:
         named = {p.name: a for p, a in zip(e.user_params, args)}
         self._fns[name][grid3(grid)](**named, **e.constexprs, num_warps=e.num_warps, num_stages=e.num_stages)
         self.launches.append(name)
+
+
+def main() -> int:
+    """Report the loader in use and why, then whether the cubin path can run here (never hangs)."""
+    name, why = loader_choice()
+    print(f"loader: {name or 'none'} ({why})")
+    ok, reason = available()
+    print(f"cubin path: {'available' if ok else 'unavailable'}: {reason}")
+    unusable = torch_cannot_use_gpu()
+    if unusable:
+        print(unusable)
+    return 0 if ok else 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

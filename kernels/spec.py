@@ -33,8 +33,13 @@ class KernelSpec:
     divisibility_16: tuple[str, ...] = ()  # pointer / int params known to be multiples of 16 (alignment hints)
     # ptxas' register cap (.maxnreg). Without one, ptxas may spill a value to stay under an occupancy
     # step it guesses from registers alone; a kernel whose occupancy is set by shared memory or its grid
-    # states its budget here instead. Compile-only: it is baked into the cubin.
-    maxnreg: int | None = None
+    # states its budget here instead. Compile-only: it is baked into the cubin. A dict gives it per arch
+    # (compute capability -> cap; an arch not listed is uncapped), for kernels where one cap spills on
+    # one arch and not on another.
+    maxnreg: int | dict[int, int] | None = None
+
+    def maxnreg_for(self, cc: int) -> int | None:
+        return self.maxnreg.get(cc) if isinstance(self.maxnreg, dict) else self.maxnreg
 
     @property
     def params(self) -> list[str]:

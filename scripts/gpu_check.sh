@@ -7,12 +7,22 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 
-# No driver or no GPU: say why and stop before installing anything (ctypes probe, never hangs).
+# The plumbing on any machine (CI): sections, per-section isolation, JSON lines; no GPU, no install.
+if [ "${1:-}" = "--cpu-selftest" ]; then
+    exec $PY -m bench.gpu_check "$@"
+fi
+
+# No driver or no GPU: say why and stop before installing anything (ctypes probe, never hangs). A GPU
+# that this torch cannot use (CPU-only build, driver too old for its CUDA, arch not in the build) gets the
+# same paragraph as Engine.load, with the pip line that fits the driver.
 $PY -c "
 import sys
-from kernels.runtime import probe_driver
+from kernels.runtime import probe_driver, torch_cannot_use_gpu
 p = probe_driver()
-sys.exit(0) if p.ok else sys.exit(print('no GPU check possible here:', p.reason) or 2)"
+if not p.ok:
+    sys.exit(print('no GPU check possible here:', p.reason) or 2)
+why = torch_cannot_use_gpu()
+sys.exit(print(why) or 2) if why else None"
 
 # PyCUDA is the product's loader; it builds from source against the CUDA headers. Where that fails
 # (no toolkit), cuda-core's binary wheels load the same cubins.
@@ -24,6 +34,6 @@ if ! $PY -c "import pycuda" 2>/dev/null; then
     fi
 fi
 $PY -c "import pycuda" 2>/dev/null || $PY -c "import cuda.core" 2>/dev/null || \
-    timeout 120 $PY -m pip install --quiet "cuda-python>=13.0" "cuda-core>=0.3"
+    timeout 120 $PY -m pip install --quiet "cuda-core>=0.3" "cuda-bindings>=12.8"
 
 exec timeout 480 $PY -m bench.gpu_check "$@"

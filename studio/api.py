@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import hmac
+import dataclasses
 import json
 import logging
 import re
@@ -50,10 +50,12 @@ from engine.audio import ReferenceAudioError, load_audio
 from engine.config import SAMPLE_RATE
 from engine.generate import codes_sha256
 from engine.types import DEFAULT_REPEAT_GUARD
+from studio.access import Access
 from studio.formats import MIME, STREAM_FORMATS, FormatError, StreamEncoder, available_formats, encode_audio, to_pcm16
 from studio.presets import check_style_prefix
+from studio.longform import MAX_LONG_INPUT_CHARS, stream_long, wants_long_form
 from studio.service import MAX_TEXT_CHARS, ServiceBusy, ServiceClosed, SynthesisRequest
-from studio.voices import DEFAULT_CONSENT_STATEMENT, Consent, VoiceNotFound
+from studio.voices import DEFAULT_CONSENT_STATEMENT, Consent, VoiceError, VoiceNotFound
 
 log = logging.getLogger("higgs.api")
 
@@ -67,6 +69,10 @@ MAX_UPLOAD_BYTES = 10 * 1024 * 1024  # reference clips: Boson's and SGLang-Omni'
 # before it is parsed.
 MAX_JSON_BYTES = 16 * 1024 * 1024
 FORM_OVERHEAD = 64 * 1024  # multipart boundaries and the small text fields around the clip
+MB = 2 ** 20  # sizes are stated in MB of 2**20 bytes, as the docs state the limits
+CONSENT_YES = ("true", "yes", "1", "on")
+CONSENT_STATEMENT_WORDS = 3  # a statement is a sentence ("The speaker agreed."), not a word ("n", "ok")
+_NEGATIONS = frozenset("no not nope never none false deny denied refuse refused without don't dont isn't".split())
 SPEED_RANGE = (0.25, 4.0)
 REQUEST_TIMEOUT_S = 600.0
 STREAMED_FORMATS = ("pcm", "wav", *STREAM_FORMATS)  # sent as the take is decoded; flac waits for the whole take
@@ -87,8 +93,9 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def response(self) -> JSONResponse:
-        kind = {401: "authentication_error", 404: "not_found_error", 503: "server_busy", 504: "timeout"}.get(
-            self.status, "invalid_request_error" if self.status < 500 else "server_error")
+        kinds = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 503: "server_busy",
+                 504: "timeout"}
+        kind = kinds.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
         body = {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
@@ -116,6 +123,7 @@ class SpeechRequest(BaseModel):
     max_frames: int | None = None
     max_new_tokens: int | None = None  # SGLang-Omni / vLLM-Omni name for max_frames
     repeat_guard: int | None = DEFAULT_REPEAT_GUARD  # stop a take whose last N frames repeat; null disables it
+    voices: dict[str, str | None] | None = None  # long form: a script's speakers → saved voices (docs/API.md)
     ref_audio: str | None = None
     ref_text: str | None = None
 
@@ -180,7 +188,7 @@ def decode_ref_audio(value: str) -> bytes:
     except (binascii.Error, ValueError):
         raise ApiError(400, "`ref_audio` is not valid base64.", param="ref_audio") from None
     if len(data) > MAX_UPLOAD_BYTES:
-        raise ApiError(413, f"`ref_audio` is {len(data) / 1e6:.1f} MB; the limit is {MAX_UPLOAD_BYTES // 2**20} MB.",
+        raise ApiError(413, f"`ref_audio` is {len(data) / MB:.1f} MB; the limit is {MAX_UPLOAD_BYTES // MB} MB.",
                        param="ref_audio")
     return data
 
@@ -188,19 +196,20 @@ def decode_ref_audio(value: str) -> bytes:
 # ---------------------------------------------------------------------------------------------- voices
 
 def voice_json(voice) -> dict[str, Any]:
-    """One saved voice (`studio.voices.Voice`) as the API shows it (the same fields in both list shapes)."""
+    """One saved or preset voice (`studio.voices.Voice`) as the API shows it (the same fields in both list shapes)."""
     try:
         created = int(datetime.fromisoformat(voice.created).timestamp())
     except (TypeError, ValueError):
         created = None
     return {"id": voice.id, "object": "audio.voice", "name": voice.name, "ref_text": voice.transcript or None,
             "description": voice.description or None, "style": voice.style or None, "seed": voice.seed,
-            "seconds": round(voice.seconds, 2), "created_at": created}
+            "seconds": round(voice.seconds, 2), "created_at": created,
+            "preset": voice.preset}  # one of the owner's preset voices: read-only
 
 
 _DEFAULT_VOICE_JSON = {"id": DEFAULT_VOICE, "object": "audio.voice", "name": "Default (zero-shot)", "ref_text": None,
                        "description": "The model's own voice, no reference clip.", "style": None, "seed": None,
-                       "seconds": None, "created_at": None}
+                       "seconds": None, "created_at": None, "preset": False}
 
 
 @dataclass
@@ -263,8 +272,29 @@ def metric_headers(metrics, seed, *, final: bool, codes=None) -> dict[str, str]:
     return headers
 
 
-def _ascii_header(text: str) -> str:
-    return text.encode("ascii", "replace").decode().replace("\n", " ")[:1000]
+MAX_HEADER_CHARS = 1000
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+def header_value(value: object) -> str:
+    """Any value as a safe HTTP header value: ASCII, no control characters (a `\\r` or NUL from a tag would
+    make the server drop the response), at most MAX_HEADER_CHARS characters."""
+    text = str(value).encode("ascii", "replace").decode()
+    return _CONTROL_RE.sub(" ", text).strip()[:MAX_HEADER_CHARS]
+
+
+def check_consent(value: str) -> str:
+    """The consent field → the statement stored with the voice; an ApiError unless it is an explicit yes."""
+    value = value.strip()
+    words = value.lower().replace(",", " ").replace(".", " ").split()
+    if value.lower() in CONSENT_YES:
+        return DEFAULT_CONSENT_STATEMENT
+    if len(words) >= CONSENT_STATEMENT_WORDS and not _NEGATIONS.intersection(words):
+        return value
+    raise ApiError(400, "Field `consent` must confirm that the speaker agreed to have their voice cloned: send "
+                        f"\"true\" (also \"yes\", \"1\", \"on\") or a statement of at least "
+                        f"{CONSENT_STATEMENT_WORDS} words, such as \"Ann agreed by email on 2026-11-30\". It is "
+                        "stored with the voice.", param="consent")
 
 
 # ---------------------------------------------------------------------------------------------- the routes
@@ -273,33 +303,38 @@ class SpeechAPI:
     """The routes' state: the service, the key, the limits, and a thread limiter of its own (requests
     waiting for their turn on the GPU sit in threads; they must not starve Gradio's own thread pool)."""
 
-    def __init__(self, service, *, api_key: str | None, request_timeout: float):
+    def __init__(self, service, *, access: Access, request_timeout: float,
+                 max_input_chars: int = MAX_LONG_INPUT_CHARS):
         self.service = service
-        self.api_key = api_key or None
+        self.access = access
+        self.api_key = access.api_key
         self.request_timeout = request_timeout
+        self.max_input_chars = max_input_chars  # a long input (or a script); one prompt takes MAX_TEXT_CHARS
         self.limiter = anyio.CapacityLimiter(max(8, int(getattr(service, "max_queue", 64)) + 4))
 
     # ------------------------------------------------------------ plumbing
 
     def check_auth(self, request: Request) -> None:
-        if self.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+        if not self.access.bearer_ok(request.headers.get("authorization")):
             raise ApiError(401, "Missing or wrong API key: send `Authorization: Bearer <key>`.",
                            code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+    def check_site(self, request: Request) -> None:
+        """The cross-site rule for requests that write or generate (docs/SECURITY.md)."""
+        refusal = self.access.cross_site_refusal(request.headers.get("origin"), request.headers.get("host"))
+        if refusal is not None:
+            raise ApiError(403, refusal, code="cross_site_request")
 
     async def read_body(self, request: Request, limit: int) -> bytes:
         """The body, refused with 413 as soon as it passes `limit` (never buffered beyond it)."""
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
-            raise ApiError(413, f"Request body is {int(declared) / 1e6:.1f} MB; the limit is {limit / 1e6:.0f} MB.")
+            raise ApiError(413, f"Request body is {int(declared) / MB:.1f} MB; the limit is {limit // MB} MB.")
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
-                raise ApiError(413, f"Request body is over the {limit / 1e6:.0f} MB limit.")
+                raise ApiError(413, f"Request body is over the {limit // MB} MB limit.")
             chunks.append(chunk)
         body = b"".join(chunks)
         request._body = body  # so request.form() parses what was already read
@@ -312,12 +347,18 @@ class SpeechAPI:
 
     async def speech(self, request: Request) -> Response:
         self.check_auth(request)
+        self.check_site(request)
+        if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+            raise ApiError(415, "Send the speech request as JSON with the header `Content-Type: application/json`.")
         body = await self.read_body(request, MAX_JSON_BYTES)
         try:
             payload = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ApiError(400, f"Request body is not valid JSON ({exc}). Send a JSON object like "
                                 f'{{"model": "{MODEL_IDS[0]}", "input": "Hello", "voice": "default"}}.') from None
+        except RecursionError:
+            raise ApiError(400, "Request body is nested too deeply to be a speech request. Send a flat JSON object "
+                                "of the documented fields.") from None
         if not isinstance(payload, dict):
             raise ApiError(400, "Request body must be a JSON object.")
         try:
@@ -327,30 +368,34 @@ class SpeechAPI:
 
         synth, notes = await self.build_request(req)
         started = time.perf_counter()
-        run = _Run(self, synth)
+        run = _Run(self, synth, long=wants_long_form(req.input, req.voices), voices=req.voices)
         first = await run.first(request)
         headers = metric_headers(first.metrics if first else None, synth.seed, final=bool(first and first.final))
         warnings = [*notes, *synth.warnings]
         if warnings:
-            headers["X-Warnings"] = _ascii_header("; ".join(warnings))
+            headers["X-Warnings"] = "; ".join(warnings)
+        headers = {name: header_value(value) for name, value in headers.items()}
         fmt = req.response_format
         streamable = fmt in STREAMED_FORMATS and req.stream is not False
         if req.stream_format == "sse":
-            return StreamingResponse(self._sse(run, first, fmt, len(req.input), started),
-                                     media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
+            return _TakeResponse(run, self._sse(run, first, fmt, len(req.input), started),
+                                 media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
         if streamable:
-            return StreamingResponse(self._audio_stream(run, first, fmt), media_type=MIME[fmt], headers=headers)
+            return _TakeResponse(run, self._audio_stream(run, first, fmt), media_type=MIME[fmt], headers=headers)
         audio, last = await run.collect(first)
         data, mime = await self.in_thread(encode_audio, audio, SAMPLE_RATE, fmt)
-        headers.update(metric_headers(last.metrics, synth.seed, final=True, codes=getattr(last, "codes", None)))
+        final = metric_headers(last.metrics, synth.seed, final=True, codes=getattr(last, "codes", None))
+        headers.update({name: header_value(value) for name, value in final.items()})
         return Response(data, media_type=mime, headers=headers)
 
     async def build_request(self, req: SpeechRequest) -> tuple[SynthesisRequest, list[str]]:
         if not req.input.strip():
             raise ApiError(400, "`input` is empty: send the text to speak.", param="input")
-        if len(req.input) > MAX_TEXT_CHARS:
-            raise ApiError(400, f"`input` is {len(req.input)} characters; the limit is {MAX_TEXT_CHARS}. Split the "
-                                f"text into several requests.", param="input", code="string_above_max_length")
+        long = wants_long_form(req.input, req.voices)
+        limit = self.max_input_chars if long else MAX_TEXT_CHARS
+        if len(req.input) > limit:
+            raise ApiError(400, f"`input` is {len(req.input)} characters; the limit is {limit}. Split the text into "
+                                f"several requests.", param="input", code="string_above_max_length")
         if req.response_format not in available_formats():
             raise ApiError(400, f"response_format {req.response_format!r} needs ffmpeg, which this server does not "
                                 f"have; ask for one of {', '.join(available_formats())}.", param="response_format")
@@ -397,7 +442,8 @@ class SpeechAPI:
             if value is not None:
                 setattr(synth, name, value)
         try:
-            synth.validate()
+            # A long input is checked segment by segment when it is planned; here only its settings are.
+            (dataclasses.replace(synth, text="x") if long else synth).validate()
             if style is not None:
                 self.service.resolve_style(style)
         except ValueError as exc:
@@ -519,6 +565,7 @@ class SpeechAPI:
         """Multipart `audio_sample` (≤ 10 MB), `name`, `consent` (required), `ref_text` (the clip's transcript;
         recommended), optional `description`, `style`, `asserted_by`."""
         self.check_auth(request)
+        self.check_site(request)
         self._library()
         if "multipart/form-data" not in request.headers.get("content-type", ""):
             raise ApiError(400, "Send the voice as multipart/form-data with fields audio_sample (the clip), name, "
@@ -534,18 +581,13 @@ class SpeechAPI:
                            param="audio_sample")
         data = await upload.read()
         if len(data) > MAX_UPLOAD_BYTES:
-            raise ApiError(413, f"`audio_sample` is {len(data) / 1e6:.1f} MB; the limit is "
-                                f"{MAX_UPLOAD_BYTES // 2**20} MB.", param="audio_sample")
+            raise ApiError(413, f"`audio_sample` is {len(data) / MB:.1f} MB; the limit is "
+                                f"{MAX_UPLOAD_BYTES // MB} MB.", param="audio_sample")
         fields = {k: str(form.get(k) or "").strip() for k in
                   ("name", "consent", "ref_text", "transcript", "description", "style", "asserted_by")}
         if not fields["name"]:
             raise ApiError(400, "Field `name` is required.", param="name")
-        if fields["consent"].lower() in ("", "false", "no", "0", "off"):
-            raise ApiError(400, "Field `consent` is required: confirm that the speaker agreed to have their voice "
-                                "cloned (\"true\", a statement, or a consent id; it is stored with the voice).",
-                           param="consent")
-        statement = DEFAULT_CONSENT_STATEMENT if fields["consent"].lower() in ("true", "yes", "1", "on") \
-            else fields["consent"]
+        statement = check_consent(fields["consent"])
         consent = Consent(asserted_by=fields["asserted_by"] or "API client", statement=statement)
         try:
             samples, rate = await self.in_thread(load_audio, data)
@@ -565,11 +607,14 @@ class SpeechAPI:
 
     async def delete_voice(self, request: Request) -> JSONResponse:
         self.check_auth(request)
+        self.check_site(request)
         voice = await self.in_thread(self._get, request.path_params["voice_id"])
         try:
             await self.in_thread(self._library().delete, voice.id)
         except VoiceNotFound:  # deleted by someone else in between: the outcome the client asked for
             pass
+        except VoiceError as exc:  # one of the owner's preset voices: read-only, also over the API
+            raise ApiError(403, str(exc), param="voice_id") from None
         return JSONResponse({"id": voice.id, "object": "audio.voice.deleted", "deleted": True})
 
     async def styles(self, request: Request) -> JSONResponse:
@@ -595,14 +640,33 @@ class SpeechAPI:
                              "auth": self.api_key is not None})
 
 
+class _TakeResponse(StreamingResponse):
+    """A streamed take that is cancelled however sending ends. The body's own `finally` stops the take
+    once the body has started; this also covers a failure before it starts (the server refusing a header,
+    the client gone before the first byte), which would otherwise leave the take running on the GPU."""
+
+    def __init__(self, run: "_Run", content, **kwargs):
+        super().__init__(content, **kwargs)
+        self.run = run
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.run.close()
+
+
 class _Run:
     """One generation driven from async code: pulls `service.stream()` in a worker thread, enforces the
     request timeout, and cancels the take (and frees the GPU) however the client goes away."""
 
     _END = object()
 
-    def __init__(self, api: SpeechAPI, synth: SynthesisRequest):
-        self.api, self.synth = api, synth
+    def __init__(self, api: SpeechAPI, synth: SynthesisRequest, *, long: bool = False, voices: dict | None = None):
+        """`long`: a long input or a script (`voices`: its speakers' voices), generated segment by segment
+        (studio/longform.py)."""
+        self.api, self.synth, self.long, self.voices = api, synth, long, voices
         self.timed_out = False
         self._gen: Iterator | None = None
         self._timer = threading.Timer(api.request_timeout, self._timeout)
@@ -614,7 +678,9 @@ class _Run:
 
     def _next(self):
         if self._gen is None:
-            self._gen = self.api.service.stream(self.synth)
+            self._gen = stream_long(self.api.service, self.synth, voices=self.voices or None,
+                                    max_chars=self.api.max_input_chars) if self.long else \
+                self.api.service.stream(self.synth)
         return next(self._gen, self._END)
 
     async def _pull(self):
@@ -682,11 +748,13 @@ class _Run:
 
 # ---------------------------------------------------------------------------------------------- registration
 
-def register(app: FastAPI, service, *, api_key: str | None = None,
-             request_timeout: float = REQUEST_TIMEOUT_S) -> SpeechAPI:
-    """Add the HTTP API to `app` (the FastAPI app that serves the Gradio studio). With `api_key`, every
-    `/v1/*` route needs `Authorization: Bearer <api_key>`; `/health` stays open for load balancers."""
-    api = SpeechAPI(service, api_key=api_key, request_timeout=request_timeout)
+def register(app: FastAPI, service, *, api_key: str | None = None, access: Access | None = None,
+             request_timeout: float = REQUEST_TIMEOUT_S, max_input_chars: int = MAX_LONG_INPUT_CHARS) -> SpeechAPI:
+    """Add the HTTP API to `app` (the FastAPI app that serves the Gradio studio). With `api_key` (or an
+    `access` that holds it), every `/v1/*` route needs `Authorization: Bearer <api_key>`; `/health` stays
+    open for load balancers. Without a key, writes from other sites are refused (`Access.cross_site_refusal`)."""
+    api = SpeechAPI(service, access=access or Access(api_key), request_timeout=request_timeout,
+                    max_input_chars=max_input_chars)
 
     def guarded(handler):
         async def endpoint(request: Request):

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from engine.config import SAMPLE_RATE
-from engine.generate import Chunk
+from engine.types import Chunk
 from engine.longform import MAX_SEGMENT_SECONDS, plan
 from engine.longtake import LongTake
 from engine.tokenizer import estimate_seconds, lint_tags
@@ -102,11 +102,8 @@ def _new_take(service, request, prepared: _Prepared, *, keep_audio: bool) -> Lon
 
 def _queued(service, request, work) -> Iterator[Any]:
     """Run `work(job)` on the service's GPU worker in turn with every other request; yield what it puts out."""
-    job = service._submit(work, request.cancel)
     try:
-        if not service._wait_turn(job, request.on_position, service.queue_timeout):
-            return
-        yield from service._results(job)
+        yield from service.queued(work, request.cancel)
     finally:
         if not request.finished.is_set():
             request.cancel.set()  # stopped, failed or abandoned by the consumer: free the worker

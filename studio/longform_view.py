@@ -18,6 +18,7 @@ import gradio as gr
 
 from engine.config import SAMPLE_RATE
 from engine.longform import plan
+from studio.access import OWNER_ONLY_LONG, Access
 from studio.formats import write_audio
 from studio.longform import generate_long, regenerate_segment, segment_rows
 from studio.service import ServiceBusy, SynthesisRequest
@@ -45,9 +46,10 @@ class LongFormView:
 
     _files = itertools.count(1)
 
-    def __init__(self, service, out_dir: str | Path):
+    def __init__(self, service, out_dir: str | Path, access: Access | None = None):
         self.service = service
         self.out_dir = Path(out_dir)
+        self.access = access or Access()  # long takes are beyond the public page's limits: the owner's
 
     # ------------------------------------------------------------------ handlers (plain functions)
 
@@ -123,19 +125,22 @@ class LongFormView:
         progress = gr.Markdown(elem_id="long-progress")
         table = gr.Dataframe(headers=HEADERS, interactive=False, wrap=True, elem_id="long-table")
         with gr.Row():
-            row = gr.Number(1, label="Row", precision=0)
-            row_seed = gr.Number(-1, label="New seed (-1: the next one)", precision=0)
+            row = gr.Number(1, label="Row", precision=0, elem_id="long-row")
+            row_seed = gr.Number(-1, label="New seed (-1: the next one)", precision=0, elem_id="long-row-seed")
             row_text = gr.Textbox(label="Edited text (empty: keep)")
             redo = gr.Button("Regenerate row", elem_id="long-regenerate")
         audio = gr.Audio(label="Long take", type="filepath", interactive=False, elem_id="long-take")
 
         preview.click(_toasts(self.preview, 3), [text, style, voices_map, normalize], [table, spoken, progress],
                       api_visibility="private")
-        go.click(_toasts(self.generate, 4), [text, voice, style, voices_map, normalize, seed],
+        owner = functools.partial(self.access.owner_only, message=OWNER_ONLY_LONG)
+        # Undocumented: callable by gradio_client (by position) but no MCP tool, like the Studio tab's generate.
+        go.click(owner(_toasts(self.generate, 4)), [text, voice, style, voices_map, normalize, seed],
                  [take, table, progress, audio], concurrency_id=concurrency_id, concurrency_limit=1,
-                 api_name="long_generate")
-        redo.click(_toasts(self.regenerate, 4), [take, row, row_seed, row_text], [take, table, progress, audio],
-                   concurrency_id=concurrency_id, concurrency_limit=1, api_name="long_regenerate")
+                 api_name="long_generate", api_visibility="undocumented")
+        redo.click(owner(_toasts(self.regenerate, 4)), [take, row, row_seed, row_text], [take, table, progress, audio],
+                   concurrency_id=concurrency_id, concurrency_limit=1, api_name="long_regenerate",
+                   api_visibility="undocumented")
 
 
 def _toasts(fn, n_outputs: int):

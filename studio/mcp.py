@@ -6,14 +6,15 @@ Each tool is a `gr.api` endpoint, so it runs through Gradio's queue and the same
 and the HTTP API; `launch(mcp_server=True)` serves them at `/gradio_api/mcp/` (schema at
 `/gradio_api/mcp/schema`). The docstrings below are what an agent reads as the tool descriptions, so they say
 what the model can and cannot do (no instruction slot: style is a preset or inline tags, SPEC D1).
-With `api_key`, every tool needs the header `Authorization: Bearer <key>`, like the `/v1/*` routes.
+With `api_key`, every tool needs the header `Authorization: Bearer <key>`, like the `/v1/*` routes. These three
+are the only tools: the page's own events are built with `api_visibility` other than "public", which keeps
+them out of the MCP schema (docs/SECURITY.md).
 
 No `from __future__ import annotations` here: `gr.api` reads the tools' type hints at run time, and string
 annotations would hide `gr.Header` and the return type from it.
 """
 
 import collections
-import hmac
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import numpy as np
 from gradio.data_classes import FileData
 
 from engine.audio import load_audio
+from studio.access import Access
 from studio.formats import write_audio
 from studio.service import SynthesisRequest
 from studio.voices import Consent
@@ -62,11 +64,10 @@ def register(blocks: gr.Blocks, service, *, api_key: str | None = None) -> None:
     outputs = _Outputs()
     roots = [Path(tempfile.gettempdir()).resolve()]
 
+    access = Access(api_key)
+
     def check_key(authorization: str | None) -> None:
-        if api_key is None:
-            return
-        scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        if not access.bearer_ok(authorization):
             raise gr.Error("Missing or wrong API key: send the header `Authorization: Bearer <key>`.")
 
     def synthesize(text: str, voice: str = "", style: str = "", seed: int | None = None,
@@ -141,8 +142,11 @@ def register(blocks: gr.Blocks, service, *, api_key: str | None = None) -> None:
         return {"id": voice.id, "name": voice.name, "seconds": round(voice.seconds, 2),
                 "transcript": voice.transcript or None}
 
+    # queue=False: Gradio's MCP server then calls the tool in-process with the MCP request (its Authorization
+    # header reaches `check_key`). A queued tool is called back over HTTP through the page's routes, which a
+    # login on the page (`auth=`) closes to it. The service's own queue still runs one take at a time.
     with blocks:
-        gr.api(synthesize, api_name="synthesize")
-        gr.api(list_voices, api_name="list_voices", concurrency_limit=None)
-        gr.api(add_voice, api_name="add_voice")
+        gr.api(synthesize, api_name="synthesize", queue=False)
+        gr.api(list_voices, api_name="list_voices", queue=False)
+        gr.api(add_voice, api_name="add_voice", queue=False)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import queue
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -17,15 +16,21 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 
+from engine.audio import load_audio
 from engine.config import SAMPLE_RATE
 from studio import render
+from studio.access import Access
+from studio.asr import Transcriber
 from studio.formats import available_formats, ffmpeg_path, to_pcm16, write_audio
-from studio.service import MAX_FRAMES, MAX_SEED, ServiceBusy, StudioService, SynthesisRequest
+from studio.live import CLIP_VOICE, NO_VOICE, LivePlayer, page_request
+from studio.longform_view import LongFormView
+from studio.private_view import PrivateVoicesView
+from studio.service import MAX_FRAMES, MAX_SEED, Queued, ServiceBusy, StudioService, SynthesisRequest
+from studio.voices.private import PrivateVoices
 
 log = logging.getLogger("higgs.studio")
 
 GPU_QUEUE = "gpu"  # concurrency_id shared by every event that touches the engine
-NO_VOICE, CLIP_VOICE = "", "__clip__"
 STREAM_SECONDS = 1.0  # after the first chunk, stream in ~1 s pieces (Gradio's advice for smooth HLS playback)
 
 
@@ -47,12 +52,19 @@ def _warns(n_outputs: int):
 class Page:
     """Builds the Blocks and holds per-session live requests (so Stop can cancel the right one)."""
 
-    def __init__(self, service: StudioService):
+    def __init__(self, service: StudioService, access: Access | None = None, *,
+                 private_voices: PrivateVoices | None = None, transcriber: Transcriber | None = None):
         self.service = service
+        self.transcriber = transcriber  # fills an empty transcript box when a clip arrives (studio/asr.py)
+        self.access = access or Access()  # no key: whoever reaches the page is the owner
+        # Voices private to each visitor (a Space, or --private-voices): the Voices tab and "Save as voice"
+        # keep them in the visitor's browser; the shared library is the owner's, through the API.
+        self.private = PrivateVoicesView(self, private_voices) if private_voices is not None else None
         # Gradio encodes streamed audio with an ffmpeg subprocess; without it the page plays each take once
         # it is complete instead of failing every generation.
         self.streaming = ffmpeg_path() is not None
         self.out_dir = Path(tempfile.mkdtemp(prefix="higgs-studio-"))
+        self.player = LivePlayer(service)  # the WebAudio player's route; app.py mounts it after launch
         self._active: dict[str, SynthesisRequest] = {}
         self._lock = threading.Lock()
 
@@ -61,7 +73,7 @@ class Page:
     def voice_choices(self) -> list[tuple[str, str]]:
         voices = self.service.list_voices()
         return [("None (zero-shot)", NO_VOICE), ("Reference clip below (one-off)", CLIP_VOICE)] + \
-               [(v.name, v.id) for v in voices]
+               [(f"{v.name} (preset)" if v.preset else v.name, v.id) for v in voices]
 
     def style_choices(self) -> list[tuple[str, str]]:
         styles = self.service.list_styles()
@@ -88,39 +100,26 @@ class Page:
     # ------------------------------------------------------------------ generation
 
     def generate(self, text, style, voice, clip, clip_text, temperature, top_p, top_k, seed, max_frames,
-                 repeat_guard, takes, request: gr.Request):
-        """Stream a take: audio chunks into the live player and the metrics panel, then the full take."""
-        ref = None
-        if voice == CLIP_VOICE:
-            if clip is None:
-                raise gr.Error("Voice is set to the reference clip, but no clip is loaded. Upload or record one.")
-            ref = (self._clip_array(clip), clip[0])
-        req = SynthesisRequest(
-            text=text or "", voice_id=voice if voice not in (NO_VOICE, CLIP_VOICE) else None,
-            style=style or None, temperature=temperature, top_k=int(top_k), top_p=top_p,
-            seed=None if seed is None or seed < 0 else int(seed), max_frames=int(max_frames) or None,
-            repeat_guard=int(repeat_guard) or None, ref_audio=ref, ref_text=clip_text or None, source="ui")
+                 repeat_guard, takes, live_id="", request: gr.Request = None):
+        """Stream a take into the live player and the metrics panel, then show the full take. With `live_id` the
+        browser's own player streams the take (studio/live.py, which applies the public limits) and this handler
+        waits for it to end, so the take lands in the history, take player, downloads and recipe the same way."""
         key = request.session_hash if request else "local"
-        with self._lock:
-            self._active[key] = req
-        yield {self.live: None, self.metrics: render.metrics_html(state="waiting", note="waiting for the GPU")}
-        buffer, sent, last = [], 0, None
+        req = None
         try:
-            for chunk in self._with_positions(req):
-                if isinstance(chunk, int):  # still queued behind other requests (e.g. API calls)
-                    yield {self.metrics: render.metrics_html(state="waiting", note=f"queue position {chunk}")}
-                    continue
-                last = chunk
-                if len(chunk.audio):
-                    buffer.append(chunk.audio)
-                samples = sum(len(b) for b in buffer)
-                sent_s = (sent + samples) / SAMPLE_RATE
-                if buffer and (chunk.final or sent == 0 or samples >= STREAM_SECONDS * SAMPLE_RATE):
-                    piece = np.concatenate(buffer)
-                    buffer, sent = [], sent + len(piece)
-                    yield {**({self.live: (SAMPLE_RATE, to_pcm16(piece))} if self.streaming else {}),
-                           self.metrics: render.metrics_html(chunk.metrics, state="streaming", seconds=sent_s,
-                                                             warnings=req.warnings)}
+            if live_id:
+                req = self.player.claim(live_id)
+            else:
+                req = page_request(text=text, style=style, voice=voice, clip=self._clip(clip), clip_text=clip_text,
+                                   temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                                   max_frames=max_frames, repeat_guard=repeat_guard)
+                self.access.limit_public(req, request)
+            with self._lock:
+                self._active[key] = req
+            if live_id:
+                self.player.wait(live_id)
+            else:
+                yield from self._stream(req)
         except ValueError as exc:  # bad request: text, settings, voice, style, reference clip
             raise gr.Error(str(exc)) from None
         except ServiceBusy as exc:
@@ -129,9 +128,9 @@ class Page:
             log.exception("generation failed")
             raise gr.Error(f"Generation failed: {exc}") from None
         finally:
-            if not req.finished.is_set():
+            if req is not None and not req.finished.is_set():
                 req.cancel.set()  # Gradio closed us (Stop, client cancel, tab closed): free the GPU now
-            else:
+            elif req is not None:
                 # A stopped request stays registered: Stop's handler may run after Gradio has closed us (its
                 # `cancels=` and the handler race) and still needs the partial take. The next take replaces it.
                 with self._lock:
@@ -142,41 +141,29 @@ class Page:
         take = req.take
         state = "stopped" if take.stop_reason == "cancelled" else "done"
         wav, dl, rows, takes, last_seed = self.take_outputs(take, takes or [])
-        yield {self.metrics: render.metrics_html(last.metrics, state=state, seconds=take.seconds,
+        yield {self.metrics: render.metrics_html(take.metrics, state=state, seconds=take.seconds,
                                                  warnings=req.warnings),
                self.take_audio: wav, self.download: dl, self.history: rows, self.takes: takes,
                self.last_seed: last_seed, self.result: render.result_json(take, req.warnings)}
 
-    def _with_positions(self, req: SynthesisRequest) -> Iterator:
-        """`service.stream(req)` run on a helper thread, so that while the request waits for the GPU its queue
-        position (an int) can be shown; then the chunks. Closing this generator cancels the request."""
-        items: queue.Queue = queue.Queue()
-        done = object()
-
-        def on_position(position: int) -> None:
-            if position > 1:  # something is ahead of us (0 = started, 1 = next up: the worker picks it at once)
-                items.put(position)
-
-        req.on_position = on_position
-
-        def pump():
-            try:
-                for chunk in self.service.stream(req):
-                    items.put(chunk)
-            except Exception as exc:  # re-raised on the page's thread
-                items.put(exc)
-            finally:
-                items.put(done)
-
-        threading.Thread(target=pump, name="higgs-page-pump", daemon=True).start()
-        try:
-            while (item := items.get()) is not done:
-                if isinstance(item, Exception):
-                    raise item
-                yield item
-        finally:
-            if not req.finished.is_set():
-                req.cancel.set()
+    def _stream(self, req: SynthesisRequest) -> Iterator[dict]:
+        """Today's Gradio path (the fallback player): queue positions, then the audio in ~1 s pieces."""
+        yield {self.live: None, self.metrics: render.metrics_html(state="waiting", note="waiting for the GPU")}
+        buffer, sent = [], 0
+        for item in self.service.stream(req, positions=True):
+            if isinstance(item, Queued):
+                if item.position > 1:  # something is ahead of us (1 = next up: the worker takes it at once)
+                    yield {self.metrics: render.metrics_html(state="waiting", note=f"queue position {item.position}")}
+                continue
+            if len(item.audio):
+                buffer.append(item.audio)
+            samples = sum(len(b) for b in buffer)
+            if buffer and (item.final or sent == 0 or samples >= STREAM_SECONDS * SAMPLE_RATE):
+                piece = np.concatenate(buffer)
+                buffer, sent = [], sent + len(piece)
+                yield {**({self.live: (SAMPLE_RATE, to_pcm16(piece))} if self.streaming else {}),
+                       self.metrics: render.metrics_html(item.metrics, state="streaming", seconds=sent / SAMPLE_RATE,
+                                                         warnings=req.warnings)}
 
     def stop(self, takes, request: gr.Request):
         """Cancel this session's running take; show what was generated before the stop."""
@@ -192,11 +179,9 @@ class Page:
                 *self.take_outputs(take, takes or []))
 
     @staticmethod
-    def _clip_array(clip) -> np.ndarray:
-        data = np.asarray(clip[1])
-        if data.dtype.kind == "i":
-            data = data.astype(np.float32) / np.iinfo(data.dtype).max
-        return data.astype(np.float32).mean(axis=1) if data.ndim == 2 else data.astype(np.float32)
+    def _clip(clip) -> tuple[np.ndarray, int] | None:
+        """The clip component's file → (samples, rate), through the bounded decoder (engine/audio.py)."""
+        return None if clip is None else load_audio(clip)
 
     # ------------------------------------------------------------------ building
 
@@ -205,20 +190,36 @@ class Page:
         with gr.Blocks(title="Higgs Studio", delete_cache=(3600, 3600)) as demo:
             gr.HTML(render.header_html(self.service.status()))
             self.takes, self.last_seed = gr.State([]), gr.State(None)
+            if self.private is not None:
+                self.private.state()
             with gr.Tabs():
                 with gr.Tab("Studio", id="studio"):
                     self._studio_tab()
                 with gr.Tab("Voices", id="voices") as self.voices_tab:
-                    self._voices_tab()
-            self.save_voice.click(self._save_voice, [self.clip, self.clip_text, self.voice_name, self.voice_desc,
-                                                     self.style, self.consent], [self.voice, self.voices_table],
-                                  concurrency_id=GPU_QUEUE, concurrency_limit=1, api_visibility="private")
+                    if self.private is not None:
+                        self.private.tab()
+                    else:
+                        self._voices_tab()
+                with gr.Tab("Long form", id="long"):
+                    LongFormView(self.service, self.out_dir, self.access).build(GPU_QUEUE)
+            if self.private is not None:
+                self.private.wire(demo)  # its page load fills the voice menu with the visitor's own voices too
+            else:
+                self.save_voice.click(self.access.owner_only(self._save_voice),
+                                      [self.clip, self.clip_text, self.voice_name, self.voice_desc, self.style,
+                                       self.consent], [self.voice, self.voices_table],
+                                      concurrency_id=GPU_QUEUE, concurrency_limit=1, api_visibility="private")
             demo.load(self.refresh_lists, None, [self.voice, self.style, self.status], queue=False,
                       api_visibility="private")
+            # An explicit private load event, not a callable value: Gradio would publish that one as an API
+            # endpoint and an MCP tool.
+            demo.load(lambda: render.live_player_html(self.player.issue_token()), None, self.live_panel,
+                      queue=False, api_visibility="private")
         return demo
 
     def refresh_lists(self):
-        return gr.update(choices=self.voice_choices()), gr.update(choices=self.style_choices()), self.service.status()
+        voices = gr.skip() if self.private is not None else gr.update(choices=self.voice_choices())
+        return voices, gr.update(choices=self.style_choices()), self.service.status()
 
     def _studio_tab(self):
         with gr.Row(equal_height=False):
@@ -243,10 +244,13 @@ class Page:
                         preset_name = gr.Textbox(label="Preset name", scale=3)
                         save_preset = gr.Button("Save preset", scale=1)
                 with gr.Accordion("Clone a voice", open=False, elem_id="clone"):
-                    self.clip = gr.Audio(label="Reference clip (3-15 s of clear speech)", type="numpy",
-                                         sources=["upload", "microphone"], elem_id="clip")
+                    # A path, decoded by engine.audio under its sample budget: Gradio's own decoding (type="numpy",
+                    # or a `format` conversion) would decode a compressed bomb whole first.
+                    self.clip = gr.Audio(label="Reference clip (3-15 s of clear speech)", type="filepath",
+                                         format=None, sources=["upload", "microphone"], elem_id="clip")
                     self.clip_text = gr.Textbox(label="Transcript of the clip (improves cloning a lot)",
                                                 elem_id="clip-text")
+                    self.asr_note = gr.Markdown("", elem_id="asr-note")
                     with gr.Row():
                         self.voice_name = gr.Textbox(label="Name", elem_id="voice-name")
                         self.voice_desc = gr.Textbox(label="Description", elem_id="voice-desc")
@@ -274,7 +278,10 @@ class Page:
                 self.live = gr.Audio(label="Live" if self.streaming else "Live (off: install ffmpeg to stream)",
                                      streaming=self.streaming, autoplay=True, interactive=False, elem_id="live")
                 self.metrics = gr.HTML(render.metrics_html(), label="Metrics", elem_id="metrics")
-                gr.HTML(render.HEARD_HTML, js_on_load=render.HEARD_JS, elem_id="heard")
+                # The WebAudio player (studio/live.py); its session token is issued at every page load (below).
+                self.live_panel = gr.HTML(render.live_player_html(""), js_on_load=render.LIVE_JS,
+                                          elem_id="live-player")
+                self.live_id = gr.Textbox("", visible=False, elem_id="live-id")  # set by CLICK_JS in WebAudio mode
                 self.result = gr.JSON(label="Result", visible=False)  # the take's metrics and recipe, for API clients
                 self.take_audio = gr.Audio(label="Take", type="filepath", interactive=False, elem_id="take")
                 with gr.Row():
@@ -298,11 +305,11 @@ class Page:
             selected = gr.State(None)
 
         inputs = [self.text, self.style, self.voice, self.clip, self.clip_text, temperature, top_p, top_k,
-                  seed, max_frames, repeat_guard, self.takes]
+                  seed, max_frames, repeat_guard, self.takes, self.live_id]
         gen_event = generate.click(self.generate, inputs, [self.live, self.metrics, self.take_audio, self.download,
                                                            self.history, self.takes, self.last_seed, self.result],
-                                   api_name="generate", concurrency_id=GPU_QUEUE, concurrency_limit=1,
-                                   js=render.CLICK_JS)
+                                   api_name="generate", api_visibility="undocumented",  # not an MCP tool
+                                   concurrency_id=GPU_QUEUE, concurrency_limit=1, js=render.CLICK_JS)
         gen_event.success(self._download_as, [fmt, self.takes], self.download, api_visibility="private")
         stop.click(self.stop, [self.takes], [self.metrics, self.take_audio, self.download, self.history,
                                              self.takes, self.last_seed],
@@ -319,10 +326,13 @@ class Page:
         self.style.input(self._style_temperature, self.style, temperature, queue=False, api_visibility="private")
         self.clip.change(lambda c, v: CLIP_VOICE if c is not None and v == NO_VOICE else gr.skip(),
                          [self.clip, self.voice], self.voice, queue=False, api_visibility="private")
+        if self.transcriber is not None:
+            self.clip.change(self._transcribe, [self.clip, self.clip_text], [self.clip_text, self.asr_note],
+                             concurrency_id="asr", concurrency_limit=1, api_visibility="private")
         random_seed.click(lambda: -1, None, seed, queue=False, api_visibility="private")
         reuse_seed.click(self._reuse_seed, self.last_seed, seed, queue=False, api_visibility="private")
         fmt.change(self._download_as, [fmt, self.takes], self.download, api_visibility="private")
-        save_preset.click(self._save_preset, [preset_name, self.style], self.style,
+        save_preset.click(self.access.owner_only(self._save_preset), [preset_name, self.style], self.style,
                           api_visibility="private")
         self.history.select(self._select_take, self.takes, [selected, hist_audio, recipe, curl, detail],
                             api_visibility="private")
@@ -363,11 +373,23 @@ class Page:
         gr.Info(f"Saved preset {preset.name!r}.")
         return gr.update(choices=self.style_choices(), value=preset.prefix)
 
+    def _transcribe(self, clip, text):
+        """A new clip and an empty transcript box: fill the box with the clip's transcript (still editable),
+        or say in one line why not."""
+        if clip is None or (text or "").strip():
+            return gr.skip(), gr.skip()
+        try:
+            transcript, note = self.transcriber.transcribe(clip)
+        except ValueError as exc:  # an unreadable clip: saving or generating will say so too
+            return gr.skip(), str(exc)
+        return (transcript or gr.skip()), (note or "")
+
     @_warns(2)
     def _save_voice(self, clip, transcript, name, description, style, consent):
         if clip is None:
             raise ValueError("Upload or record a reference clip first.")
-        voice = self.service.save_voice(self._clip_array(clip), clip[0], name=name, transcript=transcript,
+        samples, rate = load_audio(clip)
+        voice = self.service.save_voice(samples, rate, name=name, transcript=transcript,
                                         description=description, style=style or None, consent=consent)
         gr.Info(f"Saved voice {voice.name!r}.")
         return gr.update(choices=self.voice_choices(), value=voice.id), self._voice_rows()
@@ -402,8 +424,10 @@ class Page:
     def _voices_tab(self):
         gr.Markdown("Saved voices: a prepared reference clip, its transcript, a default style and a consent "
                     "record. Select a row to preview, edit, export or delete it.")
-        self.voices_table = gr.Dataframe(self._voice_rows(), headers=["name", "id", "style", "seconds", "transcript",
-                                                                      "description"],
+        # The table (transcripts, descriptions) is the owner's: with a key it fills when the owner opens the tab,
+        # because the page's config, where a starting value would sit, is public on a public page.
+        rows = self._voice_rows() if self.access.api_key is None else []
+        self.voices_table = gr.Dataframe(rows, headers=["name", "id", "style", "seconds", "transcript", "description"],
                                          interactive=False, wrap=True, label="Voices", elem_id="voices-table")
         current = gr.State(None)
         with gr.Row():
@@ -427,12 +451,13 @@ class Page:
 
         priv = dict(api_visibility="private")
         lists = [self.voices_table, self.voice]
-        self.voices_tab.select(lambda: self._voice_rows(), None, self.voices_table, queue=False, **priv)
-        self.voices_table.select(self._pick_voice, None, [current, preview, *fields, export_one], **priv)
-        save.click(self._edit_voice, [current, *fields], lists, **priv)
-        delete.click(self._delete_voice, [current, confirm], [*lists, current, confirm], **priv)
-        export_all.click(lambda: self._export(None), None, export_file, **priv)
-        bundle.upload(self._import, bundle, lists, **priv)
+        owner = self.access.owner_only  # the queue runs any event by fn_index: each of these checks the caller
+        self.voices_tab.select(owner(self._voice_rows), None, self.voices_table, queue=False, **priv)
+        self.voices_table.select(owner(self._pick_voice), None, [current, preview, *fields, export_one], **priv)
+        save.click(owner(self._edit_voice), [current, *fields], lists, **priv)
+        delete.click(owner(self._delete_voice), [current, confirm], [*lists, current, confirm], **priv)
+        export_all.click(owner(self._export_all), None, export_file, **priv)
+        bundle.upload(owner(self._import), bundle, lists, **priv)
 
     @_warns(7)
     def _pick_voice(self, evt: gr.SelectData):
@@ -458,6 +483,9 @@ class Page:
         self.service.voices.delete(voice_id)
         return self._voice_rows(), gr.update(choices=self.voice_choices(), value=NO_VOICE), None, False
 
+    def _export_all(self) -> str:
+        return self._export(None)
+
     def _export(self, ids) -> str:
         name = "voices.zip" if ids is None else f"voice-{ids[0]}.zip"
         path = self.out_dir / name
@@ -466,7 +494,7 @@ class Page:
 
     @_warns(2)
     def _import(self, path):
-        added = self.service.voices.import_zip(Path(path).read_bytes())
+        added = self.service.voices.import_zip(path)  # its size is checked before it is read
         gr.Info(f"Imported {len(added)} voice(s).")
         return self._voice_rows(), gr.update(choices=self.voice_choices())
 

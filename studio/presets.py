@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engine.tokenizer import CONTROL_TAGS, ControlTag
+from studio.text import clean_line
 
 BUILTIN_PATH = Path(__file__).resolve().parents[1] / "presets" / "styles.json"
 STORE_FORMAT = "higgs-studio-presets/1"
@@ -30,7 +31,6 @@ TEMPERATURE_RANGE = (0.05, 2.0)
 
 _TAG = re.compile(r"<\|[^<>|]{0,64}\|>")
 _TAGS_ONLY = re.compile(r"(?:\s*<\|[^<>|]{0,64}\|>)*\s*")
-_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,17 +82,6 @@ def check_style_prefix(prefix: str) -> str:
     return "".join(tags)
 
 
-def _clean_text(value, what: str, limit: int, *, required: bool) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"The preset {what} must be text.")
-    value = " ".join(_CONTROL_CHARS.sub(" ", value).split())
-    if required and not value:
-        raise ValueError(f"The preset {what} is empty.")
-    if len(value) > limit:
-        raise ValueError(f"The preset {what} is longer than {limit} characters.")
-    return value
-
-
 def make_preset(name: str, prefix: str, *, description: str = "", temperature: float | None = None,
                 builtin: bool = False) -> StylePreset:
     """A validated `StylePreset` (raises `ValueError` with a sentence for the user)."""
@@ -103,8 +92,8 @@ def make_preset(name: str, prefix: str, *, description: str = "", temperature: f
         if not low <= float(temperature) <= high:
             raise ValueError(f"The preset temperature must be between {low} and {high} (got {temperature}).")
         temperature = float(temperature)
-    return StylePreset(name=_clean_text(name, "name", MAX_NAME, required=True),
-                       description=_clean_text(description, "description", MAX_DESCRIPTION, required=False),
+    return StylePreset(name=clean_line(name, "preset name", MAX_NAME, required=True),
+                       description=clean_line(description, "preset description", MAX_DESCRIPTION),
                        prefix=check_style_prefix(prefix), temperature=temperature, builtin=builtin)
 
 

@@ -8,6 +8,8 @@ cancellation, and a bounded history of takes. The engine does the work.
     req = SynthesisRequest(text="Hello there.", voice_id="Narrator", style="Calm narrator", seed=7)
     for chunk in service.stream(req):          # engine Chunks; the last one has final=True
         play(chunk.audio)
+    for item in service.stream(req, positions=True):   # also Queued(position) while the request waits
+        ...
     req.warnings                               # tag-lint and resolution notes, filled before the first chunk
     req.take.recipe()                          # settings + seed + voice id that reproduce the take
 
@@ -74,7 +76,6 @@ class SynthesisRequest:
     ref_audio: tuple[np.ndarray, int] | None = None
     ref_text: str | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
-    on_position: Callable[[int], None] | None = None  # called with 1, 2, … while waiting; 0 when started
     warnings: list[str] = field(default_factory=list)
     source: str = "api"  # "ui" or "api", recorded in the history
     take: Take | None = None  # set when the take is recorded
@@ -84,6 +85,8 @@ class SynthesisRequest:
         """Raise ValueError with a sentence the user can act on."""
         if not isinstance(self.text, str) or not self.text.strip():
             raise ValueError("Text is empty: type something to say.")
+        for what, value in (("Text", self.text), ("The style", self.style), ("The clip's transcript", self.ref_text)):
+            _check_unicode(what, value)
         if len(self.text) > MAX_TEXT_CHARS:
             raise ValueError(f"Text is {len(self.text)} characters; the limit is {MAX_TEXT_CHARS}. Split it.")
         if not 0.0 <= float(self.temperature) <= 2.0:
@@ -139,6 +142,14 @@ class Take:
         """Everything needed to reproduce this take (PRODUCT §7.7)."""
         return {"text": self.text, "voice_id": self.voice_id, "style": self.style, "seed": self.seed,
                 **self.settings}
+
+
+@dataclass(frozen=True)
+class Queued:
+    """Yielded by `stream(..., positions=True)` while a request waits for the GPU, each time its place
+    changes: 1 = next up (the worker takes it at once), 2 = one request ahead of it, and so on."""
+
+    position: int
 
 
 class _Job:
@@ -217,27 +228,28 @@ class StudioService:
             self._cond.notify_all()
         return job
 
-    def _wait_turn(self, job: _Job, on_position: Callable[[int], None] | None, timeout: float | None) -> bool:
-        """Block until `job` reaches the worker. Returns False if it was cancelled while waiting."""
+    def _wait_turn(self, job: _Job, timeout: float | None) -> Iterator[int]:
+        """Yield `job`'s queue position each time it changes, until the worker takes it (then `job.started`
+        is True) or it is cancelled while waiting (it leaves the queue; `job.started` stays False)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         last = None
-        with self._cond:
-            while not job.started:
+        while True:
+            with self._cond:
+                if job.started:
+                    return
                 if job.cancel.is_set() or (deadline is not None and time.monotonic() >= deadline):
                     self._waiting.remove(job)
                     self._cond.notify_all()
                     if job.cancel.is_set():
-                        return False
+                        return
                     raise ServiceBusy(f"Waited {timeout:.0f} s for the GPU without getting a turn; try again.")
                 position = self._waiting.index(job) + 1 + (self._running is not None)
-                if on_position is not None and position != last:
-                    on_position(position)
-                last = position
-                # Cancellation is an Event outside this condition, so wake up a few times a second to see it.
-                self._cond.wait(0.1)
-        if on_position is not None:
-            on_position(0)
-        return True
+                if position == last:
+                    # Cancellation is an Event outside this condition, so wake up a few times a second to see it.
+                    self._cond.wait(0.1)
+                    continue
+            last = position
+            yield position  # outside the lock: the consumer may take its time
 
     def _results(self, job: _Job) -> Iterator[Any]:
         while True:
@@ -251,7 +263,8 @@ class StudioService:
     def run_exclusive(self, fn: Callable[..., Any], *args, timeout: float | None = None, **kwargs) -> Any:
         """Run `fn(*args, **kwargs)` on the GPU worker, in turn with generations (e.g. encoding a voice)."""
         job = self._submit(lambda j: j.out.put(("value", fn(*args, **kwargs))), threading.Event())
-        self._wait_turn(job, None, self.queue_timeout if timeout is None else timeout)
+        for _ in self._wait_turn(job, self.queue_timeout if timeout is None else timeout):
+            pass
         for item in self._results(job):
             return item[1]
         raise RuntimeError("GPU work finished without a result")
@@ -307,19 +320,31 @@ class StudioService:
         request.seed = int(request.seed)
         return prompt_text, voice, style
 
-    def stream(self, request: SynthesisRequest) -> Iterator[Any]:
-        """Validate, queue, generate: yields the engine's Chunks (the last has `final=True`). Raises ValueError
-        for bad requests, ServiceBusy when the queue wait times out.
+    def queued(self, work: Callable[[_Job], None], cancel: threading.Event, *,
+               positions: bool = False) -> Iterator[Any]:
+        """Run `work(job)` on the GPU worker in turn with every other request, and yield what it puts in
+        `job.out`; with `positions=True`, first a `Queued` each time the job's place in the queue changes.
+        Nothing is yielded after a cancel while waiting (the job leaves the queue)."""
+        job = self._submit(work, cancel)
+        for position in self._wait_turn(job, self.queue_timeout):
+            if positions:
+                yield Queued(position)
+        if not job.started:  # cancelled while waiting
+            return
+        yield from self._results(job)
+
+    def stream(self, request: SynthesisRequest, *, positions: bool = False) -> Iterator[Any]:
+        """Validate, queue, generate: yields the engine's Chunks (the last has `final=True`), and with
+        `positions=True` first a `Queued` each time the request's place in the queue changes. Raises
+        ValueError for bad requests, ServiceBusy when the queue wait times out.
 
         The take is recorded on the worker side, so it lands in the history (and in `request.take`, with
         `request.finished` set) even when the consumer goes away; a stopped take ends with a final chunk
         whose `metrics.stop_reason` is "cancelled"."""
         prompt_text, voice, style = self.prepare(request)
-        job = self._submit(lambda job: self._generate(job, request, prompt_text, voice, style), request.cancel)
         try:
-            if not self._wait_turn(job, request.on_position, self.queue_timeout):
-                return
-            yield from self._results(job)
+            yield from self.queued(lambda job: self._generate(job, request, prompt_text, voice, style),
+                                   request.cancel, positions=positions)
         finally:
             if not request.finished.is_set():
                 request.cancel.set()  # stopped, failed or abandoned by the consumer: free the worker
@@ -440,6 +465,17 @@ class StudioService:
         status["queue_depth"] = self.queue_depth
         status["control_tags"] = len(CONTROL_TAGS)
         return status
+
+
+def _check_unicode(what: str, value: str | None) -> None:
+    """Refuse text that is not valid Unicode: a lone surrogate (JSON allows "\\ud800") breaks the tokenizer."""
+    if value is None:
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} holds an invalid character at position {exc.start} (a lone UTF-16 surrogate). "
+                         "Send valid Unicode text.") from None
 
 
 def _with_stop_reason(metrics, reason: str):

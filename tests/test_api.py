@@ -510,14 +510,17 @@ def test_bad_key_is_refused_and_never_reaches_a_voice(base):
 @pytest.mark.slow
 def test_limits_give_clear_errors(base, client):
     def post(body, **kw):
-        return httpx.post(f"{base}/v1/audio/speech", headers={**auth(), **kw.pop("headers", {})}, timeout=60,
+        return httpx.post(f"{base}/v1/audio/speech", timeout=60,
+                          headers={**auth(), "Content-Type": "application/json", **kw.pop("headers", {})},
                           **({"content": body} if isinstance(body, (bytes, str)) else {"json": body}), **kw)
 
     big = post({"input": "a" * 5_000_000, "response_format": "wav"})
-    assert big.status_code == 400 and "limit is 4096" in big.json()["error"]["message"]
+    assert big.status_code == 400 and "limit is 100000" in big.json()["error"]["message"]
     assert raw_status(base, "/v1/audio/speech", "application/json", 17 * 2**20) == 413
     bad_json = post('{"input": "hi", ')
     assert bad_json.status_code == 400 and "not valid JSON" in bad_json.json()["error"]["message"]
+    form = post('{"input": "hi"}', headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert form.status_code == 415 and "application/json" in form.json()["error"]["message"]
     wrong_type = post({"input": ["not", "text"]})
     assert wrong_type.status_code == 422 and "`input`" in wrong_type.json()["error"]["message"]
     unknown_voice = post({"input": "Hi.", "voice": "nobody-by-this-name"})
@@ -620,3 +623,34 @@ def test_a_client_that_leaves_frees_the_engine(base):
     assert full["status"] == 200 and full["frames"] == "3000"
     assert depth <= 1  # the waiting client left the queue; at most the long take is still there
     assert freed_after < full["seconds"] / 2  # the abandoned take was stopped, not run to the end
+
+
+@pytest.mark.slow
+def test_a_long_input_streams_as_one_take_and_a_script_needs_known_speakers(base, client):
+    """Past OpenAI's 4096 characters `input` is planned into segments and streamed as one take (studio/
+    longform.py; its equality with the engine's own long take is tested in tests/test_longform_api.py)."""
+    text = ("The tide came in over the flats, slow and grey, and the birds lifted off the sand. " * 250)[:20_000]
+    body = {"max_frames": 12, "seed": 5}  # short segments: the machinery, not the demo model, is under test
+    pieces = []
+    with client.audio.speech.with_streaming_response.create(
+            model="higgs-audio-v3-tts", input=text, voice="default", response_format="pcm", extra_body=body) as r:
+        assert r.headers["x-seed"] == "5"
+        for data in r.iter_bytes():
+            pieces.append(data)
+    streamed = b"".join(pieces)
+    assert len(pieces) > 1 and len(streamed) > 100 * 2 * SAMPLES_PER_FRAME  # over a hundred segments' audio
+    again = httpx.post(f"{base}/v1/audio/speech", headers=auth(), timeout=300,
+                       json={"input": text, "response_format": "pcm", "stream": False, **body})
+    assert again.status_code == 200 and again.content == streamed  # the seed reproduces the long take
+
+    too_long = httpx.post(f"{base}/v1/audio/speech", headers=auth(), timeout=60,
+                          json={"input": "a " * 50_001, "response_format": "pcm"})
+    assert too_long.status_code == 400 and "the limit is 100000" in too_long.json()["error"]["message"]
+    script = "Alice: Hello there.\nBob: Hi, Alice."
+    unknown = httpx.post(f"{base}/v1/audio/speech", headers=auth(), timeout=60,
+                         json={"input": script, "voices": {"Alice": None}, "response_format": "pcm", **body})
+    assert unknown.status_code == 400 and "Bob" in unknown.json()["error"]["message"]
+    known = httpx.post(f"{base}/v1/audio/speech", headers=auth(), timeout=120,
+                       json={"input": script, "voices": {"Alice": None, "Bob": None}, "response_format": "pcm",
+                             **body})
+    assert known.status_code == 200 and len(known.content) > 0

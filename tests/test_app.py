@@ -29,11 +29,19 @@ def test_flags_and_env(monkeypatch):
 
 
 def test_spaces_binds_all_interfaces_and_keeps_downloads_on_data(monkeypatch, tmp_path):
+    """On a Space: all interfaces, a public page, voices private to each visitor, downloads on /data."""
     monkeypatch.setenv("SPACE_ID", "someone/higgs-studio")
     monkeypatch.delenv("HF_HOME", raising=False)
-    assert app.parse_args([]).host == "0.0.0.0"
+    for name in ("HIGGS_PRIVATE_VOICES", "HIGGS_PUBLIC_PAGE", "HIGGS_VOICE_PRESETS"):
+        monkeypatch.delenv(name, raising=False)
+    args = app.parse_args([])
+    assert (args.host, args.public_page, args.private_voices) == ("0.0.0.0", True, True)
+    monkeypatch.setenv("HIGGS_VOICE_PRESETS", str(tmp_path / "presets"))
+    assert app.parse_args([]).voices_presets == str(tmp_path / "presets")
     app.configure_spaces(tmp_path)
     assert os.environ["HF_HOME"] == str(tmp_path / ".huggingface")
+    monkeypatch.delenv("SPACE_ID")
+    assert not app.parse_args([]).private_voices and app.parse_args(["--private-voices"]).private_voices
 
 
 @pytest.mark.slow

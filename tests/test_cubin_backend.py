@@ -77,8 +77,9 @@ def test_composition_matches_torch_reference(tiny, precision):
         got, want = be.decode(row, pos + step), ref.decode(row, pos + step)
         assert close(got, want, precision), (step, rel_error(got, want), cosine(got, want))
     used = set(kernels.launches)
-    expect = {"gemm_w8a8", "gemv_w8a8", "gemv_w8a16_res", "gemv_w8a8_res"} if precision == "fp8" else \
-        {"gemm_bf16", "gemv_bf16", "gemv_bf16_res", "gemm_bf16_res"}
+    # prefill: the GEMMs; decode: the default v2 step (kernels/fused.py)
+    expect = {"gemm_w8a8", "gemv2_norm_w8a8", "gemv2_w8a16_res", "gemv2_silu_w8a8_res"} if precision == "fp8" else \
+        {"gemm_bf16", "gemm_bf16_res", "gemv2_norm_bf16", "gemv2_bf16_res", "gemv2_silu_bf16_res"}
     assert expect <= used, sorted(used)
     if precision == "fp8":
         L = be.layers[0]
@@ -107,6 +108,12 @@ def test_precision_resolution_and_probe():
     assert resolve_precision("bf16", torch.bfloat16) == "bf16"
     with pytest.raises(ValueError, match="bf16/fp8"):
         resolve_precision("auto", torch.float32)
-    reason = probe("cuda")
-    if reason is not None:
-        assert isinstance(reason, str) and reason
+
+
+def test_probe_passes_the_runtime_reason_through(monkeypatch):
+    from kernels import runtime
+
+    monkeypatch.setattr(runtime, "available", lambda device=0: (False, "no NVIDIA driver: a test reason"))
+    assert probe("cuda") == "no NVIDIA driver: a test reason"
+    monkeypatch.setattr(runtime, "available", lambda device=0: (True, "a GPU"))
+    assert probe("cuda") is None  # triton is installed here (requirements-dev.txt)

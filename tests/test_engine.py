@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.generate import Chunk, Engine, Metrics
+from engine.generate import FIRST_PUSH_FRAMES, Chunk, Engine, Metrics
 from engine.model import rel_error
 from engine.prompt import Prompt, VoiceRef
 
@@ -74,7 +74,8 @@ def test_stream_equals_one_shot_and_metrics(engine, parity_dir):
     chunks = list(engine.generate_stream(prompt=prompt, temperature=0.8, seed=3, max_frames=80, repeat_guard=None))
     assert all(isinstance(c, Chunk) for c in chunks) and chunks[-1].final and not any(c.final for c in chunks[:-1])
     assert len(chunks) >= 3  # streamed, not one blob
-    assert len(chunks[0].audio) < len(chunks[1].audio) or len(chunks[0].audio) <= 960 * 8  # small first chunk
+    # small first chunk: the engine pushes its first FIRST_PUSH_FRAMES complete frames, then doubles
+    assert 0 < len(chunks[0].audio) <= FIRST_PUSH_FRAMES * 960 < len(chunks[1].audio)
     streamed = np.concatenate([c.audio for c in chunks])
     codes = engine.predict(prompt=prompt, temperature=0.8, seed=3, max_frames=80, repeat_guard=None)
     one_shot = engine.synthesize(codes)

@@ -238,6 +238,49 @@ def test_committed_sass(cc, name):
         assert tensor_core_ops(ops, expected_mma(kind, m.target)), f"{m.target}/{name}: no {expected_mma(kind, m.target)}"
 
 
+def elf_shared_sections(cubin: Path) -> dict[str, int]:
+    """Section name -> size of every .nv.shared.* section, from `cuobjdump -elf`'s section table."""
+    rows = re.findall(r"^\s*[0-9a-f]+\s+[0-9a-f]+\s+([0-9a-f]+)\s.*NOBITS.*\s(\.nv\.shared\.\S+)$",
+                      cuobjdump("-elf", cubin), re.M)
+    return {name: int(size, 16) for size, name in rows}
+
+
+@needs_committed
+@pytest.mark.parametrize("cc,name", COMMITTED)
+def test_committed_static_shared_memory(cc, name):
+    """The manifest's static shared memory is what cuobjdump reports for the kernel (SHARED) plus ptxas'
+    reserved sections, and static + dynamic over 48 KiB is flagged for the loader's opt-in."""
+    m = mf.load(cc)
+    e = m.kernels[name]
+    cubin = m.root / e.cubin
+    shared = int(re.search(r"SHARED:(\d+)", cuobjdump("-res-usage", cubin)).group(1))
+    sections = elf_shared_sections(cubin)
+    reserved = sum(v for k, v in sections.items() if k.startswith(".nv.shared.reserved."))
+    assert sections.get(f".nv.shared.{e.symbol}", 0) == shared
+    assert e.static_shared == shared + reserved, (m.target, name, sections)
+    assert e.needs_smem_opt_in == (e.shared + e.static_shared > 48 * 1024)
+
+
+# The driver each target must load on (the aim of the cubin toolchain): R570 is the first driver for the
+# RTX 5090 (sm_120a needs a 12.8 ptxas at least), and Ada/Hopper cubins load on any CUDA 12 driver.
+DRIVER_TARGETS = {89: 12000, 90: 12000, 120: 12080}
+
+
+@needs_committed
+@pytest.mark.parametrize("cc", sorted({cc for cc, _ in COMMITTED}))
+def test_committed_toolchain_meets_driver_targets(cc):
+    m = mf.load(cc)
+    t = m.toolchain
+    assert t.ptxas.startswith("12.") and tuple(map(int, t.ptxas.split(".")[:2])) >= (12, 8), t
+    assert t.min_driver_cuda <= DRIVER_TARGETS[cc] and t.min_driver_cuda == mf.min_driver_cuda(cc, t.ptxas), t
+    assert t.min_driver == mf.DRIVER_FOR_CUDA[t.min_driver_cuda]
+    # the ELF ABI each cubin carries matches the manifest: 7 for Ada/Hopper from a 12.x ptxas (13.x writes 8,
+    # which needs R580); Blackwell cubins are ABI 8 from any ptxas that knows them
+    assert t.elf_abi == (8 if cc >= 100 else 7)
+    for e in m.kernels.values():
+        assert mf.cubin_elf(m.cubin_bytes(e.name), e.symbol)[0] == t.elf_abi
+
+
 @needs_committed
 @pytest.mark.slow
 def test_committed_cubins_are_up_to_date():

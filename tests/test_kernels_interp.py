@@ -20,7 +20,7 @@ from engine import sampling  # noqa: E402
 from kernels import ops, reference as ref  # noqa: E402
 from kernels.common import to_e4m3  # noqa: E402
 from tests import interp_rounding  # noqa: E402
-from tests.conftest import PARITY  # noqa: E402
+from tests.conftest import PARITY, parity_missing  # noqa: E402
 from tests.helpers import rel_err  # noqa: E402
 
 interp_rounding.install()
@@ -324,9 +324,10 @@ def _scripted_logits(step, overrides):
     return logits
 
 
-@pytest.mark.skipif(not (PARITY / "stop_trace.json").exists(), reason="parity fixture not found")
 def test_sampler_stop_state_matches_sglang_trace():
     """Greedy kernel steps on the fixture's scripted logits reproduce sglang-omni's emitted rows and stop."""
+    if not (PARITY / "stop_trace.json").exists():
+        parity_missing(str(PARITY / "stop_trace.json"))
     cases = json.loads((PARITY / "stop_trace.json").read_text())["cases"]
     for case in cases:
         state, params = ops.sampler_state(0, 0, 0.0, 1.0, "cpu")

@@ -18,11 +18,12 @@ from kernels import manifest as mf
 from kernels import runtime
 
 REPO = Path(__file__).resolve().parents[1]
+TOOLCHAIN = mf.Toolchain(ptxas="12.9", elf_abi=7, min_driver_cuda=12000, min_driver="525.60.13")
 
 
 def _entry(signature: dict[str, str], **kw) -> mf.KernelEntry:
     base = dict(name="k", symbol="k", cubin="k.cubin", sha256="0" * 64, module="m", num_warps=4, num_stages=3,
-                num_ctas=1, shared=0, global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0,
+                num_ctas=1, shared=0, static_shared=0, global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0,
                 profile_scratch_align=1, constexprs={}, params=mf.make_params(signature))
     return mf.KernelEntry(**{**base, **kw})
 
@@ -73,8 +74,10 @@ def test_available_needs_cuda_torch(monkeypatch, tmp_path):
     """With a supported GPU and a manifest but a CPU torch build, the reason says so."""
     (tmp_path / "sm_90a").mkdir()
     (tmp_path / "sm_90a" / mf.MANIFEST).write_text(json.dumps(
-        {"schema": mf.SCHEMA, "cc": 90, "target": "sm_90a", "triton": "3.9.0", "sources": {}, "kernels": {}}))
-    monkeypatch.setattr(runtime, "probe_driver", lambda device=0: runtime.Probe(True, "", cc=90, name="NVIDIA H200"))
+        {"schema": mf.SCHEMA, "cc": 90, "target": "sm_90a", "triton": "3.9.0", "sources": {}, "kernels": {},
+         "toolchain": dict(TOOLCHAIN.__dict__)}))
+    monkeypatch.setattr(runtime, "probe_driver", lambda device=0: runtime.Probe(True, "", cc=90, name="NVIDIA H200",
+                                                                                driver_cuda=12080))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     runtime._available.cache_clear()
     try:
@@ -97,7 +100,8 @@ def test_manifest_validation_catches_bad_layout_and_hash(tmp_path):
     d = tmp_path / "sm_89"
     d.mkdir()
     (d / "k.cubin").write_bytes(b"cubin")
-    m = mf.Manifest(cc=89, target="sm_89", triton="3.9.0", sources={}, kernels={"k": e}, root=d)
+    m = mf.Manifest(cc=89, target="sm_89", triton="3.9.0", sources={}, kernels={"k": e}, root=d,
+                    toolchain=TOOLCHAIN)
     (d / mf.MANIFEST).write_text(m.to_json())
     assert mf.load(89, tmp_path).kernels["k"] == e
     (d / "k.cubin").write_bytes(b"other")
@@ -162,7 +166,7 @@ def test_cubin_kernels_launch_path_with_recording_loader(tmp_path):
     d.mkdir()
     (d / "scale.cubin").write_bytes(b"ELF")
     (d / mf.MANIFEST).write_text(mf.Manifest(cc=120, target="sm_120a", triton="3.9.0", sources={},
-                                             kernels={"scale": e}, root=d).to_json())
+                                             kernels={"scale": e}, root=d, toolchain=TOOLCHAIN).to_json())
     loader = RecordingLoader()
     k = runtime.CubinKernels(loader=loader, root=tmp_path, cc=120)
     assert loader.loaded == [("scale_kernel", 3)] and "scale" in k

@@ -1,11 +1,14 @@
-"""A whole decode step of the tiny parity Qwen3 composed from `kernels.ops`, on the CPU interpreter.
+"""The engine's GPU step composition itself (`engine.backends.cubin.CubinBackend`, launching `kernels.ops`)
+on the tiny parity Qwen3, on the CPU interpreter: the same object the engine runs, so this test and the
+product cannot drift apart.
 
-Three models run the same prompt: (1) the kernels in BF16, (2) the kernels in FP8 (W8A8 for qkv / gate_up /
-down with static activation scales, FP8 weights with bf16 activations for o_proj), and (3) a plain torch
-reference step written here that rounds to bf16 at exactly the points where the kernels store bf16 tensors
-(everything in between in fp32). BF16 kernels must match (3) to fp32-accumulation-order noise, pick the
-same greedy codes for 20 rows (the sampler kernel feeding its fused embedding back), and stay close to the
-engine's own torch model. FP8 is checked teacher-forced on the first BF16 rows (logit cosine, printed).
+Three models run the same prompt: (1) the backend in BF16, its fused decode (`begin` / `rows`: the sampler
+kernel picks each greedy row and writes the next input embedding), (2) the backend in FP8 (W8A8 for qkv /
+gate_up / down with the static activation scales its own calibration sets, FP8 weights with bf16
+activations for o_proj), and (3) a plain torch reference step written here that rounds to bf16 at exactly
+the points where the kernels store bf16 tensors (everything in between in fp32). BF16 must match (3) to
+fp32-accumulation-order noise, pick the same greedy codes for 20 rows, and stay close to the engine's own
+torch model. FP8 is checked teacher-forced on the first BF16 rows (logit cosine).
 """
 
 import os
@@ -19,6 +22,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from engine.backends.cubin import CubinBackend  # noqa: E402
+from engine.checkpoint import load_checkpoint  # noqa: E402
 from engine.config import Dims  # noqa: E402
 from kernels import ops  # noqa: E402
 from tests import interp_rounding  # noqa: E402
@@ -44,7 +49,7 @@ def r(t):
 
 
 class Weights:
-    """The tiny checkpoint in kernel layout: fused qkv and gate_up, bf16 (or fp8 + per-channel scales)."""
+    """The tiny checkpoint for the torch reference, in kernel layout: fused qkv and gate_up, bf16."""
 
     def __init__(self, root):
         from safetensors.torch import load_file
@@ -65,59 +70,10 @@ class Weights:
         self.norm = b("body.norm.weight")
         self.audio = b("tied.embedding.modality_embeddings.0.embedding.weight")
         self.text = sd["tied.embedding.text_embedding.weight"].to(BF16)
-        self.state = sd
-
-
-class KernelModel:
-    """The decode step (and a prefill) as the engine's GPU backend composes it, every op a kernel."""
-
-    def __init__(self, w: Weights, *, fp8_scales: dict | None = None):
-        d = w.dims
-        self.w, self.d, self.fp8 = w, d, fp8_scales is not None
-        self.k = [torch.zeros(d.kv_heads, MAX_LEN, d.head_dim, dtype=BF16) for _ in range(d.layers)]
-        self.v = [torch.zeros(d.kv_heads, MAX_LEN, d.head_dim, dtype=BF16) for _ in range(d.layers)]
-        self.cos, self.sin = ops.rope_tables(d.rope_theta, d.head_dim, MAX_LEN)
-        self.pos = torch.zeros(1, dtype=torch.int32)           # device-resident position
-        self.q8 = []
-        if self.fp8:
-            for i, lw in enumerate(w.layers):
-                q = {n: ops.quantize_weight_fp8(lw[n]) for n in ("qkv", "o", "gate_up", "down")}
-                q.update({f"s_{n}": torch.tensor([fp8_scales[i][n]]) for n in ("qkv", "gate_up", "down")})
-                self.q8.append(q)
-
-    def _linear(self, i, name, x, *, residual=None, out=None):
-        if not self.fp8:
-            return ops.linear(x, self.w.layers[i][name], residual=residual, out=out)
-        w8, ws = self.q8[i][name]
-        xs = self.q8[i].get(f"s_{name}")                        # None for o_proj: bf16 activations
-        return ops.linear(x, w8, w_scale=ws, x_scale=xs, residual=residual, out=out)
-
-    def _scale(self, i, name):
-        return self.q8[i][f"s_{name}"] if self.fp8 else None
-
-    def forward(self, x, start):
-        """x [L, hidden] bf16 (the residual stream, updated in place) at positions start… → fp32 logits."""
-        d, n = self.d, x.shape[0]
-        self.pos[0] = start
-        for i, lw in enumerate(self.w.layers):
-            hn = ops.rmsnorm(x, lw["in_norm"], d.rms_eps, scale=self._scale(i, "qkv"))
-            qkv = self._linear(i, "qkv", hn)
-            q = ops.qk_norm_rope_kv(qkv, lw["q_norm"], lw["k_norm"], self.cos, self.sin, self.pos, self.k[i],
-                                    self.v[i], heads=d.heads, kv_heads=d.kv_heads, eps=d.rms_eps)
-            if n == 1:
-                a = ops.decode_attention(q[0], self.k[i], self.v[i], self.pos).view(1, -1)
-            else:
-                a = ops.prefill_attention(q, self.k[i], self.v[i], self.pos).view(n, -1)
-            self._linear(i, "o", a, residual=x, out=x)
-            hn = ops.rmsnorm(x, lw["post_norm"], d.rms_eps, scale=self._scale(i, "gate_up"))
-            act = ops.silu_mul(self._linear(i, "gate_up", hn), scale=self._scale(i, "down"))
-            self._linear(i, "down", act, residual=x, out=x)
-        return ops.audio_head(x[-1], self.w.audio, self.w.norm, d.rms_eps).view(d.codebooks, d.codebook_vocab)
 
 
 class TorchReference:
-    """Plain torch step with the kernels' storage points (bf16) and fp32 math in between; also records the
-    activation amax at each FP8 quantisation point for static scale calibration."""
+    """Plain torch step with the kernels' storage points (bf16) and fp32 math in between."""
 
     def __init__(self, w: Weights):
         d = w.dims
@@ -126,7 +82,6 @@ class TorchReference:
         self.v = torch.zeros(d.layers, d.kv_heads, MAX_LEN, d.head_dim)
         cos, sin = ops.rope_tables(d.rope_theta, d.head_dim, MAX_LEN)
         self.cos, self.sin = cos.float(), sin.float()
-        self.amax = [dict(qkv=0.0, gate_up=0.0, down=0.0) for _ in range(d.layers)]
 
     def _norm(self, x, w):
         return r(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.d.rms_eps) * w.float())
@@ -159,8 +114,6 @@ class TorchReference:
             gu = r(hn2 @ lw["gate_up"].float().T)
             g, u = gu.chunk(2, -1)
             act = r(F.silu(g) * u)
-            for name, t in (("qkv", hn), ("gate_up", hn2), ("down", act)):
-                self.amax[i][name] = max(self.amax[i][name], float(t.abs().max()))
             x = r(r(act @ lw["down"].float().T) + x)
         return (self._norm(x[-1], self.w.norm) @ self.w.audio.float().T).view(d.codebooks, d.codebook_vocab)
 
@@ -172,43 +125,44 @@ def embed_row(w, row):
 
 @pytest.fixture(scope="module")
 def run(parity_dir):
-    """Prefill + 20 greedy rows through the BF16 kernels and the reference; FP8 teacher-forced on the rows."""
+    """Prefill + 20 greedy rows through the BF16 backend and the reference; FP8 teacher-forced on the rows."""
     saved = {name: dict(getattr(ops, name)) for name in FAST_TILES}
     for name, tiles in FAST_TILES.items():
         getattr(ops, name).update(tiles)
     try:
         w = Weights(parity_dir / "tiny_checkpoint")
+        ckpt = load_checkpoint(parity_dir / "tiny_checkpoint", progress=False)
         d = w.dims
         prompt = json.loads((parity_dir / "zero_shot.json").read_text())
         ids = torch.tensor(prompt["prompt_ids"])
-        x0 = w.text[ids]                                                   # bf16 [L, hidden]
-        ref, kern = TorchReference(w), KernelModel(w)
+        ref = TorchReference(w)
+        kern = CubinBackend(ckpt.dims, ckpt.backbone, ops=ops, device="cpu", precision="bf16", max_len=MAX_LEN)
         out = dict(w=w, prompt=prompt, parity_dir=parity_dir, ref_logits=[], kern_logits=[], ref_rows=[], kern_rows=[])
-        out["ref_logits"].append(ref.forward(x0.float(), 0))
-        out["kern_logits"].append(kern.forward(x0.clone(), 0))
+        out["ref_logits"].append(ref.forward(w.text[ids].float(), 0))
+        out["kern_logits"].append(kern.prefill(ids, None, 0))
         n0 = len(ids)
 
-        # Greedy take: the sampler kernel picks the row and writes the next input embedding.
-        state, params = ops.sampler_state(0, 0, 0.0, 1.0, "cpu")
-        rows = torch.full((STEPS, d.codebooks), -1, dtype=torch.int32)
-        x_next = torch.empty(d.hidden, dtype=BF16)
+        # Greedy take through the fused decode: each rows(1) samples a row on the device (the sampler
+        # kernel, which also writes the next input embedding) and runs the step that feeds it.
+        kern.begin(out["kern_logits"][0], n0, seed=0, temperature=0.0, top_k=0, top_p=1.0, max_rows=STEPS)
         for s in range(STEPS):
             ref_row = out["ref_logits"][-1].argmax(-1)
             ref_row[s + 1:] = d.boc
             out["ref_rows"].append(ref_row.tolist())
-            ops.sample(out["kern_logits"][-1], w.audio, state, params, rows, x_next)
-            out["kern_rows"].append(rows[s].tolist())
+            rows, _ = kern.rows(1)
+            out["kern_rows"].append(rows[0].tolist())
             if s + 1 < STEPS:
                 out["ref_logits"].append(ref.forward(embed_row(w, ref_row)[None], n0 + s))
-                out["kern_logits"].append(kern.forward(x_next.clone()[None], n0 + s))
-        out["x_next"], out["ref_x_next"] = x_next, embed_row(w, out["ref_rows"][-1])
+                out["kern_logits"].append(kern.logits.view(d.codebooks, d.codebook_vocab).clone())
+        out["x_next"], out["ref_x_next"] = kern.x_row.view(-1), embed_row(w, out["ref_rows"][-1])
 
-        # FP8: static activation scales from the reference's amax (25% headroom), teacher-forced on the rows.
-        scales = [{k: v * 1.25 / 448 for k, v in a.items()} for a in ref.amax]
-        k8 = KernelModel(w, fp8_scales=scales)
-        out["fp8_logits"] = [k8.forward(x0.clone(), 0)]
+        # FP8: the backend calibrates its static activation scales on its built-in prompt (2 decode steps
+        # instead of 16: the interpreter is slow), then runs teacher-forced on the BF16 rows.
+        k8 = CubinBackend(ckpt.dims, ckpt.backbone, ops=ops, device="cpu", precision="fp8", max_len=MAX_LEN,
+                          calibration_steps=2)
+        out["fp8_logits"] = [k8.prefill(ids, None, 0)]
         for s in range(FP8_STEPS - 1):
-            out["fp8_logits"].append(k8.forward(embed_row(w, out["kern_rows"][s]).to(BF16)[None], n0 + s))
+            out["fp8_logits"].append(k8.decode(torch.tensor(out["kern_rows"][s]), n0 + s))
         return out
     finally:
         for name, tiles in saved.items():
@@ -236,6 +190,8 @@ def test_bf16_prefill_close_to_fp32_fixture(run):
     assert err < 5e-2
     agree = sum(a == b for a, b in zip(run["kern_rows"], run["prompt"]["rows"][:STEPS]))
     print(f"BF16 kernel greedy rows equal to the fp32 fixture's: {agree}/{STEPS}")
+    # measured 20/20; bf16 storage may flip a near-tie late in the take, a broken step flips most rows
+    assert agree >= STEPS - 2
 
 
 def test_fp8_teacher_forced_logits(run):

@@ -42,8 +42,12 @@ def test_seeds_are_63_bit_and_options_merge():
 
 
 def test_studio_and_voice_library_accept_the_same_seeds():
-    from studio import service, voices
-    assert service.MAX_SEED == MAX_SEED and voices.SEED_LIMIT == SEED_LIMIT
+    from studio import service
+    from studio.voices.model import VoiceError, clean_seed
+    assert service.MAX_SEED == MAX_SEED
+    assert clean_seed(MAX_SEED) == MAX_SEED
+    with pytest.raises(VoiceError, match="2\\*\\*63"):
+        clean_seed(SEED_LIMIT)
 
 
 def test_both_engines_are_speech_engines(parity_dir):

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-import studio.voices as voices_mod
+import studio.voices.bundles as bundles_mod
+import studio.voices.store as store_mod
 from engine.audio import ReferenceAudioError
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from studio.voices import (ENTRY_LIMITS, Consent, VoiceError, VoiceImportError, VoiceLibrary, VoiceNotFound,
@@ -393,11 +394,15 @@ def test_import_is_all_or_nothing(tmp_path, source):
 
 def test_oversized_bundle_and_too_many_entries(tmp_path, source, monkeypatch):
     target = VoiceLibrary(tmp_path / "target")
-    monkeypatch.setattr(voices_mod, "MAX_IMPORT_BYTES", 1000)
-    with pytest.raises(VoiceImportError, match="larger than"):
+    monkeypatch.setattr(bundles_mod, "MAX_IMPORT_BYTES", 1000)
+    with pytest.raises(VoiceImportError, match=r"MB; the limit is 0 MB"):
         target.import_zip(source.export_zip())
+    bundle = tmp_path / "big.zip"
+    bundle.write_bytes(b"\0" * 1001)  # not even a zip: the size is refused before the file is read
+    with pytest.raises(VoiceImportError, match="the limit is"):
+        target.import_zip(bundle)
     monkeypatch.undo()
-    many = {f"f{i}/voice.json": b"{}" for i in range(voices_mod.MAX_IMPORT_VOICES * 4 + 1)}
+    many = {f"f{i}/voice.json": b"{}" for i in range(bundles_mod.MAX_IMPORT_VOICES * 4 + 1)}
     with pytest.raises(VoiceImportError, match="entries"):
         target.import_zip(_zip(many))
     # One entry over its own limit (64 KiB for voice.json), though the bundle is small.
@@ -414,7 +419,7 @@ def test_crash_while_adding_loses_nothing(lib, monkeypatch):
     real_rename = os.rename
 
     def crash(src, dst, *args, **kwargs):
-        if Path(src).name.startswith(".tmp-"):
+        if Path(src).parent.name.startswith(".stage-"):
             raise OSError("power cut")
         return real_rename(src, dst, *args, **kwargs)
 
@@ -431,6 +436,7 @@ def test_leftovers_of_a_real_crash_are_invisible_and_swept(lib):
     # What a process killed mid-write leaves: a full temp voice, a half-deleted voice, a temp json.
     half = lib.root / ".tmp-0123"
     shutil.copytree(keep.path, half)
+    shutil.copytree(keep.path, lib.root / ".stage-0123" / "v_0123456789abcdef")  # staged, never committed
     shutil.copytree(keep.path, lib.root / ".trash-4567")
     (keep.path / ".voice-89ab.tmp").write_text("{")
     assert [v.id for v in lib.list()] == [keep.id]
@@ -438,6 +444,21 @@ def test_leftovers_of_a_real_crash_are_invisible_and_swept(lib):
     assert sorted(p.name for p in reopened.root.iterdir()) == [".lock", keep.id]
     assert sorted(p.name for p in keep.path.iterdir()) == ["audio.wav", "voice.json"]
     assert reopened.get("keep") == keep
+
+
+def test_a_committed_write_interrupted_by_a_crash_is_completed_on_open(lib, tmp_path):
+    keep = lib.add(clip(), name="Keep", consent=CONSENT)
+    other = VoiceLibrary(tmp_path / "other").add(clip(pitch=280, seed=11), name="Second", consent=CONSENT)
+    # A crash after the commit mark, with one voice renamed into place and one still staged.
+    stage = lib.root / ".stage-89ab"
+    stage.mkdir()
+    shutil.move(keep.path, stage / keep.id)
+    shutil.copytree(other.path, stage / other.id)
+    (stage / "COMMIT").write_text(f"{keep.id}\n{other.id}")
+    shutil.move(stage / keep.id, keep.path)
+    reopened = VoiceLibrary(lib.root)
+    assert sorted(v.name for v in reopened.list()) == ["Keep", "Second"]
+    assert sorted(p.name for p in reopened.root.iterdir()) == sorted([".lock", keep.id, other.id])
 
 
 def test_crash_while_updating_or_deleting_keeps_the_voice(lib, monkeypatch):
@@ -466,7 +487,7 @@ def test_crash_during_a_multi_voice_import_rolls_back(tmp_path, source, monkeypa
     renamed = []
 
     def crash_second(src, dst, *args, **kwargs):
-        if Path(src).name.startswith(".tmp-"):
+        if Path(src).parent.name.startswith(".stage-"):
             if renamed:
                 raise OSError("power cut")
             renamed.append(dst)
@@ -601,8 +622,8 @@ def test_default_root(monkeypatch, tmp_path):
     monkeypatch.setenv("HIGGS_VOICES_DIR", str(tmp_path / "env"))
     assert default_voices_dir() == tmp_path / "env"
     monkeypatch.delenv("HIGGS_VOICES_DIR")
-    monkeypatch.setattr(voices_mod, "SPACES_DATA", tmp_path)
+    monkeypatch.setattr(store_mod, "SPACES_DATA", tmp_path)
     assert default_voices_dir() == tmp_path / "higgs-studio" / "voices"
-    monkeypatch.setattr(voices_mod, "SPACES_DATA", tmp_path / "absent")
+    monkeypatch.setattr(store_mod, "SPACES_DATA", tmp_path / "absent")
     import platformdirs
     assert default_voices_dir() == Path(platformdirs.user_data_dir("higgs-studio")) / "voices"

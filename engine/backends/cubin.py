@@ -2,11 +2,17 @@
 interface of docs/ARCHITECTURE.md (`prefill`, `decode`, `setup_cache`, `max_len`), plus a fused decode
 that samples on the device and replays the whole step as one CUDA graph.
 
-One decode step, per layer (9 launches), then the head and the sampler:
+One decode step of variant "v1", per layer (10 launches), then the head and the sampler:
 
-    rmsnorm(h) -> fp8 x   | gemv qkv (W8A8)  | q/k norm + RoPE + KV write | split-K attention + combine
+    rmsnorm(h) -> fp8 x   | gemv qkv (W8A8)  | q/k norm + RoPE + KV write | split-K attention | combine
     gemv o_proj (W8A16, + residual into h)   | rmsnorm(h) -> fp8 | gemv gate_up (W8A8) | silu·mul -> fp8
     gemv down (W8A8, + residual into h)      ... audio head (final norm fused) -> fp32 logits -> sampler
+
+Variant "v2" (the default, kernels/fused.py) runs the same math in 5 launches per layer: the norms and
+silu·mul move into the prologue of the GEMV that consumes them, and q/k norm + RoPE + KV write and the
+combine into the attention kernel. Prefill, and the BF16 calibration pass (which must observe the
+quantised inputs), always use v1's kernels. "v1" stays selectable so a device check can time both steps
+in one run on the same GPU.
 
 The backend takes an `ops` provider: `kernels.runtime.cubin_ops(CubinKernels())` on a GPU, or the
 interpreter (`kernels.ops` / `cubin_ops(InterpretedKernels(...))`) in the CPU tests, so CI runs this very
@@ -17,11 +23,20 @@ load and static per-tensor activation scales, calibrated once at load by running
 through the BF16 path (never from a user's request, so a take does not depend on which request came
 first); o_proj keeps bf16 activations (W8A16: attention output has no fused quantiser). The BF16 copies
 of quantised weights are freed after calibration. "bf16" keeps every weight in bf16.
+
+Self-check. `load` trusts the kernels only after `self_check`: a fixed 32-token prompt and 8 teacher-forced
+decode steps through this backend and through the torch path on the same device and weights, compared by
+logit cosine and greedy agreement against documented thresholds. A failure raises `SelfCheckFailed`, which
+the engine turns into the torch path under backend "auto" (with the figures as the reason) and into an
+error when "cubin" was asked for; a pass puts the figures in `engine.info["self_check"]`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +45,7 @@ from engine.config import Dims
 from engine.model import embed_prompt
 
 PRECISIONS = ("fp8", "bf16")
+VARIANTS = ("v1", "v2")
 FP8_MAX = 448.0
 # Static activation scales map the calibration amax to half the e4m3 range: one binade of headroom for
 # prompts whose activations exceed the calibration prompt's, at the cost of one bit near the top.
@@ -58,10 +74,13 @@ class CubinBackend:
     """Owns the fused weights, KV caches, positions and sampler state of one model on one device."""
 
     def __init__(self, dims: Dims, backbone: dict[str, torch.Tensor], *, ops, device, precision: str = "fp8",
-                 max_len: int = 4096, stream=None, calibration_steps: int = CALIBRATION_DECODE_STEPS):
+                 max_len: int = 4096, stream=None, calibration_steps: int = CALIBRATION_DECODE_STEPS,
+                 variant: str = "v2"):
         if precision not in PRECISIONS:
             raise ValueError(f"cubin backend precision must be one of {PRECISIONS}, got {precision!r}")
-        self.dims, self.ops, self.precision = dims, ops, precision
+        if variant not in VARIANTS:
+            raise ValueError(f"cubin backend variant must be one of {VARIANTS}, got {variant!r}")
+        self.dims, self.ops, self.precision, self.variant = dims, ops, precision, variant
         self.device, self.stream = torch.device(device), stream
         self.max_len = 0
         self.graph = None
@@ -90,6 +109,7 @@ class CubinBackend:
             self.pos = torch.zeros(1, dtype=torch.int32, device=dev)
             self.logits = torch.zeros(dims.audio_rows, dtype=torch.float32, device=dev)
             self.attn_scratch = ops.attention_scratch(dims.heads, dims.head_dim, dev)
+            self.fused_scratch = ops.fused_attention_scratch(dims.heads, dims.kv_heads, dims.head_dim, dev)
         self.setup_cache(max_len)
         if precision == "fp8":
             self._calibrate_and_quantize(calibration_steps)
@@ -157,6 +177,9 @@ class CubinBackend:
         writes fp32 logits of the last row into self.logits."""
         ops, d = self.ops, self.dims
         m = h.shape[0]
+        if m == 1 and self.variant == "v2" and self._calib is None:
+            self._layers_v2(h)
+            return
         for i, L in enumerate(self.layers):
             xn = ops.rmsnorm(h, L.ln1, d.rms_eps, scale=L.x_qkv)
             self._observe(i, "qkv", xn)
@@ -175,6 +198,21 @@ class CubinBackend:
             self._observe(i, "down", act)
             ops.linear(act, L.down, w_scale=L.down_s, x_scale=L.x_down, residual=h, out=h)
         ops.audio_head(h[-1], self.audio_w, self.norm_w, d.rms_eps, out=self.logits)
+
+    def _layers_v2(self, h: torch.Tensor) -> None:
+        """`_layers` for one decode row in 5 launches per layer (kernels/fused.py), same rounding points."""
+        ops, d = self.ops, self.dims
+        row = h.view(-1)
+        for L in self.layers:
+            qkv = ops.gemv2(row, L.qkv, prologue="norm", norm_w=L.ln1, eps=d.rms_eps, w_scale=L.qkv_s,
+                            x_scale=L.x_qkv)
+            a = ops.decode_attention_fused(qkv, L.q_norm, L.k_norm, self.cos, self.sin, self.pos, L.k, L.v,
+                                           heads=d.heads, eps=d.rms_eps, scratch=self.fused_scratch)
+            ops.gemv2(a.view(-1), L.o, w_scale=L.o_s, residual=row, out=row)
+            gu = ops.gemv2(row, L.gate_up, prologue="norm", norm_w=L.ln2, eps=d.rms_eps, w_scale=L.gate_up_s,
+                           x_scale=L.x_gate_up)
+            ops.gemv2(gu, L.down, prologue="silu", w_scale=L.down_s, x_scale=L.x_down, residual=row, out=row)
+        ops.audio_head(row, self.audio_w, self.norm_w, d.rms_eps, out=self.logits)
 
     def _embed(self, ids: torch.Tensor, ref_rows: torch.Tensor | None) -> torch.Tensor:
         """Prompt rows; reference rows are summed in fp32 and rounded once, as the sampler kernel writes
@@ -269,6 +307,85 @@ class CubinBackend:
             t.copy_(s)
 
 
+# -------------------------------------------------------------------------------------------- self-check
+# A fixed prompt of 32 tokens: the calibration prompt, then more ordinary text ids, so prefill runs the
+# GEMM path on a tile boundary's worth of rows; then SELF_CHECK_STEPS teacher-forced decode steps (GEMV).
+SELF_CHECK_IDS = CALIBRATION_IDS + (576, 4024, 6666, 2937, 8730, 311, 6351, 13, 151645, 198, 151644)
+SELF_CHECK_STEPS = 8
+# Thresholds. The cubin path and the torch path compute the same math, so on correct kernels they differ
+# by rounding: BF16 by accumulation order and bf16 stores (cosine min 0.9999, greedy 72/72 on the tiny
+# checkpoint), FP8 by the W8A8 quantisation (0.9944, 68/72 there; real weights' outlier channels cost
+# more, hence the margin). The broken GEMV/GEMM of tests/test_self_check.py (zeroed output, transposed
+# weight, FP8 weight scale off by 16×) gave cosine min 0.00 / -0.07 / -0.05; NaN counts as -1. Greedy
+# agreement counts codebook argmaxes equal to the torch path's; near-ties on random weights flip some under
+# FP8, so its floor is low: it is there for garbage, not for precision.
+SELF_CHECK_MIN_COSINE = {"bf16": 0.999, "fp8": 0.98}
+SELF_CHECK_MIN_GREEDY = {"bf16": 0.9, "fp8": 0.5}
+
+
+class SelfCheckFailed(RuntimeError):
+    """The cubin path disagrees with the torch path on the same weights: its kernels are not trusted."""
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    precision: str
+    cosine_min: float     # over the prefill and every decode step's logits; -1 for NaN/inf
+    greedy: int           # codebook argmaxes equal to the torch path's
+    total: int
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return (self.cosine_min >= SELF_CHECK_MIN_COSINE[self.precision]
+                and self.greedy >= SELF_CHECK_MIN_GREEDY[self.precision] * self.total)
+
+    @property
+    def summary(self) -> str:
+        return (f"{'passed' if self.ok else 'FAILED'}: {self.precision} logits vs the torch path, cosine min "
+                f"{self.cosine_min:.4f} (needs {SELF_CHECK_MIN_COSINE[self.precision]}), greedy "
+                f"{self.greedy}/{self.total} (needs {SELF_CHECK_MIN_GREEDY[self.precision]:.0%}), "
+                f"{len(SELF_CHECK_IDS)}-token prompt + {SELF_CHECK_STEPS} steps, {self.seconds:.1f} s")
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    c = float(F.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0))
+    return c if math.isfinite(c) and torch.isfinite(a).all() else -1.0
+
+
+def self_check(backend: CubinBackend, reference, *, ids=SELF_CHECK_IDS, steps: int = SELF_CHECK_STEPS) -> SelfCheck:
+    """Run `ids` and `steps` decode steps through `backend` and `reference` (the torch path on the same
+    device and weights), both fed the reference's greedy rows; compare every step's logits. The backend's
+    KV positions it writes are overwritten by the next take's prefill."""
+    t0 = time.perf_counter()
+    ids = torch.tensor(ids, dtype=torch.long)
+    got, want = backend.prefill(ids, None, 0), reference.prefill(ids.to(backend.device), None, 0)
+    pairs = [(got, want)]
+    for step in range(steps):
+        row = want.argmax(-1)
+        row[step + 1:] = backend.dims.boc  # the delay window, as calibration feeds it
+        got, want = backend.decode(row, len(ids) + step), reference.decode(row, len(ids) + step)
+        pairs.append((got, want))
+    cos = min(_cosine(g.float().cpu(), w.float().cpu()) for g, w in pairs)
+    greedy = sum(int((g.float().argmax(-1).cpu() == w.float().argmax(-1).cpu()).sum()) for g, w in pairs)
+    return SelfCheck(backend.precision, cos, greedy, sum(w.shape[0] for _, w in pairs), time.perf_counter() - t0)
+
+
+def run_self_check(backend: CubinBackend, checkpoint) -> SelfCheck:
+    """Build the torch path in bf16 on the backend's device for the check only, then free it: both copies
+    of the weights are held for the check's second or so (4B: 8 GB bf16 beside the 4.5 GB FP8 engine)."""
+    from engine.model import HiggsModel
+
+    reference = HiggsModel.from_state_dict(checkpoint.dims, checkpoint.backbone, dtype=BF16, device=backend.device,
+                                           max_len=len(SELF_CHECK_IDS) + SELF_CHECK_STEPS)
+    try:
+        return self_check(backend, reference)
+    finally:
+        del reference
+        if backend.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
 # -------------------------------------------------------------------------------------------- engine hook
 def probe(device) -> str | None:
     """Why the cubin backend cannot run on `device` (None when it can)."""
@@ -295,7 +412,8 @@ def resolve_precision(precision: str | None, dtype: torch.dtype | None) -> str:
     raise ValueError(f"unknown precision {precision!r} for the cubin backend; use 'auto', 'fp8' or 'bf16'")
 
 
-def load(checkpoint, *, device, dtype=None, max_len: int = 4096, precision: str | None = None) -> CubinBackend:
+def load(checkpoint, *, device, dtype=None, max_len: int = 4096, precision: str | None = None,
+         variant: str = "v2") -> CubinBackend:
     """Engine factory: CubinKernels for the device's arch, ops launched from them, weights from the
     checkpoint's internal names."""
     from kernels import runtime
@@ -304,8 +422,14 @@ def load(checkpoint, *, device, dtype=None, max_len: int = 4096, precision: str 
     kernels = runtime.CubinKernels(device.index or 0)
     ops = runtime.cubin_ops(kernels)
     backend = CubinBackend(checkpoint.dims, checkpoint.backbone, ops=ops, device=device,
-                           precision=resolve_precision(precision, dtype), max_len=max_len, stream=kernels.stream)
-    backend.info = {"kernel_arch": kernels.manifest.target, "kernel_loader": kernels.loader_name}
+                           precision=resolve_precision(precision, dtype), max_len=max_len, stream=kernels.stream,
+                           variant=variant)
+    check = run_self_check(backend, checkpoint)
+    if not check.ok:  # auto: the engine falls back to the torch path with this sentence; explicit: raises it
+        raise SelfCheckFailed(f"the cubin kernels' self-check {check.summary}")
+    backend.info = {"kernel_arch": kernels.manifest.target, "kernel_variant": variant,
+                    "kernel_loader": f"{kernels.loader_name} ({kernels.loader_reason})",
+                    "self_check": check.summary}
     return backend
 
 

@@ -1,0 +1,150 @@
+"""Who may do what (docs/SECURITY.md): the owner's key, the public page's limits, and the cross-site rule.
+
+    access = Access(api_key, public_page=False)
+    access.bearer_ok(request.headers.get("authorization"))   # /v1 routes and MCP tools
+    access.launch_kwargs()                                   # Gradio's login, when the page needs one
+    @access.owner_only                                       # a page handler that changes the shared library
+    access.limit_public(synthesis_request, gr_request)       # the public page's generation limits
+    access.cross_site_refusal(origin, host)                  # a keyless server refuses other sites' writes
+    friendly_queue_full(demo)                                # a full queue answers with a sentence
+
+Every limit of a public studio, with its flag, is listed in docs/SPACES.md ("Limits").
+
+Without a key (the local default) whoever can reach the studio is its owner. With a key, the owner is whoever
+shows it: as `Authorization: Bearer <key>` (HTTP API, MCP, scripts), or as the password of the page's login.
+The page's events are checked here, on the server, because Gradio's queue runs any event by its `fn_index`
+whatever the page shows.
+"""
+
+from __future__ import annotations
+
+import hmac
+import inspect
+import typing
+from urllib.parse import urlsplit
+
+import gradio as gr
+
+from engine.config import FRAME_RATE
+from engine.delay import default_max_frames
+
+# What a visitor of a public page (a key set, no login) may generate: a minute of speech from a short text.
+PUBLIC_MAX_FRAMES = 1500  # 60 s at 25 frames per second
+PUBLIC_MAX_TEXT_CHARS = 1000
+DEFAULT_QUEUE_SIZE = 64  # takes waiting in Gradio's queue (--queue-size); each holds a browser connection
+QUEUE_FULL = ("The studio is busy: {size} requests are already waiting for the GPU. Try again in a minute.")
+OWNER_ONLY = ("Only the studio's owner can see the voice library's details, change or export it, and save style "
+              "presets. Log in with the studio's key, or use the HTTP API with `Authorization: Bearer <key>`.")
+OWNER_ONLY_LONG = ("Long texts and scripts are for the studio's owner: on the public page a take is up to "
+                   f"{PUBLIC_MAX_TEXT_CHARS} characters (use the Studio tab). Log in with the studio's key, or send "
+                   "long input to /v1/audio/speech with `Authorization: Bearer <key>`.")
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+class Access:
+    """The studio's access rule, shared by the page, the HTTP API and the MCP tools."""
+
+    def __init__(self, api_key: str | None = None, *, public_page: bool = False,
+                 public_max_chars: int = PUBLIC_MAX_TEXT_CHARS, public_max_frames: int = PUBLIC_MAX_FRAMES):
+        self.api_key = api_key or None
+        self.public_page = public_page
+        self.public_max_chars = public_max_chars  # --public-max-chars
+        self.public_max_frames = public_max_frames  # --public-max-seconds × 25
+
+    def bearer_ok(self, authorization: str | None) -> bool:
+        """True if no key is set, or `authorization` is `Bearer <key>` (compared in constant time)."""
+        if self.api_key is None:
+            return True
+        scheme, _, token = (authorization or "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+
+    def login(self, username: str, password: str) -> bool:
+        """Gradio's `auth=` check: any user name, the key as the password."""
+        return bool(username) and self.api_key is not None and hmac.compare_digest(
+            str(password).encode(), self.api_key.encode())
+
+    def launch_kwargs(self) -> dict:
+        """`auth=` for `Blocks.launch`: with a key, the page needs the owner's login unless it is public."""
+        if self.api_key is None or self.public_page:
+            return {}
+        return {"auth": self.login, "auth_message": "Higgs Studio: log in with any name and the studio's key."}
+
+    def is_owner(self, request: gr.Request | None) -> bool:
+        """A page event comes from the owner: no key is set, the session logged in, or it carries the key."""
+        if self.api_key is None:
+            return True
+        if request is None:
+            return False
+        if getattr(request, "username", None):  # only Gradio's login (the key as password) sets it
+            return True
+        headers = getattr(request, "headers", None) or {}
+        return self.bearer_ok(headers.get("authorization"))
+
+    def owner_only(self, fn, *, message: str = OWNER_ONLY):
+        """Wrap a page handler that changes or exports the shared library or presets (or is beyond the public
+        limits): for anyone but the owner it raises an error saying `message` and `fn` never runs. The wrapper
+        takes Gradio's request as an extra first parameter (Gradio fills parameters annotated `gr.Request` and
+        `gr.SelectData` by position); a generator stays a generator, so Gradio still streams it."""
+        hints = typing.get_type_hints(fn)
+        params = [p.replace(annotation=hints.get(p.name, p.annotation))
+                  for p in inspect.signature(fn).parameters.values()]
+
+        def check(request) -> None:
+            if not self.is_owner(request):
+                raise gr.Error(message)
+
+        if inspect.isgeneratorfunction(fn):
+            def handler(request, *args):
+                check(request)
+                yield from fn(*args)
+        else:
+            def handler(request, *args):
+                check(request)
+                return fn(*args)
+
+        first = inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)
+        handler.__signature__ = inspect.Signature([first, *params])
+        handler.__annotations__ = {"request": gr.Request, **{k: v for k, v in hints.items() if k != "return"}}
+        handler.__name__, handler.__doc__ = fn.__name__, fn.__doc__
+        return handler
+
+    def limit_public(self, req, request: gr.Request | None) -> None:
+        """Hold a visitor's take to the public limits (ValueError with the limit); the owner has none."""
+        if self.is_owner(request):
+            return
+        if len(req.text or "") > self.public_max_chars:
+            raise ValueError(f"The public page speaks up to {self.public_max_chars} characters at a time (this text "
+                             f"has {len(req.text)}). Split it.")
+        if req.max_frames is not None and req.max_frames > self.public_max_frames:
+            raise ValueError(f"The public page makes takes of up to {self.public_max_frames} frames "
+                             f"({self.public_max_frames // FRAME_RATE} s). Lower the max length.")
+        req.max_frames = min(req.max_frames or default_max_frames(req.text), self.public_max_frames)
+
+    def cross_site_refusal(self, origin: str | None, host: str | None) -> str | None:
+        """Why a state-changing request from another site is refused, or None. Only a keyless server needs
+        this (a keyed one refuses requests without the key, and browsers never add it on their own): any
+        web page can make a visitor's browser POST to http://localhost. `Origin` absent (curl, SDKs) is
+        fine; present, it must name this server or a local host."""
+        if self.api_key is not None or not origin:
+            return None
+        parts = urlsplit(origin)
+        if parts.hostname in LOCAL_HOSTS or (host and parts.netloc == host):
+            return None
+        return (f"Requests from another site ({origin}) may not change or use this studio: it has no API key, so "
+                "it only accepts writes from its own page, local pages and non-browser clients.")
+
+
+def friendly_queue_full(demo: gr.Blocks) -> None:
+    """Answer a join of a full queue (`demo.queue(max_size=…)`) with `QUEUE_FULL` instead of Gradio's "Queue
+    is full. Max size is N and size is N." The page shows the answer as its error toast. Call after
+    `demo.queue()` and before `launch()`."""
+    queue = demo._queue  # Gradio keeps its queue here; its `push` decides "queue_full"
+    push = queue.push
+
+    async def friendly_push(body, request, username):
+        ok, result, status = await push(body, request, username)
+        if status == "queue_full":
+            result = QUEUE_FULL.format(size=queue.max_size)
+        return ok, result, status
+
+    queue.push = friendly_push

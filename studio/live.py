@@ -1,0 +1,289 @@
+"""The page's live player transport: a same-origin route that streams a take's 16-bit PCM to the browser as the
+engine makes it, so the page plays it through WebAudio (render.LIVE_JS) instead of Gradio's ffmpeg → HLS path,
+which buffered about a second before the first sound (docs/PERFORMANCE.md, "Heard latency").
+
+    POST /studio/live     header X-Studio-Token (issued in the page at load) or Authorization: Bearer <api key>
+                          multipart form: `request` (JSON: text, style, voice, clip_text, temperature, top_p,
+                          top_k, seed, max_frames, repeat_guard, live_id) and, for a one-off clone, `clip`
+    → application/x-ndjson, one JSON object a line:
+        {"type": "queued", "position": 2}                     while the take waits for the GPU
+        {"type": "audio", "pcm": "<base64 int16 LE>", "metrics": {...}}
+        {"type": "done", "take_id": 7, "seconds": 4.1, "stop_reason": "eoc", "metrics": {...}, "warnings": [...]}
+        {"type": "error", "message": "a sentence"}
+      and empty lines as a heartbeat while nothing else is due (a client that left is noticed by the next write).
+
+The page's Gradio `generate` event runs beside the stream with the same `live_id`: it claims the request this
+route registered and, once the take ends, fills the history, take player, downloads and recipe as before; Stop
+cancels it through the same registry.
+
+Why not WebRTC (the `fastrtc` library): a Space would need TURN credentials and another dependency, while a
+streamed `fetch` is plain HTTP that passes the Spaces proxy; PCM at 24 kHz is 48 kB/s (64 kB/s as base64).
+
+Auth: the page token is an HMAC of its expiry time under a per-process secret, issued each time the page
+loads. It proves a request comes from a page this server served, so with `--api-key` the route is not an
+open door to the engine for scripts: they get 401 unless they send the key, as on `/v1/*`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from engine.audio import load_audio
+from studio.access import Access
+from studio.api import FORM_OVERHEAD, MAX_UPLOAD_BYTES, MB
+from studio.formats import to_pcm16
+from studio.service import Queued, ServiceBusy, ServiceClosed, StudioService, SynthesisRequest
+
+ROUTE = "/studio/live"
+TOKEN_HEADER = "X-Studio-Token"
+TOKEN_TTL_S = 12 * 3600  # a page left open over a working day keeps working; then a reload issues a new one
+NO_VOICE, CLIP_VOICE = "", "__clip__"  # the page's Voice dropdown values besides saved voice ids
+HEARTBEAT_S = 1.0
+CLAIM_TIMEOUT_S = 60.0  # how long the page's Gradio event waits for its stream to arrive (a slow upload)
+FORGET_AFTER_S = 300.0  # entries nobody claimed (the Gradio event never came) are dropped after this
+LIVE_ID = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
+
+
+def page_request(*, text, style, voice, clip, clip_text, temperature, top_p, top_k, seed, max_frames,
+                 repeat_guard) -> SynthesisRequest:
+    """The page's form values → a request (the same for the Gradio event and the live route). `clip` is
+    (samples, sample_rate) or None; seed < 0 means random, 0 frames means automatic, 0 guard means off."""
+    ref = None
+    if voice == CLIP_VOICE:
+        if clip is None:
+            raise ValueError("Voice is set to the reference clip, but no clip is loaded. Upload or record one.")
+        ref = clip
+    return SynthesisRequest(
+        text=text or "", voice_id=voice if voice not in (NO_VOICE, CLIP_VOICE) else None, style=style or None,
+        temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
+        seed=None if seed is None or int(seed) < 0 else int(seed), max_frames=int(max_frames or 0) or None,
+        repeat_guard=int(repeat_guard or 0) or None, ref_audio=ref, ref_text=clip_text or None, source="ui")
+
+
+class BodyTooLarge(ValueError):
+    """The request body is over the route's limit (answered 413)."""
+
+
+@dataclasses.dataclass
+class _Entry:
+    request: SynthesisRequest | None = None
+    error: str | None = None
+    closed: threading.Event = dataclasses.field(default_factory=threading.Event)
+    created: float = dataclasses.field(default_factory=time.monotonic)
+
+
+class LivePlayer:
+    """Page tokens, the streaming route, and the registry that pairs each live stream with the page's
+    Gradio event (by `live_id`)."""
+
+    def __init__(self, service: StudioService, *, secret: bytes | None = None):
+        self.service = service
+        self._secret = secret or secrets.token_bytes(32)
+        self._entries: dict[str, _Entry] = {}
+        self._cond = threading.Condition()
+
+    # ------------------------------------------------------------------ tokens
+
+    def issue_token(self, now: float | None = None) -> str:
+        expires = int((time.time() if now is None else now) + TOKEN_TTL_S)
+        return f"{expires}.{self._sign(str(expires))}"
+
+    def check_token(self, token: str | None, now: float | None = None) -> bool:
+        expires, _, mac = (token or "").partition(".")
+        if not expires.isdigit() or not hmac.compare_digest(mac.encode(), self._sign(expires).encode()):
+            return False
+        return int(expires) > (time.time() if now is None else now)
+
+    def _sign(self, message: str) -> str:
+        return hmac.new(self._secret, message.encode(), hashlib.sha256).hexdigest()
+
+    # ------------------------------------------------------------------ pairing with the Gradio event
+
+    def _register(self, live_id: str) -> _Entry:
+        with self._cond:
+            cutoff = time.monotonic() - FORGET_AFTER_S
+            for key in [k for k, e in self._entries.items() if e.closed.is_set() and e.created < cutoff]:
+                del self._entries[key]
+            if live_id in self._entries:
+                raise ValueError("This live id is already in use; reload the page.")
+            entry = self._entries[live_id] = _Entry()
+            return entry
+
+    def _update(self, entry: _Entry, **values) -> None:
+        with self._cond:
+            for key, value in values.items():
+                setattr(entry, key, value)
+            self._cond.notify_all()
+
+    def claim(self, live_id: str, timeout: float = CLAIM_TIMEOUT_S) -> SynthesisRequest:
+        """The request the page's stream `live_id` is playing, once the route has it. Raises ValueError with the
+        route's sentence when the stream was refused, or when it never arrived."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                entry = self._entries.get(live_id)
+                if entry is not None and entry.error is not None:
+                    del self._entries[live_id]
+                    raise ValueError(entry.error)
+                if entry is not None and entry.request is not None:
+                    return entry.request
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ValueError("The live player's stream did not reach the server; reload the page, or "
+                                     "add ?player=gradio to its address to use the basic player.")
+                self._cond.wait(left)
+
+    def wait(self, live_id: str) -> None:
+        """Block until stream `live_id` has ended and its take (if any) is recorded, then forget it."""
+        with self._cond:
+            entry = self._entries.get(live_id)
+        if entry is None:
+            return
+        entry.closed.wait()
+        request = entry.request
+        if request is not None and request.cancel.is_set():
+            request.finished.wait(10.0)  # the worker records a stopped take within a frame
+        with self._cond:
+            self._entries.pop(live_id, None)
+
+    # ------------------------------------------------------------------ the route
+
+    def mount(self, app: FastAPI, *, access: Access | None = None) -> None:
+        """Add the route to Gradio's running FastAPI app (beside the HTTP API). `access` (studio/access.py)
+        decides who is the owner: everyone else's takes are held to the public page's limits."""
+        access = access or Access()
+
+        async def live(request: Request):
+            owner = access.api_key is not None and access.bearer_ok(request.headers.get("authorization"))
+            page = self.check_token(request.headers.get(TOKEN_HEADER))
+            if not (owner or page):
+                return JSONResponse({"error": "This stream is for the studio page: reload the page to get a new "
+                                              "session token, or call /v1/audio/speech with your API key."},
+                                    status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            try:
+                fields, clip = await self._read_form(request)
+                live_id = str(fields.get("live_id") or "")
+                if not LIVE_ID.match(live_id):
+                    raise ValueError("Send a live_id of 8-64 letters, digits, '-' or '_'.")
+            except BodyTooLarge as exc:
+                return JSONResponse({"error": str(exc)}, status_code=413)
+            except ValueError as exc:
+                return JSONResponse({"error": str(exc)}, status_code=400)
+            try:
+                entry = self._register(live_id)
+            except ValueError as exc:
+                return JSONResponse({"error": str(exc)}, status_code=409)
+            try:
+                synth = page_request(clip=clip, **{k: fields.get(k) for k in (
+                    "text", "style", "voice", "clip_text", "temperature", "top_p", "top_k", "seed", "max_frames",
+                    "repeat_guard")})
+                synth.validate()
+                # A page token proves the page was loaded, not who loaded it: on a public page that is any
+                # visitor, so only the key (or a page behind the owner's login) lifts the public limits.
+                if not (owner or (page and not access.public_page)):
+                    access.limit_public(synth, None)
+            except (ValueError, TypeError) as exc:
+                message = str(exc) if isinstance(exc, ValueError) else "A setting is missing or not a number."
+                self._update(entry, error=message)
+                entry.closed.set()
+                return JSONResponse({"error": message}, status_code=400)
+            self._update(entry, request=synth)
+            return StreamingResponse(self._lines(synth, entry), media_type="application/x-ndjson",
+                                     headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+        app.add_api_route(ROUTE, live, methods=["POST"], include_in_schema=False)
+
+    @staticmethod
+    async def _read_form(request: Request) -> tuple[dict[str, Any], tuple[np.ndarray, int] | None]:
+        """The form, read with a cap (a clip and its settings, never more), and the clip through the bounded
+        decoder (engine/audio.py)."""
+        limit = MAX_UPLOAD_BYTES + FORM_OVERHEAD
+        declared = request.headers.get("content-length", "")
+        size, chunks = int(declared) if declared.isdigit() else 0, []
+        if size <= limit:
+            size = 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    break
+                chunks.append(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"The request is over the {limit / MB:.0f} MB limit (a reference clip may be up "
+                               f"to {MAX_UPLOAD_BYTES // MB} MB).")
+        request._body = b"".join(chunks)  # so request.form() parses what was already read
+        form = await request.form(max_files=1, max_fields=8)
+        try:
+            fields = json.loads(form.get("request") or "")
+        except json.JSONDecodeError:
+            raise ValueError("Send the settings as JSON in the form field `request`.") from None
+        if not isinstance(fields, dict):
+            raise ValueError("Send the settings as a JSON object in the form field `request`.")
+        upload = form.get("clip")
+        clip = None
+        if upload is not None and not isinstance(upload, str):
+            clip = load_audio(await upload.read())  # (samples, sample_rate); ReferenceAudioError is a ValueError
+        return fields, clip
+
+    async def _lines(self, synth: SynthesisRequest, entry: _Entry) -> AsyncIterator[bytes]:
+        """The take as NDJSON lines. However the stream ends (the take ends, Stop, the tab closes), the take is
+        cancelled unless finished, and the entry is closed so the page's Gradio event can show the take."""
+        stream = self.service.stream(synth, positions=True)
+        end = object()
+        pending: asyncio.Future | None = None
+        try:
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(run_in_threadpool(next, stream, end))
+                done, _ = await asyncio.wait({pending}, timeout=HEARTBEAT_S)
+                if not done:
+                    yield b"\n"
+                    continue
+                try:
+                    item = pending.result()
+                except (ValueError, ServiceBusy, ServiceClosed) as exc:
+                    yield _line({"type": "error", "message": str(exc)})
+                    return
+                pending = None
+                if item is end:
+                    break
+                if isinstance(item, Queued):
+                    yield _line({"type": "queued", "position": item.position})
+                    continue
+                if len(item.audio):
+                    pcm = base64.b64encode(to_pcm16(item.audio).tobytes()).decode()
+                    yield _line({"type": "audio", "pcm": pcm, "metrics": _metrics(item.metrics)})
+            take = synth.take
+            if take is not None:
+                yield _line({"type": "done", "take_id": take.id, "seconds": round(take.seconds, 3),
+                             "stop_reason": take.stop_reason, "metrics": _metrics(take.metrics),
+                             "warnings": list(synth.warnings)})
+        except Exception as exc:  # an engine failure: tell the page in-band, the status line is long gone
+            yield _line({"type": "error", "message": f"Generation failed: {exc}"})
+        finally:
+            if not synth.finished.is_set():
+                synth.cancel.set()
+            entry.closed.set()
+
+
+def _metrics(metrics: Any) -> dict[str, Any]:
+    return dataclasses.asdict(metrics) if dataclasses.is_dataclass(metrics) else dict(vars(metrics))
+
+
+def _line(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"

@@ -1,0 +1,164 @@
+"""The page's Voices tab and "Save as voice" when voices are private to each visitor (docs/SPACES.md).
+
+A visitor's voices live in their browser (`gr.BrowserState`, `studio.voices.private`); each event takes
+the stored list in and gives the new list back, and the server keeps only the codes of open pages, in
+memory, under handles that the voice menu offers. The owner's library and preset voices are listed too,
+read-only; the library is managed with the key over the HTTP API.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import gradio as gr
+import numpy as np
+
+from engine.audio import load_audio
+from studio.voices import Consent, VoiceError
+from studio.voices.bundles import stage_zip
+from studio.voices.model import check_codes, stage_audio
+from studio.voices.private import BROWSER_KEY, PrivateVoices, add_entries, export_bundle
+
+log = logging.getLogger("higgs.studio")
+
+# The browser encrypts its store with this (Gradio's BrowserState, AES in the page). The secret travels in
+# the page's config, so it only keeps the entry unreadable at a glance; it must stay the same across
+# restarts, or every visitor's voices become unreadable.
+BROWSER_SECRET = os.environ.get("HIGGS_BROWSER_SECRET", "higgs-studio-private-voices")
+
+
+class PrivateVoicesView:
+    """Builds the private Voices tab and wires the clone panel's save button to the visitor's browser."""
+
+    def __init__(self, page, registry: PrivateVoices):
+        self.page = page
+        self.service = page.service
+        self.registry = registry
+
+    def state(self):
+        """The browser's store: built outside the tabs, since a component in a tab not yet shown is not mounted
+        and would never read or write the browser's storage."""
+        self.store = gr.BrowserState([], storage_key=BROWSER_KEY, secret=BROWSER_SECRET)
+
+    def tab(self):
+        gr.Markdown("**Your voices live in this browser only**: nobody else sees them, and this studio keeps "
+                    "nothing of them on disk. Save one from the Studio tab's *Clone a voice*. Export them to keep "
+                    "a copy or to use them elsewhere; clearing the browser's site data deletes them. Preset "
+                    "voices are the studio's own, for everyone.")
+        self.table = gr.Dataframe([], headers=["name", "seconds", "transcript", "description"], interactive=False,
+                                  wrap=True, label="Your voices (this browser)", elem_id="private-table")
+        self.presets_table = gr.Dataframe(self._preset_rows(), headers=["name", "seconds", "transcript"],
+                                          interactive=False, wrap=True, label="Preset voices (read-only)",
+                                          elem_id="preset-table")
+        current = gr.State(None)
+        with gr.Row():
+            confirm = gr.Checkbox(label="Yes, delete it", value=False, elem_id="private-delete-confirm")
+            delete = gr.Button("Delete the selected voice", variant="stop", elem_id="private-delete")
+        with gr.Row():
+            with gr.Column():
+                export = gr.Button("Export my voices (.zip)", elem_id="private-export")
+                self.export_file = gr.File(label="Voice bundle", interactive=False, elem_id="private-export-file")
+            bundle = gr.File(label="Import a voice bundle (.zip)", file_types=[".zip"], elem_id="private-import")
+        priv = dict(api_visibility="private")
+        outputs = [self.store, self.table, self.page.voice]
+        self.table.select(self._pick, None, current, queue=False, **priv)
+        delete.click(self._delete, [current, confirm, self.store], [*outputs, current, confirm], **priv)
+        export.click(self._export, self.store, self.export_file, **priv)
+        # Importing may encode (a bundle without codes): in turn with generation, on the page's GPU queue.
+        bundle.upload(self._import, [bundle, self.store], outputs, concurrency_id="gpu", concurrency_limit=1, **priv)
+
+    def wire(self, demo: gr.Blocks):
+        p = self.page
+        p.save_voice.click(self._save, [p.clip, p.clip_text, p.voice_name, p.voice_desc, p.style, p.consent,
+                                        self.store], [self.store, self.table, p.voice],
+                           concurrency_id="gpu", concurrency_limit=1, api_visibility="private")
+        demo.load(self._load, self.store, [self.store, self.table, p.voice], queue=False, api_visibility="private")
+        demo.unload(self._unload)
+
+    # ------------------------------------------------------------------ handlers
+
+    def _preset_rows(self):
+        presets = self.service.voices.presets if self.service.voices is not None else None
+        return [[v.name, f"{v.seconds:.1f}", v.transcript[:80]] for v in (presets.list() if presets else [])]
+
+    def _outputs(self, stored, request: gr.Request, value=None):
+        kept, voices = self.registry.register(_session(request), stored)
+        rows = [[v.name, f"{v.seconds:.1f}", v.transcript[:80], v.description] for v in voices]
+        choices = self.page.voice_choices() + [(f"{v.name} (yours)", v.id) for v in voices]
+        if value is not None:
+            value = next((v.id for v in voices if v.voice_id == value), None)
+        voice = gr.update(choices=choices, value=value) if value else gr.update(choices=choices)
+        return kept, rows, voice
+
+    def _load(self, stored, request: gr.Request):
+        return self._outputs(stored, request)
+
+    def _unload(self, request: gr.Request):
+        self.registry.drop(_session(request))
+
+    @staticmethod
+    def _pick(evt: gr.SelectData):
+        return evt.index[0] if evt.index else None
+
+    def _encode(self, wav24k: np.ndarray):
+        if getattr(self.service.engine, "is_remote", False):
+            raise VoiceError("Private voices need this studio's own engine to encode them; with --remote, save "
+                             "voices to the owner's library over the API.")
+        return self.service.run_exclusive(self.service.engine.encode_codes, wav24k)
+
+    def _encoded(self, staged):
+        if staged.codes is None:
+            staged.codes = check_codes(self._encode(staged.pcm.astype(np.float32) / 32768.0), staged.record["frames"])
+        return staged
+
+    def _save(self, clip, transcript, name, description, style, consent, stored, request: gr.Request):
+        try:
+            if clip is None:
+                raise ValueError("Upload or record a reference clip first.")
+            if consent is not True:
+                raise ValueError("Confirm that you have the speaker's permission (tick the consent box) to save a "
+                                 "voice.")
+            samples, rate = load_audio(clip)
+            staged = stage_audio((int(rate), np.asarray(samples, dtype=np.float32)), name=name,
+                                 transcript=transcript or None, description=description or "",
+                                 style=self.service.resolve_style(style or None),
+                                 consent=Consent(asserted_by="a visitor of this studio"))
+            entries, added = add_entries(stored, [self._encoded(staged)])
+        except ValueError as exc:
+            gr.Warning(str(exc))
+            return gr.skip(), gr.skip(), gr.skip()
+        gr.Info(f"Saved voice {staged.record['name']!r} in this browser." if added else "You already have this voice.")
+        return self._outputs(entries, request, value=f"v_{staged.content_hash[:16]}")
+
+    def _delete(self, row, sure, stored, request: gr.Request):
+        stored = list(stored or [])
+        if row is None or not 0 <= row < len(stored):
+            gr.Warning("Select one of your voices in the table first.")
+            return (gr.skip(),) * 5
+        if not sure:
+            gr.Warning("Tick 'Yes, delete it' to confirm.")
+            return (gr.skip(),) * 5
+        del stored[row]
+        return *self._outputs(stored, request), None, False
+
+    def _export(self, stored):
+        if not stored:
+            gr.Warning("You have no voices to export yet.")
+            return gr.skip()
+        path = self.page.out_dir / f"my-voices-{os.urandom(6).hex()}.zip"
+        path.write_bytes(export_bundle(stored))
+        return str(path)
+
+    def _import(self, path, stored, request: gr.Request):
+        try:
+            entries, added = add_entries(stored, [self._encoded(s) for s in stage_zip(path)])
+        except ValueError as exc:
+            gr.Warning(str(exc))
+            return gr.skip(), gr.skip(), gr.skip()
+        gr.Info(f"Imported {len(added)} voice(s) into this browser.")
+        return self._outputs(entries, request)
+
+
+def _session(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or "local"

@@ -1,0 +1,450 @@
+"""The voice library on disk: saved reference voices for cloning, shared by the studio page and the HTTP API.
+
+A voice is a bundle in its own directory `<root>/<id>/`:
+    voice.json   name, transcript, description, default style tags, default seed, created time,
+                 consent record, content hash, preparation notes
+    audio.wav    the prepared reference (engine.audio.prepare_reference), 24 kHz mono 16-bit PCM,
+                 a whole number of 960-sample frames
+    codes.npy    its codec codes [frames, 8] (int16), stored once so the engine never re-encodes
+
+Identity. The content hash is sha256 over the 16-bit samples and the transcript; a new voice's id is
+`v_` + its first 16 hex digits, so adding the same prepared audio with the same transcript returns the
+voice already saved (dedupe). The id is then fixed for the voice's life: editing the transcript
+updates `content_hash` (so prompt caches keyed on it see new content) but keeps the id (so clients
+holding it keep working) and keeps the codes, which depend on the audio alone. Names are free user
+text, unique case-insensitively, and never touch the file system.
+
+Durability. Every write goes to a temp directory or file inside `root`, is fsynced, then renamed into
+place, so a crash leaves either the old state or the new one; leftovers are swept the next time a
+library opens. A write of several voices (an import) is staged whole and marked committed before the
+renames, so the next open after a crash completes it or removes it: all of the bundle or none.
+Writers hold a process-wide lock and an `fcntl` lock on `<root>/.lock`, so threads and processes adding
+voices at once all land. Readers take no lock (renames are atomic; while an import's voices are being
+renamed into place a reader may see some of them for a moment).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import io
+import json
+import logging
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+
+from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
+from studio.voices.bundles import bundle_zip, stage_zip
+from studio.voices.model import (ID_RE, MAX_DESCRIPTION, MAX_TRANSCRIPT, Consent, Staged, Voice,
+                                 VoiceError, VoiceImportError, VoiceNotFound, check_codes, clean_name, clean_seed,
+                                 clean_style, clean_text, content_hash, record_json, stage_audio)
+
+log = logging.getLogger(__name__)
+
+SPACES_DATA = Path("/data")  # Hugging Face Spaces persistent storage
+STAGE_PREFIX = ".stage-"  # a write in progress: one directory per voice, then COMMIT_MARK, then renames
+COMMIT_MARK = "COMMIT"
+
+
+def default_voices_dir() -> Path:
+    """`$HIGGS_VOICES_DIR`, else `/data/higgs-studio/voices` on a Space with persistent storage, else the
+    user's data directory."""
+    env = os.environ.get("HIGGS_VOICES_DIR")
+    if env:
+        return Path(env).expanduser()
+    if SPACES_DATA.is_dir() and os.access(SPACES_DATA, os.W_OK):
+        return SPACES_DATA / "higgs-studio" / "voices"
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("higgs-studio")) / "voices"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def wav_bytes(pcm: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, pcm, SAMPLE_RATE, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+def npy_bytes(codes: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, codes, allow_pickle=False)
+    return buf.getvalue()
+
+
+class _RootLock:
+    """Process-wide re-entrant lock for one library root, plus an `fcntl` lock for other processes."""
+
+    def __init__(self, root: Path):
+        self._lockfile = root / ".lock"
+        self._rlock = threading.RLock()
+        self._depth = 0
+        self._fd = -1
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        with self._rlock:
+            if self._depth == 0:
+                fd = os.open(self._lockfile, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self._fd = fd
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    os.close(self._fd)  # closing releases the flock
+                    self._fd = -1
+
+
+_ROOT_LOCKS: dict[Path, _RootLock] = {}
+_ROOT_LOCKS_GUARD = threading.Lock()
+
+
+def _root_lock(root: Path) -> _RootLock:
+    with _ROOT_LOCKS_GUARD:
+        return _ROOT_LOCKS.setdefault(root, _RootLock(root))
+
+
+_UNSET: Any = object()
+
+
+class VoiceLibrary:
+    """Saved voices under `root` (default: `default_voices_dir()`). See the module docstring."""
+
+    def __init__(self, root: str | Path | None = None):
+        self.root = Path(root).expanduser() if root is not None else default_voices_dir()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = self.root.resolve()
+        self._lock = _root_lock(self.root)
+        with self._lock.hold():
+            self._sweep()
+
+    # ------------------------------------------------------------------------------------ reading
+
+    def list(self) -> list[Voice]:
+        """All voices, oldest first."""
+        voices = []
+        for entry in self.root.iterdir():
+            if ID_RE.fullmatch(entry.name):
+                voice = self._read(entry)
+                if voice is not None:
+                    voices.append(voice)
+        return sorted(voices, key=lambda v: (v.created, v.name.casefold()))
+
+    def get(self, id_or_name: str) -> Voice:
+        """A voice by id, or by name (case-insensitive). Raises `VoiceNotFound`."""
+        key = str(id_or_name).strip()
+        if ID_RE.fullmatch(key):
+            voice = self._read(self.root / key)
+            if voice is not None:
+                return voice
+        folded = " ".join(key.split()).casefold()
+        for voice in self.list():
+            if voice.name.casefold() == folded:
+                return voice
+        raise VoiceNotFound(f"No saved voice called {key!r}; check the voice list.")
+
+    # ------------------------------------------------------------------------------------ adding
+
+    def add(self, audio, *, name: str, transcript: str | None = None, description: str = "", style: str = "",
+            seed: int | None = None, consent: Consent | None, encode: Callable[[np.ndarray], Any] | None = None,
+            trim_long: bool = False) -> Voice:
+        """Prepare `audio` (anything `engine.audio.prepare_reference` takes) and save it as a voice.
+
+        `encode(wav24k) -> codes[T, 8]` stores the codec codes now; without it they are computed on first
+        use by `ensure_codes`. Adding content that is already saved returns the saved voice (whatever
+        `name` says). Raises `ReferenceAudioError` for unusable audio and `VoiceError` for the rest; on any
+        error nothing is stored."""
+        staged = stage_audio(audio, name=name, transcript=transcript, description=description, style=style,
+                             seed=seed, consent=consent, trim_long=trim_long)
+        existing = self._by_content(staged.content_hash)
+        if existing is None:
+            self._check_name_free(staged.record["name"])
+            if encode is not None:
+                staged.codes = check_codes(encode(staged.pcm.astype(np.float32) / 32768.0), len(staged.pcm)
+                                            // SAMPLES_PER_FRAME)
+            return self._commit([staged])[0]
+        if encode is not None and not existing.has_codes:
+            self.ensure_codes(existing.id, encode)
+        return existing
+
+    def import_higgs_preset_dir(self, path: str | Path, *, consent: Consent | None,
+                                encode: Callable[[np.ndarray], Any] | None = None) -> list[Voice]:
+        """Import the Higgs voice-preset layout: `config.json` = `{"<name>": {"transcript": …, "audio_file":
+        "<file>.wav"}}` beside the audio files. All entries are checked before anything is saved; the
+        caller asserts consent for all of them."""
+        folder = Path(path).resolve()
+        try:
+            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise VoiceImportError(f"No config.json in {folder}; a Higgs preset folder holds config.json and "
+                                   "the audio files it names.") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise VoiceImportError(f"{folder / 'config.json'} is not valid JSON ({exc}).") from None
+        if not isinstance(config, dict) or not config:
+            raise VoiceImportError("config.json must map each voice name to {\"transcript\", \"audio_file\"}.")
+        staged = []
+        for name, entry in config.items():
+            if not isinstance(entry, dict) or not isinstance(entry.get("audio_file"), str):
+                raise VoiceImportError(f"Voice {name!r} in config.json needs an \"audio_file\".")
+            audio = (folder / entry["audio_file"]).resolve()
+            if not audio.is_relative_to(folder) or not audio.is_file():
+                raise VoiceImportError(f"Voice {name!r}: {entry['audio_file']!r} is not a file inside {folder}.")
+            try:
+                staged.append(stage_audio(audio, name=name, transcript=entry.get("transcript"),
+                                          description=entry.get("description", ""), style="", seed=None,
+                                          consent=consent))
+            except ValueError as exc:
+                raise VoiceImportError(f"Voice {name!r}: {exc}") from None
+        if encode is not None:
+            for s in staged:
+                if self._by_content(s.content_hash) is None:
+                    s.codes = check_codes(encode(s.pcm.astype(np.float32) / 32768.0), len(s.pcm) // SAMPLES_PER_FRAME)
+        return self._commit(staged, error=VoiceImportError)
+
+    def ensure_codes(self, id_or_name: str, encode: Callable[[np.ndarray], Any]) -> np.ndarray:
+        """The voice's codec codes (int64 [frames, 8]), encoding and storing them on first use."""
+        voice = self.get(id_or_name)
+        codes = voice.codes()
+        if codes is not None:
+            return codes
+        codes = check_codes(encode(voice.wav()), voice.frames)
+        with self._lock.hold():
+            if not voice.path.is_dir():
+                raise VoiceNotFound(f"The voice {voice.name!r} was deleted while it was being encoded.")
+            if not voice.has_codes:
+                tmp = voice.path / f".codes-{uuid.uuid4().hex}.tmp"
+                try:
+                    _write_file(tmp, npy_bytes(codes))
+                    os.replace(tmp, voice.codes_path)
+                finally:
+                    tmp.unlink(missing_ok=True)
+                _fsync_dir(voice.path)
+        return self.get(voice.id).codes()
+
+    def voice_ref(self, id_or_name: str, encode: Callable[[np.ndarray], Any]):
+        """The engine's `VoiceRef` (codes + transcript) for a saved voice, encoding it on first use."""
+        import torch
+
+        from engine.prompt import VoiceRef
+
+        voice = self.get(id_or_name)
+        codes = self.ensure_codes(voice.id, encode)
+        return VoiceRef(codes=torch.from_numpy(codes), transcript=voice.transcript or None)
+
+    # ------------------------------------------------------------------------------------ editing
+
+    def update(self, id_or_name: str, *, name: str = _UNSET, description: str = _UNSET, transcript: str = _UNSET,
+               style: str = _UNSET, seed: int | None = _UNSET) -> Voice:
+        """Change a voice's metadata. The id and the codes stay; a transcript change updates `content_hash`."""
+        with self._lock.hold():
+            voice = self.get(id_or_name)
+            changes: dict[str, Any] = {}
+            if name is not _UNSET:
+                changes["name"] = clean_name(name)
+                self._check_name_free(changes["name"], besides=voice.id)
+            if description is not _UNSET:
+                changes["description"] = clean_text(description, "description", MAX_DESCRIPTION)
+            if style is not _UNSET:
+                changes["style"] = clean_style(style)
+            if seed is not _UNSET:
+                changes["seed"] = clean_seed(seed)
+            if transcript is not _UNSET:
+                changes["transcript"] = clean_text(transcript, "transcript", MAX_TRANSCRIPT)
+                pcm, _ = sf.read(voice.audio_path, dtype="int16")
+                changes["content_hash"] = content_hash(pcm, changes["transcript"])
+                twin = self._by_content(changes["content_hash"])
+                if twin is not None and twin.id != voice.id:
+                    raise VoiceError(f"The voice {twin.name!r} already has this audio and transcript.")
+            updated = replace(voice, **changes)
+            tmp = voice.path / f".voice-{uuid.uuid4().hex}.tmp"
+            try:
+                _write_file(tmp, json.dumps(updated.to_json(), ensure_ascii=False, indent=1).encode("utf-8"))
+                os.replace(tmp, voice.path / "voice.json")
+            finally:
+                tmp.unlink(missing_ok=True)
+            _fsync_dir(voice.path)
+            return self.get(voice.id)
+
+    def rename(self, id_or_name: str, new_name: str) -> Voice:
+        return self.update(id_or_name, name=new_name)
+
+    def delete(self, id_or_name: str) -> None:
+        """Remove a voice. It vanishes in one rename; its files are removed after."""
+        with self._lock.hold():
+            voice = self.get(id_or_name)
+            trash = self.root / f".trash-{uuid.uuid4().hex}"
+            os.rename(voice.path, trash)
+            _fsync_dir(self.root)
+            shutil.rmtree(trash, ignore_errors=True)
+
+    # ------------------------------------------------------------------------------------ exchange
+
+    def export_zip(self, ids: Iterable[str] | None = None) -> bytes:
+        """A bundle (`bundles.py`) with one folder per voice. `ids` are ids or names; None exports every voice."""
+        with self._lock.hold():
+            voices = self.list() if ids is None else [self.get(i) for i in ids]
+            return bundle_zip((v.id, v.to_json(), v.audio_path.read_bytes(),
+                               v.codes_path.read_bytes() if v.has_codes else None) for v in voices)
+
+    def import_zip(self, data: bytes | str | os.PathLike) -> list[Voice]:
+        """Import voices exported by `export_zip` (its bytes, or the path of the file). Everything is checked
+        first (`bundles.stage_zip`), and on any problem the whole import is rejected with `VoiceImportError`
+        and the library is left as it was. Voices already saved (same content) are returned as they are."""
+        return self._commit(stage_zip(data), error=VoiceImportError)
+
+    # ------------------------------------------------------------------------------------ internals
+
+    def _commit(self, staged: list[Staged], *, error: type[VoiceError] = VoiceError) -> list[Voice]:
+        """Write staged voices all-or-nothing; already-saved content is returned instead of written."""
+        with self._lock.hold():
+            existing = self.list()
+            by_hash = {v.content_hash: v for v in existing}
+            by_name = {v.name.casefold(): v for v in existing}
+            results: list[Voice | str] = []
+            new: dict[str, tuple[str, Staged]] = {}  # content hash → (id, staged)
+            names: dict[str, str] = {}
+            for s in staged:
+                h, name = s.content_hash, s.record["name"]
+                if h in by_hash:
+                    results.append(by_hash[h])
+                    continue
+                if h in new:
+                    results.append(new[h][0])
+                    continue
+                key = name.casefold()
+                if key in by_name:
+                    raise error(f"A different voice is already called {by_name[key].name!r}; choose another name.")
+                if key in names:
+                    raise error(f"Two voices are called {name!r}; give each a different name.")
+                voice_id = s.voice_id or self._free_id(h)
+                if (self.root / voice_id).exists() or voice_id in {i for i, _ in new.values()}:
+                    raise error(f"The id {voice_id} is taken by a different voice.")
+                names[key] = voice_id
+                new[h] = (voice_id, s)
+                results.append(voice_id)
+            self._write_all(list(new.values()))
+            return [r if isinstance(r, Voice) else self._read(self.root / r) for r in results]
+
+    def _free_id(self, digest: str) -> str:
+        # A voice whose transcript was edited keeps its original id, so the short id of this content may
+        # be taken by different content; a longer prefix of the same hash then names it.
+        for length in range(16, 65, 4):
+            candidate = f"v_{digest[:length]}"
+            if not (self.root / candidate).exists():
+                return candidate
+        raise VoiceError("Every id for this content is taken; the library is damaged.")
+
+    def _write_all(self, items: list[tuple[str, Staged]]) -> None:
+        """Write voices all-or-nothing, even across a kill: every voice is written and fsynced into one staging
+        directory, then a `COMMIT` mark makes the set durable, then each voice is renamed into place. A
+        crash before the mark leaves a stage that the next open deletes; after it, the next open finishes
+        the renames (`_sweep`)."""
+        stage = self.root / f"{STAGE_PREFIX}{uuid.uuid4().hex}"
+        placed: list[Path] = []
+        committed = False
+        try:
+            stage.mkdir()
+            for voice_id, s in items:
+                tmp = stage / voice_id
+                tmp.mkdir()
+                record = record_json(voice_id, s.record)
+                _write_file(tmp / "audio.wav", wav_bytes(s.pcm))
+                if s.codes is not None:
+                    _write_file(tmp / "codes.npy", npy_bytes(s.codes))
+                _write_file(tmp / "voice.json", json.dumps(record, ensure_ascii=False, indent=1).encode("utf-8"))
+                _fsync_dir(tmp)
+            _write_file(stage / COMMIT_MARK, "\n".join(v for v, _ in items).encode())
+            _fsync_dir(stage)
+            committed = True
+            for voice_id, _ in items:
+                os.rename(stage / voice_id, self.root / voice_id)
+                placed.append(self.root / voice_id)
+            _fsync_dir(self.root)
+        except BaseException:
+            if committed:  # un-commit first, so a crash during the roll-back does not roll forward
+                (stage / COMMIT_MARK).unlink(missing_ok=True)
+                _fsync_dir(stage)
+            for path in placed:  # all or nothing: take back what was already renamed into place
+                trash = self.root / f".trash-{uuid.uuid4().hex}"
+                try:
+                    os.rename(path, trash)
+                except OSError:
+                    log.exception("could not roll back %s", path)
+                    continue
+                shutil.rmtree(trash, ignore_errors=True)
+            raise
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+
+    def _by_content(self, digest: str) -> Voice | None:
+        return next((v for v in self.list() if v.content_hash == digest), None)
+
+    def _check_name_free(self, name: str, *, besides: str | None = None) -> None:
+        key = name.casefold()
+        for voice in self.list():
+            if voice.name.casefold() == key and voice.id != besides:
+                raise VoiceError(f"A different voice is already called {voice.name!r}; choose another name.")
+
+    def _read(self, path: Path) -> Voice | None:
+        try:
+            meta = json.loads((path / "voice.json").read_text(encoding="utf-8"))
+            return Voice(id=path.name, name=meta["name"], transcript=meta["transcript"],
+                         description=meta["description"], style=meta["style"], seed=meta["seed"],
+                         created=meta["created"], consent=Consent(**meta["consent"]),
+                         content_hash=meta["content_hash"], frames=int(meta["frames"]),
+                         notes=tuple(meta.get("notes", ())), path=path)
+        except FileNotFoundError:
+            return None  # deleted meanwhile, or not a voice directory
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("skipping unreadable voice %s: %s", path, exc)
+            return None
+
+    def _roll_forward(self, stage: Path) -> None:
+        """Finish a committed write that a crash interrupted: move the voices still staged into place."""
+        for voice_id in (stage / COMMIT_MARK).read_text().split():
+            staged = stage / voice_id
+            if ID_RE.fullmatch(voice_id) and staged.is_dir() and not (self.root / voice_id).exists():
+                os.rename(staged, self.root / voice_id)
+        _fsync_dir(self.root)
+        log.info("completed an interrupted write of voices (%s)", stage.name)
+
+    def _sweep(self) -> None:
+        """Remove what an interrupted write left behind (only ever names no reader looks at)."""
+        for entry in self.root.iterdir():
+            if entry.name.startswith(STAGE_PREFIX) and (entry / COMMIT_MARK).is_file():
+                self._roll_forward(entry)
+            if entry.name.startswith((".tmp-", ".trash-", STAGE_PREFIX)) and entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            elif ID_RE.fullmatch(entry.name) and entry.is_dir():
+                for leftover in entry.glob(".*.tmp"):
+                    leftover.unlink(missing_ok=True)

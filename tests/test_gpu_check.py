@@ -1,0 +1,53 @@
+"""`scripts/gpu_check.sh --cpu-selftest`: the device check's plumbing without a GPU — every row printed as it
+comes and appended to rows.jsonl, a section that raises or overruns its budget costs one row, and the
+sections after it still run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from bench import gpu_check
+from kernels.check import Row
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_cpu_selftest_contains_deliberate_failures_and_writes_json_lines(tmp_path):
+    out = subprocess.run(["bash", "scripts/gpu_check.sh", "--cpu-selftest", "--out", str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert all(set(r) == {"section", "item", "value", "limit", "status"} for r in rows)
+    sections = [r["section"] for r in rows]
+    # order: preflight, the failing stand-in (its row before the failure, then one FAIL row), cubins, ...
+    failed = sections.index("stand-in") + 1
+    assert rows[failed] == {"section": "stand-in", "item": "section failed", "limit": "", "status": "FAIL",
+                            "value": "RuntimeError: deliberate failure (the self-test's stand-in)"}
+    assert "cubins" in sections[failed:] and "reference" in sections[failed:]
+    assert {"section": "stand-in-slow", "item": "time budget", "value": "stopped after 1 s", "limit": "<= 1 s",
+            "status": "FAIL"} in rows
+    assert not any(r["item"] == "never reached" for r in rows)
+    assert any(r["section"] == "cubins" and "opts in" in r["value"] for r in rows)
+    # the torch-graph, real-shape and microbenchmark sections run on the CPU (tiny model, interpreter)
+    assert {"torch-graph", "real shapes", "microbench"} <= set(sections)
+    assert any(r["section"] == "torch-graph" and r["item"].startswith("device sampling") and r["status"] == "PASS"
+               for r in rows)
+    assert "deliberate failures contained, later sections ran" in out.stdout and "XFAIL" in out.stdout
+    # rows are printed as they are produced, before the final table
+    assert out.stdout.index("[FAIL] stand-in | section failed") < out.stdout.index("+---")
+
+
+def test_a_real_failure_still_fails_the_run(tmp_path, capsys):
+    report = gpu_check.Report(tmp_path)
+
+    def ok():
+        yield Row("a", "fine", "1", "", "PASS")
+
+    def bad():
+        yield Row("b", "wrong", "2", "", "FAIL")
+
+    outcome = gpu_check.run_sections([gpu_check.Section("a", 5, ok), gpu_check.Section("b", 5, bad)], report)
+    assert outcome == {"a": "done", "b": "done"} and [r.status for r in report.rows] == ["PASS", "FAIL"]
+    assert len((tmp_path / "rows.jsonl").read_text().splitlines()) == 2

@@ -1,0 +1,140 @@
+"""The self-check before the cubin path is trusted, on the CPU under the Triton interpreter: correct kernels
+pass; a deliberately broken GEMV/GEMM (zeroed output, transposed weight, FP8 weight scale off by 16×) fails,
+and then `auto` falls back to the torch path with the figures while an explicit `cubin` raises them."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("triton", reason="Triton is not installed (pip install -r requirements-dev.txt)")
+
+from engine import generate  # noqa: E402
+from engine.backends import cubin  # noqa: E402
+from engine.checkpoint import load_checkpoint  # noqa: E402
+from engine.model import HiggsModel  # noqa: E402
+from kernels import ops  # noqa: E402
+from tests import interp_rounding  # noqa: E402
+from tests.test_kernels_step import FAST_TILES  # noqa: E402
+
+interp_rounding.install()
+
+MAX_LEN = 64
+
+
+class BrokenJit:
+    """Stands in for ops.gemv_kernel / ops.gemm_kernel with one fault. Both take (x/a, W, W_SCALE, x/a
+    scale, R, out, ...) positionally, so the fault is applied by position."""
+
+    W, W_SCALE, OUT = 1, 2, 5
+
+    def __init__(self, jit, fault: str):
+        self.jit, self.fault = jit, fault
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            args = list(args)
+            if self.fault == "transposed":  # the kernel reads the weight in the other layout
+                args[self.W] = args[self.W].t().contiguous().view(args[self.W].shape)
+            if self.fault == "scale16" and kwargs.get("HAS_W_SCALE"):
+                args[self.W_SCALE] = args[self.W_SCALE] * 16
+            self.jit[grid](*args, **kwargs)
+            if self.fault == "zeroed":
+                args[self.OUT].zero_()
+        return launch
+
+
+@pytest.fixture(scope="module")
+def tiny(parity_dir):
+    ckpt = load_checkpoint(parity_dir / "tiny_checkpoint", progress=False)
+    ref = HiggsModel.from_state_dict(ckpt.dims, ckpt.backbone, dtype=torch.bfloat16,
+                                     max_len=len(cubin.SELF_CHECK_IDS) + cubin.SELF_CHECK_STEPS)
+    # the interpreter's cost is programs × loop steps: the composition test's larger tiles (same kernels)
+    saved = {name: dict(getattr(ops, name)) for name in FAST_TILES}
+    for name, tiles in FAST_TILES.items():
+        getattr(ops, name).update(tiles)
+    yield ckpt, ref
+    for name, tiles in saved.items():
+        getattr(ops, name).update(tiles)
+
+
+def run_check(ckpt, ref, precision, fault=None, monkeypatch=None):
+    if fault is not None:
+        monkeypatch.setattr(ops, "gemv_kernel", BrokenJit(ops.gemv_kernel, fault))
+        monkeypatch.setattr(ops, "gemm_kernel", BrokenJit(ops.gemm_kernel, fault))
+    backend = cubin.CubinBackend(ckpt.dims, ckpt.backbone, ops=ops, device="cpu", precision=precision,
+                                 max_len=MAX_LEN, calibration_steps=2)
+    return cubin.self_check(backend, ref)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_correct_kernels_pass(tiny, precision):
+    check = run_check(*tiny, precision)
+    print(check.summary)
+    assert check.ok, check.summary
+    assert check.total == 8 * (1 + cubin.SELF_CHECK_STEPS)
+    assert check.summary.startswith("passed: ") and f"{precision} logits" in check.summary
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision,fault", [("bf16", "zeroed"), ("bf16", "transposed"), ("fp8", "scale16")])
+def test_broken_kernels_fail(tiny, precision, fault, monkeypatch):
+    check = run_check(*tiny, precision, fault, monkeypatch)
+    print(check.summary)
+    assert not check.ok, check.summary
+    assert check.cosine_min < cubin.SELF_CHECK_MIN_COSINE[precision]
+    assert check.summary.startswith("FAILED: ")
+
+
+def test_thresholds_and_nan():
+    good = cubin.SelfCheck("fp8", 0.995, 60, 72, 0.5)
+    assert good.ok and "cosine min 0.9950 (needs 0.98)" in good.summary and "greedy 60/72" in good.summary
+    assert not cubin.SelfCheck("fp8", 0.995, 30, 72, 0.5).ok        # agreement under the floor
+    assert not cubin.SelfCheck("bf16", 0.998, 72, 72, 0.5).ok       # bf16 holds the tighter cosine
+    x = torch.ones(8, 4)
+    assert cubin._cosine(x * float("nan"), x) == -1.0 and cubin._cosine(x, x) == pytest.approx(1.0)
+    assert cubin._cosine(torch.zeros(8, 4), x) == pytest.approx(0.0)
+
+
+def test_failed_check_falls_back_under_auto_and_raises_when_explicit(monkeypatch):
+    """The engine's start policy with the cubin factory's failure: auto → torch with the figures as the
+    reason; backend="cubin" → BackendUnavailable carrying them."""
+    failed = cubin.SelfCheck("fp8", 0.12, 3, 72, 0.4)
+
+    def cubin_factory():
+        raise cubin.SelfCheckFailed(f"the cubin kernels' self-check {failed.summary}")
+
+    torch_model = object()
+    monkeypatch.setitem(generate.BACKENDS, "torch", "torch")
+    make = {cubin_factory: cubin_factory, "torch": lambda: torch_model}
+    model, name, reason = generate._start_backend("cubin", cubin_factory, auto=True, reason=None,
+                                                  make=lambda f: make[f]())
+    assert model is torch_model and name == "torch"
+    assert "self-check FAILED" in reason and "cosine min 0.1200" in reason and "torch path" in reason
+    with pytest.raises(generate.BackendUnavailable, match="cosine min 0.1200"):
+        generate._start_backend("cubin", cubin_factory, auto=False, reason=None, make=lambda f: make[f]())
+
+
+def test_load_runs_the_check_and_reports_it(monkeypatch):
+    """`load` (the engine hook) refuses a backend whose check fails and records the figures of one that
+    passes; the kernels and weights are stand-ins, the policy is the real one."""
+    class Kernels:
+        manifest = type("M", (), {"target": "sm_90a"})()
+        loader_name, loader_reason, stream = "cuda.core", "PyCUDA is not installed", None
+
+    class Backend:
+        info: dict = {}
+
+    ckpt = type("C", (), {"dims": None, "backbone": None})()
+    monkeypatch.setattr("kernels.runtime.CubinKernels", lambda index: Kernels())
+    monkeypatch.setattr("kernels.runtime.cubin_ops", lambda kernels: None)
+    monkeypatch.setattr(cubin, "CubinBackend", lambda *a, **k: Backend())
+    monkeypatch.setattr(cubin, "run_self_check", lambda backend, checkpoint: cubin.SelfCheck("bf16", 0.9999, 72, 72, 0.3))
+    be = cubin.load(ckpt, device="cpu", precision="bf16")
+    assert be.info["self_check"].startswith("passed: ") and be.info["kernel_loader"] == "cuda.core (PyCUDA is not installed)"
+    monkeypatch.setattr(cubin, "run_self_check", lambda backend, checkpoint: cubin.SelfCheck("bf16", 0.2, 10, 72, 0.3))
+    with pytest.raises(cubin.SelfCheckFailed, match="FAILED: bf16 logits vs the torch path, cosine min 0.2000"):
+        cubin.load(ckpt, device="cpu", precision="bf16")
