@@ -27,6 +27,7 @@ ahead, and the caller streams them through its own codec state, so codec work ov
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -103,6 +104,7 @@ class Scheduler:
         self.worker: threading.Thread | None = None
         self.steps = 0  # decode steps run (tests read it)
         self.largest = 0  # the most takes decoded in one step so far
+        self._holds = 0  # while > 0 no waiting take is admitted (`held`)
 
     def submit(self, take: Take) -> Take:
         with self.cond:
@@ -113,6 +115,20 @@ class Scheduler:
                 self.worker.start()
             self.cond.notify_all()
         return take
+
+    @contextlib.contextmanager
+    def held(self):
+        """Admit no waiting take while inside; on leaving, the takes that arrived meanwhile are admitted at
+        one step boundary. For tests and benchmarks that need N concurrent takes to start as one batch
+        whatever the timing of the threads that submit them."""
+        with self.cond:
+            self._holds += 1
+        try:
+            yield self
+        finally:
+            with self.cond:
+                self._holds -= 1
+                self.cond.notify_all()
 
     def withdraw(self, take: Take) -> None:
         with self.cond:
@@ -157,13 +173,16 @@ class Scheduler:
                 for take in [t for t in self.active if t.finished]:
                     self.active.remove(take)
                     self.busy.discard(take.slot)
-                while self.waiting and len(self.busy) < self.max_batch:
+                while self.waiting and len(self.busy) < self.max_batch and not self._holds:
                     take = self.waiting.popleft()
                     if take.stopped():
                         take.finish()
                         continue
                     self._admit(take)
                 if not self.active:
+                    if self.waiting:  # held: wait for the release (or a withdrawal) without spinning
+                        self.cond.wait(0.05)
+                        continue
                     self.worker = None
                     self.cond.notify_all()
                     return

@@ -262,8 +262,9 @@ def metric_headers(metrics, seed, *, final: bool, codes=None) -> dict[str, str]:
     if ttfa is not None:
         headers["X-TTFA-ms"] = f"{float(ttfa):.1f}"
     if final:
+        # X-Batch-Size: the most takes the engine decoded together while this one ran (1 = alone).
         for header, name, fmt in (("X-RTF", "rtf", "{:.4f}"), ("X-Frames", "frames", "{:d}"),
-                                  ("X-Stop-Reason", "stop_reason", "{}")):
+                                  ("X-Stop-Reason", "stop_reason", "{}"), ("X-Batch-Size", "batch", "{:d}")):
             value = _metric(metrics, name)
             if value not in (None, ""):
                 headers[header] = fmt.format(int(value) if fmt == "{:d}" else value)
@@ -636,6 +637,7 @@ class SpeechAPI:
         return JSONResponse({"status": "ok", "engine_loaded": engine is not None, "model": MODEL_IDS[0],
                              "device": status.get("device"), "precision": status.get("precision"),
                              "backend": status.get("backend"), "queue_depth": status.get("queue_depth"),
+                             "batch_size": status.get("batch_size"), "max_batch": status.get("max_batch"),
                              "demo": status.get("demo"), "formats": list(available_formats()),
                              "auth": self.api_key is not None})
 
