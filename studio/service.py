@@ -52,6 +52,7 @@ from studio.voices import Consent
 
 MAX_TEXT_CHARS = 4096  # the OpenAI speech API's `input` limit
 MAX_FRAMES = 8192  # the backbone's context: no take can be longer than this many frames (~327 s)
+MAX_TAKES = 4  # takes of one text made side by side (the page's "Takes")
 RANDOM_SEED_BITS = 31  # drawn seeds stay below 2**31: exact in JSON numbers and in the browser
 
 
@@ -397,6 +398,17 @@ class StudioService:
         request.take = self._record(request, prompt_text, voice, style, last.metrics, pieces)
         request.finished.set()
         job.out.put(last)
+
+    def variants(self, request: SynthesisRequest, takes: int) -> list[SynthesisRequest]:
+        """`takes - 1` more requests like `request`, with the seeds after its seed (drawn now if it has none),
+        for takes compared side by side (PRODUCT §7.9). Streamed beside `request`, they run in free slots
+        and the engine decodes them in one batch with it; each gives the take its seed gives alone."""
+        if isinstance(takes, bool) or not isinstance(takes, int) or not 1 <= takes <= MAX_TAKES:
+            raise ValueError(f"Takes must be a whole number from 1 to {MAX_TAKES}.")
+        if request.seed is None:
+            request.seed = secrets.randbits(RANDOM_SEED_BITS)
+        return [dataclasses.replace(request, seed=(int(request.seed) + i) % (MAX_SEED + 1), cancel=threading.Event(),
+                                    warnings=[], take=None, finished=threading.Event()) for i in range(1, takes)]
 
     def synthesize(self, request: SynthesisRequest) -> Take:
         """Generate to the end and return the recorded take."""
