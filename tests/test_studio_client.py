@@ -39,7 +39,7 @@ def generate_args(text, **kw) -> list:
 
 def test_generate_returns_audio_and_metrics(studio_url):
     client = gradio_client.Client(studio_url, verbose=False)
-    live, metrics_html, take, download, history, result = client.predict(
+    live, metrics_html, take, download, history, result, *_side_by_side = client.predict(
         *generate_args("Hello from the test. <|emotion:bogus|>", seed=1234, max_frames=40), api_name="/generate")
     wav, sr = sf.read(take)
     assert sr == 24_000
