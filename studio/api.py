@@ -529,7 +529,7 @@ class SpeechAPI:
                                "total_tokens": prompt_tokens + frames},
                      "metrics": {"ttfa_ms": _metric(metrics, "ttfa_ms"), "rtf": _metric(metrics, "rtf"),
                                  "frames": frames, "seed": run.synth.seed,
-                                 "stop_reason": _metric(metrics, "stop_reason"),
+                                 "stop_reason": _metric(metrics, "stop_reason"), "batch": _metric(metrics, "batch"),
                                  "codes_sha256": codes_sha256(last.codes) if getattr(last, "codes", None) is not None
                                  else None,
                                  "wall_ms": round((time.perf_counter() - started) * 1000, 1)}})
