@@ -173,10 +173,11 @@ class RemoteEngine:
     # ---------------------------------------------------------------- facts
     @property
     def info(self) -> dict[str, Any]:
-        """What the studio's status panel shows; filled from the server's `/health` when it has one."""
+        """What the studio's status panel shows; filled from the server's `/health` when it has one.
+        `max_batch` 1: the studio sends one request at a time (the server, not this client, would batch)."""
         server = self.health()
         return {"checkpoint": self.model, "device": self.shown_url, "precision": server.get("precision") or "remote",
-                "backend": "remote", "demo": False, "remote": self.shown_url,
+                "backend": "remote", "demo": False, "remote": self.shown_url, "max_batch": 1,
                 "server_device": server.get("device"), "server_backend": server.get("backend")}
 
     def health(self) -> dict[str, Any]:

@@ -239,6 +239,17 @@ def test_requests_run_together_up_to_the_engines_batch_slots():
     svc.close()
 
 
+def test_a_remote_engine_runs_one_request_at_a_time():
+    import httpx
+
+    from engine.remote import RemoteEngine
+
+    down = httpx.MockTransport(lambda request: httpx.Response(503))
+    svc = StudioService(RemoteEngine("http://s", transport=down), None, None)
+    assert svc.slots == 1 and svc.status()["max_batch"] == 1
+    svc.close()
+
+
 def test_stop_cancels_one_take_and_the_take_beside_it_goes_on():
     svc = StudioService(batched_engine(frames=60, delay=0.01), None, None)
     stopped, kept = SynthesisRequest(text="stopped.", seed=1), SynthesisRequest(text="kept.", seed=2)
