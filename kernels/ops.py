@@ -20,6 +20,7 @@ import triton
 
 from kernels.attention import DECODE_OPTIONS, DECODE_TILES, LOG2E, PREFILL_OPTIONS, PREFILL_TILES, \
     attn_combine_kernel, decode_attn_split_kernel, prefill_attn_kernel
+from kernels.batch import ROWS, SKINNY_TILES, decode_attn_batch_kernel, sample_batch_kernel, skinny_gemm_kernel
 from kernels.common import FP8_MAX
 from kernels.fused import GEMV2_TILES, PROLOGUE_NONE, PROLOGUE_NORM, PROLOGUE_SILU, decode_attn_fused_kernel, \
     gemv2_kernel
@@ -129,6 +130,27 @@ def gemm(a, w, *, w_scale=None, a_scale=None, out=None, residual=None):
     return out
 
 
+def skinny_gemm(x, w, *, w_scale=None, x_scale=None, out=None, residual=None):
+    """Y[M, N] = x[M, K] · w[N, K]ᵀ for M ≤ 16 decode rows on the tensor cores (kernels/batch.py), each
+    row's result independent of M. BF16 x and w, or FP8 x and w with `x_scale` [M] (per row) and
+    `w_scale` [N] (per output channel). residual [M, N] bf16 is added in the epilogue (out may be it)."""
+    m, k = x.shape
+    n = w.shape[0]
+    assert m <= ROWS, f"skinny_gemm: {m} rows, at most {ROWS}"
+    fp8 = w.dtype == FP8
+    assert fp8 == (x.dtype == FP8) == (w_scale is not None) == (x_scale is not None), \
+        "skinny_gemm: FP8 needs FP8 x and w with both scales; BF16 takes none"
+    if out is None:
+        out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    res = residual if residual is not None else out
+    tiles = SKINNY_TILES["fp8" if fp8 else "bf16"]
+    skinny_gemm_kernel[(triton.cdiv(n, tiles["BLOCK_N"]),)](
+        x, w, w_scale if fp8 else out, x_scale if fp8 else out, res, out, m, n, k, x.stride(0), w.stride(0),
+        out.stride(0), res.stride(0), HAS_SCALES=fp8, HAS_RESIDUAL=residual is not None, num_warps=4,
+        num_stages=3, **tiles)
+    return out
+
+
 def linear(x, w, *, w_scale=None, x_scale=None, out=None, residual=None):
     """GEMV for one row, GEMM otherwise."""
     if x.dim() == 1 or x.shape[0] == 1:
@@ -210,6 +232,24 @@ def decode_attention_fused(qkv, q_norm, k_norm, cos, sin, pos, k_cache, v_cache,
     return out
 
 
+def decode_attention_batch(q, k_cache, v_cache, slots, lens, *, out=None, scratch=None):
+    """B decode rows at once: q [B, heads, D], take b at position lens[b] - 1 against cache positions
+    [0, lens[b]) of slot slots[b] (caches [slots, kv_heads, max_pos, D]; lens, slots int32 [B] on the
+    device, every lens[b] ≥ 1) → [B, heads, D]. Row b equals `decode_attention` of that take alone."""
+    b, heads, d = q.shape
+    kv_heads = k_cache.shape[1]
+    if out is None:
+        out = torch.empty((b, heads, d), dtype=q.dtype, device=q.device)
+    m_part, l_part, acc_part = scratch if scratch is not None else attention_scratch(b * heads, d, q.device)
+    decode_attn_batch_kernel[(b, kv_heads, DECODE_TILES["NUM_SPLITS"])](
+        q, k_cache, v_cache, slots, lens, m_part, l_part, acc_part, LOG2E / math.sqrt(d), heads // kv_heads,
+        heads, q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), HEAD_DIM=d, **DECODE_OPTIONS,
+        **DECODE_TILES)
+    attn_combine_kernel[(b * heads,)](m_part, l_part, acc_part, out, HEAD_DIM=d,
+                                      NUM_SPLITS=DECODE_TILES["NUM_SPLITS"], num_warps=2)
+    return out
+
+
 def prefill_attention(q, k_cache, v_cache, pos, *, out=None):
     """Causal attention for q [M, heads, D] at positions pos[0] + i over the cache [0, pos[0] + i]."""
     m, heads, d = q.shape
@@ -241,6 +281,24 @@ def sample(logits, embed, state, params, rows, x_out):
     hidden = embed.shape[1]
     sample_kernel[(1,)](logits, embed, state, params, rows, x_out, hidden, rows.shape[0], num_warps=16,
                         **SAMPLER_TILE)
+    return x_out
+
+
+def sampler_states(seeds, top_ks, temperatures, top_ps, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sampler_state` for B takes: (state int64[B, 5], params fp32[B, 2]), one row per take."""
+    rows = [sampler_state(*a, "cpu") for a in zip(seeds, top_ks, temperatures, top_ps)]
+    return torch.stack([r[0] for r in rows]).to(device), torch.stack([r[1] for r in rows]).to(device)
+
+
+def sample_batch(logits, embed, state, params, rows, x_out):
+    """`sample` for B takes in one launch: logits [B, 8, 1026] fp32, state [B, 5], params [B, 2], rows
+    [B, max_rows, 8] int32, x_out [B, hidden] bf16; take b's row `state[b, 0]` uses its own settings,
+    seed, RNG counter and stop state."""
+    b, hidden = x_out.shape
+    assert logits[0].numel() == SAMPLER_TILE["CODEBOOKS"] * SAMPLER_TILE["VOCAB"] and logits.is_contiguous()
+    assert state.is_contiguous() and params.is_contiguous() and rows.is_contiguous()
+    sample_batch_kernel[(b,)](logits, embed, state, params, rows, x_out, embed.shape[1], rows.shape[1],
+                              x_out.stride(0), num_warps=16, **SAMPLER_TILE)
     return x_out
 
 
