@@ -255,6 +255,70 @@ def case_fused(ops, dev, gen):
     return out
 
 
+BUCKETS = (1, 4, 8, 16)   # the batched step's row buckets (kernels/batch.py)
+
+
+def case_batch(ops, dev, gen):
+    """The batched step's kernels (kernels/batch.py) at the real widths: the M ≤ 16 GEMM for each bucket
+    in BF16 and W8A8 (+ residual) against float64, and its batch invariance on this GPU's tensor cores
+    (each bucket's rows bit-identical to the same rows of the 16-row run, err 0 or 1); attention for 4
+    takes with their own lengths and slots; the sampler for 3 takes with their own settings."""
+    out = []
+    n = 3 * 1024
+    a = _randn(gen, 16, HIDDEN)
+    w = _randn(gen, n, HIDDEN, scale=HIDDEN ** -0.5)
+    res = _randn(gen, 16, n)
+    w8, ws = _fp8_weight(ops, w.to(dev))
+    a_scale = (a.float().abs().amax(dim=1) / 448.0).clamp(min=1e-12)
+    a8 = (a.float() / a_scale[:, None]).to(FP8)
+    for mode in ("bf16", "w8a8"):
+        x, wt = (a8.to(dev), w8) if mode == "w8a8" else (a.to(dev), w.to(dev))
+        kw = dict(w_scale=ws, x_scale=a_scale.to(dev)) if mode == "w8a8" else {}
+        full = ops.skinny_gemm(x, wt, **kw)
+        for m in BUCKETS:
+            part = {k: (v[:m] if k == "x_scale" else v) for k, v in kw.items()}
+            y = ops.skinny_gemm(x[:m], wt, **part)
+            want = ref.linear_ref(x[:m].cpu(), wt.cpu(), w_scale=ws.cpu() if kw else None,
+                                  x_scale=a_scale[:m, None] if kw else None)
+            out.append((f"skinny gemm {mode} M {m}", rel_max(y, want), TOL_BF16))
+            same = torch.equal(y.view(torch.int16), full[:m].view(torch.int16))
+            out.append((f"skinny gemm {mode} M {m}: rows == rows of M 16, bit for bit", 0.0 if same else 1.0, 0.5))
+        r = res[:5].clone().to(dev)
+        y = ops.skinny_gemm(x[:5], wt, **{k: (v[:5] if k == "x_scale" else v) for k, v in kw.items()}, residual=r,
+                            out=r)
+        want = ref.linear_ref(x[:5].cpu(), wt.cpu(), w_scale=ws.cpu() if kw else None,
+                              x_scale=a_scale[:5, None] if kw else None, residual=res[:5])
+        out.append((f"skinny gemm {mode} M 5 +res in place", rel_max(y, want), TOL_BF16))
+    for d, heads, kv in ((HEAD_DIM, HEADS, KV_HEADS), (16, 4, 2)):
+        lens, slots = [700, 1, 64, 333], [3, 0, 2, 1]
+        kc, vc = _randn(gen, 4, kv, 1024, d), _randn(gen, 4, kv, 1024, d)
+        q = _randn(gen, 4, heads, d)
+        y = ops.decode_attention_batch(q.to(dev), kc.to(dev), vc.to(dev),
+                                       torch.tensor(slots, dtype=torch.int32, device=dev),
+                                       torch.tensor(lens, dtype=torch.int32, device=dev))
+        err = max(rel_max(y[b:b + 1], ref.attention_ref(q[b:b + 1], kc[slot], vc[slot], torch.tensor([length - 1])))
+                  for b, (slot, length) in enumerate(zip(slots, lens)))
+        out.append((f"decode d{d}, 4 takes, lengths {lens}", err, TOL_BF16))
+    embed = _randn(gen, AUDIO_ROWS, HIDDEN, scale=0.3)
+    takes = [(0.0, 0, 1.0, 11), (0.8, 30, 0.8, 12), (1.0, 0, 0.95, 40)]      # (T, top-k, top-p, step)
+    seeds = [int(v) for v in torch.randint(0, 2 ** 62, (len(takes),), generator=gen)]
+    logits = torch.randn(len(takes), 8, 1026, generator=gen) * 3
+    state, params = ops.sampler_states(seeds, [t[1] for t in takes], [t[0] for t in takes], [t[2] for t in takes], dev)
+    state[:, ops.STATE_STEP] = torch.tensor([t[3] for t in takes], device=dev)
+    rows = torch.full((len(takes), 48, 8), -1, dtype=torch.int32, device=dev)
+    x = torch.empty(len(takes), HIDDEN, dtype=BF16, device=dev)
+    ops.sample_batch(logits.to(dev), embed.to(dev), state, params, rows, x)
+    for b, (temperature, top_k, top_p, step) in enumerate(takes):
+        want = ref.sample_row_ref(logits[b], step=step, seed=seeds[b], temperature=temperature, top_k=top_k,
+                                  top_p=top_p)
+        got = rows[b, step].tolist()
+        idx = torch.tensor(want) + 1026 * torch.arange(8)
+        err = rel_max(x[b], embed[idx].double().sum(0)) if got == want else 1.0
+        out.append((f"sampler take {b} T={temperature} k={top_k} p={top_p}: row "
+                    f"{'==' if got == want else '!='} reference, embedding", err, TOL_BF16))
+    return out
+
+
 CASES = [
     ("rmsnorm", {"rmsnorm_bf16", "rmsnorm_add_bf16", "rmsnorm_fp8", "rmsnorm_add_fp8"}, case_rmsnorm),
     ("silu_mul", {"silu_mul_bf16", "silu_mul_fp8"}, case_silu_mul),
@@ -269,6 +333,8 @@ CASES = [
     ("sampler", {"sample_embed"}, case_sampler),
     ("fused (v2)", {"gemv2_bf16_res", "gemv2_w8a16_res", "gemv2_norm_bf16", "gemv2_norm_w8a8", "gemv2_silu_bf16_res",
                     "gemv2_silu_w8a8_res", "decode_attn_fused_d128", "decode_attn_fused_d16"}, case_fused),
+    ("batch", {"gemm_skinny_bf16", "gemm_skinny_bf16_res", "gemm_skinny_w8a8", "gemm_skinny_w8a8_res",
+               "decode_attn_batch_d128", "decode_attn_batch_d16", "sample_embed_batch"}, case_batch),
 ]
 
 
