@@ -255,6 +255,44 @@ def case_fused(ops, dev, gen):
     return out
 
 
+def _splitk_inputs(ops, dev, gen, fp8: bool):
+    """o_proj (bf16 or W8A16) and down (silu·mul prologue, bf16 or W8A8) at the real shapes:
+    [(name, x, w, kwargs, x as the kernel rounds it, fp32 scale or None)]."""
+    xo = _randn(gen, HEADS * HEAD_DIM)
+    wo = _randn(gen, HIDDEN, HEADS * HEAD_DIM, scale=(HEADS * HEAD_DIM) ** -0.5)
+    gu = _randn(gen, 2 * INTER)
+    wd = _randn(gen, HIDDEN, INTER, scale=INTER ** -0.5)
+    act = ref.silu_mul_ref(gu)
+    if not fp8:
+        return [("o_proj", xo, wo.to(dev), {}, xo.double(), None),
+                ("down", gu, wd.to(dev), dict(prologue="silu"), act.to(BF16).double(), None)]
+    wo8, wos = _fp8_weight(ops, wo.to(dev))
+    wd8, wds = _fp8_weight(ops, wd.to(dev))
+    acts = torch.tensor([float(act.abs().max()) * 2 / 448.0])
+    a8 = ops.quantize_fp8(act.float(), acts).double() * acts.double()
+    return [("o_proj", xo, wo8, dict(w_scale=wos), xo.double(), wos),
+            ("down", gu, wd8, dict(prologue="silu", w_scale=wds, x_scale=acts.to(dev)), a8, wds)]
+
+
+def case_splitk(ops, dev, gen):
+    """The v3 split-K GEMVs (kernels/splitk.py) at the real shapes (o_proj 2560x4096, down 2560x9728) against
+    float64, each launched twice on the same scratch: the second launch must give the same bits (the
+    reduction adds the partials in split order whichever program finishes last) and the counters must be
+    back at zero."""
+    out = []
+    scratch = ops.gemv_splitk_scratch(HIDDEN, dev)
+    for fp8 in (False, True):
+        for name, x, w, kw, x_used, ws in _splitk_inputs(ops, dev, gen, fp8):
+            r = _randn(gen, HIDDEN)
+            ys = [ops.gemv_splitk(x.to(dev), w, residual=r.to(dev), scratch=scratch, **kw) for _ in range(2)]
+            want = ref.linear_ref(x_used[None], w.cpu(), w_scale=None if ws is None else ws.cpu(), residual=r[None])
+            label = f"{name} {'fp8' if fp8 else 'bf16'} +res"
+            out.append((label, rel_max(ys[0][None], want), TOL_BF16))
+            same = torch.equal(ys[0].view(torch.int16), ys[1].view(torch.int16)) and not scratch[1].any()
+            out.append((f"{label}: 2nd launch same bits, counters reset", 0.0 if same else 1.0, 0.5))
+    return out
+
+
 BUCKETS = (1, 4, 8, 16)   # the batched step's row buckets (kernels/batch.py)
 
 
@@ -333,6 +371,8 @@ CASES = [
     ("sampler", {"sample_embed"}, case_sampler),
     ("fused (v2)", {"gemv2_bf16_res", "gemv2_w8a16_res", "gemv2_norm_bf16", "gemv2_norm_w8a8", "gemv2_silu_bf16_res",
                     "gemv2_silu_w8a8_res", "decode_attn_fused_d128", "decode_attn_fused_d16"}, case_fused),
+    ("split-K (v3)", {"gemv3_bf16_res", "gemv3_w8a16_res", "gemv3_silu_bf16_res", "gemv3_silu_w8a8_res"},
+     case_splitk),
     ("batch", {"gemm_skinny_bf16", "gemm_skinny_bf16_res", "gemm_skinny_w8a8", "gemm_skinny_w8a8_res",
                "decode_attn_batch_d128", "decode_attn_batch_d16", "sample_embed_batch"}, case_batch),
 ]
@@ -454,13 +494,32 @@ def ab_rows(ops, dev, gen, timer, shapes=REAL_SHAPES) -> list[Row]:
     return rows
 
 
+def splitk_ab_rows(ops, dev, gen, timer) -> list[Row]:
+    """Issue 16's split-K: o_proj and down as v2's GEMV and as v3's split-K GEMV, FP8 and BF16, at the real
+    shapes: µs, weight bytes over time and the ratio."""
+    rows = []
+    scratch = ops.gemv_splitk_scratch(HIDDEN, dev)
+    r = _randn(gen, HIDDEN).to(dev)
+    for fp8 in (True, False):
+        for name, x, w, kw, _, _ in _splitk_inputs(ops, dev, gen, fp8):
+            x = x.to(dev)
+            t2 = timer(lambda: ops.gemv2(x, w, residual=r, out=r, **kw))
+            t3 = timer(lambda: ops.gemv_splitk(x, w, residual=r, out=r, scratch=scratch, **kw))
+            nbytes = w.numel() * w.element_size()
+            rows.append(Row("A/B kernels", f"{'fp8' if fp8 else 'bf16'} {name} v2 GEMV vs v3 split-K",
+                            f"v2 {t2 * 1e6:.1f} µs {nbytes / t2 / 1e9:.0f} GB/s | v3 {t3 * 1e6:.1f} µs "
+                            f"{nbytes / t3 / 1e9:.0f} GB/s | v2/v3 {t2 / t3:.2f}x", "", "INFO"))
+    return rows
+
+
 def timed_ab_rows(kernels) -> list[Row]:
     """`ab_rows` at the real shapes on this GPU, through the cubins, timed on the kernels' stream."""
     from kernels.runtime import cubin_ops
 
     try:
         with torch.cuda.stream(kernels.stream) if kernels.stream is not None else contextlib.nullcontext():
-            return ab_rows(cubin_ops(kernels), torch.device("cuda"), torch.Generator().manual_seed(2), cuda_timer())
+            ops, dev, gen = cubin_ops(kernels), torch.device("cuda"), torch.Generator().manual_seed(2)
+            return ab_rows(ops, dev, gen, cuda_timer()) + splitk_ab_rows(ops, dev, gen, cuda_timer())
     except Exception as exc:  # a failure here is one row; the correctness rows above stand
         return [Row("A/B kernels", "timing", f"{type(exc).__name__}: {exc}"[:120], "", "FAIL")]
 
@@ -513,6 +572,9 @@ def selftest_rows() -> list[Row]:
     ab = ab_rows(ops, "cpu", gen, timer=lambda fn: 1e-5, shapes=tiny)
     rows.append(Row("A/B kernels", "rows with a stand-in timer (no launches)", f"{len(ab)} rows", "10",
                     "PASS" if len(ab) == 10 and all("v1/v2 1.00x" in r.value for r in ab) else "FAIL"))
+    sk = splitk_ab_rows(ops, "cpu", gen, timer=lambda fn: 1e-5)
+    rows.append(Row("A/B kernels", "split-K rows with a stand-in timer (no launches)", f"{len(sk)} rows", "4",
+                    "PASS" if len(sk) == 4 and all("v2/v3 1.00x" in r.value for r in sk) else "FAIL"))
     return rows
 
 

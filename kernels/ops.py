@@ -31,6 +31,7 @@ from kernels.mlp import SILU_TILE, silu_mul_kernel
 from kernels.norm import NORM_TILE, rmsnorm_kernel
 from kernels.rope_kv import qk_norm_rope_kv_kernel
 from kernels.sampler import SAMPLER_TILE, sample_kernel
+from kernels.splitk import SPLITK_TILES, gemv_splitk_kernel
 
 FP8 = torch.float8_e4m3fn
 
@@ -110,6 +111,36 @@ def gemv2(x, w, *, prologue: str = "none", norm_w=None, eps: float = 0.0, w_scal
         x_scale if x_scale is not None else out, residual if residual is not None else out, out, n, k, eps,
         w.stride(0), PROLOGUE=mode, HAS_W_SCALE=w_scale is not None, HAS_X_SCALE=x_scale is not None,
         HAS_RESIDUAL=residual is not None, num_warps=4, **tiles)
+    return out
+
+
+def gemv_splitk_scratch(n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partials and per-row-block ticket counters for `gemv_splitk` at N ≤ n (counters zero between
+    launches: the last program of each row block resets its counter). One scratch serves launches that
+    run one after the other on a stream."""
+    splits = max(t["SPLIT_K"] for t in SPLITK_TILES.values())
+    blocks = max(triton.cdiv(n, t["BLOCK_N"]) for t in SPLITK_TILES.values())
+    return (torch.empty(splits * n, dtype=torch.float32, device=device),
+            torch.zeros(blocks, dtype=torch.int32, device=device))
+
+
+def gemv_splitk(x, w, *, residual, scratch, prologue: str = "none", w_scale=None, x_scale=None, out=None):
+    """Split-K variant of `gemv2` for the N = 2560 projections (kernels/splitk.py): y[N] = f(x) · w[N, K]ᵀ
+    + residual, with f "none" (x [K]) or "silu" (x [2K] = [gate | up] → silu(gate)·up, rounded to bf16 or,
+    with `x_scale`, quantised to FP8); a deterministic reduction in split order. `scratch` from
+    `gemv_splitk_scratch`; out may be the residual itself."""
+    n, k = w.shape
+    silu = {"none": False, "silu": True}[prologue]
+    assert x.numel() == (2 * k if silu else k), f"gemv_splitk: x has {x.numel()} elements for K = {k}"
+    if out is None:
+        out = torch.empty(n, dtype=torch.bfloat16, device=x.device)
+    tiles = SPLITK_TILES["fp8" if w.dtype == FP8 else "bf16"]
+    part, count = scratch
+    assert part.numel() >= tiles["SPLIT_K"] * n, "gemv_splitk: scratch too small for this N"
+    gemv_splitk_kernel[(triton.cdiv(n, tiles["BLOCK_N"]), tiles["SPLIT_K"])](
+        x, w, w_scale if w_scale is not None else out, x_scale if x_scale is not None else out, residual, out,
+        part, count, n, k, w.stride(0), SILU=silu, HAS_W_SCALE=w_scale is not None,
+        HAS_X_SCALE=x_scale is not None, HAS_RESIDUAL=True, num_warps=4, **tiles)
     return out
 
 
