@@ -438,12 +438,17 @@ def batch_rows(ops, dims: Dims, device: torch.device, stream=None, buckets=(1, 4
             gemv_us = replay_us(lambda: ops.gemv(one_x, wt, out=one, **one_kw), dev, stream, replays)
             nbytes = wt.numel() * wt.element_size()
             yield row(f"gemv {name} {n}x{k} {precision} M 1 (the one-take GEMV)", gemv_us, nbytes)
+            # o_proj and down (N = hidden) run as the step would: split-K, with the residual added
+            split = dict(residual=torch.zeros(max(buckets), n, dtype=torch.bfloat16, device=dev),
+                         scratch=ops.skinny_gemm_scratch(n, dev)) if n == dims.hidden else {}
             for m in buckets:
                 y = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
                 kw = dict(w_scale=ws, x_scale=xs[:m]) if precision == "fp8" else {}
+                if split:
+                    kw.update(residual=split["residual"][:m], scratch=split["scratch"])
                 us = replay_us(lambda: ops.skinny_gemm(xt[:m], wt, out=y, **kw), dev, stream, replays)
-                yield row(f"skinny gemm {name} {n}x{k} {precision} M {m}", us, nbytes,
-                          f", {us / m:.1f} µs/row, {us / gemv_us:.2f}x one-take GEMV for {m} rows")
+                yield row(f"skinny gemm {name} {n}x{k} {precision} M {m}{' split-K +res' if split else ''}", us,
+                          nbytes, f", {us / m:.1f} µs/row, {us / gemv_us:.2f}x one-take GEMV for {m} rows")
         del w, x
     kv_shape = (max(buckets), dims.kv_heads, context, dims.head_dim)
     kc = torch.randn(*kv_shape, generator=gen).to(dev, torch.bfloat16)

@@ -8,7 +8,9 @@ the weights sit in tl.dot's 64-row slot and the ≤ 16 activation rows, padded t
 Blackwell it is four m16n8 mma.sync tiles. Batch invariance by construction: the tile is always 16
 activation rows whatever M is, every program walks the whole K in the same BLOCK_K steps, and an MMA
 never adds one column of its B operand into another, so row i's reduction order is fixed and its value
-does not depend on M or on the other rows' contents.
+does not depend on M or on the other rows' contents. The N = 2560 projections (o_proj, down) have only 40
+row blocks of 64, so their variants also split K into SPLIT_K fixed ranges (set by K alone) and reduce
+the fp32 partials in split order (kernels/splitk.py's ticket): still independent of M.
 
 `decode_attn_batch_kernel`: flash-decoding for B takes at once, each with its own cache slot and length
 (GQA: a kv head's query group shares one tile, as in kernels/attention.py). Take b's query (position
@@ -35,25 +37,10 @@ ROWS = 16   # the activation tile: tl.dot's minimum, and the largest batch bucke
 
 
 @triton.jit
-def skinny_gemm_kernel(X, W, W_SCALE, X_SCALE, R, Y, M, N, K, stride_xm, stride_w, stride_ym, stride_rm,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                       HAS_SCALES: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    pid = tl.program_id(0)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = tl.arange(0, BLOCK_M)
-    rk = tl.arange(0, BLOCK_K)
-    nmask = rn < N
-    mmask = rm < M
-    w_ptrs = W + rn.to(tl.int64)[:, None] * stride_w + rk[None, :]
-    x_ptrs = X + rm.to(tl.int64)[None, :] * stride_xm + rk[:, None]        # [BLOCK_K, BLOCK_M] view of Xᵀ
-    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kmask = (k0 + rk) < K
-        w = tl.load(w_ptrs + k0, mask=nmask[:, None] & kmask[None, :], other=0.0)
-        x = tl.load(x_ptrs + k0, mask=kmask[:, None] & mmask[None, :], other=0.0)
-        # FP8 on sm_90: promote wgmma's reduced-precision accumulator into fp32 after every K tile, as
-        # kernels/gemm.py does (ignored for bf16 and off Hopper).
-        acc = tl.dot(w, x, acc, max_num_imprecise_acc=BLOCK_K)
+def _skinny_epilogue(acc, W_SCALE, X_SCALE, R, Y, rn, rm, nmask, mmask, stride_ym, stride_rm,
+                     HAS_SCALES: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """Scales, the residual (the product rounded to bf16 first, as an unfused add) and the store of
+    acc [BLOCK_N, BLOCK_M] = Yᵀ (inlined)."""
     if HAS_SCALES:
         acc = acc * tl.load(W_SCALE + rn, mask=nmask, other=0.0)[:, None]
         acc = acc * tl.load(X_SCALE + rm, mask=mmask, other=0.0)[None, :]
@@ -62,6 +49,50 @@ def skinny_gemm_kernel(X, W, W_SCALE, X_SCALE, R, Y, M, N, K, stride_xm, stride_
         r = tl.load(R + rm.to(tl.int64)[None, :] * stride_rm + rn[:, None], mask=ymask, other=0.0).to(tl.float32)
         acc = acc.to(Y.dtype.element_ty).to(tl.float32) + r
     tl.store(Y + rm.to(tl.int64)[None, :] * stride_ym + rn[:, None], acc.to(Y.dtype.element_ty), mask=ymask)
+
+
+@triton.jit
+def skinny_gemm_kernel(X, W, W_SCALE, X_SCALE, R, Y, PART, COUNT, M, N, K, stride_xm, stride_w, stride_ym,
+                       stride_rm, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                       SPLIT_K: tl.constexpr, HAS_SCALES: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    nmask = rn < N
+    mmask = rm < M
+    # Fixed K ranges (multiples of BLOCK_K) that depend on K only, so they are the same for every M.
+    k_chunk = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_start = split * k_chunk
+    k_end = tl.minimum(k_start + k_chunk, K)
+    w_ptrs = W + rn.to(tl.int64)[:, None] * stride_w + rk[None, :]
+    x_ptrs = X + rm.to(tl.int64)[None, :] * stride_xm + rk[:, None]        # [BLOCK_K, BLOCK_M] view of Xᵀ
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        kmask = (k0 + rk) < k_end
+        w = tl.load(w_ptrs + k0, mask=nmask[:, None] & kmask[None, :], other=0.0)
+        x = tl.load(x_ptrs + k0, mask=kmask[:, None] & mmask[None, :], other=0.0)
+        # FP8 on sm_90: promote wgmma's reduced-precision accumulator into fp32 after every K tile, as
+        # kernels/gemm.py does (ignored for bf16 and off Hopper).
+        acc = tl.dot(w, x, acc, max_num_imprecise_acc=BLOCK_K)
+    if SPLIT_K == 1:
+        _skinny_epilogue(acc, W_SCALE, X_SCALE, R, Y, rn, rm, nmask, mmask, stride_ym, stride_rm,
+                         HAS_SCALES, HAS_RESIDUAL)
+    else:
+        # Partials [SPLIT_K, BLOCK_M, N] fp32; the last program of the row block (an integer ticket, no
+        # float atomics) adds them in split order, so the sum order is fixed whoever finishes last.
+        part = PART + rm.to(tl.int64)[None, :] * N + rn[:, None]
+        tl.store(part + split.to(tl.int64) * BLOCK_M * N, acc, mask=nmask[:, None])
+        tl.debug_barrier()                      # every thread's partial is stored before the ticket is taken
+        ticket = tl.atomic_add(COUNT + pid, 1, sem="acq_rel")
+        if ticket == SPLIT_K - 1:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
+            for sp in tl.static_range(SPLIT_K):
+                acc += tl.load(part + sp * BLOCK_M * N, mask=nmask[:, None], other=0.0, cache_modifier=".cg")
+            _skinny_epilogue(acc, W_SCALE, X_SCALE, R, Y, rn, rm, nmask, mmask, stride_ym, stride_rm,
+                             HAS_SCALES, HAS_RESIDUAL)
+            tl.store(COUNT + pid, 0)
 
 
 @triton.jit
@@ -108,18 +139,20 @@ def sample_batch_kernel(LOGITS, EMBED, STATE, PARAMS, ROWS, X_OUT, hidden, max_r
 
 
 SKINNY_TILES = {"bf16": dict(BLOCK_N=64, BLOCK_K=128, BLOCK_M=ROWS), "fp8": dict(BLOCK_N=64, BLOCK_K=256, BLOCK_M=ROWS)}
+# Splits for the N = 2560 projections: 40 row blocks x 4 = 160 programs on 132 SMs. Not tuned on a GPU.
+SKINNY_SPLIT_K = 4
 
 
-def _gemm(name, x, w, *, residual):
+def _gemm(name, x, w, *, residual, split_k=1):
     kind = "fp8" if w == "*fp8e4nv" else "bf16"
     return KernelSpec(
         name=name, fn=skinny_gemm_kernel,
         signature={"X": x, "W": w, "W_SCALE": "*fp32", "X_SCALE": "*fp32", "R": "*bf16", "Y": "*bf16",
-                   "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_w": "i32", "stride_ym": "i32",
-                   "stride_rm": "i32"},
-        constexprs=dict(SKINNY_TILES[kind], HAS_SCALES=kind == "fp8", HAS_RESIDUAL=residual),
+                   "PART": "*fp32", "COUNT": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
+                   "stride_w": "i32", "stride_ym": "i32", "stride_rm": "i32"},
+        constexprs=dict(SKINNY_TILES[kind], SPLIT_K=split_k, HAS_SCALES=kind == "fp8", HAS_RESIDUAL=residual),
         num_warps=4, num_stages=3,
-        divisibility_16=("X", "W", "Y", "K", "stride_xm", "stride_w", "stride_ym"))
+        divisibility_16=("X", "W", "Y", "PART", "K", "stride_xm", "stride_w", "stride_ym"))
 
 
 KERNELS = [
@@ -127,6 +160,8 @@ KERNELS = [
     _gemm("gemm_skinny_bf16_res", "*bf16", "*bf16", residual=True),
     _gemm("gemm_skinny_w8a8", "*fp8e4nv", "*fp8e4nv", residual=False),
     _gemm("gemm_skinny_w8a8_res", "*fp8e4nv", "*fp8e4nv", residual=True),
+    _gemm("gemm_skinny_bf16_res_split", "*bf16", "*bf16", residual=True, split_k=SKINNY_SPLIT_K),
+    _gemm("gemm_skinny_w8a8_res_split", "*fp8e4nv", "*fp8e4nv", residual=True, split_k=SKINNY_SPLIT_K),
     *[KernelSpec(
         name=f"decode_attn_batch_d{head_dim}", fn=decode_attn_batch_kernel,
         signature={"Q": "*bf16", "K_CACHE": "*bf16", "V_CACHE": "*bf16", "SLOTS": "*i32", "LENS": "*i32",

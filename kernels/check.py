@@ -298,8 +298,9 @@ BUCKETS = (1, 4, 8, 16)   # the batched step's row buckets (kernels/batch.py)
 
 def case_batch(ops, dev, gen):
     """The batched step's kernels (kernels/batch.py) at the real widths: the M ≤ 16 GEMM for each bucket
-    in BF16 and W8A8 (+ residual) against float64, and its batch invariance on this GPU's tensor cores
-    (each bucket's rows bit-identical to the same rows of the 16-row run, err 0 or 1); attention for 4
+    in BF16 and W8A8 (+ residual; and its split-K variant) against float64, and its batch invariance on
+    this GPU's tensor cores (each bucket's rows bit-identical to the same rows of the 16-row run, err 0
+    or 1); attention for 4
     takes with their own lengths and slots; the sampler for 3 takes with their own settings."""
     out = []
     n = 3 * 1024
@@ -327,6 +328,17 @@ def case_batch(ops, dev, gen):
         want = ref.linear_ref(x[:5].cpu(), wt.cpu(), w_scale=ws.cpu() if kw else None,
                               x_scale=a_scale[:5, None] if kw else None, residual=res[:5])
         out.append((f"skinny gemm {mode} M 5 +res in place", rel_max(y, want), TOL_BF16))
+        scratch = ops.skinny_gemm_scratch(n, dev)
+        full = ops.skinny_gemm(x, wt, **kw, residual=res.to(dev), scratch=scratch)
+        for m in BUCKETS:
+            part = {k: (v[:m] if k == "x_scale" else v) for k, v in kw.items()}
+            y = ops.skinny_gemm(x[:m], wt, **part, residual=res[:m].to(dev), scratch=scratch)
+            want = ref.linear_ref(x[:m].cpu(), wt.cpu(), w_scale=ws.cpu() if kw else None,
+                                  x_scale=a_scale[:m, None] if kw else None, residual=res[:m])
+            same = torch.equal(y.view(torch.int16), full[:m].view(torch.int16)) and not scratch[1].any()
+            out.append((f"skinny gemm split-K {mode} M {m} +res", rel_max(y, want), TOL_BF16))
+            out.append((f"skinny gemm split-K {mode} M {m}: rows == rows of M 16, counters reset", 0.0 if same
+                        else 1.0, 0.5))
     for d, heads, kv in ((HEAD_DIM, HEADS, KV_HEADS), (16, 4, 2)):
         lens, slots = [700, 1, 64, 333], [3, 0, 2, 1]
         kc, vc = _randn(gen, 4, kv, 1024, d), _randn(gen, 4, kv, 1024, d)
@@ -374,6 +386,7 @@ CASES = [
     ("split-K (v3)", {"gemv3_bf16_res", "gemv3_w8a16_res", "gemv3_silu_bf16_res", "gemv3_silu_w8a8_res"},
      case_splitk),
     ("batch", {"gemm_skinny_bf16", "gemm_skinny_bf16_res", "gemm_skinny_w8a8", "gemm_skinny_w8a8_res",
+               "gemm_skinny_bf16_res_split", "gemm_skinny_w8a8_res_split",
                "decode_attn_batch_d128", "decode_attn_batch_d16", "sample_embed_batch"}, case_batch),
 ]
 

@@ -20,7 +20,8 @@ import triton
 
 from kernels.attention import DECODE_OPTIONS, DECODE_TILES, LOG2E, PREFILL_OPTIONS, PREFILL_TILES, \
     attn_combine_kernel, decode_attn_split_kernel, prefill_attn_kernel
-from kernels.batch import ROWS, SKINNY_TILES, decode_attn_batch_kernel, sample_batch_kernel, skinny_gemm_kernel
+from kernels.batch import ROWS, SKINNY_SPLIT_K, SKINNY_TILES, decode_attn_batch_kernel, sample_batch_kernel, \
+    skinny_gemm_kernel
 from kernels.common import FP8_MAX
 from kernels.fused import GEMV2_TILES, PROLOGUE_NONE, PROLOGUE_NORM, PROLOGUE_SILU, decode_attn_fused_kernel, \
     gemv2_kernel
@@ -161,24 +162,38 @@ def gemm(a, w, *, w_scale=None, a_scale=None, out=None, residual=None):
     return out
 
 
-def skinny_gemm(x, w, *, w_scale=None, x_scale=None, out=None, residual=None):
+def skinny_gemm_scratch(n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partials and per-row-block ticket counters for `skinny_gemm(..., scratch=)` at N ≤ n (counters zero
+    between launches: the last program of each row block resets its counter)."""
+    blocks = max(triton.cdiv(n, t["BLOCK_N"]) for t in SKINNY_TILES.values())
+    return (torch.empty(SKINNY_SPLIT_K * ROWS * n, dtype=torch.float32, device=device),
+            torch.zeros(blocks, dtype=torch.int32, device=device))
+
+
+def skinny_gemm(x, w, *, w_scale=None, x_scale=None, out=None, residual=None, scratch=None):
     """Y[M, N] = x[M, K] · w[N, K]ᵀ for M ≤ 16 decode rows on the tensor cores (kernels/batch.py), each
     row's result independent of M. BF16 x and w, or FP8 x and w with `x_scale` [M] (per row) and
-    `w_scale` [N] (per output channel). residual [M, N] bf16 is added in the epilogue (out may be it)."""
+    `w_scale` [N] (per output channel). residual [M, N] bf16 is added in the epilogue (out may be it).
+    `scratch` (from `skinny_gemm_scratch`; with a residual only: o_proj, down) splits K into fixed ranges
+    for more programs at small N, reduced in a fixed order."""
     m, k = x.shape
     n = w.shape[0]
     assert m <= ROWS, f"skinny_gemm: {m} rows, at most {ROWS}"
     fp8 = w.dtype == FP8
     assert fp8 == (x.dtype == FP8) == (w_scale is not None) == (x_scale is not None), \
         "skinny_gemm: FP8 needs FP8 x and w with both scales; BF16 takes none"
+    assert scratch is None or residual is not None, "skinny_gemm: split-K is built for the residual GEMMs only"
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
     res = residual if residual is not None else out
+    part, count = scratch if scratch is not None else (out, out)
+    split_k = SKINNY_SPLIT_K if scratch is not None else 1
+    assert scratch is None or part.numel() >= split_k * ROWS * n, "skinny_gemm: scratch too small for this N"
     tiles = SKINNY_TILES["fp8" if fp8 else "bf16"]
-    skinny_gemm_kernel[(triton.cdiv(n, tiles["BLOCK_N"]),)](
-        x, w, w_scale if fp8 else out, x_scale if fp8 else out, res, out, m, n, k, x.stride(0), w.stride(0),
-        out.stride(0), res.stride(0), HAS_SCALES=fp8, HAS_RESIDUAL=residual is not None, num_warps=4,
-        num_stages=3, **tiles)
+    skinny_gemm_kernel[(triton.cdiv(n, tiles["BLOCK_N"]), split_k)](
+        x, w, w_scale if fp8 else out, x_scale if fp8 else out, res, out, part, count, m, n, k, x.stride(0),
+        w.stride(0), out.stride(0), res.stride(0), SPLIT_K=split_k, HAS_SCALES=fp8,
+        HAS_RESIDUAL=residual is not None, num_warps=4, num_stages=3, **tiles)
     return out
 
 

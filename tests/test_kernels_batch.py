@@ -92,6 +92,31 @@ def test_skinny_gemm_row_is_independent_of_batch_size_and_neighbours(fp8):
         assert torch.equal(y[i].view(torch.int16), full[i].view(torch.int16)), f"row {i} among other rows"
 
 
+def split_scratch(n):
+    part, count = ops.skinny_gemm_scratch(n, "cpu")
+    part.fill_(float("nan"))                            # every partial is written before it is read
+    return part, count
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "w8a8"])
+def test_skinny_gemm_split_k_matches_float64_and_is_batch_invariant(fp8):
+    """The split-K variant (o_proj, down): float64 numerics with the residual, K = 1000 giving a partial
+    and an empty split; row i bit for bit the same for M = 1, 4, 8, 16; ticket counters back at zero."""
+    n, k = 72, 1000
+    gen = torch.Generator().manual_seed(4)
+    x, w, xs, ws = gemm_inputs(16, n, k, fp8, gen)
+    r = torch.randn(16, n, generator=gen).to(BF16)
+    scratch = split_scratch(n)
+    full = ops.skinny_gemm(x, w, w_scale=ws, x_scale=xs, residual=r, scratch=scratch, out=nan_like((16, n)))
+    assert not torch.isnan(full.float()).any() and not scratch[1].any()
+    want = product(x, w, xs, ws, residual=r)
+    torch.testing.assert_close(full.double(), want, rtol=2 ** -8, atol=2e-2)
+    for m in BUCKETS:
+        y = ops.skinny_gemm(x[:m], w, w_scale=ws, x_scale=None if xs is None else xs[:m], residual=r[:m],
+                            scratch=scratch)
+        assert torch.equal(y.view(torch.int16), full[:m].view(torch.int16)), f"M = {m}"
+
+
 # ---------------------------------------------------------------------------------------------- attention
 def batch_cache(slots, kv_heads, max_pos, d):
     kc = nan_like((slots, kv_heads, max_pos, d))         # NaN beyond each take's length: must never be read
@@ -209,8 +234,11 @@ def test_committed_manifests_serve_every_batch_op():
 
     def run(o):
         rows_x = run_batch_with(o, logits, takes)
+        scratch = o.skinny_gemm_scratch(80, "cpu")
         return [o.skinny_gemm(x, w, w_scale=ws, x_scale=xs), o.skinny_gemm(xb, wb, residual=r.clone()),
                 o.skinny_gemm(x, w, w_scale=ws, x_scale=xs, residual=r.clone()), o.skinny_gemm(xb, wb),
+                o.skinny_gemm(xb, wb, residual=r.clone(), scratch=scratch),
+                o.skinny_gemm(x, w, w_scale=ws, x_scale=xs, residual=r.clone(), scratch=scratch),
                 o.decode_attention_batch(q, kc, vc, slots, lens), *rows_x]
 
     want = run(ops)
@@ -219,7 +247,8 @@ def test_committed_manifests_serve_every_batch_op():
         got = run(cubin_ops(kernels))
         assert all(torch.equal(a, b) for a, b in zip(got, want)), mf.TARGETS[cc]
         assert {"gemm_skinny_w8a8", "gemm_skinny_bf16_res", "gemm_skinny_w8a8_res", "gemm_skinny_bf16",
-                "decode_attn_batch_d16", "attn_combine_d16", "sample_embed_batch"} == set(kernels.launches)
+                "gemm_skinny_bf16_res_split", "gemm_skinny_w8a8_res_split", "decode_attn_batch_d16",
+                "attn_combine_d16", "sample_embed_batch"} == set(kernels.launches)
 
 
 def run_batch_with(o, logits, takes, hidden=32):

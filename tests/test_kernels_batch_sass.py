@@ -49,3 +49,20 @@ def test_skinny_gemm_uses_the_swap_ab_tensor_core_shape(cc, name):
 
 def test_all_archs_have_the_skinny_gemm():
     assert {(cc, n) for cc in mf.TARGETS for n in ("gemm_skinny_bf16", "gemm_skinny_w8a8")} <= set(SKINNY)
+
+
+@pytest.mark.skipif(not SKINNY, reason="no committed batch cubins (python -m kernels.build)")
+@pytest.mark.parametrize("cc,name", [(cc, n) for cc, n in SKINNY if n.endswith("_split")])
+def test_split_k_skinny_gemm_reduces_with_one_integer_ticket(cc, name):
+    """The split variants' reduction: one integer `ATOMG.E.ADD` behind a GPU-scope `MEMBAR` (the partials are
+    visible before the ticket moves), and no float atomics anywhere; the plain variants have no atomic."""
+    from tests.test_kernels_fused_sass import instructions
+
+    m = mf.load(cc)
+    ins = instructions(m.root / m.kernels[name].cubin)
+    atoms = [i for i, (_, op, _) in enumerate(ins) if op.startswith(("ATOM", "RED"))]
+    assert len(atoms) == 1 and ins[atoms[0]][1].startswith("ATOMG.E.ADD") and ".F32" not in ins[atoms[0]][1]
+    before = [op for _, op, _ in ins[max(0, atoms[0] - 6):atoms[0]]]
+    assert any(op.startswith("MEMBAR") and op.endswith(".GPU") for op in before), (m.target, before)
+    plain = instructions(m.root / m.kernels[name.removesuffix("_split")].cubin)
+    assert not any(op.startswith(("ATOM", "RED")) for _, op, _ in plain)
