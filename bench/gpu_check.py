@@ -403,6 +403,70 @@ def microbench_rows(ops, dims: Dims, device: torch.device, stream=None, floor: f
               "", "INFO")
 
 
+def batch_rows(ops, dims: Dims, device: torch.device, stream=None, buckets=(1, 4, 8, 16), context: int = 1024,
+               replays: int = 100) -> Iterable[Row]:
+    """Issue 13's batched decode kernels per row bucket M, each launch captured in a CUDA graph and
+    replayed: the M ≤ 16 tensor-core GEMM at the four layer shapes in fp8 (W8A8, per-row activation
+    scales) and bf16 — µs, weight GB/s and M rows' cost against the one-row GEMV of the same shape (the
+    price of a batch: ≈ 1x means M takes for the price of one); attention for M takes at `context`
+    positions each; the sampler + embedding for M takes at T 0.8 / top-k 30 / top-p 0.8."""
+    gen = torch.Generator().manual_seed(7)
+    dev = device
+
+    def row(label: str, us: float, nbytes: float, note: str = "") -> Row:
+        return Row("batch", label, f"{us:.1f} µs, {nbytes / (us * 1e-6) / 1e9:.0f} GB/s{note}", "", "INFO")
+
+    for name, n, k in layer_gemvs(dims):
+        w = (torch.randn(n, k, generator=gen) * k ** -0.5).to(dev, torch.bfloat16)
+        x = torch.randn(max(buckets), k, generator=gen).to(dev, torch.bfloat16)
+        for precision in ("fp8", "bf16"):
+            if precision == "fp8":
+                wt, ws = ops.quantize_weight_fp8(w)
+                xs = (x.float().abs().amax(dim=1) / 448.0).clamp(min=1e-12)
+                xt = (x.float() / xs[:, None]).to(ops.FP8)
+                one_x, one_kw = ops.quantize_fp8(x[0], xs[:1]), dict(w_scale=ws, x_scale=xs[:1])
+            else:
+                wt, ws, xs, xt, one_x, one_kw = w, None, None, x, x[0], {}
+            one = torch.empty(n, dtype=torch.bfloat16, device=dev)
+            gemv_us = replay_us(lambda: ops.gemv(one_x, wt, out=one, **one_kw), dev, stream, replays)
+            nbytes = wt.numel() * wt.element_size()
+            yield row(f"gemv {name} {n}x{k} {precision} M 1 (the one-take GEMV)", gemv_us, nbytes)
+            # o_proj and down (N = hidden) run as the step would: split-K, with the residual added
+            split = dict(residual=torch.zeros(max(buckets), n, dtype=torch.bfloat16, device=dev),
+                         scratch=ops.skinny_gemm_scratch(n, dev)) if n == dims.hidden else {}
+            for m in buckets:
+                y = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
+                kw = dict(w_scale=ws, x_scale=xs[:m]) if precision == "fp8" else {}
+                if split:
+                    kw.update(residual=split["residual"][:m], scratch=split["scratch"])
+                us = replay_us(lambda: ops.skinny_gemm(xt[:m], wt, out=y, **kw), dev, stream, replays)
+                yield row(f"skinny gemm {name} {n}x{k} {precision} M {m}{' split-K +res' if split else ''}", us,
+                          nbytes, f", {us / m:.1f} µs/row, {us / gemv_us:.2f}x one-take GEMV for {m} rows")
+        del w, x
+    kv_shape = (max(buckets), dims.kv_heads, context, dims.head_dim)
+    kc = torch.randn(*kv_shape, generator=gen).to(dev, torch.bfloat16)
+    vc = torch.randn(*kv_shape, generator=gen).to(dev, torch.bfloat16)
+    q = torch.randn(max(buckets), dims.heads, dims.head_dim, generator=gen).to(dev, torch.bfloat16)
+    slots = torch.arange(max(buckets), dtype=torch.int32, device=dev)
+    lens = torch.full((max(buckets),), context, dtype=torch.int32, device=dev)
+    audio = (torch.randn(dims.audio_rows, dims.hidden, generator=gen) * dims.hidden ** -0.5).to(dev, torch.bfloat16)
+    logits = (torch.randn(max(buckets), dims.codebooks, dims.audio_rows // dims.codebooks, generator=gen) * 3).to(dev)
+    for m in buckets:
+        out = torch.empty(m, dims.heads, dims.head_dim, dtype=torch.bfloat16, device=dev)
+        scratch = ops.attention_scratch(m * dims.heads, dims.head_dim, dev)
+        us = replay_us(lambda: ops.decode_attention_batch(q[:m], kc, vc, slots[:m], lens[:m], out=out,
+                                                          scratch=scratch), dev, stream, replays)
+        yield row(f"decode attention, {m} takes at context {context} each", us, 2 * m * kc[0].numel() * 2,
+                  f", {us / m:.1f} µs/take")
+        state, params = ops.sampler_states(range(m), [30] * m, [0.8] * m, [0.8] * m, dev)
+        hist = torch.full((m, 8, dims.codebooks), -1, dtype=torch.int32, device=dev)   # later steps store nothing
+        x_rows = torch.empty(m, dims.hidden, dtype=torch.bfloat16, device=dev)
+        us = replay_us(lambda: ops.sample_batch(logits[:m], audio, state, params, hist, x_rows), dev, stream,
+                       replays)
+        yield row(f"sampler + embedding, {m} takes, T 0.8, top-k 30, top-p 0.8", us,
+                  m * (logits[0].numel() * 4 + dims.codebooks * dims.hidden * 2), f", {us / m:.1f} µs/take")
+
+
 def real_shape_rows(ops, dims: Dims, device: torch.device, gemm_rows: int = 300) -> Iterable[Row]:
     """Correctness at the real K and N (kernels.check runs 3072×2560): every layer GEMV in fp8 and bf16,
     and the prefill GEMM at K 2560 / 4096 / 9728 and N up to 19456, against float64 references.
@@ -620,15 +684,17 @@ def gpu_sections(args) -> list[Section]:
         yield Row("setup", f"D2D copy floor on {torch.cuda.get_device_name()}", f"{state['floor'] / 1e9:.0f} GB/s",
                   "", "INFO")
 
-    # budgets add up to 360 s: the whole run fits 6 minutes, so a 15-minute device session holds a rerun
+    # budgets add up to 360 s: the whole run fits 6 minutes, so a 15-minute device session holds a rerun.
+    # The batch section's 20 s came from cubins, thread, floor (10 -> 5 s each: a manifest read, one launch,
+    # one 1 GB copy) and microbench (35 -> 30 s).
     cuda = torch.device("cuda")
     sections = [Section("preflight", 20, preflight_rows),
-                Section("cubins", 10, lambda: manifest_rows(probe_driver().cc)),
+                Section("cubins", 5, lambda: manifest_rows(probe_driver().cc)),
                 Section("setup", 30, load_rows),
                 Section("kernels", 50, lambda: kernel_rows(KERNELS, cuda)),
                 Section("real shapes", 25, lambda: real_shape_rows(OPS, FULL_SIZE, cuda)),
-                Section("thread", 10, lambda: [thread_row()]),
-                Section("floor", 10, floor_rows)]
+                Section("thread", 5, lambda: [thread_row()]),
+                Section("floor", 5, floor_rows)]
     if not args.quick:
         sections += [Section("model", 95, lambda: model_rows(FULL_SIZE, args.steps, state["floor"],
                                                              state.setdefault("cubin_ms", {}))),
@@ -636,8 +702,9 @@ def gpu_sections(args) -> list[Section]:
                                                                          cubin_ms=state.get("cubin_ms"))),
                      Section("A/B step", 45, lambda: variant_rows(FULL_SIZE, args.steps))]
     # after the model section, so the sum of kernel times can be set against its graph step time
-    sections.append(Section("microbench", 35, lambda: microbench_rows(
+    sections.append(Section("microbench", 30, lambda: microbench_rows(
         OPS, FULL_SIZE, cuda, KERNELS.stream, state.get("floor"), step_ms=state.get("cubin_ms"))))
+    sections.append(Section("batch", 20, lambda: batch_rows(OPS, FULL_SIZE, cuda, KERNELS.stream)))
     return sections
 
 
@@ -666,6 +733,7 @@ def selftest_sections() -> list[Section]:
             Section("real shapes", 30, lambda: real_shape_rows(interpreted_ops(), SELFTEST_DIMS, cpu, gemm_rows=0)),
             Section("microbench", 60, lambda: microbench_rows(interpreted_ops(), SELFTEST_DIMS, cpu,
                                                               contexts=(16, 32, 64))),
+            Section("batch", 60, lambda: batch_rows(interpreted_ops(), SELFTEST_DIMS, cpu, buckets=(1, 2), context=16)),
             Section("A/B step (stand-in figures)", 5,
                     lambda: step_ab_rows({(p, v): 1.0 for p in ("fp8", "bf16") for v in ("v1", "v2")}))]
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from .normalize import AUTO, looks_english, normalize_text
-from .tokenizer import _TAG_RE, CONTROL_TAGS, estimate_seconds, strip_tags
+from .tokenizer import TAG_RE, CONTROL_TAGS, estimate_seconds, strip_tags
 
 # Segment length in seconds of speech (the speaking-rate estimate). One prompt is capped at 2048 rows
 # (~81 s, SPEC D5) and the cap allows 3× the estimate, so a segment of at most 20 s always fits under it;
@@ -98,7 +98,7 @@ def _tight(sentence: str) -> str:
     """No whitespace between a sentence's leading tags and its first word (it would be spoken as a
     separate space token, as in studio/presets.apply_preset)."""
     tags, body = [], sentence
-    while (match := _TAG_RE.match(body)) is not None:
+    while (match := TAG_RE.match(body)) is not None:
         tags.append(match.group())
         body = body[match.end():].lstrip()
     return "".join(tags) + body
@@ -106,7 +106,7 @@ def _tight(sentence: str) -> str:
 
 def _trailing_tag(sentence: str) -> re.Match | None:
     """A sentence-level tag at the very end of `sentence`, after some spoken text."""
-    for match in _TAG_RE.finditer(sentence):
+    for match in TAG_RE.finditer(sentence):
         if match.end() == len(sentence) and strip_tags(sentence[:match.start()]).strip():
             tag = CONTROL_TAGS.get(match.group())
             if tag is not None and tag.sentence_level:
@@ -174,7 +174,7 @@ def plan(text: str, *, style: str = "", normalize: bool = True, language: str = 
         raise ValueError("there is no text to speak; paste a paragraph or a script first")
     if not 0 < min_seconds <= max_seconds:
         raise ValueError(f"segment bounds must satisfy 0 < min ≤ max seconds, got {min_seconds}, {max_seconds}")
-    if style and _TAG_RE.sub("", style).strip():
+    if style and TAG_RE.sub("", style).strip():
         raise ValueError(f"the style prefix {style!r} may hold only control tags such as <|emotion:contemplation|>")
     if voices is not None:
         blocks = parse_script(text, voices)
@@ -220,10 +220,10 @@ def _with_style(style: str, text: str) -> str:
     if not style:
         return text
     own, body = set(), text
-    while (match := _TAG_RE.match(body)) is not None and match.group() in CONTROL_TAGS:
+    while (match := TAG_RE.match(body)) is not None and match.group() in CONTROL_TAGS:
         own.add(_kind(CONTROL_TAGS[match.group()]))
         body = body[match.end():]
-    kept = [t for t in _TAG_RE.findall(style) if t not in CONTROL_TAGS or _kind(CONTROL_TAGS[t]) not in own]
+    kept = [t for t in TAG_RE.findall(style) if t not in CONTROL_TAGS or _kind(CONTROL_TAGS[t]) not in own]
     return "".join(kept) + text
 
 
@@ -282,7 +282,7 @@ def _fit(spoken: str, source: str, max_seconds: float, style: str) -> list[tuple
 
 def _split_outside_tags(text: str, pattern: re.Pattern) -> list[str]:
     """`text` split at the matches of `pattern` that do not fall inside a tag."""
-    tags = [m.span() for m in _TAG_RE.finditer(text)]
+    tags = [m.span() for m in TAG_RE.finditer(text)]
     pieces, cursor = [], 0
     for match in pattern.finditer(text):
         if not any(start < match.end() and match.start() < end for start, end in tags):

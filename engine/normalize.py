@@ -15,7 +15,7 @@ from datetime import date
 
 from num2words import num2words
 
-from .tokenizer import _TAG_RE
+from .tokenizer import TAG_RE
 
 ENGLISH = ("en", "english")
 AUTO = "auto"
@@ -69,7 +69,7 @@ _NUMBER_RE = re.compile(r"(?<![\w.,])(-?)(" + _NUMBER + r")(?![\w])")
 def looks_english(text: str) -> bool:
     """Whether `text` reads as English: at least ENGLISH_SHARE of its words are common English function
     words, and more of them than of other languages' function words. No words at all counts as English."""
-    words = _WORD_RE.findall(_TAG_RE.sub(" ", text).lower())
+    words = _WORD_RE.findall(TAG_RE.sub(" ", text).lower())
     if not words:
         return True
     english = sum(w in _ENGLISH_WORDS for w in words)
@@ -84,7 +84,7 @@ def normalize_text(text: str, language: str = "en") -> str:
     if language not in ENGLISH and not (language == AUTO and looks_english(text)):
         return text
     parts, cursor = [], 0
-    for match in _TAG_RE.finditer(text):
+    for match in TAG_RE.finditer(text):
         parts.append(_english(text[cursor:match.start()]))
         parts.append(match.group())
         cursor = match.end()

@@ -123,7 +123,7 @@ class TagWarning:
     severity: str  # "error": the tag will be read aloud or breaks the prompt; "warning": likely misplaced
 
 
-_TAG_RE = re.compile(r"<\|[^<>|]{0,64}\|>")
+TAG_RE = re.compile(r"<\|[^<>|]{0,64}\|>")  # a control tag as written in text (<|...|>), for every reader of tags
 _SENTENCE_END = re.compile(r"""[.!?…。！？][\s"'”’)\]]*$""")
 
 
@@ -147,7 +147,7 @@ def lint_tags(text: str, *, clone: bool = False) -> list[TagWarning]:
     warnings: list[TagWarning] = []
     at_sentence_start = True
     cursor = 0
-    for match in _TAG_RE.finditer(text):
+    for match in TAG_RE.finditer(text):
         before = text[cursor:match.start()]
         if before.strip():
             at_sentence_start = _ends_sentence(before)
@@ -177,7 +177,7 @@ def lint_tags(text: str, *, clone: bool = False) -> list[TagWarning]:
 
 def strip_tags(text: str) -> str:
     """The text with every `<|...|>` tag removed (what is actually spoken)."""
-    return _TAG_RE.sub("", text)
+    return TAG_RE.sub("", text)
 
 
 # Speaking-rate estimate: conversational English runs ~150 words/min ≈ 15 characters/s (words average ~5
@@ -189,5 +189,5 @@ PAUSE_SECONDS = {"<|prosody:pause|>": 0.5, "<|prosody:long_pause|>": 1.0}
 def estimate_seconds(text: str) -> float:
     """Rough spoken duration of `text` in seconds: collapsed spoken characters / 15 plus pauses."""
     spoken = " ".join(strip_tags(text).split())
-    pauses = sum(PAUSE_SECONDS.get(m.group(), 0.0) for m in _TAG_RE.finditer(text))
+    pauses = sum(PAUSE_SECONDS.get(m.group(), 0.0) for m in TAG_RE.finditer(text))
     return len(spoken) / CHARS_PER_SECOND + pauses

@@ -52,7 +52,8 @@ if _triton_ptxas():
 
 # Op-family modules, in the order the decode step uses them.
 KERNEL_MODULES = tuple(f"kernels.{m}" for m in
-                       ("norm", "gemv", "rope_kv", "attention", "mlp", "head", "sampler", "gemm", "fused"))
+                       ("norm", "gemv", "rope_kv", "attention", "mlp", "head", "sampler", "gemm", "fused", "batch",
+                        "splitk"))
 
 
 def source_hash(module) -> str:

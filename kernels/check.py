@@ -255,6 +255,120 @@ def case_fused(ops, dev, gen):
     return out
 
 
+def _splitk_inputs(ops, dev, gen, fp8: bool):
+    """o_proj (bf16 or W8A16) and down (silu·mul prologue, bf16 or W8A8) at the real shapes:
+    [(name, x, w, kwargs, x as the kernel rounds it, fp32 scale or None)]."""
+    xo = _randn(gen, HEADS * HEAD_DIM)
+    wo = _randn(gen, HIDDEN, HEADS * HEAD_DIM, scale=(HEADS * HEAD_DIM) ** -0.5)
+    gu = _randn(gen, 2 * INTER)
+    wd = _randn(gen, HIDDEN, INTER, scale=INTER ** -0.5)
+    act = ref.silu_mul_ref(gu)
+    if not fp8:
+        return [("o_proj", xo, wo.to(dev), {}, xo.double(), None),
+                ("down", gu, wd.to(dev), dict(prologue="silu"), act.to(BF16).double(), None)]
+    wo8, wos = _fp8_weight(ops, wo.to(dev))
+    wd8, wds = _fp8_weight(ops, wd.to(dev))
+    acts = torch.tensor([float(act.abs().max()) * 2 / 448.0])
+    a8 = ops.quantize_fp8(act.float(), acts).double() * acts.double()
+    return [("o_proj", xo, wo8, dict(w_scale=wos), xo.double(), wos),
+            ("down", gu, wd8, dict(prologue="silu", w_scale=wds, x_scale=acts.to(dev)), a8, wds)]
+
+
+def case_splitk(ops, dev, gen):
+    """The v3 split-K GEMVs (kernels/splitk.py) at the real shapes (o_proj 2560x4096, down 2560x9728) against
+    float64, each launched twice on the same scratch: the second launch must give the same bits (the
+    reduction adds the partials in split order whichever program finishes last) and the counters must be
+    back at zero."""
+    out = []
+    scratch = ops.gemv_splitk_scratch(HIDDEN, dev)
+    for fp8 in (False, True):
+        for name, x, w, kw, x_used, ws in _splitk_inputs(ops, dev, gen, fp8):
+            r = _randn(gen, HIDDEN)
+            ys = [ops.gemv_splitk(x.to(dev), w, residual=r.to(dev), scratch=scratch, **kw) for _ in range(2)]
+            want = ref.linear_ref(x_used[None], w.cpu(), w_scale=None if ws is None else ws.cpu(), residual=r[None])
+            label = f"{name} {'fp8' if fp8 else 'bf16'} +res"
+            out.append((label, rel_max(ys[0][None], want), TOL_BF16))
+            same = torch.equal(ys[0].view(torch.int16), ys[1].view(torch.int16)) and not scratch[1].any()
+            out.append((f"{label}: 2nd launch same bits, counters reset", 0.0 if same else 1.0, 0.5))
+    return out
+
+
+BUCKETS = (1, 4, 8, 16)   # the batched step's row buckets (kernels/batch.py)
+
+
+def case_batch(ops, dev, gen):
+    """The batched step's kernels (kernels/batch.py) at the real widths: the M ≤ 16 GEMM for each bucket
+    in BF16 and W8A8 (+ residual; and its split-K variant) against float64, and its batch invariance on
+    this GPU's tensor cores (each bucket's rows bit-identical to the same rows of the 16-row run, err 0
+    or 1); attention for 4
+    takes with their own lengths and slots; the sampler for 3 takes with their own settings."""
+    out = []
+    n = 3 * 1024
+    a = _randn(gen, 16, HIDDEN)
+    w = _randn(gen, n, HIDDEN, scale=HIDDEN ** -0.5)
+    res = _randn(gen, 16, n)
+    w8, ws = _fp8_weight(ops, w.to(dev))
+    a_scale = (a.float().abs().amax(dim=1) / 448.0).clamp(min=1e-12)
+    a8 = (a.float() / a_scale[:, None]).to(FP8)
+    for mode in ("bf16", "w8a8"):
+        x, wt = (a8.to(dev), w8) if mode == "w8a8" else (a.to(dev), w.to(dev))
+        kw = dict(w_scale=ws, x_scale=a_scale.to(dev)) if mode == "w8a8" else {}
+        full = ops.skinny_gemm(x, wt, **kw)
+        for m in BUCKETS:
+            part = {k: (v[:m] if k == "x_scale" else v) for k, v in kw.items()}
+            y = ops.skinny_gemm(x[:m], wt, **part)
+            want = ref.linear_ref(x[:m].cpu(), wt.cpu(), w_scale=ws.cpu() if kw else None,
+                                  x_scale=a_scale[:m, None] if kw else None)
+            out.append((f"skinny gemm {mode} M {m}", rel_max(y, want), TOL_BF16))
+            same = torch.equal(y.view(torch.int16), full[:m].view(torch.int16))
+            out.append((f"skinny gemm {mode} M {m}: rows == rows of M 16, bit for bit", 0.0 if same else 1.0, 0.5))
+        r = res[:5].clone().to(dev)
+        y = ops.skinny_gemm(x[:5], wt, **{k: (v[:5] if k == "x_scale" else v) for k, v in kw.items()}, residual=r,
+                            out=r)
+        want = ref.linear_ref(x[:5].cpu(), wt.cpu(), w_scale=ws.cpu() if kw else None,
+                              x_scale=a_scale[:5, None] if kw else None, residual=res[:5])
+        out.append((f"skinny gemm {mode} M 5 +res in place", rel_max(y, want), TOL_BF16))
+        scratch = ops.skinny_gemm_scratch(n, dev)
+        full = ops.skinny_gemm(x, wt, **kw, residual=res.to(dev), scratch=scratch)
+        for m in BUCKETS:
+            part = {k: (v[:m] if k == "x_scale" else v) for k, v in kw.items()}
+            y = ops.skinny_gemm(x[:m], wt, **part, residual=res[:m].to(dev), scratch=scratch)
+            want = ref.linear_ref(x[:m].cpu(), wt.cpu(), w_scale=ws.cpu() if kw else None,
+                                  x_scale=a_scale[:m, None] if kw else None, residual=res[:m])
+            same = torch.equal(y.view(torch.int16), full[:m].view(torch.int16)) and not scratch[1].any()
+            out.append((f"skinny gemm split-K {mode} M {m} +res", rel_max(y, want), TOL_BF16))
+            out.append((f"skinny gemm split-K {mode} M {m}: rows == rows of M 16, counters reset", 0.0 if same
+                        else 1.0, 0.5))
+    for d, heads, kv in ((HEAD_DIM, HEADS, KV_HEADS), (16, 4, 2)):
+        lens, slots = [700, 1, 64, 333], [3, 0, 2, 1]
+        kc, vc = _randn(gen, 4, kv, 1024, d), _randn(gen, 4, kv, 1024, d)
+        q = _randn(gen, 4, heads, d)
+        y = ops.decode_attention_batch(q.to(dev), kc.to(dev), vc.to(dev),
+                                       torch.tensor(slots, dtype=torch.int32, device=dev),
+                                       torch.tensor(lens, dtype=torch.int32, device=dev))
+        err = max(rel_max(y[b:b + 1], ref.attention_ref(q[b:b + 1], kc[slot], vc[slot], torch.tensor([length - 1])))
+                  for b, (slot, length) in enumerate(zip(slots, lens)))
+        out.append((f"decode d{d}, 4 takes, lengths {lens}", err, TOL_BF16))
+    embed = _randn(gen, AUDIO_ROWS, HIDDEN, scale=0.3)
+    takes = [(0.0, 0, 1.0, 11), (0.8, 30, 0.8, 12), (1.0, 0, 0.95, 40)]      # (T, top-k, top-p, step)
+    seeds = [int(v) for v in torch.randint(0, 2 ** 62, (len(takes),), generator=gen)]
+    logits = torch.randn(len(takes), 8, 1026, generator=gen) * 3
+    state, params = ops.sampler_states(seeds, [t[1] for t in takes], [t[0] for t in takes], [t[2] for t in takes], dev)
+    state[:, ops.STATE_STEP] = torch.tensor([t[3] for t in takes], device=dev)
+    rows = torch.full((len(takes), 48, 8), -1, dtype=torch.int32, device=dev)
+    x = torch.empty(len(takes), HIDDEN, dtype=BF16, device=dev)
+    ops.sample_batch(logits.to(dev), embed.to(dev), state, params, rows, x)
+    for b, (temperature, top_k, top_p, step) in enumerate(takes):
+        want = ref.sample_row_ref(logits[b], step=step, seed=seeds[b], temperature=temperature, top_k=top_k,
+                                  top_p=top_p)
+        got = rows[b, step].tolist()
+        idx = torch.tensor(want) + 1026 * torch.arange(8)
+        err = rel_max(x[b], embed[idx].double().sum(0)) if got == want else 1.0
+        out.append((f"sampler take {b} T={temperature} k={top_k} p={top_p}: row "
+                    f"{'==' if got == want else '!='} reference, embedding", err, TOL_BF16))
+    return out
+
+
 CASES = [
     ("rmsnorm", {"rmsnorm_bf16", "rmsnorm_add_bf16", "rmsnorm_fp8", "rmsnorm_add_fp8"}, case_rmsnorm),
     ("silu_mul", {"silu_mul_bf16", "silu_mul_fp8"}, case_silu_mul),
@@ -269,6 +383,11 @@ CASES = [
     ("sampler", {"sample_embed"}, case_sampler),
     ("fused (v2)", {"gemv2_bf16_res", "gemv2_w8a16_res", "gemv2_norm_bf16", "gemv2_norm_w8a8", "gemv2_silu_bf16_res",
                     "gemv2_silu_w8a8_res", "decode_attn_fused_d128", "decode_attn_fused_d16"}, case_fused),
+    ("split-K (v3)", {"gemv3_bf16_res", "gemv3_w8a16_res", "gemv3_silu_bf16_res", "gemv3_silu_w8a8_res"},
+     case_splitk),
+    ("batch", {"gemm_skinny_bf16", "gemm_skinny_bf16_res", "gemm_skinny_w8a8", "gemm_skinny_w8a8_res",
+               "gemm_skinny_bf16_res_split", "gemm_skinny_w8a8_res_split",
+               "decode_attn_batch_d128", "decode_attn_batch_d16", "sample_embed_batch"}, case_batch),
 ]
 
 
@@ -388,13 +507,32 @@ def ab_rows(ops, dev, gen, timer, shapes=REAL_SHAPES) -> list[Row]:
     return rows
 
 
+def splitk_ab_rows(ops, dev, gen, timer) -> list[Row]:
+    """Issue 16's split-K: o_proj and down as v2's GEMV and as v3's split-K GEMV, FP8 and BF16, at the real
+    shapes: µs, weight bytes over time and the ratio."""
+    rows = []
+    scratch = ops.gemv_splitk_scratch(HIDDEN, dev)
+    r = _randn(gen, HIDDEN).to(dev)
+    for fp8 in (True, False):
+        for name, x, w, kw, _, _ in _splitk_inputs(ops, dev, gen, fp8):
+            x = x.to(dev)
+            t2 = timer(lambda: ops.gemv2(x, w, residual=r, out=r, **kw))
+            t3 = timer(lambda: ops.gemv_splitk(x, w, residual=r, out=r, scratch=scratch, **kw))
+            nbytes = w.numel() * w.element_size()
+            rows.append(Row("A/B kernels", f"{'fp8' if fp8 else 'bf16'} {name} v2 GEMV vs v3 split-K",
+                            f"v2 {t2 * 1e6:.1f} µs {nbytes / t2 / 1e9:.0f} GB/s | v3 {t3 * 1e6:.1f} µs "
+                            f"{nbytes / t3 / 1e9:.0f} GB/s | v2/v3 {t2 / t3:.2f}x", "", "INFO"))
+    return rows
+
+
 def timed_ab_rows(kernels) -> list[Row]:
     """`ab_rows` at the real shapes on this GPU, through the cubins, timed on the kernels' stream."""
     from kernels.runtime import cubin_ops
 
     try:
         with torch.cuda.stream(kernels.stream) if kernels.stream is not None else contextlib.nullcontext():
-            return ab_rows(cubin_ops(kernels), torch.device("cuda"), torch.Generator().manual_seed(2), cuda_timer())
+            ops, dev, gen = cubin_ops(kernels), torch.device("cuda"), torch.Generator().manual_seed(2)
+            return ab_rows(ops, dev, gen, cuda_timer()) + splitk_ab_rows(ops, dev, gen, cuda_timer())
     except Exception as exc:  # a failure here is one row; the correctness rows above stand
         return [Row("A/B kernels", "timing", f"{type(exc).__name__}: {exc}"[:120], "", "FAIL")]
 
@@ -447,6 +585,9 @@ def selftest_rows() -> list[Row]:
     ab = ab_rows(ops, "cpu", gen, timer=lambda fn: 1e-5, shapes=tiny)
     rows.append(Row("A/B kernels", "rows with a stand-in timer (no launches)", f"{len(ab)} rows", "10",
                     "PASS" if len(ab) == 10 and all("v1/v2 1.00x" in r.value for r in ab) else "FAIL"))
+    sk = splitk_ab_rows(ops, "cpu", gen, timer=lambda fn: 1e-5)
+    rows.append(Row("A/B kernels", "split-K rows with a stand-in timer (no launches)", f"{len(sk)} rows", "4",
+                    "PASS" if len(sk) == 4 and all("v2/v3 1.00x" in r.value for r in sk) else "FAIL"))
     return rows
 
 

@@ -20,6 +20,8 @@ import triton
 
 from kernels.attention import DECODE_OPTIONS, DECODE_TILES, LOG2E, PREFILL_OPTIONS, PREFILL_TILES, \
     attn_combine_kernel, decode_attn_split_kernel, prefill_attn_kernel
+from kernels.batch import ROWS, SKINNY_SPLIT_K, SKINNY_TILES, decode_attn_batch_kernel, sample_batch_kernel, \
+    skinny_gemm_kernel
 from kernels.common import FP8_MAX
 from kernels.fused import GEMV2_TILES, PROLOGUE_NONE, PROLOGUE_NORM, PROLOGUE_SILU, decode_attn_fused_kernel, \
     gemv2_kernel
@@ -30,6 +32,7 @@ from kernels.mlp import SILU_TILE, silu_mul_kernel
 from kernels.norm import NORM_TILE, rmsnorm_kernel
 from kernels.rope_kv import qk_norm_rope_kv_kernel
 from kernels.sampler import SAMPLER_TILE, sample_kernel
+from kernels.splitk import SPLITK_TILES, gemv_splitk_kernel
 
 FP8 = torch.float8_e4m3fn
 
@@ -112,6 +115,36 @@ def gemv2(x, w, *, prologue: str = "none", norm_w=None, eps: float = 0.0, w_scal
     return out
 
 
+def gemv_splitk_scratch(n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partials and per-row-block ticket counters for `gemv_splitk` at N ≤ n (counters zero between
+    launches: the last program of each row block resets its counter). One scratch serves launches that
+    run one after the other on a stream."""
+    splits = max(t["SPLIT_K"] for t in SPLITK_TILES.values())
+    blocks = max(triton.cdiv(n, t["BLOCK_N"]) for t in SPLITK_TILES.values())
+    return (torch.empty(splits * n, dtype=torch.float32, device=device),
+            torch.zeros(blocks, dtype=torch.int32, device=device))
+
+
+def gemv_splitk(x, w, *, residual, scratch, prologue: str = "none", w_scale=None, x_scale=None, out=None):
+    """Split-K variant of `gemv2` for the N = 2560 projections (kernels/splitk.py): y[N] = f(x) · w[N, K]ᵀ
+    + residual, with f "none" (x [K]) or "silu" (x [2K] = [gate | up] → silu(gate)·up, rounded to bf16 or,
+    with `x_scale`, quantised to FP8); a deterministic reduction in split order. `scratch` from
+    `gemv_splitk_scratch`; out may be the residual itself."""
+    n, k = w.shape
+    silu = {"none": False, "silu": True}[prologue]
+    assert x.numel() == (2 * k if silu else k), f"gemv_splitk: x has {x.numel()} elements for K = {k}"
+    if out is None:
+        out = torch.empty(n, dtype=torch.bfloat16, device=x.device)
+    tiles = SPLITK_TILES["fp8" if w.dtype == FP8 else "bf16"]
+    part, count = scratch
+    assert part.numel() >= tiles["SPLIT_K"] * n, "gemv_splitk: scratch too small for this N"
+    gemv_splitk_kernel[(triton.cdiv(n, tiles["BLOCK_N"]), tiles["SPLIT_K"])](
+        x, w, w_scale if w_scale is not None else out, x_scale if x_scale is not None else out, residual, out,
+        part, count, n, k, w.stride(0), SILU=silu, HAS_W_SCALE=w_scale is not None,
+        HAS_X_SCALE=x_scale is not None, HAS_RESIDUAL=True, num_warps=4, **tiles)
+    return out
+
+
 def gemm(a, w, *, w_scale=None, a_scale=None, out=None, residual=None):
     """C[M, N] = a[M, K] · w[N, K]ᵀ on the tensor cores (prefill). Scales and residual as in `gemv`."""
     m, k = a.shape
@@ -126,6 +159,41 @@ def gemm(a, w, *, w_scale=None, a_scale=None, out=None, residual=None):
                       out, m, n, k, a.stride(0), w.stride(0), out.stride(0), res.stride(0),
                       HAS_W_SCALE=w_scale is not None, HAS_A_SCALE=a_scale is not None,
                       HAS_RESIDUAL=residual is not None, num_warps=4, num_stages=GEMM_STAGES[kind], **tiles)
+    return out
+
+
+def skinny_gemm_scratch(n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partials and per-row-block ticket counters for `skinny_gemm(..., scratch=)` at N ≤ n (counters zero
+    between launches: the last program of each row block resets its counter)."""
+    blocks = max(triton.cdiv(n, t["BLOCK_N"]) for t in SKINNY_TILES.values())
+    return (torch.empty(SKINNY_SPLIT_K * ROWS * n, dtype=torch.float32, device=device),
+            torch.zeros(blocks, dtype=torch.int32, device=device))
+
+
+def skinny_gemm(x, w, *, w_scale=None, x_scale=None, out=None, residual=None, scratch=None):
+    """Y[M, N] = x[M, K] · w[N, K]ᵀ for M ≤ 16 decode rows on the tensor cores (kernels/batch.py), each
+    row's result independent of M. BF16 x and w, or FP8 x and w with `x_scale` [M] (per row) and
+    `w_scale` [N] (per output channel). residual [M, N] bf16 is added in the epilogue (out may be it).
+    `scratch` (from `skinny_gemm_scratch`; with a residual only: o_proj, down) splits K into fixed ranges
+    for more programs at small N, reduced in a fixed order."""
+    m, k = x.shape
+    n = w.shape[0]
+    assert m <= ROWS, f"skinny_gemm: {m} rows, at most {ROWS}"
+    fp8 = w.dtype == FP8
+    assert fp8 == (x.dtype == FP8) == (w_scale is not None) == (x_scale is not None), \
+        "skinny_gemm: FP8 needs FP8 x and w with both scales; BF16 takes none"
+    assert scratch is None or residual is not None, "skinny_gemm: split-K is built for the residual GEMMs only"
+    if out is None:
+        out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
+    res = residual if residual is not None else out
+    part, count = scratch if scratch is not None else (out, out)
+    split_k = SKINNY_SPLIT_K if scratch is not None else 1
+    assert scratch is None or part.numel() >= split_k * ROWS * n, "skinny_gemm: scratch too small for this N"
+    tiles = SKINNY_TILES["fp8" if fp8 else "bf16"]
+    skinny_gemm_kernel[(triton.cdiv(n, tiles["BLOCK_N"]), split_k)](
+        x, w, w_scale if fp8 else out, x_scale if fp8 else out, res, out, part, count, m, n, k, x.stride(0),
+        w.stride(0), out.stride(0), res.stride(0), SPLIT_K=split_k, HAS_SCALES=fp8,
+        HAS_RESIDUAL=residual is not None, num_warps=4, num_stages=3, **tiles)
     return out
 
 
@@ -210,6 +278,24 @@ def decode_attention_fused(qkv, q_norm, k_norm, cos, sin, pos, k_cache, v_cache,
     return out
 
 
+def decode_attention_batch(q, k_cache, v_cache, slots, lens, *, out=None, scratch=None):
+    """B decode rows at once: q [B, heads, D], take b at position lens[b] - 1 against cache positions
+    [0, lens[b]) of slot slots[b] (caches [slots, kv_heads, max_pos, D]; lens, slots int32 [B] on the
+    device, every lens[b] ≥ 1) → [B, heads, D]. Row b equals `decode_attention` of that take alone."""
+    b, heads, d = q.shape
+    kv_heads = k_cache.shape[1]
+    if out is None:
+        out = torch.empty((b, heads, d), dtype=q.dtype, device=q.device)
+    m_part, l_part, acc_part = scratch if scratch is not None else attention_scratch(b * heads, d, q.device)
+    decode_attn_batch_kernel[(b, kv_heads, DECODE_TILES["NUM_SPLITS"])](
+        q, k_cache, v_cache, slots, lens, m_part, l_part, acc_part, LOG2E / math.sqrt(d), heads // kv_heads,
+        heads, q.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), HEAD_DIM=d, **DECODE_OPTIONS,
+        **DECODE_TILES)
+    attn_combine_kernel[(b * heads,)](m_part, l_part, acc_part, out, HEAD_DIM=d,
+                                      NUM_SPLITS=DECODE_TILES["NUM_SPLITS"], num_warps=2)
+    return out
+
+
 def prefill_attention(q, k_cache, v_cache, pos, *, out=None):
     """Causal attention for q [M, heads, D] at positions pos[0] + i over the cache [0, pos[0] + i]."""
     m, heads, d = q.shape
@@ -241,6 +327,24 @@ def sample(logits, embed, state, params, rows, x_out):
     hidden = embed.shape[1]
     sample_kernel[(1,)](logits, embed, state, params, rows, x_out, hidden, rows.shape[0], num_warps=16,
                         **SAMPLER_TILE)
+    return x_out
+
+
+def sampler_states(seeds, top_ks, temperatures, top_ps, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """`sampler_state` for B takes: (state int64[B, 5], params fp32[B, 2]), one row per take."""
+    rows = [sampler_state(*a, "cpu") for a in zip(seeds, top_ks, temperatures, top_ps)]
+    return torch.stack([r[0] for r in rows]).to(device), torch.stack([r[1] for r in rows]).to(device)
+
+
+def sample_batch(logits, embed, state, params, rows, x_out):
+    """`sample` for B takes in one launch: logits [B, 8, 1026] fp32, state [B, 5], params [B, 2], rows
+    [B, max_rows, 8] int32, x_out [B, hidden] bf16; take b's row `state[b, 0]` uses its own settings,
+    seed, RNG counter and stop state."""
+    b, hidden = x_out.shape
+    assert logits[0].numel() == SAMPLER_TILE["CODEBOOKS"] * SAMPLER_TILE["VOCAB"] and logits.is_contiguous()
+    assert state.is_contiguous() and params.is_contiguous() and rows.is_contiguous()
+    sample_batch_kernel[(b,)](logits, embed, state, params, rows, x_out, embed.shape[1], rows.shape[1],
+                              x_out.stride(0), num_warps=16, **SAMPLER_TILE)
     return x_out
 
 

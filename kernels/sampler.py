@@ -117,9 +117,10 @@ def _sample_group(LOGITS, cb, step, seed, temperature, top_k, top_p,
 
 
 @triton.jit
-def sample_kernel(LOGITS, EMBED, STATE, PARAMS, ROWS, X_OUT, hidden, max_rows,
-                  CODEBOOKS: tl.constexpr, VOCAB: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
-                  MIN_EOC_STEP: tl.constexpr, TAIL_ROWS: tl.constexpr):
+def _sample_step(LOGITS, EMBED, STATE, PARAMS, ROWS, X_OUT, hidden, max_rows,
+                 CODEBOOKS: tl.constexpr, VOCAB: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+                 MIN_EOC_STEP: tl.constexpr, TAIL_ROWS: tl.constexpr):
+    """One take's step (inlined): its logits, state, params, row history and next input, already offset."""
     step = tl.load(STATE + 0)
     seed = tl.load(STATE + 1)
     top_k = tl.load(STATE + 2)
@@ -161,6 +162,14 @@ def sample_kernel(LOGITS, EMBED, STATE, PARAMS, ROWS, X_OUT, hidden, max_rows,
         w_b = tl.load(EMBED + erow_b[:, None] * hidden + (h0 + hh)[None, :], mask=m2, other=0.0).to(tl.float32)
         x = tl.sum(w_a, axis=0) + tl.sum(w_b, axis=0)
         tl.store(X_OUT + h0 + hh, x.to(X_OUT.dtype.element_ty), mask=hmask)
+
+
+@triton.jit
+def sample_kernel(LOGITS, EMBED, STATE, PARAMS, ROWS, X_OUT, hidden, max_rows,
+                  CODEBOOKS: tl.constexpr, VOCAB: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+                  MIN_EOC_STEP: tl.constexpr, TAIL_ROWS: tl.constexpr):
+    _sample_step(LOGITS, EMBED, STATE, PARAMS, ROWS, X_OUT, hidden, max_rows,
+                 CODEBOOKS, VOCAB, BLOCK_V, BLOCK_H, MIN_EOC_STEP, TAIL_ROWS)
 
 
 SAMPLER_TILE = dict(CODEBOOKS=8, VOCAB=1026, BLOCK_V=2048, BLOCK_H=512, MIN_EOC_STEP=8, TAIL_ROWS=6)

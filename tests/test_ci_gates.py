@@ -17,7 +17,7 @@ def run_without_fixture(tmp_path, require: str | None) -> subprocess.CompletedPr
     env["HIGGS_SHARED"] = str(tmp_path / "no-shared")
     if require is not None:
         env["HIGGS_REQUIRE_PARITY"] = require
-    return subprocess.run([sys.executable, "-m", "pytest", TEST, "-q", "-rs", "-p", "no:cacheprovider"], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "pytest", TEST, "-q", "-rs", "-n", "0", "-p", "no:cacheprovider"], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=300)
 
 

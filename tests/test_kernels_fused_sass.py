@@ -119,3 +119,21 @@ def test_fused_attention_takes_one_ticket_per_cta_after_a_release_fence(cc, name
     assert len(atoms) == 1 and ins[atoms[0]][1].startswith("ATOMG.E.ADD"), [ins[i][1] for i in atoms]
     before = [op for _, op, _ in ins[max(0, atoms[0] - 6):atoms[0]]]
     assert any(op.startswith("MEMBAR") and op.endswith(".GPU") for op in before), (m.target, before)
+
+
+SPLITK = committed("gemv3_")
+
+
+@pytest.mark.skipif(not SPLITK, reason="no committed v3 cubins (python -m kernels.build)")
+@pytest.mark.parametrize("cc,name", SPLITK)
+def test_splitk_gemv_streams_and_takes_one_ticket_after_a_release_fence(cc, name):
+    """The v3 GEMVs (kernels/splitk.py) keep v2's four loads in flight per split, and their reduction
+    ticket is the fused attention's: one integer `ATOMG.E.ADD` behind a GPU-scope `MEMBAR`, no float atomics."""
+    m = mf.load(cc)
+    cubin = m.root / m.kernels[name].cubin
+    assert loads_in_flight(cubin) >= MIN_LOADS_IN_FLIGHT
+    ins = instructions(cubin)
+    atoms = [i for i, (_, op, _) in enumerate(ins) if op.startswith(("ATOM", "RED"))]
+    assert len(atoms) == 1 and ins[atoms[0]][1].startswith("ATOMG.E.ADD") and ".F32" not in ins[atoms[0]][1]
+    before = [op for _, op, _ in ins[max(0, atoms[0] - 6):atoms[0]]]
+    assert any(op.startswith("MEMBAR") and op.endswith(".GPU") for op in before), (m.target, before)

@@ -1,6 +1,6 @@
-"""The cubin backend's v2 decode step (kernels/fused.py, 5 launches per layer) against v1 and against the
-rounding-matched torch reference of tests/test_kernels_step.py, on the tiny parity checkpoint, CPU
-interpreter.
+"""The cubin backend's v2 decode step (kernels/fused.py, 5 launches per layer) and its split-K variant v3
+(kernels/splitk.py for o_proj and down) against v1 and against the rounding-matched torch reference of
+tests/test_kernels_step.py, on the tiny parity checkpoint, CPU interpreter.
 
 Launch counts come from the backend's launch list (`InterpretedKernels.launches`, the manifest names a
 GPU would launch). The numerics run the backend on `kernels.ops` itself (the interpreter's JIT path)
@@ -31,6 +31,9 @@ MAX_LEN = 64
 STEPS = 12
 FP8_STEPS = 6
 V2_LAYER = ["gemv2_norm_bf16", "decode_attn_fused_d16", "gemv2_bf16_res", "gemv2_norm_bf16", "gemv2_silu_bf16_res"]
+V3_LAYER = ["gemv2_norm_bf16", "decode_attn_fused_d16", "gemv3_bf16_res", "gemv2_norm_bf16", "gemv3_silu_bf16_res"]
+# Split-K tiles for the tiny model (o_proj K 64, down K 128): four real splits, one row block.
+FAST_SPLITK = {"bf16": dict(BLOCK_N=64, BLOCK_K=16, SPLIT_K=4), "fp8": dict(BLOCK_N=64, BLOCK_K=32, SPLIT_K=4)}
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +60,11 @@ def decode_launches(ckpt, ids, variant):
 def test_launches_per_layer(tiny):
     ckpt, ids, _ = tiny
     layers = ckpt.dims.layers
-    v1, v2 = decode_launches(ckpt, ids, "v1"), decode_launches(ckpt, ids, "v2")
-    assert v1[-1] == v2[-1] == "audio_head_norm_bf16"      # the head, after the layers, in both
+    v1, v2, v3 = (decode_launches(ckpt, ids, v) for v in ("v1", "v2", "v3"))
+    assert v1[-1] == v2[-1] == v3[-1] == "audio_head_norm_bf16"      # the head, after the layers, in all
     assert (len(v1) - 1) / layers == 10
     assert v2[:-1] == V2_LAYER * layers                     # 5 per layer, in this order
+    assert v3[:-1] == V3_LAYER * layers
     print(f"\nlaunches per decode step (tiny, {layers} layers): v1 {len(v1)}, v2 {len(v2)}")
 
 
@@ -68,7 +72,7 @@ def test_unknown_variant_is_refused(tiny):
     ckpt, _, _ = tiny
     with pytest.raises(ValueError, match="variant must be one of"):
         CubinBackend(ckpt.dims, ckpt.backbone, ops=ops, device="cpu", precision="bf16", max_len=MAX_LEN,
-                     variant="v3")
+                     variant="v9")
 
 
 @pytest.fixture(scope="module")
@@ -81,25 +85,30 @@ def run(tiny):
     saved = {name: dict(getattr(ops, name)) for name in FAST_TILES}
     for name, tiles in FAST_TILES.items():
         getattr(ops, name).update(tiles)
-    saved_v2 = dict(ops.GEMV2_TILES)
+    saved_v2, saved_v3 = dict(ops.GEMV2_TILES), dict(ops.SPLITK_TILES)
     ops.GEMV2_TILES.update(FAST_TILES["GEMV_TILES"])
+    ops.SPLITK_TILES.update(FAST_SPLITK)
     try:
-        be = CubinBackend(d, ckpt.backbone, ops=ops, device="cpu", precision="bf16", max_len=MAX_LEN)
         ref = TorchReference(w)
-        out = dict(kern=[be.prefill(ids, None, 0)], ref=[ref.forward(w.text[ids].float(), 0)], kern_rows=[],
-                   ref_rows=[])
         n0 = len(ids)
-        be.begin(out["kern"][0], n0, seed=0, temperature=0.0, top_k=0, top_p=1.0, max_rows=STEPS)
+        out = dict(ref=[ref.forward(w.text[ids].float(), 0)], ref_rows=[])
         for s in range(STEPS):
             ref_row = out["ref"][-1].argmax(-1)
             ref_row[s + 1:] = d.boc
             out["ref_rows"].append(ref_row.tolist())
-            rows, _ = be.rows(1)
-            out["kern_rows"].append(rows[0].tolist())
-            out["kern"].append(be.logits.view(d.codebooks, d.codebook_vocab).clone())
             out["ref"].append(ref.forward(embed_row(w, ref_row)[None], n0 + s))
+        for variant, suffix in (("v2", ""), ("v3", "_v3")):
+            be = CubinBackend(d, ckpt.backbone, ops=ops, device="cpu", precision="bf16", max_len=MAX_LEN,
+                              variant=variant)
+            kern, kern_rows = [be.prefill(ids, None, 0)], []
+            be.begin(kern[0], n0, seed=0, temperature=0.0, top_k=0, top_p=1.0, max_rows=STEPS)
+            for _ in range(STEPS):
+                rows, _ = be.rows(1)
+                kern_rows.append(rows[0].tolist())
+                kern.append(be.logits.view(d.codebooks, d.codebook_vocab).clone())
+            out["kern" + suffix], out["kern_rows" + suffix] = kern, kern_rows
 
-        for variant in ("v1", "v2"):
+        for variant in ("v1", "v2", "v3"):
             be8 = CubinBackend(d, ckpt.backbone, ops=ops, device="cpu", precision="fp8", max_len=MAX_LEN,
                                calibration_steps=2, variant=variant)
             logits = [be8.prefill(ids, None, 0)]
@@ -111,6 +120,7 @@ def run(tiny):
         for name, tiles in saved.items():
             getattr(ops, name).update(tiles)
         ops.GEMV2_TILES.update(saved_v2)
+        ops.SPLITK_TILES.update(saved_v3)
 
 
 @pytest.mark.slow
@@ -131,3 +141,20 @@ def test_v2_fp8_teacher_forced_cosine(run):
     print(f"\nFP8 vs BF16 logits, teacher-forced over {FP8_STEPS} steps: cosine min v1 {cos['v1']:.5f}, "
           f"v2 {cos['v2']:.5f}")
     assert cos["v2"] >= 0.9934
+
+
+@pytest.mark.slow
+def test_v3_bf16_step_and_greedy_take_match_reference(run):
+    """The split-K step: the same rounding points, so within the v2 tolerance, and the same greedy take;
+    the reference is fed the reference's own rows, which equal v3's while the takes agree."""
+    errs = [rel_err(k, r) for k, r in zip(run["kern_v3"], run["ref"])]
+    print(f"\nv3 BF16 step vs bf16-storage torch reference: max logit rel err {max(errs):.2e}")
+    assert max(errs) < 1e-5
+    assert run["kern_rows_v3"] == run["ref_rows"]
+
+
+@pytest.mark.slow
+def test_v3_fp8_teacher_forced_cosine(run):
+    cos = min(cosine(a, b) for a, b in zip(run["fp8_v3"], run["kern"]))
+    print(f"\nFP8 v3 vs BF16 logits, teacher-forced over {FP8_STEPS} steps: cosine min {cos:.5f}")
+    assert cos >= 0.9934

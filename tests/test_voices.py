@@ -627,3 +627,16 @@ def test_default_root(monkeypatch, tmp_path):
     monkeypatch.setattr(store_mod, "SPACES_DATA", tmp_path / "absent")
     import platformdirs
     assert default_voices_dir() == Path(platformdirs.user_data_dir("higgs-studio")) / "voices"
+
+
+def test_preset_cache_root_follows_the_same_rule_in_the_cache_directory(monkeypatch, tmp_path):
+    from studio.voices.presets import default_cache_root
+
+    monkeypatch.setenv("HIGGS_PRESETS_CACHE", str(tmp_path / "env"))
+    assert default_cache_root() == tmp_path / "env"
+    monkeypatch.delenv("HIGGS_PRESETS_CACHE")
+    monkeypatch.setattr(store_mod, "SPACES_DATA", tmp_path)
+    assert default_cache_root() == tmp_path / "higgs-studio" / "preset-voices"
+    monkeypatch.setattr(store_mod, "SPACES_DATA", tmp_path / "absent")
+    import platformdirs
+    assert default_cache_root() == Path(platformdirs.user_cache_dir("higgs-studio")) / "preset-voices"

@@ -12,7 +12,9 @@ Variant "v2" (the default, kernels/fused.py) runs the same math in 5 launches pe
 silu·mul move into the prologue of the GEMV that consumes them, and q/k norm + RoPE + KV write and the
 combine into the attention kernel. Prefill, and the BF16 calibration pass (which must observe the
 quantised inputs), always use v1's kernels. "v1" stays selectable so a device check can time both steps
-in one run on the same GPU.
+in one run on the same GPU. Variant "v3" is v2 with o_proj and down (N = 2560, too few row blocks to fill
+the GPU) as split-K GEMVs with a fixed-order reduction (kernels/splitk.py); v2 stays the default until a
+GPU run measures v3 against it.
 
 The backend takes an `ops` provider: `kernels.runtime.cubin_ops(CubinKernels())` on a GPU, or the
 interpreter (`kernels.ops` / `cubin_ops(InterpretedKernels(...))`) in the CPU tests, so CI runs this very
@@ -45,7 +47,7 @@ from engine.config import Dims
 from engine.model import embed_prompt
 
 PRECISIONS = ("fp8", "bf16")
-VARIANTS = ("v1", "v2")
+VARIANTS = ("v1", "v2", "v3")
 FP8_MAX = 448.0
 # Static activation scales map the calibration amax to half the e4m3 range: one binade of headroom for
 # prompts whose activations exceed the calibration prompt's, at the cost of one bit near the top.
@@ -110,6 +112,7 @@ class CubinBackend:
             self.logits = torch.zeros(dims.audio_rows, dtype=torch.float32, device=dev)
             self.attn_scratch = ops.attention_scratch(dims.heads, dims.head_dim, dev)
             self.fused_scratch = ops.fused_attention_scratch(dims.heads, dims.kv_heads, dims.head_dim, dev)
+            self.splitk_scratch = ops.gemv_splitk_scratch(dims.hidden, dev) if variant == "v3" else None
         self.setup_cache(max_len)
         if precision == "fp8":
             self._calibrate_and_quantize(calibration_steps)
@@ -177,7 +180,7 @@ class CubinBackend:
         writes fp32 logits of the last row into self.logits."""
         ops, d = self.ops, self.dims
         m = h.shape[0]
-        if m == 1 and self.variant == "v2" and self._calib is None:
+        if m == 1 and self.variant != "v1" and self._calib is None:
             self._layers_v2(h)
             return
         for i, L in enumerate(self.layers):
@@ -200,18 +203,27 @@ class CubinBackend:
         ops.audio_head(h[-1], self.audio_w, self.norm_w, d.rms_eps, out=self.logits)
 
     def _layers_v2(self, h: torch.Tensor) -> None:
-        """`_layers` for one decode row in 5 launches per layer (kernels/fused.py), same rounding points."""
+        """`_layers` for one decode row in 5 launches per layer (kernels/fused.py), same rounding points;
+        "v3" runs o_proj and down as split-K GEMVs (kernels/splitk.py)."""
         ops, d = self.ops, self.dims
         row = h.view(-1)
+        split = self.variant == "v3"
         for L in self.layers:
             qkv = ops.gemv2(row, L.qkv, prologue="norm", norm_w=L.ln1, eps=d.rms_eps, w_scale=L.qkv_s,
                             x_scale=L.x_qkv)
             a = ops.decode_attention_fused(qkv, L.q_norm, L.k_norm, self.cos, self.sin, self.pos, L.k, L.v,
                                            heads=d.heads, eps=d.rms_eps, scratch=self.fused_scratch)
-            ops.gemv2(a.view(-1), L.o, w_scale=L.o_s, residual=row, out=row)
+            if split:
+                ops.gemv_splitk(a.view(-1), L.o, w_scale=L.o_s, residual=row, out=row, scratch=self.splitk_scratch)
+            else:
+                ops.gemv2(a.view(-1), L.o, w_scale=L.o_s, residual=row, out=row)
             gu = ops.gemv2(row, L.gate_up, prologue="norm", norm_w=L.ln2, eps=d.rms_eps, w_scale=L.gate_up_s,
                            x_scale=L.x_gate_up)
-            ops.gemv2(gu, L.down, prologue="silu", w_scale=L.down_s, x_scale=L.x_down, residual=row, out=row)
+            if split:
+                ops.gemv_splitk(gu, L.down, prologue="silu", w_scale=L.down_s, x_scale=L.x_down, residual=row,
+                                out=row, scratch=self.splitk_scratch)
+            else:
+                ops.gemv2(gu, L.down, prologue="silu", w_scale=L.down_s, x_scale=L.x_down, residual=row, out=row)
         ops.audio_head(row, self.audio_w, self.norm_w, d.rms_eps, out=self.logits)
 
     def _embed(self, ids: torch.Tensor, ref_rows: torch.Tensor | None) -> torch.Tensor:

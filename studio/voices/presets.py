@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from studio.voices.model import Consent, Voice, VoiceImportError
-from studio.voices.store import SPACES_DATA, VoiceLibrary
+from studio.voices.store import VoiceLibrary, studio_dir
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +38,8 @@ def folder_digest(folder: Path) -> str:
 
 
 def default_cache_root() -> Path:
-    """`$HIGGS_PRESETS_CACHE`, else `/data/higgs-studio/preset-voices` on a Space with persistent storage, else
-    the user's cache directory."""
-    env = os.environ.get("HIGGS_PRESETS_CACHE")
-    if env:
-        return Path(env).expanduser()
-    if SPACES_DATA.is_dir() and os.access(SPACES_DATA, os.W_OK):
-        return SPACES_DATA / "higgs-studio" / "preset-voices"
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("higgs-studio")) / "preset-voices"
+    """Where encoded presets are cached: `$HIGGS_PRESETS_CACHE`, /data on a Space, else the user's cache."""
+    return studio_dir("HIGGS_PRESETS_CACHE", "preset-voices", cache=True)
 
 
 class PresetVoices:

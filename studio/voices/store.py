@@ -55,17 +55,22 @@ STAGE_PREFIX = ".stage-"  # a write in progress: one directory per voice, then C
 COMMIT_MARK = "COMMIT"
 
 
-def default_voices_dir() -> Path:
-    """`$HIGGS_VOICES_DIR`, else `/data/higgs-studio/voices` on a Space with persistent storage, else the
-    user's data directory."""
-    env = os.environ.get("HIGGS_VOICES_DIR")
-    if env:
-        return Path(env).expanduser()
+def studio_dir(env: str, name: str, *, cache: bool = False) -> Path:
+    """`$<env>`, else `/data/higgs-studio/<name>` on a Space with persistent storage, else `<name>` in the
+    user's data directory (or cache directory, with `cache`)."""
+    if os.environ.get(env):
+        return Path(os.environ[env]).expanduser()
     if SPACES_DATA.is_dir() and os.access(SPACES_DATA, os.W_OK):
-        return SPACES_DATA / "higgs-studio" / "voices"
+        return SPACES_DATA / "higgs-studio" / name
     import platformdirs
 
-    return Path(platformdirs.user_data_dir("higgs-studio")) / "voices"
+    base = platformdirs.user_cache_dir if cache else platformdirs.user_data_dir
+    return Path(base("higgs-studio")) / name
+
+
+def default_voices_dir() -> Path:
+    """Where the voice library lives: `$HIGGS_VOICES_DIR`, /data on a Space, else the user's data directory."""
+    return studio_dir("HIGGS_VOICES_DIR", "voices")
 
 
 def _fsync_dir(path: Path) -> None:
