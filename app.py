@@ -113,10 +113,10 @@ def load_engine(args: argparse.Namespace):
             sys.exit(f"Cannot use --remote: {exc}")
 
     from engine.checkpoint import CheckpointError
-    from engine.generate import Engine
+    from engine.generate import Engine, tune_threads
 
     if args.demo:
-        from engine.testing import demo_checkpoint
+        from engine.demo import demo_checkpoint
         source = demo_checkpoint()
     else:
         source = args.checkpoint
@@ -133,6 +133,7 @@ def load_engine(args: argparse.Namespace):
         sys.exit(f"\nCannot load the checkpoint: {exc}\n\nTo try the studio without it: python app.py --demo")
     except (ValueError, RuntimeError) as exc:  # device / precision / backend not available here
         sys.exit(f"\nCannot start the engine: {exc}")
+    tune_threads(engine)
     print(f"Loaded in {time.perf_counter() - t0:.1f} s: {engine.info.get('device')} · {engine.info.get('precision')}"
           f" · {engine.info.get('backend')}" + (" · DEMO (random weights, the audio is noise)"
                                                   if engine.info.get("demo") else ""), flush=True)

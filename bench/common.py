@@ -1,6 +1,6 @@
 """Measurement helpers shared by the benchmark scripts: medians of warmed-up runs, the machine's copy
-bandwidth (the physical floor a memory-bound decode step is compared with), random weights in the
-engine's internal layout, and markdown tables.
+bandwidth (the physical floor a memory-bound decode step is compared with), the weight bytes a decode
+step streams, and markdown tables (random weights come from `engine.demo.random_backbone`).
 
 Benchmarks print tables; they never assert a time (these machines are shared and noisy). Every figure
 is a median over repeated runs measured in the same process as the floor it is compared with.
@@ -17,7 +17,6 @@ from dataclasses import dataclass
 import torch
 
 from engine.config import Dims
-from engine.checkpoint import expected_shapes
 
 
 def median_ms(fn, *, repeat: int, warmup: int = 1) -> float:
@@ -43,27 +42,14 @@ def copy_bandwidth(nbytes: int = 1 << 30, repeat: int = 5) -> float:
     return 2 * nbytes / (ms / 1e3)
 
 
-def random_backbone(dims: Dims, dtype: torch.dtype, seed: int = 0, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """Random weights in the engine's internal names (docs/ARCHITECTURE.md), scaled by 1/sqrt(fan_in) so
-    activations stay finite through many layers. Norm weights are ones. Generated on `device` (on a GPU
-    the 4B full-size set takes seconds, not minutes)."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-    std = {"text_embedding.weight": 1.0, "audio_embedding.weight": dims.hidden ** -0.5}
-
-    def fill(name, shape):
-        if len(shape) == 1:
-            return torch.ones(shape, dtype=dtype, device=device)
-        return torch.empty(shape, dtype=dtype, device=device).normal_(0.0, std.get(name, shape[1] ** -0.5), generator=gen)
-
-    return {name: fill(name, shape) for name, shape in expected_shapes(dims).items()}
-
-
-def decode_weight_bytes(dims: Dims, bytes_per_weight: float) -> float:
+def decode_weight_bytes(dims: Dims, bytes_per_weight: float, head_bytes_per_weight: float | None = None) -> float:
     """Weight bytes one decode step must read: every layer matrix, the norms and the audio head (the text
-    embedding is not touched while decoding audio rows)."""
+    embedding is not touched while decoding audio rows). The head may be stored wider than the layers
+    (the fp8 GPU path keeps it in bf16: `head_bytes_per_weight=2`)."""
     q, kv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
     per_layer = dims.hidden * (2 * q + 2 * kv) + 3 * dims.hidden * dims.intermediate
-    return bytes_per_weight * (dims.layers * per_layer + dims.audio_rows * dims.hidden)
+    head = bytes_per_weight if head_bytes_per_weight is None else head_bytes_per_weight
+    return bytes_per_weight * dims.layers * per_layer + head * dims.audio_rows * dims.hidden
 
 
 @dataclass

@@ -10,6 +10,9 @@
    decoder's overhead over one-shot with the engine's push schedule, and encode RTF for a 10 s clip.
 3. End to end on the demo checkpoint: time to first audio and RTF of `Engine.generate_stream`, with the
    prefill / first-frames / first-codec-window breakdown.
+4. Batched takes (`--only batch`): c = 1, 2, 4, 8 takes decoded together by the engine's scheduler on
+   random weights at quarter size, bf16 and fp32: aggregate frames/s, per-take ms/frame, and the cost
+   of the batch-invariance padding (a lone take's step at `min_rows` rows vs at one row).
 
 `--smoke` shrinks every size so the whole script runs in seconds (the test suite runs it that way).
 """
@@ -25,8 +28,9 @@ import time
 import numpy as np
 import torch
 
-from bench.common import Table, copy_bandwidth, decode_weight_bytes, machine_line, median_ms, random_backbone
+from bench.common import Table, copy_bandwidth, decode_weight_bytes, machine_line, median_ms
 from engine.config import FRAME_RATE, FULL_SIZE, SAMPLE_RATE, Dims
+from engine.demo import random_backbone
 from engine.model import HiggsModel, rel_error
 
 QUARTER = dataclasses.replace(FULL_SIZE, hidden=640, intermediate=2432, layers=9, heads=8, kv_heads=2, vocab=4096)
@@ -95,7 +99,7 @@ class TwinRunner:
 
 def bench_backbone(dims: Dims, dtype: torch.dtype, frames: int, label: str, floor_bps: float,
                    repeat: int = 3) -> tuple[list, str]:
-    state = random_backbone(dims, dtype, seed=1)
+    state = random_backbone(dims, seed=1, dtype=dtype, names="internal")
     model = HiggsModel.from_state_dict(dims, state, dtype=dtype, max_len=64 + frames + 8)
     del state
     twin = TwinRunner(model, transformers_twin(model))
@@ -172,7 +176,7 @@ def bench_codec(size: str, seconds: float, repeat: int) -> Table:
 # ---------------------------------------------------------------------------------------------- end to end
 def bench_e2e(runs: int) -> Table:
     from engine import Engine
-    from engine.testing import demo_checkpoint
+    from engine.demo import demo_checkpoint
 
     engine = Engine.load(demo_checkpoint(), device="cpu")
     text = "Hello there. This is a short benchmark sentence for the studio."
@@ -193,13 +197,67 @@ def bench_e2e(runs: int) -> Table:
                  [med])
 
 
+# ---------------------------------------------------------------------------------------------- batch
+def bench_batch(dims: Dims, dtype: torch.dtype, frames: int, label: str, concurrency=(1, 2, 4, 8),
+                rounds: int = 3) -> Table:
+    from engine.generate import Engine
+    from engine.prompt import Prompt
+    from engine.types import SamplingParams
+
+    model = HiggsModel.from_state_dict(dims, random_backbone(dims, seed=1, dtype=dtype, names="internal"),
+                                       dtype=dtype, max_len=512, max_rows=max(concurrency))
+    precision = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
+    engine = Engine(model, None, None, dims, {"device": "cpu", "precision": precision, "backend": "torch"},
+                    max_batch=max(concurrency))
+    gen = torch.Generator().manual_seed(0)
+    prompt = Prompt(ids=torch.randint(0, dims.vocab, (24,), generator=gen).tolist())
+    # Random weights rarely sample <eoc>, but a take that does stops early: rows are counted, not assumed.
+    params = [SamplingParams(temperature=0.8, seed=i, max_frames=frames, repeat_guard=None)
+              for i in range(max(concurrency))]
+    engine.predict(prompt=prompt, params=params[0].with_seed(99))  # warm-up
+    # Rounds interleave the concurrencies, so a burst of load from other processes hits all of them.
+    runs = {c: [] for c in concurrency}
+    for _ in range(rounds):
+        for c in concurrency:
+            t0 = time.perf_counter()
+            takes = engine.generate_batch([prompt] * c, params[:c])
+            wall = time.perf_counter() - t0
+            runs[c].append((sum(t.metrics.rows for t in takes) / wall,
+                            statistics.median(t.metrics.ms_per_frame for t in takes),
+                            sum(t.metrics.rows for t in takes), max(t.metrics.batch for t in takes)))
+    rows = []
+    base_fps, base_ms = (statistics.median(r[k] for r in runs[concurrency[0]]) for k in (0, 1))
+    for c in concurrency:
+        fps, ms = (statistics.median(r[k] for r in runs[c]) for k in (0, 1))
+        rows.append([label, c, runs[c][-1][2], fps, f"{fps / base_fps:.2f}×", ms, f"{ms / base_ms:.2f}×",
+                     runs[c][-1][3]])
+    # The padding's price: one take's step at min_rows rows (what runs) vs at one row (not invariant).
+    low = model.min_rows
+    if low > 1:
+        row = torch.randint(0, 1024, (1, 8), generator=gen)
+        step = lambda: model.decode_rows(row, [0], [30])  # noqa: E731
+        padded = median_ms(step, repeat=20, warmup=3)
+        model.min_rows = 1
+        single = median_ms(step, repeat=20, warmup=3)
+        model.min_rows = low
+        rows.append([label, f"1, padded to {low} rows", "", "", "", padded, f"{padded / single:.2f}× of 1 row",
+                     ""])
+    else:
+        rows.append([label, "1, no padding (min_rows = 1)", "", "", "", "", "", ""])
+    return Table(f"Batched takes, {label}: aggregate frames/s and per-take ms/frame ({frames} frames per take, "
+                 f"median of {rounds} rounds)",
+                 ["config", "takes (c)", "rows", "frames/s (all takes)", "vs c=1", "ms/frame per take",
+                  "vs c=1", "batch seen"], rows)
+
+
 # ---------------------------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (seconds); for the test suite")
-    ap.add_argument("--only", default="backbone,codec,e2e", help="comma-separated sections")
+    ap.add_argument("--only", default="backbone,codec,e2e", help="comma-separated sections (also: batch)")
     ap.add_argument("--full-frames", type=int, default=4, help="decode frames timed at full size")
     ap.add_argument("--quarter-frames", type=int, default=100, help="decode frames timed at quarter size")
+    ap.add_argument("--batch-frames", type=int, default=48, help="frames per take in the batch section")
     args = ap.parse_args(argv)
     sections = set(args.only.split(","))
     torch.manual_seed(0)
@@ -225,6 +283,14 @@ def main(argv=None) -> int:
     if "codec" in sections:
         print(bench_codec("tiny" if args.smoke else "full", 2.0 if args.smoke else 10.0, 1 if not args.smoke else 2).markdown())
         print()
+    if "batch" in sections:
+        # Quarter size only: full size needs ~8 GB of weights and these machines are shared.
+        configs = [(SMOKE, torch.float32, 8, "smoke fp32", 1)] if args.smoke else [
+            (QUARTER, torch.bfloat16, args.batch_frames, "quarter bf16 (9 L, 640)", 3),
+            (QUARTER, torch.float32, args.batch_frames, "quarter fp32 (9 L, 640)", 3)]
+        for dims, dtype, frames, label, rounds in configs:
+            print(bench_batch(dims, dtype, frames, label, rounds=rounds).markdown())
+            print()
     if "e2e" in sections:
         print(bench_e2e(2 if args.smoke else 5).markdown())
         print()

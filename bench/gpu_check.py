@@ -29,9 +29,10 @@ from pathlib import Path
 
 import torch
 
-from bench.common import random_backbone
+from bench.common import decode_weight_bytes
 from engine.backends.cubin import CubinBackend
 from engine.config import FRAME_RATE, FULL_SIZE, Dims
+from engine.demo import random_backbone
 from engine.model import HiggsModel
 from kernels import manifest as mf
 from kernels.check import Row, format_table, kernel_rows
@@ -63,14 +64,6 @@ def copy_floor(nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / (ms / 1e3)
 
 
-def step_weight_bytes(dims: Dims, precision: str) -> float:
-    """Bytes of weights one decode step streams: the layer matrices (1 B fp8 / 2 B bf16) and the bf16
-    audio head (the sampler's 8 embedding rows are negligible)."""
-    q, kv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
-    layer = dims.hidden * (2 * q + 2 * kv) + 3 * dims.hidden * dims.intermediate
-    return (1 if precision == "fp8" else 2) * dims.layers * layer + 2 * dims.audio_rows * dims.hidden
-
-
 def greedy(logits: torch.Tensor, step: int, boc: int) -> torch.Tensor:
     row = logits.argmax(-1)
     row[step + 1:] = boc
@@ -88,7 +81,7 @@ def model_rows(dims: Dims, steps: int, floor: float, results: dict | None = None
     gen = torch.Generator().manual_seed(1)
     ids13 = torch.randint(0, 150000, (13,), generator=gen)
     ids300 = torch.randint(0, 150000, (300,), generator=gen)
-    sd = random_backbone(dims, torch.bfloat16, device="cuda")
+    sd = random_backbone(dims, dtype=torch.bfloat16, device="cuda", names="internal")
     ref = HiggsModel.from_state_dict(dims, sd, dtype=torch.bfloat16, device="cuda", max_len=1024)
 
     # Eager torch greedy trajectory: the reference rows and logits for teacher forcing.
@@ -157,7 +150,7 @@ def model_rows(dims: Dims, steps: int, floor: float, results: dict | None = None
         prefill = {n: cuda_ms(lambda ids=ids: be.prefill(ids, None, 0), repeat=3) / len(ids)
                    for n, ids in ((13, ids13), (300, ids300))}
         ttfa = prefill[13] * 13 + ms_frame * (FIRST_CHUNK_FRAMES + dims.delay)
-        bw = step_weight_bytes(dims, precision) / (ms_frame / 1e3)
+        bw = decode_weight_bytes(dims, 1 if precision == "fp8" else 2, head_bytes_per_weight=2) / (ms_frame / 1e3)
         results[precision] = ms_frame
         rows += [
             Row(f"bench {precision}", "decode ms/frame (graph replay, sync per 50)", f"{ms_frame:.2f} ms",
@@ -175,7 +168,7 @@ def model_rows(dims: Dims, steps: int, floor: float, results: dict | None = None
         ]
         del be
         torch.cuda.empty_cache()
-    bw = step_weight_bytes(dims, "bf16") / (torch_ms / 1e3)
+    bw = decode_weight_bytes(dims, 2) / (torch_ms / 1e3)
     rows += [Row("bench torch", "eager decode ms/frame (HiggsModel bf16)", f"{torch_ms:.2f} ms", "", "INFO"),
              Row("bench torch", "weight bandwidth / D2D copy floor", f"{bw / 1e9:.0f} GB/s = {bw / floor:.0%}", "",
                  "INFO"),
@@ -214,7 +207,7 @@ def torch_graph_rows(dims: Dims, steps: int, device: torch.device, contexts=(64,
     if cuda:
         torch.cuda.reset_peak_memory_stats()
     gen = torch.Generator().manual_seed(2)
-    sd = random_backbone(dims, dtype, device=device.type)
+    sd = random_backbone(dims, dtype=dtype, device=device.type, names="internal")
     model = HiggsModel.from_state_dict(dims, sd, dtype=dtype, device=device, max_len=max(contexts) + steps + 1)
     del sd
     be = TorchGraphBackend(model)
@@ -505,7 +498,7 @@ def real_shape_rows(ops, dims: Dims, device: torch.device, gemm_rows: int = 300)
 def variant_rows(dims: Dims, steps: int) -> list[Row]:
     """Issue 16's A/B: the v1 and v2 decode steps of the cubin backend on the same GPU in one run, graph
     replay with device sampling (sync per 50 rows, the first 50 rows are capture and warm-up)."""
-    sd = random_backbone(dims, torch.bfloat16, device="cuda")
+    sd = random_backbone(dims, dtype=torch.bfloat16, device="cuda", names="internal")
     ids = torch.randint(0, 150000, (13,), generator=torch.Generator().manual_seed(3))
     ms = {}
     for precision in ("fp8", "bf16"):

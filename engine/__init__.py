@@ -4,8 +4,8 @@
 lazily so `import engine.config` (and the kernels' build tools) do not pay for torch and the codec.
 """
 
-_EXPORTS = {"Engine": "generate", "Chunk": "generate", "Metrics": "generate", "Prompt": "prompt",
-            "VoiceRef": "prompt", "load_checkpoint": "checkpoint"}
+_EXPORTS = {"Engine": "generate", "Chunk": "types", "Metrics": "types", "SamplingParams": "types",
+            "SpeechEngine": "types", "Prompt": "prompt", "VoiceRef": "prompt", "load_checkpoint": "checkpoint"}
 
 __all__ = sorted(_EXPORTS)
 

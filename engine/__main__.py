@@ -9,6 +9,8 @@ import argparse
 import sys
 import time
 
+from .types import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
+
 DEFAULT_OUT = "take.wav"
 
 
@@ -36,9 +38,10 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("--demo", action="store_true", help="use a tiny random checkpoint (no download; the audio is noise)")
     say.add_argument("--stream", action="store_true", help="write audio chunk by chunk as it is generated")
     say.add_argument("--seed", type=int, default=None, help="sampling seed (default: random, printed)")
-    say.add_argument("--temperature", type=float, default=0.8, help="0 = greedy (default 0.8)")
-    say.add_argument("--top-k", type=int, default=30)
-    say.add_argument("--top-p", type=float, default=0.8)
+    say.add_argument("--temperature", type=float, default=DEFAULT_TEMPERATURE,
+                     help=f"0 = greedy (default {DEFAULT_TEMPERATURE})")
+    say.add_argument("--top-k", type=int, default=DEFAULT_TOP_K)
+    say.add_argument("--top-p", type=float, default=DEFAULT_TOP_P)
     say.add_argument("--max-frames", type=int, default=None, help="length cap in frames (25 per second)")
     say.add_argument("--device", default="auto", help="auto, cpu or cuda")
     say.add_argument("--precision", default="auto", help="auto, fp32, bf16 or fp16")
@@ -50,8 +53,8 @@ def say(args) -> int:
     import soundfile as sf
 
     from .config import SAMPLE_RATE
-    from .generate import Engine
-    from .sampling import check_options
+    from .generate import Engine, tune_threads
+    from .types import check_options
 
     if args.demo and args.checkpoint:
         return _fail("give either --demo or --checkpoint, not both")
@@ -65,7 +68,7 @@ def say(args) -> int:
     elif not (args.text or "").strip():
         return _fail("there is no text to speak; give a non-empty sentence")
     if args.demo:
-        from .testing import demo_checkpoint
+        from .demo import demo_checkpoint
         print("demo mode: a tiny checkpoint with RANDOM weights, so the audio is noise "
               "(it exercises the whole pipeline, not the voice)")
         source = demo_checkpoint()
@@ -74,6 +77,7 @@ def say(args) -> int:
         source = args.checkpoint or DEFAULT_REPO
     started = time.perf_counter()
     engine = Engine.load(source, device=args.device, precision=args.precision, backend=args.backend)
+    tune_threads(engine)
     info = engine.info
     print(f"loaded {info['checkpoint']} in {time.perf_counter() - started:.1f} s: "
           f"{info['device']}, {info['precision']}, backend {info['backend']}"

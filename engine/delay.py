@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .config import FRAME_RATE
+from .types import DEFAULT_REPEAT_GUARD
 from .tokenizer import estimate_seconds
 
 # Length cap when the caller gives none (SPEC D5): never more rows than the references allow
@@ -81,7 +82,7 @@ class StopRule:
     boc: int = 1024
     eoc: int = 1025
     max_frames: int | None = None
-    repeat_guard: int | None = 32
+    repeat_guard: int | None = DEFAULT_REPEAT_GUARD
     step: int = 0
     countdown: int | None = None
     stop_reason: str | None = None

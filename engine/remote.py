@@ -2,7 +2,7 @@
 instead of a local checkpoint (another Higgs Studio, SGLang-Omni, vLLM-Omni, Boson's hosted API).
 
     engine = RemoteEngine("http://gpu-box:8000", api_key=None)
-    for chunk in engine.generate_stream("Hello.", temperature=0, seed=7):   # engine.generate.Chunk
+    for chunk in engine.generate_stream("Hello.", temperature=0, seed=7):   # engine.types.Chunk
         play(chunk.audio)                                                    # float32 mono 24 kHz
     chunk.metrics.ttfa_ms, chunk.metrics.rtf                                 # measured here, at the client
 
@@ -35,14 +35,13 @@ import numpy as np
 import soundfile as sf
 
 from .config import SAMPLE_RATE, SAMPLES_PER_FRAME
-from .generate import Chunk, Metrics
+from .types import DEFAULT_REPEAT_GUARD, Chunk, Metrics, SamplingParams
 
 DEFAULT_MODEL = "higgs-audio-v3-tts"
 # A take streams in pieces of at least this many samples (one codec frame, 40 ms): small enough to keep
 # time-to-first-audio honest, large enough not to hand the player one network read at a time.
 MIN_CHUNK_SAMPLES = SAMPLES_PER_FRAME
 MAX_CLIP_BYTES = 10 * 1024 * 1024  # what the servers accept for a reference clip
-DEFAULT_REPEAT_GUARD = 32
 
 
 class RemoteError(RuntimeError):
@@ -174,10 +173,11 @@ class RemoteEngine:
     # ---------------------------------------------------------------- facts
     @property
     def info(self) -> dict[str, Any]:
-        """What the studio's status panel shows; filled from the server's `/health` when it has one."""
+        """What the studio's status panel shows; filled from the server's `/health` when it has one.
+        `max_batch` 1: the studio sends one request at a time (the server, not this client, would batch)."""
         server = self.health()
         return {"checkpoint": self.model, "device": self.shown_url, "precision": server.get("precision") or "remote",
-                "backend": "remote", "demo": False, "remote": self.shown_url,
+                "backend": "remote", "demo": False, "remote": self.shown_url, "max_batch": 1,
                 "server_device": server.get("device"), "server_backend": server.get("backend")}
 
     def health(self) -> dict[str, Any]:
@@ -227,10 +227,15 @@ class RemoteEngine:
     def generate_stream(self, text: str, *, voice=None, style: str | None = None, temperature: float | None = None,
                         top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                         max_frames: int | None = None, repeat_guard: int | None = DEFAULT_REPEAT_GUARD,
-                        cancel: threading.Event | None = None) -> Iterator[Chunk]:
+                        cancel: threading.Event | None = None, params: SamplingParams | None = None
+                        ) -> Iterator[Chunk]:
         """Yield `Chunk`s of float32 24 kHz audio as the server streams 16-bit PCM; the last has
         `final=True`. TTFA and RTF are measured here (request sent → first audio received; wall / audio).
-        Closing the generator or setting `cancel` closes the connection, which stops a streaming server."""
+        Closing the generator or setting `cancel` closes the connection, which stops a streaming server.
+        `params` (a `SamplingParams`) gives every sampling setting at once, in place of the keywords."""
+        if params is not None:
+            temperature, top_k, top_p = params.temperature, params.top_k, params.top_p
+            seed, max_frames, repeat_guard = params.seed, params.max_frames, params.repeat_guard
         body = self.speech_body(text, voice=voice, style=style, temperature=temperature, top_k=top_k, top_p=top_p,
                                 seed=seed, max_frames=max_frames, repeat_guard=repeat_guard)
         return self._stream(body, seed, cancel)

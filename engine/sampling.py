@@ -12,9 +12,6 @@ ascending index and take the first whose running mass exceeds u. Comparisons hap
 
 from __future__ import annotations
 
-import math
-import secrets
-
 import numpy as np
 import torch
 
@@ -22,10 +19,6 @@ MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
 MIX1 = 0xBF58476D1CE4E5B9
 MIX2 = 0x94D049BB133111EB
-
-DEFAULT_TEMPERATURE = 0.8
-DEFAULT_TOP_K = 30
-DEFAULT_TOP_P = 0.8
 
 
 def splitmix64(x: int) -> int:
@@ -58,21 +51,6 @@ def uniforms(seed: int, step: int, codebooks: int = 8, steps: int = 1) -> torch.
     bits = _splitmix64_np(base ^ counters) >> np.uint64(40)
     u = torch.from_numpy((bits.astype(np.float64) * 2.0 ** -24).astype(np.float32))
     return u[0] if steps == 1 else u
-
-
-def new_seed() -> int:
-    """A random 63-bit seed (reported with the take so it can be reproduced)."""
-    return secrets.randbits(63)
-
-
-def check_options(temperature: float, top_k: int, top_p: float) -> None:
-    """Raise ValueError with a sentence the user can act on."""
-    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
-        raise ValueError(f"temperature must be a number ≥ 0 (0 = greedy); got {temperature!r}")
-    if isinstance(top_k, bool) or not isinstance(top_k, (int, np.integer)):
-        raise ValueError(f"top_k must be an integer (0 or less disables it); got {top_k!r}")
-    if not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1] (1 disables it); got {top_p!r}")
 
 
 def top_k_mask(probs: torch.Tensor, k: int) -> torch.Tensor:

@@ -49,6 +49,7 @@ from starlette.routing import Mount
 from engine.audio import ReferenceAudioError, load_audio
 from engine.config import SAMPLE_RATE
 from engine.generate import codes_sha256
+from engine.types import DEFAULT_REPEAT_GUARD
 from studio.access import Access
 from studio.formats import MIME, STREAM_FORMATS, FormatError, StreamEncoder, available_formats, encode_audio, to_pcm16
 from studio.presets import check_style_prefix
@@ -121,7 +122,7 @@ class SpeechRequest(BaseModel):
     seed: int | None = None
     max_frames: int | None = None
     max_new_tokens: int | None = None  # SGLang-Omni / vLLM-Omni name for max_frames
-    repeat_guard: int | None = 32  # stop a take whose last N frames repeat; null disables it
+    repeat_guard: int | None = DEFAULT_REPEAT_GUARD  # stop a take whose last N frames repeat; null disables it
     voices: dict[str, str | None] | None = None  # long form: a script's speakers → saved voices (docs/API.md)
     ref_audio: str | None = None
     ref_text: str | None = None
@@ -261,8 +262,9 @@ def metric_headers(metrics, seed, *, final: bool, codes=None) -> dict[str, str]:
     if ttfa is not None:
         headers["X-TTFA-ms"] = f"{float(ttfa):.1f}"
     if final:
+        # X-Batch-Size: the most takes the engine decoded together while this one ran (1 = alone).
         for header, name, fmt in (("X-RTF", "rtf", "{:.4f}"), ("X-Frames", "frames", "{:d}"),
-                                  ("X-Stop-Reason", "stop_reason", "{}")):
+                                  ("X-Stop-Reason", "stop_reason", "{}"), ("X-Batch-Size", "batch", "{:d}")):
             value = _metric(metrics, name)
             if value not in (None, ""):
                 headers[header] = fmt.format(int(value) if fmt == "{:d}" else value)
@@ -527,7 +529,7 @@ class SpeechAPI:
                                "total_tokens": prompt_tokens + frames},
                      "metrics": {"ttfa_ms": _metric(metrics, "ttfa_ms"), "rtf": _metric(metrics, "rtf"),
                                  "frames": frames, "seed": run.synth.seed,
-                                 "stop_reason": _metric(metrics, "stop_reason"),
+                                 "stop_reason": _metric(metrics, "stop_reason"), "batch": _metric(metrics, "batch"),
                                  "codes_sha256": codes_sha256(last.codes) if getattr(last, "codes", None) is not None
                                  else None,
                                  "wall_ms": round((time.perf_counter() - started) * 1000, 1)}})
@@ -635,6 +637,7 @@ class SpeechAPI:
         return JSONResponse({"status": "ok", "engine_loaded": engine is not None, "model": MODEL_IDS[0],
                              "device": status.get("device"), "precision": status.get("precision"),
                              "backend": status.get("backend"), "queue_depth": status.get("queue_depth"),
+                             "batch_size": status.get("batch_size"), "max_batch": status.get("max_batch"),
                              "demo": status.get("demo"), "formats": list(available_formats()),
                              "auth": self.api_key is not None})
 

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from engine.config import SAMPLE_RATE
-from engine.generate import Chunk
+from engine.types import Chunk
 from engine.longform import MAX_SEGMENT_SECONDS, plan
 from engine.longtake import LongTake
 from engine.tokenizer import estimate_seconds, lint_tags

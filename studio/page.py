@@ -25,12 +25,13 @@ from studio.formats import available_formats, ffmpeg_path, to_pcm16, write_audio
 from studio.live import CLIP_VOICE, NO_VOICE, LivePlayer, page_request
 from studio.longform_view import LongFormView
 from studio.private_view import PrivateVoicesView
-from studio.service import MAX_FRAMES, MAX_SEED, Queued, ServiceBusy, StudioService, SynthesisRequest
+from studio.service import MAX_FRAMES, MAX_SEED, MAX_TAKES, Queued, ServiceBusy, StudioService, SynthesisRequest
 from studio.voices.private import PrivateVoices
 
 log = logging.getLogger("higgs.studio")
 
-GPU_QUEUE = "gpu"  # concurrency_id shared by every event that touches the engine
+GPU_QUEUE = "gpu"  # concurrency_id shared by the events that use the engine one at a time (voices, long form)
+TAKES_QUEUE = "takes"  # Generate: as many at once as the service has batch slots (the engine batches them)
 STREAM_SECONDS = 1.0  # after the first chunk, stream in ~1 s pieces (Gradio's advice for smooth HLS playback)
 
 
@@ -66,6 +67,7 @@ class Page:
         self.out_dir = Path(tempfile.mkdtemp(prefix="higgs-studio-"))
         self.player = LivePlayer(service)  # the WebAudio player's route; app.py mounts it after launch
         self._active: dict[str, SynthesisRequest] = {}
+        self._variants: dict[str, list[SynthesisRequest]] = {}  # the other takes of a session's Generate
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ helpers
@@ -100,12 +102,14 @@ class Page:
     # ------------------------------------------------------------------ generation
 
     def generate(self, text, style, voice, clip, clip_text, temperature, top_p, top_k, seed, max_frames,
-                 repeat_guard, takes, live_id="", request: gr.Request = None):
+                 repeat_guard, takes_n, takes, live_id="", request: gr.Request = None):
         """Stream a take into the live player and the metrics panel, then show the full take. With `live_id` the
         browser's own player streams the take (studio/live.py, which applies the public limits) and this handler
-        waits for it to end, so the take lands in the history, take player, downloads and recipe the same way."""
+        waits for it to end, so the take lands in the history, take player, downloads and recipe the same way.
+        With `takes_n` > 1 the other takes (the next seeds, same settings) run beside it in the engine's batch
+        and all of them are shown side by side once they end, each with a Keep button."""
         key = request.session_hash if request else "local"
-        req = None
+        req, others = None, []
         try:
             if live_id:
                 req = self.player.claim(live_id)
@@ -114,12 +118,16 @@ class Page:
                                    temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                                    max_frames=max_frames, repeat_guard=repeat_guard)
                 self.access.limit_public(req, request)
+            others = self.service.variants(req, int(takes_n or 1))
             with self._lock:
-                self._active[key] = req
+                self._active[key], self._variants[key] = req, others
+            running = [self._run_variant(other) for other in others]
             if live_id:
                 self.player.wait(live_id)
             else:
                 yield from self._stream(req)
+            for thread in running:
+                thread.join()
         except ValueError as exc:  # bad request: text, settings, voice, style, reference clip
             raise gr.Error(str(exc)) from None
         except ServiceBusy as exc:
@@ -129,13 +137,15 @@ class Page:
             raise gr.Error(f"Generation failed: {exc}") from None
         finally:
             if req is not None and not req.finished.is_set():
-                req.cancel.set()  # Gradio closed us (Stop, client cancel, tab closed): free the GPU now
+                for r in (req, *others):
+                    r.cancel.set()  # Gradio closed us (Stop, client cancel, tab closed): free the GPU now
             elif req is not None:
                 # A stopped request stays registered: Stop's handler may run after Gradio has closed us (its
                 # `cancels=` and the handler race) and still needs the partial take. The next take replaces it.
                 with self._lock:
                     if self._active.get(key) is req:
                         del self._active[key]
+                        self._variants.pop(key, None)
         if req.take is None:
             return
         take = req.take
@@ -144,7 +154,39 @@ class Page:
         yield {self.metrics: render.metrics_html(take.metrics, state=state, seconds=take.seconds,
                                                  warnings=req.warnings),
                self.take_audio: wav, self.download: dl, self.history: rows, self.takes: takes,
-               self.last_seed: last_seed, self.result: render.result_json(take, req.warnings)}
+               self.last_seed: last_seed, self.result: render.result_json(take, req.warnings),
+               **self._side_by_side([take] + [r.take for r in others if r.take is not None] if others else [])}
+
+    def _run_variant(self, req: SynthesisRequest) -> threading.Thread:
+        """Generate one of the other takes to its end in a thread; the service records it (`req.take`)."""
+        def run():
+            try:
+                for _ in self.service.stream(req):
+                    pass
+            except Exception:  # the first take, run with the same settings, reports what went wrong
+                log.exception("a side-by-side take failed")
+        thread = threading.Thread(target=run, name="higgs-take", daemon=True)
+        thread.start()
+        return thread
+
+    def _side_by_side(self, takes: list) -> dict:
+        """The Takes panel's outputs: one column per take (seed, metrics, player, Keep), hidden for one take."""
+        out = {self.variants_row: gr.update(visible=len(takes) > 1), self.variant_ids: [t.id for t in takes]}
+        for i, (column, audio, info) in enumerate(zip(self.variant_cols, self.variant_audio, self.variant_info)):
+            take = takes[i] if i < len(takes) else None
+            out[column] = gr.update(visible=take is not None)
+            out[audio] = self.take_file(take) if take is not None else None
+            out[info] = render.variant_html(take, i) if take is not None else ""
+        return out
+
+    @_warns(5)
+    def _keep(self, index: int, variant_ids, takes):
+        """Put the side-by-side take in place `index` in the session's history and the take player."""
+        take = self.service.take(variant_ids[index]) if index < len(variant_ids or []) else None
+        if take is None:
+            raise ValueError("That take has left the studio's history (it keeps the latest takes only); "
+                             "generate again.")
+        return self.take_outputs(take, takes or [])
 
     def _stream(self, req: SynthesisRequest) -> Iterator[dict]:
         """Today's Gradio path (the fallback player): queue positions, then the audio in ~1 s pieces."""
@@ -167,11 +209,13 @@ class Page:
 
     def stop(self, takes, request: gr.Request):
         """Cancel this session's running take; show what was generated before the stop."""
+        key = request.session_hash if request else "local"
         with self._lock:
-            req = self._active.pop(request.session_hash if request else "local", None)
+            req, others = self._active.pop(key, None), self._variants.pop(key, [])
         if req is None:  # nothing running (the take had already finished on its own)
             return (gr.skip(),) * 6
-        req.cancel.set()
+        for r in (req, *others):
+            r.cancel.set()
         if not req.finished.wait(5.0) or req.take is None:  # stopped before the first frame
             return render.metrics_html(state="stopped"), *(gr.skip(),) * 5
         take = req.take
@@ -262,6 +306,8 @@ class Page:
                                             info="0 = greedy (can loop); ~0.8-1.0 is lively and stable")
                     seed = gr.Number(-1, label="Seed (-1 = random)", precision=0, minimum=-1, maximum=MAX_SEED,
                                      scale=2, elem_id="seed")
+                    takes_n = gr.Radio(list(range(1, MAX_TAKES + 1)), value=1, label="Takes", scale=2,
+                                       elem_id="takes-n", info="variants with the next seeds, side by side")
                     with gr.Column(scale=1, min_width=110):
                         random_seed = gr.Button("Random", size="sm")
                         reuse_seed = gr.Button("Reuse last", size="sm")
@@ -288,6 +334,16 @@ class Page:
                     fmt = gr.Dropdown([f for f in available_formats() if f != "pcm"], value="wav",
                                       label="Format", scale=1, min_width=90)
                     self.download = gr.DownloadButton("Download WAV", scale=2, elem_id="download")
+        with gr.Row(visible=False, elem_id="variants") as self.variants_row:
+            self.variant_cols, self.variant_audio, self.variant_info, keep = [], [], [], []
+            for i in range(MAX_TAKES):
+                with gr.Column(visible=False, min_width=180) as column:
+                    self.variant_cols.append(column)
+                    self.variant_info.append(gr.HTML("", elem_id=f"variant-info-{i}"))
+                    self.variant_audio.append(gr.Audio(label=f"Take {i + 1}", type="filepath", interactive=False,
+                                                       elem_id=f"variant-{i}"))
+                    keep.append(gr.Button("Keep", size="sm", elem_id=f"keep-{i}"))
+        self.variant_ids = gr.State([])
         with gr.Accordion("Engine", open=False):
             self.status = gr.JSON(label="Engine status (refreshed on page load)", elem_id="engine-status")
         with gr.Accordion("History (this session)", open=True):
@@ -304,12 +360,20 @@ class Page:
                                    wrap_lines=True, elem_id="recipe-curl")
             selected = gr.State(None)
 
+        # The live id stays the last input: CLICK_JS puts the stream's id there.
         inputs = [self.text, self.style, self.voice, self.clip, self.clip_text, temperature, top_p, top_k,
-                  seed, max_frames, repeat_guard, self.takes, self.live_id]
+                  seed, max_frames, repeat_guard, takes_n, self.takes, self.live_id]
+        side_by_side = [self.variants_row, *self.variant_cols, *self.variant_audio, *self.variant_info, self.variant_ids]
         gen_event = generate.click(self.generate, inputs, [self.live, self.metrics, self.take_audio, self.download,
-                                                           self.history, self.takes, self.last_seed, self.result],
+                                                           self.history, self.takes, self.last_seed, self.result,
+                                                           *side_by_side],
                                    api_name="generate", api_visibility="undocumented",  # not an MCP tool
-                                   concurrency_id=GPU_QUEUE, concurrency_limit=1, js=render.CLICK_JS)
+                                   concurrency_id=TAKES_QUEUE, concurrency_limit=self.service.slots,
+                                   js=render.CLICK_JS)
+        for i, button in enumerate(keep):
+            button.click(functools.partial(self._keep, i), [self.variant_ids, self.takes],
+                         [self.take_audio, self.download, self.history, self.takes, self.last_seed],
+                         api_visibility="private")
         gen_event.success(self._download_as, [fmt, self.takes], self.download, api_visibility="private")
         stop.click(self.stop, [self.takes], [self.metrics, self.take_audio, self.download, self.history,
                                              self.takes, self.last_seed],

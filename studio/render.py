@@ -335,7 +335,11 @@ async function play(t, fields, clip) {
 S.start = (args) => {
   if (!S.supported) return args;
   if (S.take) S.stop();  // one take plays at a time in a tab
-  const [text, style, voice, clip, clip_text, temperature, top_p, top_k, seed, max_frames, repeat_guard] = args;
+  const [text, style, voice, clip, clip_text, temperature, top_p, top_k, , max_frames, repeat_guard, takes] = args;
+  // Several takes are consecutive seeds from the first one's: a random first seed is drawn here, so the
+  // stream and the page's event (which starts the other takes) share it.
+  let seed = args[8];
+  if (Number(takes) > 1 && !(Number(seed) >= 0)) seed = Math.floor(Math.random() * 2 ** 31);
   const id = Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, '0')).join('');
   // marks: when the stream was sent, answered and first carried audio (the Heard − TTFA breakdown).
   const t = S.take = {id, click: S.click ?? performance.now(), marks: {start: performance.now()},
@@ -346,7 +350,7 @@ S.start = (args) => {
   t.timer = setInterval(() => tick(t), 100);
   play(t, {text, style, voice, clip_text, temperature, top_p, top_k, seed, max_frames, repeat_guard}, clip)
     .catch((e) => fail(t, 'The live player failed: ' + e.message));
-  const out = args.slice(); out[out.length - 1] = id;
+  const out = args.slice(); out[8] = seed; out[out.length - 1] = id;
   return out;
 };
 
@@ -413,6 +417,14 @@ def history_rows(takes) -> list[list[Any]]:
                      t.style or "", t.seed, round(t.seconds, 1), _num(getattr(m, "ttfa_ms", None), ".0f"),
                      _num(getattr(m, "rtf", None), ".3f"), t.stop_reason])
     return rows
+
+
+def variant_html(take, index: int) -> str:
+    """One side-by-side take's caption: its place, seed and numbers (the seed in `variant-seed-<index>`)."""
+    m = take.metrics
+    return (f'<div class="hs-variant"><b>Take {index + 1}</b> · seed <b id="variant-seed-{index}">{take.seed}</b>'
+            f'<br>{take.seconds:.1f} s · RTF {_num(getattr(m, "rtf", None), ".3f")} · '
+            f'stop {_esc(take.stop_reason or "—")} · batch {_num(getattr(m, "batch", None), "d")}</div>')
 
 
 HISTORY_HEADERS = ["#", "text", "voice", "style", "seed", "seconds", "TTFA ms", "RTF", "stop"]

@@ -1,8 +1,12 @@
 """The studio's service layer: one engine, one GPU queue, shared by the Gradio page and the HTTP API.
 
-`StudioService` owns policy only: request validation, voice and style resolution, a FIFO queue that lets
-one generation run at a time (a single GPU worker thread; everyone else waits with a reported position),
-cancellation, and a bounded history of takes. The engine does the work.
+`StudioService` owns policy only: request validation, voice and style resolution, a FIFO queue in front of
+the engine's batch slots, cancellation, and a bounded history of takes. The engine does the work.
+
+Slots: as many requests run at once as the engine decodes together (`engine.info["max_batch"]`, one worker
+thread each); the engine's scheduler batches their steps (engine/scheduler.py), so a visitor waits, with a
+reported position, only while every slot is busy. An engine that cannot batch (a remote server, a backend
+with its own device sampling) reports max_batch 1 and the service runs one request at a time, as before.
 
     service = StudioService(engine, voices, presets)
     req = SynthesisRequest(text="Hello there.", voice_id="Narrator", style="Calm narrator", seed=7)
@@ -14,7 +18,8 @@ cancellation, and a bounded history of takes. The engine does the work.
     req.take.recipe()                          # settings + seed + voice id that reproduce the take
 
 Cancel with `req.cancel.set()` (from any thread): a waiting request leaves the queue at once, a running
-one stops within a frame (the engine watches the same event) and the worker moves on to the next request.
+one stops within a frame (the engine watches the same event; the takes beside it in the batch go on) and
+its slot takes the next request.
 
 HTTP API integration: app.py builds the Gradio `Blocks`, adds the MCP tools (`studio.mcp.register(blocks,
 ...)`, before launch, with --mcp), launches, and then calls `studio.api.register(blocks.app, service,
@@ -41,17 +46,18 @@ import numpy as np
 
 from engine.config import FRAME_RATE, SAMPLE_RATE
 from engine.tokenizer import CONTROL_TAGS, estimate_seconds, lint_tags
+from engine.types import DEFAULT_REPEAT_GUARD, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, MAX_SEED
 from studio.presets import apply_preset, check_style_prefix
 from studio.voices import Consent
 
 MAX_TEXT_CHARS = 4096  # the OpenAI speech API's `input` limit
 MAX_FRAMES = 8192  # the backbone's context: no take can be longer than this many frames (~327 s)
-MAX_SEED = 2**63 - 1  # seeds are 63-bit (SPEC D6)
+MAX_TAKES = 4  # takes of one text made side by side (the page's "Takes")
 RANDOM_SEED_BITS = 31  # drawn seeds stay below 2**31: exact in JSON numbers and in the browser
 
 
 class ServiceBusy(TimeoutError):
-    """The request waited longer than the queue timeout for its turn on the GPU."""
+    """The request waited longer than the queue timeout for a free slot on the GPU."""
 
 
 class ServiceClosed(RuntimeError):
@@ -67,12 +73,12 @@ class SynthesisRequest:
     text: str
     voice_id: str | None = None
     style: str | None = None
-    temperature: float = 0.8
-    top_k: int = 30
-    top_p: float = 0.8
+    temperature: float = DEFAULT_TEMPERATURE
+    top_k: int = DEFAULT_TOP_K
+    top_p: float = DEFAULT_TOP_P
     seed: int | None = None
     max_frames: int | None = None
-    repeat_guard: int | None = 32
+    repeat_guard: int | None = DEFAULT_REPEAT_GUARD
     ref_audio: tuple[np.ndarray, int] | None = None
     ref_text: str | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -146,14 +152,15 @@ class Take:
 
 @dataclass(frozen=True)
 class Queued:
-    """Yielded by `stream(..., positions=True)` while a request waits for the GPU, each time its place
-    changes: 1 = next up (the worker takes it at once), 2 = one request ahead of it, and so on."""
+    """Yielded by `stream(..., positions=True)` while a request waits for a slot, each time its place
+    changes: 1 = next up (a slot is free: it starts at once), 2 = every slot is busy, or one request is ahead
+    of it; each further request ahead adds one."""
 
     position: int
 
 
 class _Job:
-    """One unit of GPU work in the queue. `work(job)` runs on the worker thread and puts results in `out`."""
+    """One unit of GPU work in the queue. `work(job)` runs on a slot's worker thread and puts results in `out`."""
 
     _ids = itertools.count(1)
 
@@ -169,7 +176,7 @@ _DONE = object()
 
 
 class StudioService:
-    """One engine, one GPU worker, a FIFO queue in front of it, a bounded history behind it."""
+    """One engine, a worker per batch slot, a FIFO queue in front of them, a bounded history behind them."""
 
     def __init__(self, engine, voices=None, presets=None, *, history_size: int = 50,
                  queue_timeout: float = 600.0, max_queue: int = 64):
@@ -178,15 +185,19 @@ class StudioService:
         self.presets = presets
         self.queue_timeout = queue_timeout
         self.max_queue = max_queue
+        self.slots = max(1, int(engine.info.get("max_batch", 1)))
         self._history: collections.deque[Take] = collections.deque(maxlen=history_size)
-        self._history_lock = threading.Lock()  # the worker appends while page/API threads read
+        self._history_lock = threading.Lock()  # workers append while page/API threads read
         self._take_ids = itertools.count(1)
         self._cond = threading.Condition()
         self._waiting: collections.deque[_Job] = collections.deque()
-        self._running: _Job | None = None
+        self._running: set[_Job] = set()
+        self._last_batch = 0  # the most takes decoded together while the latest finished take ran
         self._closed = False
-        self._worker = threading.Thread(target=self._work_loop, name="higgs-gpu", daemon=True)
-        self._worker.start()
+        self._workers = [threading.Thread(target=self._work_loop, name=f"higgs-gpu-{i}", daemon=True)
+                         for i in range(self.slots)]
+        for worker in self._workers:
+            worker.start()
 
     # ---------------------------------------------------------------- queue
 
@@ -194,7 +205,7 @@ class StudioService:
     def queue_depth(self) -> int:
         """Requests waiting or running."""
         with self._cond:
-            return len(self._waiting) + (self._running is not None)
+            return len(self._waiting) + len(self._running)
 
     def _work_loop(self) -> None:
         while True:
@@ -203,7 +214,8 @@ class StudioService:
                     self._cond.wait()
                 if self._closed:
                     return
-                job = self._running = self._waiting.popleft()
+                job = self._waiting.popleft()
+                self._running.add(job)
                 job.started = True
                 self._cond.notify_all()
             try:
@@ -214,7 +226,7 @@ class StudioService:
             finally:
                 job.out.put(_DONE)
                 with self._cond:
-                    self._running = None
+                    self._running.discard(job)
                     self._cond.notify_all()
 
     def _submit(self, work: Callable[[_Job], None], cancel: threading.Event) -> _Job:
@@ -229,7 +241,7 @@ class StudioService:
         return job
 
     def _wait_turn(self, job: _Job, timeout: float | None) -> Iterator[int]:
-        """Yield `job`'s queue position each time it changes, until the worker takes it (then `job.started`
+        """Yield `job`'s queue position each time it changes, until a worker takes it (then `job.started`
         is True) or it is cancelled while waiting (it leaves the queue; `job.started` stays False)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         last = None
@@ -242,8 +254,8 @@ class StudioService:
                     self._cond.notify_all()
                     if job.cancel.is_set():
                         return
-                    raise ServiceBusy(f"Waited {timeout:.0f} s for the GPU without getting a turn; try again.")
-                position = self._waiting.index(job) + 1 + (self._running is not None)
+                    raise ServiceBusy(f"Waited {timeout:.0f} s for a free slot on the GPU; try again.")
+                position = self._waiting.index(job) + 1 + (len(self._running) >= self.slots)
                 if position == last:
                     # Cancellation is an Event outside this condition, so wake up a few times a second to see it.
                     self._cond.wait(0.1)
@@ -261,7 +273,8 @@ class StudioService:
             yield item
 
     def run_exclusive(self, fn: Callable[..., Any], *args, timeout: float | None = None, **kwargs) -> Any:
-        """Run `fn(*args, **kwargs)` on the GPU worker, in turn with generations (e.g. encoding a voice)."""
+        """Run `fn(*args, **kwargs)` (e.g. encoding a voice) in a slot, in turn with generations: it holds one
+        slot while it runs, and the engine's lock keeps its device work apart from the batch's steps."""
         job = self._submit(lambda j: j.out.put(("value", fn(*args, **kwargs))), threading.Event())
         for _ in self._wait_turn(job, self.queue_timeout if timeout is None else timeout):
             pass
@@ -322,7 +335,7 @@ class StudioService:
 
     def queued(self, work: Callable[[_Job], None], cancel: threading.Event, *,
                positions: bool = False) -> Iterator[Any]:
-        """Run `work(job)` on the GPU worker in turn with every other request, and yield what it puts in
+        """Run `work(job)` in a slot, in turn with every other request, and yield what it puts in
         `job.out`; with `positions=True`, first a `Queued` each time the job's place in the queue changes.
         Nothing is yielded after a cancel while waiting (the job leaves the queue)."""
         job = self._submit(work, cancel)
@@ -347,7 +360,7 @@ class StudioService:
                                    request.cancel, positions=positions)
         finally:
             if not request.finished.is_set():
-                request.cancel.set()  # stopped, failed or abandoned by the consumer: free the worker
+                request.cancel.set()  # stopped, failed or abandoned by the consumer: free the slot
 
     def _generate(self, job: _Job, request: SynthesisRequest, prompt_text: str, voice, style) -> None:
         engine = self.engine
@@ -386,6 +399,17 @@ class StudioService:
         request.finished.set()
         job.out.put(last)
 
+    def variants(self, request: SynthesisRequest, takes: int) -> list[SynthesisRequest]:
+        """`takes - 1` more requests like `request`, with the seeds after its seed (drawn now if it has none),
+        for takes compared side by side (PRODUCT §7.9). Streamed beside `request`, they run in free slots
+        and the engine decodes them in one batch with it; each gives the take its seed gives alone."""
+        if isinstance(takes, bool) or not isinstance(takes, int) or not 1 <= takes <= MAX_TAKES:
+            raise ValueError(f"Takes must be a whole number from 1 to {MAX_TAKES}.")
+        if request.seed is None:
+            request.seed = secrets.randbits(RANDOM_SEED_BITS)
+        return [dataclasses.replace(request, seed=(int(request.seed) + i) % (MAX_SEED + 1), cancel=threading.Event(),
+                                    warnings=[], take=None, finished=threading.Event()) for i in range(1, takes)]
+
     def synthesize(self, request: SynthesisRequest) -> Take:
         """Generate to the end and return the recorded take."""
         for _ in self.stream(request):
@@ -403,6 +427,7 @@ class StudioService:
             warnings=list(request.warnings), source=request.source)
         with self._history_lock:
             self._history.append(take)
+            self._last_batch = metrics.batch
         return take
 
     def take(self, take_id: int) -> Take | None:
@@ -463,6 +488,9 @@ class StudioService:
         status.update({k: v for k, v in info.items() if k not in status})
         status["demo"] = bool(status.get("demo"))
         status["queue_depth"] = self.queue_depth
+        with self._history_lock:
+            status["batch_size"] = self._last_batch
+        status["max_batch"] = self.slots
         status["control_tags"] = len(CONTROL_TAGS)
         return status
 

@@ -71,6 +71,12 @@ class ZeroGPUEngine:
         self.encode_codes = gpu(engine.encode_codes, duration=lambda *_, **__: ENCODE_S)
         self.encode_voice = gpu(engine.encode_voice, duration=lambda *_, **__: ENCODE_S)
 
+    @property
+    def info(self) -> dict:
+        """The engine's facts, with `max_batch` 1: each decorated call may run in its own process, where
+        takes cannot share a batch, so the studio sends one take at a time (as before batching)."""
+        return {**self._engine.info, "max_batch": 1}
+
     def generate_stream(self, text=None, *, cancel=None, **options) -> Iterator:
         for chunk in self._stream(text, **options):
             yield chunk

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from bench import cpu
-from bench.common import Table, decode_weight_bytes, random_backbone
+from bench.common import Table, decode_weight_bytes
+from engine.demo import random_backbone
 from engine.config import FULL_SIZE
 from engine.model import HiggsModel, rel_error
 
@@ -14,7 +15,7 @@ from engine.model import HiggsModel, rel_error
 def test_transformers_twin_matches_engine_logits():
     """The side-by-side comparison is only meaningful if both implementations compute the same thing."""
     dims = cpu.SMOKE
-    model = HiggsModel.from_state_dict(dims, random_backbone(dims, torch.float32, seed=3), max_len=64)
+    model = HiggsModel.from_state_dict(dims, random_backbone(dims, seed=3, names="internal"), max_len=64)
     twin = cpu.TwinRunner(model, cpu.transformers_twin(model))
     prompt = torch.arange(100, 112)
     assert rel_error(model.prefill(prompt, None, 0), twin.prefill(prompt)) < 1e-4
@@ -29,6 +30,8 @@ def test_decode_weight_bytes_full_size():
     per_layer = 2560 * (2 * 4096 + 2 * 1024) + 3 * 2560 * 9728
     assert decode_weight_bytes(FULL_SIZE, 2) == 2 * (36 * per_layer + 8208 * 2560)
     assert 7.2e9 < decode_weight_bytes(FULL_SIZE, 2) < 7.4e9
+    # the fp8 GPU path: 1-byte layer matrices, the head kept in bf16
+    assert decode_weight_bytes(FULL_SIZE, 1, head_bytes_per_weight=2) == 36 * per_layer + 2 * 8208 * 2560
 
 
 def test_cpu_bench_smoke_prints_tables(capsys):
@@ -43,3 +46,12 @@ def test_cpu_bench_smoke_prints_tables(capsys):
 def test_table_markdown():
     text = Table("t", ["a", "b"], [[1.23456, "x"], [12345.6, 2]]).markdown()
     assert text.splitlines()[2] == "| a | b |" and "| 1.23 | x |" in text and "| 12346 | 2 |" in text
+
+
+def test_cpu_bench_batch_section_smoke(capsys):
+    assert cpu.main(["--smoke", "--only", "batch"]) == 0
+    out = capsys.readouterr().out
+    assert "### Batched takes, smoke fp32" in out and "frames/s (all takes)" in out and ("| 1, padded to " in out or "| 1, no padding" in out)
+    lines = [line for line in out.splitlines() if line.startswith("| smoke fp32 | ")]
+    assert [line.split(" | ")[1] for line in lines[:4]] == ["1", "2", "4", "8"]
+    assert lines[3].split(" | ")[-1].strip(" |") == "8"  # the eight takes really ran as one batch

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from engine.checkpoint import CODEC_PREFIX, CheckpointError, expected_shapes, load_checkpoint, stored_name
 from engine.config import Dims
-from engine.testing import TINY_DIMS, random_backbone, write_tiny_checkpoint
+from engine.demo import TINY_DIMS, random_backbone, write_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

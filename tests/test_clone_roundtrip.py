@@ -1,4 +1,4 @@
-"""Voice cloning end to end on a tiny checkpoint in the real layout (written by engine.testing, so this runs
+"""Voice cloning end to end on a tiny checkpoint in the real layout (written by engine.demo, so this runs
 in a fresh clone): a spoken reference clip → codes → clone prompt equal to a hand-built expectation →
 predict, and a second request with the same voice reuses the voice prefix bit-identically."""
 
@@ -14,7 +14,7 @@ import torch
 
 from engine import Engine
 from engine.config import SAMPLES_PER_FRAME
-from engine.testing import write_tiny_checkpoint
+from engine.demo import write_tiny_checkpoint
 
 TTS, TEXT, AUDIO, REF_AUDIO, REF_TEXT = 151667, 151672, 151670, 151679, 151680
 BOC, EOC = 1024, 1025

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from engine.codec import Codec, random_codec_state_dict, tiny_codec_config
 from engine.config import SAMPLES_PER_FRAME
+from tests.helpers import random_codes
 
 CODEC_PREFIX = "tied.embedding.modality_embeddings.0.model."
 DECODE_ONLY = ("quantizer.", "fc2.", "acoustic_decoder.")
@@ -41,10 +42,6 @@ def tiny_sd():
 @pytest.fixture(scope="module")
 def tiny(tiny_sd):
     return Codec.from_state_dict(tiny_sd, tiny_codec_config())
-
-
-def random_codes(frames: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, 1024, (frames, 8), generator=torch.Generator().manual_seed(seed))
 
 
 # ---------------------------------------------------------------- parity with the reference

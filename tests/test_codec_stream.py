@@ -18,6 +18,7 @@ from engine.codec.dac import Snake
 from engine.codec.streaming_layers import StreamingConv1d, StreamingConvTranspose1d
 from engine.config import SAMPLES_PER_FRAME
 from engine.generate import FIRST_PUSH_FRAMES, MAX_PUSH_FRAMES
+from tests.helpers import random_codes
 
 CODEC_PREFIX = "tied.embedding.modality_embeddings.0.model."
 DECODE_ONLY = ("quantizer.", "fc2.", "acoustic_decoder.")
@@ -26,10 +27,6 @@ DECODE_ONLY = ("quantizer.", "fc2.", "acoustic_decoder.")
 @pytest.fixture(scope="module")
 def tiny():
     return Codec.from_state_dict(random_codec_state_dict(seed=0), tiny_codec_config())
-
-
-def random_codes(frames: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, 1024, (frames, 8), generator=torch.Generator().manual_seed(seed))
 
 
 def engine_schedule(frames: int, right: int) -> list[int]:
@@ -95,7 +92,6 @@ def test_stream_matches_reference(parity_dir):
         got = stream_all(codec, codes, sizes)
         assert got.shape == ref.shape
         assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-4
-
 
 
 def test_full_size_stream_equals_one_shot():

@@ -19,6 +19,7 @@ from engine.model import HiggsModel, rel_error  # noqa: E402
 from kernels import manifest as mf  # noqa: E402
 from kernels.runtime import InterpretedKernels, cubin_ops  # noqa: E402
 from tests import interp_rounding  # noqa: E402
+from tests.helpers import cosine  # noqa: E402
 
 interp_rounding.install()  # the interpreter's bf16 rounding and bf16 tl.dot defects (see that module)
 
@@ -41,10 +42,6 @@ def backend(ckpt, precision):
     kernels = InterpretedKernels(mf.load(90))
     return CubinBackend(ckpt.dims, ckpt.backbone, ops=cubin_ops(kernels), device="cpu", precision=precision,
                         max_len=MAX_LEN, calibration_steps=2), kernels
-
-
-def cosine(a, b):
-    return float(torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0))
 
 
 def greedy_row(logits, step, boc):

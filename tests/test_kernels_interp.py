@@ -21,6 +21,7 @@ from kernels import ops, reference as ref  # noqa: E402
 from kernels.common import to_e4m3  # noqa: E402
 from tests import interp_rounding  # noqa: E402
 from tests.conftest import PARITY, parity_missing  # noqa: E402
+from tests.helpers import rel_err  # noqa: E402
 
 interp_rounding.install()
 
@@ -30,10 +31,6 @@ BF16 = torch.bfloat16
 
 def nan_like(shape, dtype):
     return torch.full(shape, float("nan"), dtype=dtype)
-
-
-def rel_err(x, ref_):
-    return ((x.double() - ref_.double()).abs().max() / ref_.double().abs().max()).item()
 
 
 def fp8_step(v):

@@ -27,6 +27,7 @@ from engine.checkpoint import load_checkpoint  # noqa: E402
 from engine.config import Dims  # noqa: E402
 from kernels import ops  # noqa: E402
 from tests import interp_rounding  # noqa: E402
+from tests.helpers import cosine, rel_err  # noqa: E402
 
 interp_rounding.install()
 
@@ -120,14 +121,6 @@ class TorchReference:
 def embed_row(w, row):
     d = w.dims
     return r(w.audio[torch.as_tensor(row) + d.codebook_vocab * torch.arange(d.codebooks)].float().sum(0))
-
-
-def cosine(a, b):
-    return float(F.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0))
-
-
-def rel_err(a, b):
-    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
 
 
 @pytest.fixture(scope="module")

@@ -198,13 +198,13 @@ def test_stop_silences_at_once_cancels_the_take_and_keeps_it(browser, studio_url
     print(f"\nStop → silence in the page: {t['silentMs']:.1f} ms")
 
 
-def test_two_tabs_each_play_their_own_take_and_the_second_waits_its_turn(browser, studio_url):
+def test_two_tabs_each_play_their_own_take(browser, studio_url):
+    """The second tab's take starts beside the first (the engine batches them, issue 13) and each tab
+    plays its own take, whole."""
     first, second = open_page(browser, studio_url), open_page(browser, studio_url)
     generate(first, "First tab, a long take.", 1500)
     first.wait_for_function("() => window.__hsLive.take?.received > 0", timeout=180_000)
     generate(second, "Second tab, a short take.", 50)
-    second.wait_for_function("() => document.querySelector('#live-note')?.innerText === 'queue position 2'",
-                             timeout=60_000)
     for pg, text in ((first, "First tab"), (second, "Second tab")):
         pg.wait_for_function(LIVE_ENDED, timeout=300_000)
         pg.wait_for_function(TAKE_DONE, timeout=180_000)

@@ -12,7 +12,7 @@ from engine.config import SAMPLE_RATE
 from engine.delay import apply_delay
 from engine.longform import plan
 from engine.longtake import LongTake
-from engine.testing import demo_checkpoint
+from engine.demo import demo_checkpoint
 from studio.longform import (MAX_LONG_INPUT_CHARS, generate_long, regenerate_segment, segment_rows, stream_long,
                             wants_long_form)
 from studio.service import StudioService, SynthesisRequest

@@ -10,7 +10,7 @@ from engine import Engine
 from engine.config import SAMPLE_RATE
 from engine.longform import PARAGRAPH_PAUSE, SENTENCE_PAUSE, plan
 from engine.longtake import FADE_SECONDS, KEEP_SECONDS, MAX_GAIN_DB, WINDOW, LongTake, shape_segment, speech_rms
-from engine.testing import demo_checkpoint
+from engine.demo import demo_checkpoint
 
 # A join may not step by more than this between neighbouring samples (−60 dBFS): the fades take every
 # segment to within ~1e-4 of zero at its ends, while the demo's noise-like audio steps by ~0.1.

@@ -16,7 +16,7 @@ from engine.delay import apply_delay
 from engine.longform import plan
 from engine.longtake import LongTake
 from engine.prompt import VoiceRef
-from engine.testing import write_tiny_checkpoint
+from engine.demo import write_tiny_checkpoint
 
 TEXT = 151672
 TTS = 151667

@@ -9,7 +9,7 @@ import pytest
 import soundfile as sf
 
 from engine import Engine
-from engine.testing import demo_checkpoint
+from engine.demo import demo_checkpoint
 from studio.longform_view import LongFormView, parse_voices_map
 from studio.service import StudioService
 

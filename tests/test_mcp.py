@@ -35,7 +35,7 @@ def served(tmp_path_factory):
     import uvicorn
 
     from engine.generate import Engine
-    from engine.testing import demo_checkpoint
+    from engine.demo import demo_checkpoint
     from studio import mcp
     from studio.presets import PresetStore, load_builtin_presets
     from studio.service import StudioService

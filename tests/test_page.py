@@ -28,7 +28,7 @@ def page(tmp_path):
 
 def gen_args(text, **kw):
     args = dict(text=text, style="", voice="", clip=None, clip_text="", temperature=0.8, top_p=0.8, top_k=30,
-                seed=5, max_frames=0, repeat_guard=32, takes=[], request=None)
+                seed=5, max_frames=0, repeat_guard=32, takes_n=1, takes=[], request=None)
     args.update(kw)
     return args
 
@@ -148,4 +148,25 @@ def test_without_ffmpeg_takes_still_play(monkeypatch, tmp_path):
     updates = list(page.generate(**gen_args("No ffmpeg here.")))
     assert all(page.live not in u or u[page.live] is None for u in updates)  # nothing streamed
     assert updates[-1][page.take_audio].endswith(".wav")
+    service.close()
+
+
+def test_three_takes_have_the_next_seeds_side_by_side_and_keep_puts_one_in_the_history(tmp_path):
+    from tests.test_service import batched_engine
+
+    engine = batched_engine(frames=20, delay=0.01)
+    engine.info["max_batch"] = 4
+    service = StudioService(engine, None, None)
+    page = Page(service)
+    page.build()
+    final = list(page.generate(**gen_args("Three ways.", seed=41, takes_n=3)))[-1]
+    ids = final[page.variant_ids]
+    takes = [service.take(i) for i in ids]
+    assert [t.seed for t in takes] == [41, 42, 43] and all(t.text == "Three ways." for t in takes)
+    assert final[page.variants_row]["visible"] and [final[c]["visible"] for c in page.variant_cols] == [True] * 3 + [False]
+    assert all(final[a].endswith(f"seed{t.seed}.wav") for a, t in zip(page.variant_audio, takes))
+    assert 'id="variant-seed-2">43<' in final[page.variant_info[2]]
+    assert final[page.takes] == [ids[0]]  # the first take (the one the live player played) is in the history
+    wav, _, rows, kept, last_seed = page._keep(2, ids, final[page.takes])
+    assert kept == [ids[0], ids[2]] and last_seed == 43 and rows[0][0] == ids[2] and wav.endswith("seed43.wav")
     service.close()

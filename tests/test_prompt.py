@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.prompt import Prompt, VoiceRef, build_prompt, clone_ids, zero_shot_ids
-from engine.testing import TINY_DIMS, reference_tokenizer_path
+from engine.demo import TINY_DIMS, reference_tokenizer_path
 from engine.tokenizer import AUDIO, REF_AUDIO, REF_TEXT, TEXT, TTS, HiggsTokenizer
 
 AWE, SLOW, PAUSE = 151692, 151717, 151722

@@ -190,7 +190,7 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def local():
     from engine.generate import Engine
-    from engine.testing import demo_checkpoint
+    from engine.demo import demo_checkpoint
 
     return Engine.load(demo_checkpoint())
 

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.sampling import check_options, new_seed, sample, splitmix64, uniform, uniforms
+from engine.sampling import sample, splitmix64, uniform, uniforms
+from engine.types import check_options, new_seed
 
 M = (1 << 64) - 1
 

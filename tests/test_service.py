@@ -18,6 +18,7 @@ class FakeMetrics:
     frames: int = 0
     seed: int | None = None
     stop_reason: str = ""
+    batch: int = 1
 
 
 @dataclass
@@ -207,6 +208,63 @@ def test_cancel_running_stops_promptly_and_next_starts():
     assert "long." in svc.engine.closed
     assert chunks[-1].final and chunks[-1].metrics.stop_reason == "eoc"
     assert [t.stop_reason for t in svc.history] == ["cancelled", "eoc"]
+    svc.close()
+
+
+def batched_engine(**kw) -> FakeEngine:
+    engine = FakeEngine(**kw)
+    engine.info = {**engine.info, "max_batch": 2}
+    return engine
+
+
+def test_requests_run_together_up_to_the_engines_batch_slots():
+    """Two slots: two requests start at once and a visitor waits only once both are busy; its position
+    counts the requests ahead of it plus one for the busy slots."""
+    svc = StudioService(batched_engine(frames=40, delay=0.01), None, None)
+    assert svc.slots == 2 and svc.status()["max_batch"] == 2
+    positions: dict[int, list[int]] = {i: [] for i in range(4)}
+    threads = []
+    for i in range(4):
+        req = SynthesisRequest(text=f"r{i}.", seed=1)
+        threads.append(threading.Thread(target=lambda r=req, i=i: positions[i].extend(
+            q.position for q in svc.stream(r, positions=True) if isinstance(q, Queued))))
+        threads[-1].start()
+        time.sleep(0.03)
+    assert svc.engine.started[:2] == ["r0.", "r1."] and svc.engine.closed == []  # both running at once
+    for t in threads:
+        t.join(10)
+    assert positions[0] in ([], [1]) and positions[1] in ([], [1])  # never behind anyone
+    assert positions[2][0] == 2 and positions[3][0] == 3
+    assert svc.engine.started == ["r0.", "r1.", "r2.", "r3."] and svc.queue_depth == 0
+    svc.close()
+
+
+def test_a_remote_engine_runs_one_request_at_a_time():
+    import httpx
+
+    from engine.remote import RemoteEngine
+
+    down = httpx.MockTransport(lambda request: httpx.Response(503))
+    svc = StudioService(RemoteEngine("http://s", transport=down), None, None)
+    assert svc.slots == 1 and svc.status()["max_batch"] == 1
+    svc.close()
+
+
+def test_stop_cancels_one_take_and_the_take_beside_it_goes_on():
+    svc = StudioService(batched_engine(frames=60, delay=0.01), None, None)
+    stopped, kept = SynthesisRequest(text="stopped.", seed=1), SynthesisRequest(text="kept.", seed=2)
+    got: dict[str, list] = {"stopped.": [], "kept.": []}
+    threads = [threading.Thread(target=lambda r=r: got[r.text].extend(svc.stream(r))) for r in (stopped, kept)]
+    for t in threads:
+        t.start()
+    while len(got["stopped."]) < 3 or len(got["kept."]) < 3:
+        time.sleep(0.01)
+    stopped.cancel.set()
+    for t in threads:
+        t.join(10)
+    assert got["stopped."][-1].metrics.stop_reason == "cancelled" and len(got["stopped."]) < 60
+    assert got["kept."][-1].metrics.stop_reason == "eoc" and got["kept."][-1].metrics.frames == 60
+    assert not kept.cancel.is_set()
     svc.close()
 
 

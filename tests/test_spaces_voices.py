@@ -99,7 +99,7 @@ def test_a_preset_voice_generates_and_the_api_lists_it(preset_folder, tmp_path):
     from fastapi import FastAPI
 
     from engine.generate import Engine
-    from engine.testing import demo_checkpoint
+    from engine.demo import demo_checkpoint
     from studio import api
     from studio.service import StudioService, SynthesisRequest
 

@@ -103,6 +103,38 @@ def test_stop_ends_a_long_take(page):
     assert int(pg.inner_text("#m-frames")) < 3000
 
 
+def test_three_takes_play_side_by_side_and_keep_puts_one_in_the_history(page, studio_url, artifacts_dir):
+    import io
+    import urllib.request
+
+    import soundfile as sf
+
+    pg = page
+    pg.get_by_text("Advanced").click()
+    pg.fill("#max-frames input", "40")
+    pg.fill("#repeat-guard input", "0")  # the demo's random weights repeat; keep takes their full length
+    pg.fill("#seed input", "7")
+    pg.fill("#text textarea", "Three takes of one line.")
+    pg.click("#takes-n label:has-text('3')")
+    pg.click("#generate-btn")
+    wait_take_done(pg)
+    pg.wait_for_selector("#variant-seed-2", timeout=120_000)
+    assert [pg.inner_text(f"#variant-seed-{i}") for i in range(3)] == ["7", "8", "9"]
+    assert not pg.is_visible("#variant-3")
+    for i in range(3):  # each take is playable: its player serves a WAV of the take
+        src = pg.evaluate(f"document.querySelector('#variant-{i} a.download-link')?.href")
+        with urllib.request.urlopen(src if src.startswith("http") else studio_url + src, timeout=60) as r:
+            samples, rate = sf.read(io.BytesIO(r.read()), dtype="int16")
+        assert rate == 24_000 and 0 < len(samples) <= 40 * 960
+    pg.screenshot(path=str(artifacts_dir / "studio-takes.png"), full_page=True)
+    rows = "() => [...document.querySelectorAll('#history .virtual-row')]" \
+           ".map((r) => [...r.querySelectorAll('[role=gridcell]')].map((cell) => cell.innerText.trim()))"
+    assert pg.evaluate(rows)[0][4] == "7"  # the first take (the one the live player played) is in the history
+    pg.click("#keep-2")
+    pg.wait_for_function(f"() => ({rows})()[0]?.[4] === '9'", timeout=30_000)
+    assert [r[4] for r in pg.evaluate(rows)[:2]] == ["9", "7"]
+
+
 def test_save_voice_from_upload_then_generate_with_it(page, tmp_path, artifacts_dir):
     espeak = shutil.which("espeak-ng")
     clip = tmp_path / "clip.wav"

@@ -32,14 +32,14 @@ def generate_args(text, **kw) -> list:
     """`/generate`'s inputs in order. The endpoint is "undocumented" (kept out of MCP, docs/SECURITY.md), so the
     client has no parameter names for it and takes them by position."""
     args = dict(text=text, style="", voice="", clip=None, clip_text="", temperature=0.8, top_p=0.8, top_k=30,
-                seed=-1, max_frames=0, repeat_guard=32, live_id="")
+                seed=-1, max_frames=0, repeat_guard=32, takes_n=1, live_id="")
     args.update(kw)
     return list(args.values())
 
 
 def test_generate_returns_audio_and_metrics(studio_url):
     client = gradio_client.Client(studio_url, verbose=False)
-    live, metrics_html, take, download, history, result = client.predict(
+    live, metrics_html, take, download, history, result, *_side_by_side = client.predict(
         *generate_args("Hello from the test. <|emotion:bogus|>", seed=1234, max_frames=40), api_name="/generate")
     wav, sr = sf.read(take)
     assert sr == 24_000

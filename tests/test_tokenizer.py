@@ -10,7 +10,7 @@ from tokenizers import Tokenizer
 
 from engine import tokenizer as T
 from engine.prompt import zero_shot_ids
-from engine.testing import QWEN2_SPLIT, build_reference_tokenizer, reference_tokenizer_path
+from engine.demo import QWEN2_SPLIT, build_reference_tokenizer, reference_tokenizer_path
 
 # SPEC D3 / Part 2 §1.4: ids read from the official tokenizer.json by a public parity fixture.
 D3_TEXT = "Welcome to SpeakSwiftly. This is the first official Higgs Audio v3 parity fixture."
@@ -58,7 +58,7 @@ def test_matches_tiktoken_on_ordinary_text(tok):
     import base64
     import unicodedata
 
-    from engine.testing import ranks_path
+    from engine.demo import ranks_path
 
     ranks = {base64.b64decode(t): int(r) for t, r in (l.split() for l in ranks_path().read_bytes().splitlines() if l)}
     enc = tiktoken.Encoding("qwen", pat_str=QWEN2_SPLIT, mergeable_ranks=ranks, special_tokens={})

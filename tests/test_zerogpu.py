@@ -101,6 +101,7 @@ def test_gpu_entry_points_are_decorated_and_nothing_touches_cuda_at_load(zero, t
         torch.cuda._lazy_init()
 
     service = StudioService(engine, VoiceCatalog(VoiceLibrary(tmp_path / "voices")))
+    assert service.slots == 1 < engine._engine.info["max_batch"]  # one decorated call at a time
     try:
         take = service.synthesize(SynthesisRequest(text="Hello there.", seed=1, max_frames=8))
         assert take.audio.size > 0

@@ -38,8 +38,8 @@ import torch.nn.functional as F
 
 from engine.delay import MAX_ROWS
 from engine.model import HiggsModel, apply_rope, rms_norm
-from engine.sampling import (DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, GOLDEN, MIX1, MIX2, splitmix64,
-                             top_k_mask)
+from engine.sampling import GOLDEN, MIX1, MIX2, splitmix64, top_k_mask
+from engine.types import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 
 # The smallest attention window a step graph covers (positions); windows double up to the cache size.
 MIN_BUCKET = 256

@@ -18,6 +18,7 @@ import soundfile as sf
 
 from engine.audio import prepare_reference
 from engine.config import FULL_SIZE, SAMPLE_RATE, SAMPLES_PER_FRAME
+from engine.types import SEED_LIMIT
 from studio.presets import check_style_prefix
 from studio.text import clean_line
 
@@ -27,7 +28,6 @@ MAX_NAME = 64
 MAX_TRANSCRIPT = 2000
 MAX_DESCRIPTION = 500
 MAX_CONSENT_FIELD = 500
-SEED_LIMIT = 2 ** 63  # seeds are 63-bit (SPEC D6)
 MAX_REFERENCE_SECONDS = 30.0
 
 DEFAULT_CONSENT_STATEMENT = ("I have the right to clone this voice: it is my own, or its speaker has given "

@@ -12,7 +12,7 @@ from safetensors import safe_open
 from engine.checkpoint import load_checkpoint
 from engine.config import Dims
 from engine.prompt import zero_shot_ids
-from engine.testing import (TINY_DIMS, added_tokens, backbone_shapes, cache_dir, demo_checkpoint,
+from engine.demo import (TINY_DIMS, added_tokens, backbone_shapes, cache_dir, demo_checkpoint,
                             reference_tokenizer_path, write_tiny_checkpoint)
 from engine.tokenizer import HiggsTokenizer
 

@@ -180,22 +180,28 @@ def backbone_shapes(dims: Dims) -> dict[str, tuple[int, ...]]:
     return {stored_name(name): shape for name, shape in expected_shapes(dims).items()}
 
 
-def random_backbone(dims: Dims, seed: int = 0, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """Random weights under the stored names, scaled so activations stay O(1): projections ~ N(0, 1/fan_in),
-    norm gains near 1, text embeddings ~ N(0, 1), audio embeddings ~ N(0, 1/codebooks) because a fused
-    audio input sums one row per codebook."""
-    gen = torch.Generator().manual_seed(seed)
+def random_backbone(dims: Dims, seed: int = 0, dtype: torch.dtype = torch.float32, *, device: str = "cpu",
+                    names: str = "stored") -> dict[str, torch.Tensor]:
+    """Random weights, scaled so activations stay O(1): projections ~ N(0, 1/fan_in), norm gains near 1,
+    text embeddings ~ N(0, 1), audio embeddings ~ N(0, 1/codebooks) because a fused audio input sums one
+    row per codebook. `names="stored"`: the checkpoint's key layout (what `write_tiny_checkpoint`
+    writes); `"internal"`: the engine model's parameter names (what `HiggsModel.from_state_dict` takes,
+    for benchmarks that skip the file). Generated on `device` (a GPU makes the 4B set in seconds)."""
+    if names not in ("stored", "internal"):
+        raise ValueError(f"names must be 'stored' or 'internal', not {names!r}")
+    gen = torch.Generator(device=device).manual_seed(seed)
     out = {}
-    for name, shape in backbone_shapes(dims).items():
+    for internal, shape in expected_shapes(dims).items():
+        name = stored_name(internal)
+        w = torch.randn(shape, generator=gen, device=device)
         if len(shape) == 1:
-            w = 1.0 + 0.1 * torch.randn(shape, generator=gen)
-        elif name.endswith("text_embedding.weight"):
-            w = torch.randn(shape, generator=gen)
+            w = 1.0 + 0.1 * w
         elif name.endswith("modality_embeddings.0.embedding.weight"):
-            w = torch.randn(shape, generator=gen) / dims.codebooks ** 0.5
-        else:
-            w = torch.randn(shape, generator=gen) / shape[1] ** 0.5
-        out[name] = w.to(dtype).contiguous()
+            w /= dims.codebooks ** 0.5
+        elif not name.endswith("text_embedding.weight"):
+            w /= shape[1] ** 0.5
+        out[name if names == "stored" else internal] = w.to(dtype).contiguous()
+        del w
     return out
 
 

@@ -1,0 +1,255 @@
+"""Continuous batching: takes from any number of threads decode together, one row each per step.
+
+The engine hands each take to a `Scheduler` (when its backend can batch: `decode_rows`). One worker
+thread, started on demand and gone when idle, repeats:
+
+1. at the step boundary, takes that finished or were cancelled leave and free their KV slot, and waiting
+   takes are admitted while slots are free (`max_batch`; the overflow waits in arrival order);
+2. one prefill chunk (`prefill_chunk` positions) of the oldest admitted take that is still prefilling;
+3. one decode step for every take that has finished its prefill: each samples its row on the host with
+   its own seed and settings (engine/sampling.py, the same draws as alone), its own stop rule decides
+   when it ends, and the surviving rows go through `model.decode_rows` together.
+
+A newcomer's prefill therefore costs the takes already decoding at most one chunk per step, not a whole
+prompt: their time to first audio and their row rate stay close to alone, and the newcomer joins the
+batch at the first step boundary after its last chunk.
+
+KV slots: each take gets a slot, a preallocated contiguous [kv_heads, max_len, head_dim] cache per layer
+(engine/model.py `KVCache`, allocated on first use). Contiguous slots keep the batch-1 decode attention
+unchanged per sequence (bit-identical to alone) and keep the shared-prefix reuse what it was: a slot
+remembers whose prompt prefix sits in its first positions, and a take whose prefix matches a free slot's
+gets that slot and skips those positions. Paging would save memory for short takes but needs a gather
+in attention (a new kernel on the GPU path) for a cache that is at most max_batch × max_len anyway.
+
+The consumer side (`Take.advance`) runs in the caller's thread: it waits for rows while the worker runs
+ahead, and the caller streams them through its own codec state, so codec work overlaps decode steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import deque
+
+import torch
+
+from .sampling import sample, uniforms
+
+
+class Take:
+    """One take's state, shared by its caller (which reads rows) and the worker (which writes them)."""
+
+    def __init__(self, prompt, rule, params, cancel: threading.Event | None, started: float, codebooks: int):
+        self.prompt, self.rule, self.params = prompt, rule, params
+        self.cancel = cancel
+        self.started = started
+        self.u = uniforms(params.seed, 0, codebooks, steps=rule.max_rows).view(-1, codebooks)
+        self.cond = threading.Condition()
+        self.scheduler: Scheduler | None = None
+        self.slot: int | None = None
+        self.segments: list = []  # prefill chunks still to run: (ids, ref_rows, start)
+        self.logits = None
+        self.pos = self.prompt_tokens = len(prompt.ids)
+        self.finished = self.abandoned = False
+        self.error: BaseException | None = None
+        # metrics
+        self.queued_s = self.prefill_s = self.decode_s = 0.0
+        self.admitted = None
+        self.reused = 0
+        self.batch = 1
+
+    def stopped(self) -> bool:
+        return self.abandoned or (self.cancel is not None and self.cancel.is_set())
+
+    # ---------------------------------------------------------------- caller side
+    def advance(self, n: int) -> None:
+        """Wait until n more rows exist, or the take ended."""
+        target = len(self.rule.rows) + n
+        with self.cond:
+            # A cancel event set elsewhere notifies no one: look again every 50 ms.
+            while not (self.finished or self.stopped() or len(self.rule.rows) >= target):
+                self.cond.wait(0.05)
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """Leave the batch (closed generator or cancel) and wait until the worker has let go of the rows.
+        A take still waiting for a slot leaves the queue at once."""
+        if self.scheduler is not None:
+            self.scheduler.withdraw(self)
+        with self.cond:
+            self.abandoned = True
+            self.cond.wait_for(lambda: self.finished)
+
+    # ---------------------------------------------------------------- worker side
+    def finish(self, error: BaseException | None = None) -> None:
+        with self.cond:
+            self.finished, self.error = True, error if self.error is None else self.error
+            self.cond.notify_all()
+
+    def notify(self) -> None:
+        with self.cond:
+            self.cond.notify_all()
+
+
+class Scheduler:
+    def __init__(self, engine, max_batch: int):
+        self.engine, self.max_batch = engine, max_batch
+        self.cond = threading.Condition()
+        self.waiting: deque[Take] = deque()
+        self.active: list[Take] = []
+        self.keys: list = [None] * max_batch  # prefix cache key whose KV sits at the start of each slot
+        self.busy: set[int] = set()
+        self.worker: threading.Thread | None = None
+        self.steps = 0  # decode steps run (tests read it)
+        self.largest = 0  # the most takes decoded in one step so far
+        self._holds = 0  # while > 0 no waiting take is admitted (`held`)
+
+    def submit(self, take: Take) -> Take:
+        with self.cond:
+            take.scheduler = self
+            self.waiting.append(take)
+            if self.worker is None:
+                self.worker = threading.Thread(target=self._run, name="engine-scheduler", daemon=True)
+                self.worker.start()
+            self.cond.notify_all()
+        return take
+
+    @contextlib.contextmanager
+    def held(self):
+        """Admit no waiting take while inside; on leaving, the takes that arrived meanwhile are admitted at
+        one step boundary. For tests and benchmarks that need N concurrent takes to start as one batch
+        whatever the timing of the threads that submit them."""
+        with self.cond:
+            self._holds += 1
+        try:
+            yield self
+        finally:
+            with self.cond:
+                self._holds -= 1
+                self.cond.notify_all()
+
+    def withdraw(self, take: Take) -> None:
+        with self.cond:
+            if take in self.waiting:
+                self.waiting.remove(take)
+                take.finish()
+
+    def reserve(self, key) -> tuple[int, bool]:
+        """A free slot for a take (or a direct prefill) with prefix `key`, waiting while all are busy;
+        returns (slot, whether its prefix KV is already `key`). A free slot holding the same prefix wins,
+        else the lowest free one, so takes one after another always use slot 0 (as a batch-1 engine)."""
+        with self.cond:
+            self.cond.wait_for(lambda: len(self.busy) < self.max_batch)
+            return self._pick(key)
+
+    def _pick(self, key) -> tuple[int, bool]:  # with self.cond held and a slot free
+        free = [s for s in range(self.max_batch) if s not in self.busy]
+        slot = next((s for s in free if key is not None and self.keys[s] == key), free[0])
+        self.busy.add(slot)
+        hit = key is not None and self.keys[slot] == key
+        if not hit:
+            self.keys[slot] = None  # its prefix is about to be overwritten
+        return slot, hit
+
+    def release(self, slot: int) -> None:
+        with self.cond:
+            self.busy.discard(slot)
+            self.cond.notify_all()
+
+    def mark(self, slot: int, key) -> None:
+        with self.cond:
+            self.keys[slot] = key
+
+    def forget_prefixes(self) -> None:
+        with self.cond:
+            self.keys = [None] * self.max_batch
+
+    # ---------------------------------------------------------------- the worker
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                for take in [t for t in self.active if t.finished]:
+                    self.active.remove(take)
+                    self.busy.discard(take.slot)
+                while self.waiting and len(self.busy) < self.max_batch and not self._holds:
+                    take = self.waiting.popleft()
+                    if take.stopped():
+                        take.finish()
+                        continue
+                    self._admit(take)
+                if not self.active:
+                    if self.waiting:  # held: wait for the release (or a withdrawal) without spinning
+                        self.cond.wait(0.05)
+                        continue
+                    self.worker = None
+                    self.cond.notify_all()
+                    return
+                active = list(self.active)
+            with self.engine._lock:
+                try:
+                    self._step(active)
+                except BaseException as exc:  # a device failure ends every take in the step with it
+                    for take in active:
+                        take.finish(exc)
+
+    def _admit(self, take: Take) -> None:
+        slot, hit = self._pick(self.engine._prefix_cache_key(take.prompt))
+        take.slot, take.admitted = slot, time.perf_counter()
+        take.queued_s = take.admitted - take.started
+        take.segments, take.reused = self.engine._prefill_plan(take.prompt, hit)
+        self.active.append(take)
+
+    def _step(self, active: list[Take]) -> None:
+        engine = self.engine
+        prefilling = [t for t in active if t.segments and not t.finished]
+        if prefilling:
+            take = prefilling[0]
+            try:
+                if take.stopped():
+                    take.finish()
+                else:
+                    self._prefill_chunk(take)
+            except Exception as exc:  # this take's prompt is the problem (too long, bad rows): only it ends
+                take.finish(exc)
+        decoding = [t for t in active if not t.segments and not t.finished]
+        if not decoding:
+            return
+        tick = time.perf_counter()
+        rows, slots, positions, stepping = [], [], [], []
+        for take in decoding:
+            if take.stopped():
+                take.finish()
+                continue
+            p = take.params
+            row = take.rule.push(sample(take.logits, take.u[take.rule.step], p.temperature, p.top_k, p.top_p).tolist())
+            if take.rule.done:
+                take.finish()
+                continue
+            rows.append(row)
+            slots.append(take.slot)
+            positions.append(take.pos)
+            stepping.append(take)
+        if stepping:
+            logits = engine.model.decode_rows(torch.tensor(rows, device=engine.device), slots, positions)
+            engine._sync()
+            for take, out in zip(stepping, logits):
+                take.logits, take.pos = out, take.pos + 1
+        self.steps += 1
+        self.largest = max(self.largest, len(decoding))
+        spent = time.perf_counter() - tick
+        for take in decoding:
+            take.decode_s += spent
+            take.batch = max(take.batch, len(decoding))
+            take.notify()
+
+    def _prefill_chunk(self, take: Take) -> None:
+        engine = self.engine
+        ids, ref_rows, start, key = take.segments.pop(0)
+        engine._ensure_room(len(take.prompt.ids) + take.rule.max_rows)
+        take.logits = engine.model.prefill(ids, ref_rows, start, slot=take.slot)
+        if key is not None:  # the prefix is complete in this slot
+            self.mark(take.slot, key)
+        engine._sync()
+        take.prefill_s = time.perf_counter() - take.admitted

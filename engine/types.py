@@ -1,0 +1,159 @@
+"""The engine's value types: the sampling settings of a take (`SamplingParams`, with the one set of
+defaults and the one validation), what a take streams (`Chunk`, `Metrics`), and the interface every
+engine offers (`SpeechEngine`, implemented by the local `Engine` and the HTTP `RemoteEngine`).
+
+No torch import: the remote client, the studio and the API read these without loading the model code.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import secrets
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_TOP_K = 30
+DEFAULT_TOP_P = 0.8
+DEFAULT_REPEAT_GUARD = 32
+# Seeds are 63-bit (SPEC D6): they fit a signed 64-bit integer everywhere they travel (JSON, SQLite, the
+# kernels' i64 arguments), so the studio, the API, the voice library and the engine accept the same range.
+SEED_LIMIT = 2 ** 63
+MAX_SEED = SEED_LIMIT - 1
+
+
+def new_seed() -> int:
+    """A random 63-bit seed (reported with the take so it can be reproduced)."""
+    return secrets.randbits(63)
+
+
+def _whole(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)  # numpy integers count
+
+
+def check_seed(seed) -> int:
+    """`seed` as a Python int, or ValueError when it is not a whole number in [0, 2**63)."""
+    if not _whole(seed) or not 0 <= int(seed) < SEED_LIMIT:
+        raise ValueError(f"seed must be a whole number from 0 to 2**63 - 1 (63-bit); got {seed!r}")
+    return int(seed)
+
+
+def check_options(temperature: float, top_k: int, top_p: float) -> None:
+    """Raise ValueError with a sentence the user can act on."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
+            or temperature < 0:
+        raise ValueError(f"temperature must be a number ≥ 0 (0 = greedy); got {temperature!r}")
+    if not _whole(top_k):
+        raise ValueError(f"top_k must be an integer (0 or less disables it); got {top_k!r}")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (1 disables it); got {top_p!r}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one take is sampled and when it stops. Validated on construction, so a bad value raises at
+    the call that made it. `seed=None` means "draw one" (`resolved()` does, and the take reports it);
+    `max_frames=None` means "from the text" (engine/delay.py `default_max_frames`); `repeat_guard=None`
+    disables the repeat guard."""
+
+    temperature: float = DEFAULT_TEMPERATURE
+    top_k: int = DEFAULT_TOP_K
+    top_p: float = DEFAULT_TOP_P
+    seed: int | None = None
+    max_frames: int | None = None
+    repeat_guard: int | None = DEFAULT_REPEAT_GUARD
+
+    def __post_init__(self):
+        check_options(self.temperature, self.top_k, self.top_p)
+        if self.seed is not None:
+            object.__setattr__(self, "seed", check_seed(self.seed))
+        if self.max_frames is not None:
+            if not _whole(self.max_frames) or self.max_frames < 1:
+                raise ValueError("max_frames must be a positive whole number of frames (25 per second); "
+                                 f"got {self.max_frames!r}")
+            object.__setattr__(self, "max_frames", int(self.max_frames))
+        if self.repeat_guard is not None:
+            if not _whole(self.repeat_guard) or self.repeat_guard < 2:
+                raise ValueError("repeat_guard must be a number of frames ≥ 2, or None to disable it; "
+                                 f"got {self.repeat_guard!r}")
+            object.__setattr__(self, "repeat_guard", int(self.repeat_guard))
+
+    @classmethod
+    def of(cls, params: "SamplingParams | None" = None, **options) -> "SamplingParams":
+        """`params` (default: the defaults) with the given keyword options replacing its fields: how the
+        engines turn `temperature=…, seed=…` keywords and `params=` into one validated value."""
+        unknown = set(options) - {f.name for f in fields(cls)}
+        if unknown:
+            raise TypeError(f"unknown sampling option(s) {sorted(unknown)}")
+        base = params if params is not None else cls()
+        return replace(base, **options) if options else base
+
+    def resolved(self) -> "SamplingParams":
+        """These settings with a seed: the given one, else a fresh random one."""
+        return self if self.seed is not None else replace(self, seed=new_seed())
+
+    def with_seed(self, seed: int) -> "SamplingParams":
+        return replace(self, seed=seed)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Numbers of one take so far (each chunk carries a snapshot; the final chunk's are the totals)."""
+
+    ttfa_ms: float | None  # call → first audio chunk ready
+    rtf: float  # wall time / audio time (< 1 is faster than real time)
+    frames: int
+    rows: int
+    ms_per_frame: float  # decode time per generated row (the model's step cost; shared steps count whole)
+    prefill_ms: float
+    prompt_tokens: int
+    reused_tokens: int  # prompt positions whose KV came from the prefix cache
+    peak_mem_bytes: int
+    mem_kind: str  # "vram" (torch.cuda.max_memory_allocated) or "rss" (peak resident set, /proc)
+    precision: str
+    backend: str
+    device: str
+    seed: int | None
+    stop_reason: str | None  # "eoc", "max_frames", "repeat_guard", "cancelled"; None until the end
+    batch: int = 1  # most takes decoded together in one step while this take ran (1 = alone)
+    queued_ms: float = 0.0  # call → a batch slot was free for this take
+
+
+@dataclass(frozen=True)
+class Chunk:
+    audio: "np.ndarray"  # float32 mono 24 kHz samples of this chunk
+    metrics: Metrics
+    final: bool
+    codes: "torch.Tensor | None" = None  # the take's frames [T, 8] (0..1023), on the final chunk only
+
+
+@runtime_checkable
+class SpeechEngine(Protocol):
+    """What the studio drives: a local `engine.generate.Engine` or an `engine.remote.RemoteEngine`.
+    Sampling settings come as keyword options (temperature=, top_k=, top_p=, seed=, max_frames=,
+    repeat_guard=) or as `params=SamplingParams(...)`."""
+
+    @property
+    def info(self) -> dict[str, Any]: ...
+
+    def generate_stream(self, text: str, *, voice=None, params: SamplingParams | None = None,
+                        cancel: threading.Event | None = None, **options) -> Iterator[Chunk]: ...
+
+    def generate(self, text: str, **options) -> "np.ndarray": ...
+
+    def encode_voice(self, wav, sample_rate: int | None, transcript: str | None = None): ...
+
+
+__all__ = ["SamplingParams", "Metrics", "Chunk", "SpeechEngine", "DEFAULT_TEMPERATURE", "DEFAULT_TOP_K",
+           "DEFAULT_TOP_P", "DEFAULT_REPEAT_GUARD", "SEED_LIMIT", "MAX_SEED", "new_seed", "check_seed",
+           "check_options"]
