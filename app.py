@@ -42,6 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--public-page", action="store_true", default=_env_flag("HIGGS_PUBLIC_PAGE") or on_spaces,
                    help="with --api-key, serve the page without a login: visitors generate within the public "
                         "limits and cannot change the library (default on Spaces) (env HIGGS_PUBLIC_PAGE=1)")
+    p.add_argument("--max-batch", type=int, default=int(env.get("HIGGS_MAX_BATCH") or 16),
+                   help="most takes decoded together (visitors, API requests, the Takes control); 1 runs one take "
+                        "at a time (env HIGGS_MAX_BATCH)")
     p.add_argument("--queue-size", type=int, default=int(env.get("HIGGS_QUEUE_SIZE") or 64),
                    help="page requests that may wait for the GPU; beyond it a visitor is asked to try again in a "
                         "minute (env HIGGS_QUEUE_SIZE; docs/SPACES.md lists every limit)")
@@ -128,7 +131,8 @@ def load_engine(args: argparse.Namespace):
     print(f"Loading {source} (device={args.device}, precision={args.precision}) …", flush=True)
     t0 = time.perf_counter()
     try:
-        engine = Engine.load(source, device=args.device, precision=args.precision, backend=backend)
+        engine = Engine.load(source, device=args.device, precision=args.precision, backend=backend,
+                             max_batch=args.max_batch)
     except CheckpointError as exc:
         sys.exit(f"\nCannot load the checkpoint: {exc}\n\nTo try the studio without it: python app.py --demo")
     except (ValueError, RuntimeError) as exc:  # device / precision / backend not available here

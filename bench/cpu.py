@@ -258,6 +258,8 @@ def main(argv=None) -> int:
     ap.add_argument("--full-frames", type=int, default=4, help="decode frames timed at full size")
     ap.add_argument("--quarter-frames", type=int, default=100, help="decode frames timed at quarter size")
     ap.add_argument("--batch-frames", type=int, default=48, help="frames per take in the batch section")
+    ap.add_argument("--batch-full-frames", type=int, default=0,
+                    help="frames per take at full size bf16 in the batch section (0: skip; needs ~10 GB of memory)")
     args = ap.parse_args(argv)
     sections = set(args.only.split(","))
     torch.manual_seed(0)
@@ -284,10 +286,12 @@ def main(argv=None) -> int:
         print(bench_codec("tiny" if args.smoke else "full", 2.0 if args.smoke else 10.0, 1 if not args.smoke else 2).markdown())
         print()
     if "batch" in sections:
-        # Quarter size only: full size needs ~8 GB of weights and these machines are shared.
+        # Quarter size by default: full size (--batch-full-frames) needs ~8 GB of weights.
         configs = [(SMOKE, torch.float32, 8, "smoke fp32", 1)] if args.smoke else [
             (QUARTER, torch.bfloat16, args.batch_frames, "quarter bf16 (9 L, 640)", 3),
             (QUARTER, torch.float32, args.batch_frames, "quarter fp32 (9 L, 640)", 3)]
+        if args.batch_full_frames and not args.smoke:
+            configs.insert(0, (FULL_SIZE, torch.bfloat16, args.batch_full_frames, "full size bf16 (36 L, 2560)", 2))
         for dims, dtype, frames, label, rounds in configs:
             print(bench_batch(dims, dtype, frames, label, rounds=rounds).markdown())
             print()

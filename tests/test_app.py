@@ -13,7 +13,8 @@ from tests.studio_server import REPO
 
 
 def test_flags_and_env(monkeypatch):
-    for name in ("SPACE_ID", "PORT", "GRADIO_SERVER_PORT", "HIGGS_DEMO", "HIGGS_CHECKPOINT", "HIGGS_API_KEY"):
+    for name in ("SPACE_ID", "PORT", "GRADIO_SERVER_PORT", "HIGGS_DEMO", "HIGGS_CHECKPOINT", "HIGGS_API_KEY",
+                 "HIGGS_MAX_BATCH"):
         monkeypatch.delenv(name, raising=False)
     args = app.parse_args([])
     assert (args.host, args.port, args.demo, args.checkpoint) == ("127.0.0.1", 7860, False, app.DEFAULT_CHECKPOINT)
@@ -26,6 +27,14 @@ def test_flags_and_env(monkeypatch):
     monkeypatch.setenv("PORT", "9100")  # PORT wins: it is what container platforms set
     assert app.parse_args([]).port == 9100
     assert app.parse_args(["--port", "9200", "--device", "cpu"]).port == 9200
+
+
+def test_max_batch_flag_and_env(monkeypatch):
+    monkeypatch.delenv("HIGGS_MAX_BATCH", raising=False)
+    assert app.parse_args([]).max_batch == 16
+    monkeypatch.setenv("HIGGS_MAX_BATCH", "4")
+    assert app.parse_args([]).max_batch == 4
+    assert app.parse_args(["--max-batch", "1"]).max_batch == 1
 
 
 def test_spaces_binds_all_interfaces_and_keeps_downloads_on_data(monkeypatch, tmp_path):
