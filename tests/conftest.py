@@ -43,3 +43,21 @@ def parity_dir() -> Path:
 def artifacts_dir() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A tiny random checkpoint with its codec in the real layout (engine.demo, so no parity fixture is
+    needed), written once per session for the tests that build engines of their own on it."""
+    from engine.demo import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", seed=5)
+
+
+@pytest.fixture(scope="session")
+def interp_take(parity_dir) -> dict:
+    """The cubin backend's greedy take under the interpreter beside the torch reference (tests/interp_step.py):
+    minutes of interpreter time, built once for tests/test_kernels_step.py and tests/test_kernels_v2_step.py."""
+    from tests.interp_step import greedy_take
+
+    return greedy_take(parity_dir)

@@ -14,20 +14,14 @@ import torch
 
 from engine import Engine
 from engine.config import SAMPLES_PER_FRAME
-from engine.demo import write_tiny_checkpoint
 
 TTS, TEXT, AUDIO, REF_AUDIO, REF_TEXT = 151667, 151672, 151670, 151679, 151680
 BOC, EOC = 1024, 1025
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", seed=11)
-
-
-@pytest.fixture(scope="module")
-def engine(checkpoint):
-    return Engine.load(checkpoint, device="cpu", precision="fp32")
+def engine(tiny_checkpoint):
+    return Engine.load(tiny_checkpoint, device="cpu", precision="fp32")
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +65,7 @@ def test_clip_to_clone_prompt_to_speech(engine, clip):
     assert np.isfinite(audio).all()
 
 
-def test_second_request_with_the_voice_reuses_its_prefix(engine, checkpoint, clip):
+def test_second_request_with_the_voice_reuses_its_prefix(engine, tiny_checkpoint, clip):
     wav, rate = clip
     voice = engine.encode_voice(wav, rate, transcript="Hello from the reference speaker.")
     options = dict(voice=voice, temperature=0.8, seed=9, max_frames=24, repeat_guard=None)
@@ -84,7 +78,7 @@ def test_second_request_with_the_voice_reuses_its_prefix(engine, checkpoint, cli
     # Everything up to and including <|text|> (the voice block) came from the cache.
     assert second.metrics.reused_tokens == prompt.prefix_len == prompt.ids.index(TEXT) + 1
 
-    cold = Engine.load(checkpoint, device="cpu", precision="fp32")
+    cold = Engine.load(tiny_checkpoint, device="cpu", precision="fp32")
     assert torch.equal(cold.prefill(prompt), engine.prefill(prompt))
     assert torch.equal(cold.predict("A second, different line.", **options), second.codes)
 

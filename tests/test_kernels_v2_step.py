@@ -1,10 +1,10 @@
 """The cubin backend's v2 decode step (kernels/fused.py, 5 launches per layer) and its split-K variant v3
 (kernels/splitk.py for o_proj and down) against v1 and against the rounding-matched torch reference of
-tests/test_kernels_step.py, on the tiny parity checkpoint, CPU interpreter.
+tests/interp_step.py, on the tiny parity checkpoint, CPU interpreter.
 
 Launch counts come from the backend's launch list (`InterpretedKernels.launches`, the manifest names a
 GPU would launch). The numerics run the backend on `kernels.ops` itself (the interpreter's JIT path)
-with the few-programs tiles of tests/test_kernels_step.py, since the production head tile costs ~7 s a
+with the few-programs tiles of tests/interp_step.py, since the production head tile costs ~7 s a
 launch here; the production tiles of the new kernels are covered by tests/test_kernels_fused.py.
 """
 
@@ -22,7 +22,8 @@ from engine.checkpoint import load_checkpoint  # noqa: E402
 from kernels import manifest as mf, ops  # noqa: E402
 from kernels.runtime import InterpretedKernels, cubin_ops  # noqa: E402
 from tests import interp_rounding  # noqa: E402
-from tests.test_kernels_step import FAST_TILES, TorchReference, Weights, cosine, embed_row, rel_err  # noqa: E402
+from tests.helpers import cosine, rel_err  # noqa: E402
+from tests.interp_step import FAST_TILES, TorchReference, Weights, embed_row  # noqa: E402
 
 interp_rounding.install()
 

@@ -16,7 +16,6 @@ from engine.delay import apply_delay
 from engine.longform import plan
 from engine.longtake import LongTake
 from engine.prompt import VoiceRef
-from engine.demo import write_tiny_checkpoint
 
 TEXT = 151672
 TTS = 151667
@@ -28,18 +27,13 @@ STORY = ("The boat left at dawn. The sea was calm and grey. Gulls followed it ou
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", seed=5)
+def engine(tiny_checkpoint):
+    return Engine.load(tiny_checkpoint, device="cpu", precision="fp32")
 
 
 @pytest.fixture(scope="module")
-def engine(checkpoint):
-    return Engine.load(checkpoint, device="cpu", precision="fp32")
-
-
-@pytest.fixture(scope="module")
-def cold(checkpoint):
-    return Engine.load(checkpoint, device="cpu", precision="fp32")
+def cold(tiny_checkpoint):
+    return Engine.load(tiny_checkpoint, device="cpu", precision="fp32")
 
 
 def segments():
@@ -118,12 +112,12 @@ def test_regenerating_one_segment_changes_only_its_samples(engine):
     assert take.segments[1].text == "A different line entirely." and take.takes[1].text == take.segments[1].text
 
 
-def test_the_recipe_reproduces_the_take_exactly(engine, checkpoint):
+def test_the_recipe_reproduces_the_take_exactly(engine, tiny_checkpoint):
     take = LongTake(engine, segments(), seed=33, max_frames=MAX_FRAMES, **OPTIONS)
     audio = take.run()
     recipe = take.recipe()
     assert [s["seed"] for s in recipe["segments"]] == take.seeds
-    again = LongTake.from_recipe(Engine.load(checkpoint, device="cpu", precision="fp32"),
+    again = LongTake.from_recipe(Engine.load(tiny_checkpoint, device="cpu", precision="fp32"),
                                  json.loads(json.dumps(recipe)))
     assert np.array_equal(again.run(), audio)
     with pytest.raises(ValueError, match="not a long-take recipe"):

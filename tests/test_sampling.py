@@ -167,6 +167,19 @@ def test_top_k_threshold_ties_fill_by_index():
     assert top_k_mask(p, 2)[1].nonzero().flatten().tolist() == [3, 7]
 
 
+def test_kept_indices_are_the_masks_indices_in_ascending_order():
+    """The fixed-shape index list `sample` builds (no host sync) against `nonzero`, including masks whose
+    kept entries sit at the first and last index and next to each other."""
+    from engine.sampling import kept_indices, top_k_mask
+    gen = torch.Generator().manual_seed(5)
+    for k in (1, 2, 30, 1025):
+        for trial in range(20):
+            p = torch.randint(0, 3, (8, 1026), generator=gen).float() if trial % 2 else torch.rand(8, 1026)
+            p[trial % 8, [0, 1025]] = 9.0
+            mask = top_k_mask(p, k)
+            assert torch.equal(kept_indices(mask, k), mask.nonzero()[:, 1].view(8, k)), (k, trial)
+
+
 def test_top_p_ties_order_by_lower_index():
     logits = torch.full((1, 1026), -1e4)
     logits[0, [40, 5]] = 0.0  # two equal halves: top_p 0.5 keeps only the lower index

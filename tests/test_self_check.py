@@ -17,7 +17,7 @@ from engine.checkpoint import load_checkpoint  # noqa: E402
 from engine.model import HiggsModel  # noqa: E402
 from kernels import ops  # noqa: E402
 from tests import interp_rounding  # noqa: E402
-from tests.test_kernels_step import FAST_TILES  # noqa: E402
+from tests.interp_step import FAST_TILES  # noqa: E402
 
 interp_rounding.install()
 

@@ -12,7 +12,7 @@ import torch
 
 from engine import generate
 from engine.backends import torch_graph
-from engine.backends.torch_graph import TorchGraphBackend, device_uniforms, sample_static, seed_base
+from engine.backends.torch_graph import TorchGraphBackend, device_uniforms, seed_base
 from engine.checkpoint import load_checkpoint
 from engine.delay import StopRule
 from engine.generate import Engine
@@ -72,16 +72,26 @@ def test_device_uniforms_equal_the_counter_rng(seed):
 
 @pytest.mark.parametrize("settings", [(0.0, 30, 0.8), (0.8, 30, 0.8), (1.0, 0, 0.9), (0.7, 5, 1.0),
                                       (1.3, 1026, 0.5), (0.8, 1, 0.8), (2.0, 0, 1.0)])
-def test_sample_static_picks_what_sample_picks(settings):
+def test_device_sampler_picks_what_sample_picks(ckpt, settings):
+    """The sampler graph's rows against `engine.sampling.sample` on the same logits with the counter RNG's
+    uniforms for that seed and step, past the delay window, ties at the top-k threshold and in the nucleus
+    order included. On the CPU the graph is the eager stand-in: the CUDA capture runs in the device check."""
     temperature, top_k, top_p = settings
+    backend = TorchGraphBackend(model(ckpt), capture=RecordingCapture())
+    d = ckpt.dims
     gen = torch.Generator().manual_seed(3)
     for trial in range(40):
-        logits = torch.randn(8, 1026, generator=gen) * (1 + trial % 4)
+        logits = torch.randn(d.codebooks, d.codebook_vocab, generator=gen) * (1 + trial % 4)
         if trial % 5 == 0:  # ties at the top-k threshold and in the nucleus order
-            logits = torch.randint(0, 4, (8, 1026), generator=gen).float()
-        u = uniforms(trial, trial, 8)
-        assert torch.equal(sample_static(logits, u, temperature, top_k, top_p),
-                           sample(logits, u, temperature, top_k, top_p)), (settings, trial)
+            logits = torch.randint(0, 4, (d.codebooks, d.codebook_vocab), generator=gen).float()
+        backend.begin(logits, 10, seed=trial, temperature=temperature, top_k=top_k, top_p=top_p, max_rows=64)
+        step = d.codebooks + trial  # every codebook past its BOC window: the row is the sampled one
+        with torch.inference_mode():  # as inside rows()
+            backend.step.fill_(step)
+            backend.sampler.replay()
+        want = sample(logits, uniforms(trial, step, d.codebooks), temperature, top_k, top_p)
+        assert torch.equal(backend.row, want), (settings, trial)
+        assert torch.equal(backend.history[step], want), (settings, trial)
 
 
 def test_device_stop_state_follows_the_stop_rule(ckpt):

@@ -15,12 +15,12 @@ sums and the P·V product reduce over a longer axis of exact zeros, which can ch
 so logits may differ from eager by float rounding (0 on the CPU tests' fp32 model; tests/test_torch_graph.py
 bounds it; the device check measures it on the GPU).
 
-Sampling on the device. `sample_static` is `engine.sampling.sample` with its one data-dependent shape
-(`nonzero`) replaced by a sort of the kept indices, so it picks exactly what `sample` picks on the same
-logits; the SPEC D6 uniforms are computed on the device from the seed and a step counter (splitmix64 in
-int64 tensor ops, wrap-around multiplies, logical shifts by masking). The delay window and the D5 stop
-state follow `kernels/sampler.py`. One sampler graph per (temperature, top_k, top_p): these pick the ops
-(greedy, top-k, top-p), exactly as `sample`'s Python branches do. `rows(n)` replays n × (sampler, step)
+Sampling on the device. The sampler graph replays `engine.sampling.sample` itself (its shapes never
+depend on the data and it never syncs with the host), so it picks exactly what the eager path picks on
+the same logits; the SPEC D6 uniforms are computed on the device from the seed and a step counter
+(splitmix64 in int64 tensor ops, wrap-around multiplies, logical shifts by masking). The delay window and
+the D5 stop state follow `kernels/sampler.py`. One sampler graph per (temperature, top_k, top_p): these
+pick the ops (greedy, top-k, top-p) through `sample`'s Python branches. `rows(n)` replays n × (sampler, step)
 and syncs once. `load` captures every window and the default sampler up front (`warm_up`): a capture
 that fails then fails the load, where "auto" falls back to eager torch with the reason.
 
@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from engine.delay import MAX_ROWS
 from engine.model import HiggsModel, apply_rope, rms_norm
-from engine.sampling import GOLDEN, MIX1, MIX2, splitmix64, top_k_mask
+from engine.sampling import GOLDEN, MIX1, MIX2, sample, splitmix64
 from engine.types import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 
 # The smallest attention window a step graph covers (positions); windows double up to the cache size.
@@ -75,36 +75,6 @@ def device_uniforms(base: torch.Tensor, step: torch.Tensor, codebooks: torch.Ten
     and `step` are int64 [1] tensors. Equal to `engine.sampling.uniforms` bit for bit (24-bit values)."""
     bits = splitmix64_t(base ^ (step * 8 + codebooks))
     return _shr(bits, 40).float() * 2.0 ** -24
-
-
-def sample_static(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    """`engine.sampling.sample` with static shapes (capturable in a CUDA graph): the same ops in the same
-    order, except that top-p's candidates (the top-k kept indices in ascending order) come from a sort of
-    the kept indices instead of `nonzero`, which gives the same index tensor without a host sync."""
-    logits = logits.float()
-    if temperature == 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits / temperature, dim=-1)
-    rows, vocab = probs.shape
-    kept = None
-    if 0 < top_k < vocab:
-        kept = top_k_mask(probs, top_k)
-    if top_p < 1:
-        everything = torch.arange(vocab, device=probs.device).expand(rows, vocab)
-        index = (torch.where(kept, everything, vocab).sort(-1).values[:, :top_k] if kept is not None
-                 else everything)
-        candidates = probs.gather(-1, index)
-        order = torch.sort(candidates, dim=-1, descending=True, stable=True).indices
-        ranked = candidates.gather(-1, order)
-        ranked = ranked / ranked.sum(-1, keepdim=True)
-        through = torch.cumsum(ranked, -1)
-        before = torch.cat([torch.zeros_like(through[:, :1]), through[:, :-1]], -1)
-        nucleus = torch.zeros_like(before, dtype=torch.bool).scatter_(-1, order, before < top_p)
-        kept = torch.zeros_like(probs, dtype=torch.bool).scatter_(-1, index, nucleus)
-    mass = probs if kept is None else torch.where(kept, probs, 0.0)
-    running = torch.cumsum(mass, -1)
-    running = running / running[:, -1:]
-    return (running <= u.to(running.device, running.dtype)[:, None]).sum(-1)
 
 
 # ------------------------------------------------------------------------------------------- capture
@@ -247,7 +217,7 @@ class TorchGraphBackend:
         it in `history[step]`, and set `row` / `pos` for the step that feeds it."""
         d = self.dims
         u = device_uniforms(self.seed, self.step, self.codebook)
-        row = sample_static(self.logits, u, temperature, top_k, top_p)
+        row = sample(self.logits, u, temperature, top_k, top_p)
         row = torch.where(self.codebook > self.step, d.boc, row)  # codebook k is BOC until step k
         started = self.countdown >= 0
         trigger = (~started) & (self.step >= d.codebooks) & (row[:1] == d.eoc)
