@@ -131,7 +131,7 @@ def test_the_gradio_event_follows_the_live_take_into_the_history(page, client):
 
     def gradio_event():  # the page's `generate` with the id CLICK_JS put in its last input
         for update in page.generate(text="", style="", voice="", clip=None, clip_text="", temperature=0.8,
-                                    top_p=0.8, top_k=30, seed=-1, max_frames=0, repeat_guard=32, takes=[],
+                                    top_p=0.8, top_k=30, seed=-1, max_frames=0, repeat_guard=32, takes_n=1, takes=[],
                                     live_id=live_id, request=None):
             outputs.update(update)
 
@@ -157,7 +157,7 @@ def test_stop_cancels_a_live_take_through_the_page(page, client):
     streamer = threading.Thread(target=stream)
     streamer.start()
     updates = page.generate(text="", style="", voice="", clip=None, clip_text="", temperature=0.8, top_p=0.8,
-                            top_k=30, seed=-1, max_frames=0, repeat_guard=32, takes=[], live_id=live_id, request=None)
+                            top_k=30, seed=-1, max_frames=0, repeat_guard=32, takes_n=1, takes=[], live_id=live_id, request=None)
     follower = threading.Thread(target=lambda: list(updates))
     follower.start()
     while not page._active:
