@@ -481,6 +481,16 @@ class Engine:
         def push(upto):  # frames [pushed, upto) are complete: rows [pushed, upto + 7) exist
             return stream.push(undelay(rule.rows[pushed:upto + rule.delay], self.dims.codebook_size))
 
+        def push_scheduled() -> Iterator[Chunk]:  # the schedule's next push, then the one after it doubles
+            nonlocal pushed, push_size, next_push, ttfa
+            chunk = push(next_push)
+            pushed, push_size = next_push, min(2 * push_size, MAX_PUSH_FRAMES)
+            next_push = pushed + push_size
+            if len(chunk):
+                if ttfa is None:
+                    ttfa = 1e3 * (time.perf_counter() - started)
+                yield Chunk(audio=chunk, metrics=metrics(), final=False)
+
         while not rule.done and not (cancel is not None and cancel.is_set()) and not run.finished:
             # Generate up to the next codec push (frame t is complete once row t + 7 exists).
             want = next_push + rule.delay - len(rule.rows) if audio else MAX_PUSH_FRAMES
@@ -489,13 +499,7 @@ class Engine:
             # Push exactly the schedule's frames even when more exist (a batch runs ahead of its
             # listeners), so a take's chunks are the same whatever ran beside it.
             if audio and len(rule.rows) - rule.delay >= next_push and not rule.done:
-                chunk = push(next_push)
-                pushed, push_size = next_push, min(2 * push_size, MAX_PUSH_FRAMES)
-                next_push = pushed + push_size
-                if len(chunk):
-                    if ttfa is None:
-                        ttfa = 1e3 * (time.perf_counter() - started)
-                    yield Chunk(audio=chunk, metrics=metrics(), final=False)
+                yield from push_scheduled()
         run.close()  # from here on the rows are this take's alone
         reason = rule.stop_reason or "cancelled"
         frames_total = max(len(rule.rows) - rule.delay, 0)
@@ -503,13 +507,7 @@ class Engine:
         # go out on the schedule's boundaries, because the codec's float sums depend on how frames are
         # split, and a take must sound the same whatever ran beside it.
         while audio and frames_total > next_push:
-            chunk = push(next_push)
-            pushed, push_size = next_push, min(2 * push_size, MAX_PUSH_FRAMES)
-            next_push = pushed + push_size
-            if len(chunk):
-                if ttfa is None:
-                    ttfa = 1e3 * (time.perf_counter() - started)
-                yield Chunk(audio=chunk, metrics=metrics(), final=False)
+            yield from push_scheduled()
         take_codes = undelay(rule.rows, self.dims.codebook_size) if rule.rows else \
             torch.zeros(0, self.dims.codebooks, dtype=torch.long)
         if result is not None:
