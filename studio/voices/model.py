@@ -109,10 +109,10 @@ class Consent:
 
 
 @dataclass(frozen=True, slots=True)
-class Voice:
-    """One saved voice, as read from its directory. `seconds` and `frames` describe the prepared audio."""
+class VoiceRecord:
+    """What every voice has wherever it is kept (the owner's library on disk, a visitor's browser): the
+    fields of voice.json. `seconds` and `frames` describe the prepared audio."""
 
-    id: str
     name: str
     transcript: str
     description: str
@@ -123,12 +123,19 @@ class Voice:
     content_hash: str
     frames: int
     notes: tuple[str, ...]
-    path: Path
-    preset: bool = False  # one of the owner's preset voices: read-only, shown to every visitor
 
     @property
     def seconds(self) -> float:
         return self.frames * SAMPLES_PER_FRAME / SAMPLE_RATE
+
+
+@dataclass(frozen=True, slots=True)
+class Voice(VoiceRecord):
+    """One saved voice, as read from its directory."""
+
+    id: str
+    path: Path
+    preset: bool = False  # one of the owner's preset voices: read-only, shown to every visitor
 
     @property
     def audio_path(self) -> Path:

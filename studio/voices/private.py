@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 import soundfile as sf
 
-from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
+from engine.config import SAMPLE_RATE
 from studio.voices.bundles import bundle_zip, stage_bundle
-from studio.voices.model import (Consent, Staged, VoiceError, VoiceNotFound, check_codes, record_json)
+from studio.voices.model import Staged, VoiceError, VoiceNotFound, VoiceRecord, check_codes, record_json
 from studio.voices.store import npy_bytes, wav_bytes
 
 HANDLE_PREFIX = "pv_"
@@ -43,28 +43,14 @@ MAX_BROWSER_CHARS = 3 * 2 ** 20
 
 
 @dataclass(frozen=True, slots=True)
-class PrivateVoice:
-    """A visitor's voice as the service sees it: the fields of `Voice` and its codes in memory."""
+class PrivateVoice(VoiceRecord):
+    """A visitor's voice as the service sees it: the record and its codes in memory."""
 
     id: str  # the page's handle, pv_<random>_<voice id>
     voice_id: str
-    name: str
-    transcript: str
-    description: str
-    style: str
-    seed: int | None
-    created: str
-    consent: Consent
-    content_hash: str
-    frames: int
-    notes: tuple[str, ...]
     codes_array: np.ndarray
     preset = False
     has_codes = True
-
-    @property
-    def seconds(self) -> float:
-        return self.frames * SAMPLES_PER_FRAME / SAMPLE_RATE
 
     def codes(self) -> np.ndarray:
         return self.codes_array.astype(np.int64)
