@@ -86,7 +86,7 @@ def _prepare(service, request, voices, max_chars: int, normalize: bool) -> _Prep
 def _new_take(service, request, prepared: _Prepared, *, keep_audio: bool) -> LongTake:
     """The LongTake of a prepared request, its voices encoded (on the GPU worker: encoding is GPU work)."""
     engine = service.engine
-    encode = service._encode_codes
+    encode = service.encode_codes
     refs = {name: service.voices.voice_ref(record.id, encode=encode) for name, record in prepared.records.items()}
     voice = None
     if prepared.default is not None:

@@ -312,8 +312,9 @@ class StudioService:
             raise ValueError("No voice library is configured; use a reference clip instead.")
         return self.voices.get(voice_id)  # VoiceNotFound is a ValueError with a sentence for the user
 
-    def _encode_codes(self, wav24k: np.ndarray):
-        """The library's encoder callback: prepared 24 kHz audio → codec codes [T, 8]. Runs on the worker."""
+    def encode_codes(self, wav24k: np.ndarray):
+        """The voice library's encoder callback: prepared 24 kHz audio → codec codes [T, 8] as numpy. Call it
+        on a generation worker (a take's, a long take's) or through `run_exclusive`: encoding is device work."""
         return self.engine.encode_codes(wav24k).numpy()
 
     def prepare(self, request: SynthesisRequest) -> tuple[str, Any, Any]:
@@ -367,7 +368,7 @@ class StudioService:
         if voice is not None and getattr(engine, "is_remote", False):
             ref = engine.encode_voice(voice.wav(), SAMPLE_RATE, transcript=voice.transcript or None)  # the clip travels
         elif voice is not None:
-            ref = self.voices.voice_ref(voice.id, encode=self._encode_codes)  # codes cached in the library
+            ref = self.voices.voice_ref(voice.id, encode=self.encode_codes)  # codes cached in the library
         elif request.ref_audio is not None:
             audio, sr = request.ref_audio
             ref = engine.encode_voice(np.asarray(audio, dtype=np.float32), int(sr), transcript=request.ref_text)
@@ -458,7 +459,7 @@ class StudioService:
         # Encode now, in turn on the GPU worker, so the first take with this voice starts at full speed. A remote
         # engine has no codec here: its voices travel as clips.
         encode = None if getattr(self.engine, "is_remote", False) else \
-            (lambda wav: self.run_exclusive(self._encode_codes, wav))
+            (lambda wav: self.run_exclusive(self.encode_codes, wav))
         return self.voices.add((int(sample_rate), np.asarray(audio, dtype=np.float32)), name=name,
                                transcript=transcript or None, description=description or "",
                                style=self.resolve_style(style), seed=seed, consent=consent, encode=encode)

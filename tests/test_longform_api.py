@@ -29,7 +29,7 @@ def service(tmp_path_factory):
     for name, pitch in (("Narrator", 140.0), ("Guest", 220.0)):
         wav = (0.3 * np.sin(2 * np.pi * pitch * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
         library.add((SAMPLE_RATE, wav), name=name, transcript=f"I am the {name.lower()}.",
-                    consent=Consent("the test suite"), encode=service._encode_codes)
+                    consent=Consent("the test suite"), encode=service.encode_codes)
     yield service
     service.close()
 
@@ -62,7 +62,7 @@ def test_a_script_uses_each_speakers_voice(service, monkeypatch):
     request = SynthesisRequest(text=script, seed=5, max_frames=10)
     chunks = list(stream_long(service, request, voices={"Host": "Narrator", "S2": "Guest"}))
     assert chunks[-1].final
-    codes = {name: service.voices.voice_ref(name, encode=service._encode_codes).codes for name in ("Narrator", "Guest")}
+    codes = {name: service.voices.voice_ref(name, encode=service.encode_codes).codes for name in ("Narrator", "Guest")}
     expected = {"Welcome back to the show.": "Narrator", "Thanks for having me.": "Guest", "Let us begin.": "Narrator"}
     assert {text for text, _ in seen} == set(expected)
     for text, voice in seen:
