@@ -34,6 +34,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="0.0.0.0" if on_spaces else env.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(env.get("PORT") or env.get("GRADIO_SERVER_PORT") or 7860))
     p.add_argument("--share", action="store_true", help="also open a public gradio.live link")
+    p.add_argument("--allowed-hosts", default=env.get("HIGGS_ALLOWED_HOSTS", ""),
+                   help="comma-separated host names a keyless local studio also answers to, besides localhost "
+                        "and IP addresses (a leading dot allows subdomains; env HIGGS_ALLOWED_HOSTS; "
+                        "docs/SECURITY.md, DNS rebinding)")
     p.add_argument("--mcp", action="store_true", default=_env_flag("GRADIO_MCP_SERVER"),
                    help="serve the studio's tools over MCP at /gradio_api/mcp/")
     p.add_argument("--api-key", default=env.get("HIGGS_API_KEY"),
@@ -168,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
         warm_up(engine)
 
     from engine.config import FRAME_RATE
-    from studio.access import Access, friendly_queue_full
+    from studio.access import Access, friendly_queue_full, host_guard
     from studio.api import MAX_UPLOAD_BYTES
     from studio.asr import Transcriber
     from studio.page import Page, launch_kwargs
@@ -198,7 +202,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         demo.launch(server_name=args.host, server_port=args.port, share=args.share, mcp_server=args.mcp,
                     prevent_thread_lock=True, show_error=False, allowed_paths=[str(page.out_dir)],
-                    max_file_size=max_upload, **access.launch_kwargs(), **launch_kwargs())
+                    max_file_size=max_upload, **access.launch_kwargs(), **launch_kwargs(),
+                    app_kwargs={"middleware": host_guard(args.host, args.api_key, args.allowed_hosts.split(","),
+                                                         args.share)})
     except OSError as exc:
         sys.exit(f"Cannot listen on {args.host}:{args.port} ({exc}). Pick another port with --port or PORT.")
     from studio import api  # routes go on the running app: launch() builds a new FastAPI app each time

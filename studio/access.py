@@ -6,6 +6,7 @@
     @access.owner_only                                       # a page handler that changes the shared library
     access.limit_public(synthesis_request, gr_request)       # the public page's generation limits
     access.cross_site_refusal(origin, host)                  # a keyless server refuses other sites' writes
+    host_guard(bind_host, api_key, allowed_hosts, share)     # a keyless local server answers local names only
     friendly_queue_full(demo)                                # a full queue answers with a sentence
 
 Every limit of a public studio, with its flag, is listed in docs/SPACES.md ("Limits").
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import hmac
 import inspect
+import ipaddress
+import json
 import typing
 from urllib.parse import urlsplit
 
@@ -39,6 +42,11 @@ OWNER_ONLY_LONG = ("Long texts and scripts are for the studio's owner: on the pu
                    f"{PUBLIC_MAX_TEXT_CHARS} characters (use the Studio tab). Log in with the studio's key, or send "
                    "long input to /v1/audio/speech with `Authorization: Bearer <key>`.")
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+SHARE_DOMAIN = ".gradio.live"  # where `--share` links point
+WRONG_HOST = ("This studio has no API key and answers only to local addresses, not to {host!r}: a page that renames "
+              "its own site to point at your machine (DNS rebinding) must not reach your voices. Open it as "
+              "http://localhost:<port>, or start it with --allowed-hosts {host} (HIGGS_ALLOWED_HOSTS) if that name "
+              "is yours, or set --api-key.")
 
 
 class Access:
@@ -132,6 +140,76 @@ class Access:
             return None
         return (f"Requests from another site ({origin}) may not change or use this studio: it has no API key, so "
                 "it only accepts writes from its own page, local pages and non-browser clients.")
+
+
+def host_allowed(host: str | None, allowed: typing.Collection[str] = ()) -> bool:
+    """Whether a keyless local server answers a request with this `Host` header: a local name (`localhost`,
+    `*.localhost`, RFC 6761), an IP address (a rebinding attack needs a name it controls), a name in
+    `allowed` (lower case; an entry starting with "." allows its subdomains), or no header at all (HTTP/1.0
+    clients; browsers always send one)."""
+    if not host:
+        return True
+    try:
+        name = urlsplit(f"//{host}").hostname
+    except ValueError:  # a malformed IPv6 literal
+        return False
+    if name is None:
+        return False
+    name = name.rstrip(".")
+    if name == "localhost" or name.endswith(".localhost") or name in allowed:
+        return True
+    if any(a.startswith(".") and name.endswith(a) for a in allowed):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+class HostGuard:
+    """ASGI middleware: refuse (403 with `WRONG_HOST`, or a closed websocket) every request, reads included,
+    whose `Host` is a name this server does not answer to. Without it a keyless studio on 127.0.0.1 is open
+    to DNS rebinding: a page on attacker.example re-resolves its name to 127.0.0.1 and becomes same-origin
+    with the studio, so the browser lets it read the library and pass the Origin check."""
+
+    def __init__(self, app, allowed: typing.Collection[str] = ()):
+        self.app, self.allowed = app, frozenset(allowed)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] in ("http", "websocket"):
+            host = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"host"), None)
+            if not host_allowed(host, self.allowed):
+                if scope["type"] == "websocket":
+                    await send({"type": "websocket.close", "code": 1008})
+                    return
+                body = json.dumps({"error": {"message": WRONG_HOST.format(host=host), "type": "forbidden",
+                                             "code": "wrong_host"}}).encode()
+                await send({"type": "http.response.start", "status": 403,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"content-length", str(len(body)).encode())]})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+def host_guard(bind_host: str, api_key: str | None, allowed_hosts: typing.Iterable[str] = (),
+               share: bool = False) -> list:
+    """The middleware for `Blocks.launch(app_kwargs={"middleware": ...})`: a `HostGuard` when the server has no
+    key and listens on a loopback address (the local default), else none. A keyed server is protected by its
+    key; one that listens on the network without a key is reachable by anyone there already, and the names
+    people reach it by (LAN names, proxies) cannot be guessed, so it is left alone (app.py warns about it).
+    `allowed_hosts` are extra names (`--allowed-hosts`); `share` adds the gradio.live link's names."""
+    from starlette.middleware import Middleware
+
+    if api_key or bind_host not in LOCAL_HOSTS:
+        return []
+    allowed = {h.strip().lower().rstrip(".") for h in allowed_hosts if h.strip()}
+    if bind_host != "localhost":
+        allowed.add(bind_host)
+    if share:
+        allowed.add(SHARE_DOMAIN)
+    return [Middleware(HostGuard, allowed=allowed)]
 
 
 def friendly_queue_full(demo: gr.Blocks) -> None:

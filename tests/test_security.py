@@ -7,8 +7,8 @@
 * `--api-key SECRET --public-page` (a Space's page): visitors may generate within the public limits, and every
   event that shows, changes or exports the library or saves presets refuses them, however it is called;
   oversized uploads.
-* A keyless server driving a credentialed `--remote`: cross-site simple requests are refused, and neither
-  `/health` nor the page shows the remote's credentials.
+* A keyless server driving a credentialed `--remote`: cross-site simple requests and requests to a rebound
+  host name are refused, and neither `/health` nor the page shows the remote's credentials.
 Each probe checks that the voices directory is unchanged and `/health` still answers. In-process: the
 interrupted-import crash test (a subprocess killed at random points) and the hang-up on a failing header.
 """
@@ -438,6 +438,13 @@ def test_keyless_server_refuses_cross_site_writes_and_hides_remote_credentials(t
         for secret in ("hunter2", "user:", "t0ps3cret"):
             assert secret not in health and secret not in page
         assert keyed[0].split("//")[1] in json.loads(health)["device"]  # the host is still shown
+
+        # DNS rebinding: a site whose name now points at 127.0.0.1 is refused, reads included; local names pass.
+        port = url.rsplit(":", 1)[1]
+        for path in ("/", "/config", "/v1/audio/voices", "/health"):
+            r = httpx.get(f"{url}{path}", headers={"Host": f"rebind.example:{port}"}, timeout=30)
+            assert r.status_code == 403 and "DNS rebinding" in r.json()["error"]["message"], path
+        assert httpx.get(f"{url}/v1/audio/voices", headers={"Host": f"localhost:{port}"}, timeout=30).status_code == 200
 
         before = tree_hash(voices)
         evil = {"Origin": "https://evil.example"}
