@@ -305,8 +305,9 @@ class SpeechAPI:
     waiting for their turn on the GPU sit in threads; they must not starve Gradio's own thread pool)."""
 
     def __init__(self, service, *, access: Access, request_timeout: float,
-                 max_input_chars: int = MAX_LONG_INPUT_CHARS):
+                 max_input_chars: int = MAX_LONG_INPUT_CHARS, transcriber=None):
         self.service = service
+        self.transcriber = transcriber  # studio/asr.py: fills a voice's missing ref_text, as the page does
         self.access = access
         self.api_key = access.api_key
         self.request_timeout = request_timeout
@@ -564,7 +565,8 @@ class SpeechAPI:
 
     async def create_voice(self, request: Request) -> JSONResponse:
         """Multipart `audio_sample` (≤ 10 MB), `name`, `consent` (required), `ref_text` (the clip's transcript;
-        recommended), optional `description`, `style`, `asserted_by`."""
+        recommended: without it the studio's transcriber fills it, `ref_text_source: "asr"` in the answer, or
+        the answer carries a `warning`), optional `description`, `style`, `asserted_by`."""
         self.check_auth(request)
         self.check_site(request)
         self._library()
@@ -595,16 +597,30 @@ class SpeechAPI:
         except ValueError as exc:
             raise ApiError(400, f"`audio_sample` could not be read as audio: {exc}", param="audio_sample") from None
         style = self.instructions_style(fields["style"]) if fields["style"] else None
+        transcript, note = fields["ref_text"] or fields["transcript"] or None, None
+        if transcript is None and self.transcriber is not None:  # as the page does; never an error
+            try:
+                text, note = await self.in_thread(self.transcriber.transcribe, samples, rate)
+            except Exception as exc:  # the clip is still a voice; the client can send ref_text next time
+                log.warning("transcribing a voice clip failed: %s", exc)
+                text, note = "", f"Automatic transcription failed ({type(exc).__name__}); send ref_text."
+            transcript = text or None
         try:
             voice = await self.in_thread(lambda: self.service.save_voice(
-                samples, rate, name=fields["name"], transcript=fields["ref_text"] or fields["transcript"] or None,
-                description=fields["description"], style=style, consent=consent))
+                samples, rate, name=fields["name"], transcript=transcript, description=fields["description"],
+                style=style, consent=consent))
         except (ServiceBusy, ServiceClosed) as exc:
             raise ApiError(503, str(exc), headers={"Retry-After": "5"}) from None
         except ValueError as exc:  # ReferenceAudioError, VoiceError: the message says what to fix
             raise ApiError(400, str(exc), param="audio_sample" if isinstance(exc, ReferenceAudioError) else None) \
                 from None
-        return JSONResponse(voice_json(voice), status_code=201)
+        body = voice_json(voice)
+        if transcript is not None and not (fields["ref_text"] or fields["transcript"]):
+            body["ref_text_source"] = "asr"  # the client may want to check what was heard
+        elif transcript is None:
+            body["warning"] = ("No ref_text: the voice clones less faithfully without the clip's transcript. "
+                               + (note or "Send ref_text."))
+        return JSONResponse(body, status_code=201)
 
     async def delete_voice(self, request: Request) -> JSONResponse:
         self.check_auth(request)
@@ -751,12 +767,13 @@ class _Run:
 # ---------------------------------------------------------------------------------------------- registration
 
 def register(app: FastAPI, service, *, api_key: str | None = None, access: Access | None = None,
-             request_timeout: float = REQUEST_TIMEOUT_S, max_input_chars: int = MAX_LONG_INPUT_CHARS) -> SpeechAPI:
+             request_timeout: float = REQUEST_TIMEOUT_S, max_input_chars: int = MAX_LONG_INPUT_CHARS,
+             transcriber=None) -> SpeechAPI:
     """Add the HTTP API to `app` (the FastAPI app that serves the Gradio studio). With `api_key` (or an
     `access` that holds it), every `/v1/*` route needs `Authorization: Bearer <api_key>`; `/health` stays
     open for load balancers. Without a key, writes from other sites are refused (`Access.cross_site_refusal`)."""
     api = SpeechAPI(service, access=access or Access(api_key), request_timeout=request_timeout,
-                    max_input_chars=max_input_chars)
+                    max_input_chars=max_input_chars, transcriber=transcriber)
 
     def guarded(handler):
         async def endpoint(request: Request):

@@ -100,3 +100,63 @@ def test_off_or_offline_leaves_the_box_empty_with_a_one_line_note(clip, tmp_path
             page.service.close()
         assert text is not None and not isinstance(text, str)  # gr.skip(): the box is left as it is (empty)
         assert why in note and "type the transcript" in note and "\n" not in note
+
+
+@pytest.fixture(scope="module")
+def voices_api(tmp_path_factory):
+    """The HTTP API on the demo engine with a voice library, built per transcriber."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from engine import Engine
+    from engine.demo import demo_checkpoint
+    from studio import api
+    from studio.voices import VoiceLibrary
+
+    engine = Engine.load(demo_checkpoint(), device="cpu")
+    services = []
+
+    def make(transcriber):
+        service = StudioService(engine, VoiceLibrary(tmp_path_factory.mktemp("voices")))
+        services.append(service)
+        app = FastAPI()
+        api.register(app, service, transcriber=transcriber)
+        return TestClient(app)
+
+    yield make
+    for service in services:
+        service.close()
+
+
+def post_voice(client, path, name, **fields):
+    with open(path, "rb") as f:
+        return client.post("/v1/audio/voices", data={"name": name, "consent": "true", **fields},
+                           files={"audio_sample": ("clip.wav", f.read(), "audio/wav")})
+
+
+def test_an_api_voice_without_ref_text_is_transcribed_like_the_page_does(voices_api, tiny_whisper, clip):
+    path, mono = clip
+    calls = []
+    client = voices_api(Transcriber("tiny", make_pipeline=lambda model, device: lambda x: calls.append(1) or
+                                    tiny_whisper(x)))
+    r = post_voice(client, path, "Heard")
+    assert r.status_code == 201, r.text
+    said = " ".join(tiny_whisper({"raw": soxr.resample(np.stack([mono, mono], 1).mean(1), 44100, ASR_RATE,
+                                                       quality="HQ"), "sampling_rate": ASR_RATE})["text"].split())
+    assert said and r.json()["ref_text"] == said and r.json()["ref_text_source"] == "asr" and len(calls) == 1
+    # A transcript the client sends is kept as it is, and nothing is transcribed.
+    r = post_voice(client, path, "Typed", ref_text="My own words.")
+    assert r.status_code == 201 and r.json()["ref_text"] == "My own words." and "ref_text_source" not in r.json()
+    assert len(calls) == 1
+
+
+def test_an_api_voice_without_ref_text_and_no_transcriber_says_so(voices_api, clip):
+    path, _ = clip
+    for transcriber in (None, Transcriber.from_flag("none")):
+        r = post_voice(voices_api(transcriber), path, "Unheard")
+        assert r.status_code == 201, r.text
+        body = r.json()
+        assert body["ref_text"] is None and "ref_text_source" not in body and "ref_text" in body["warning"]
+    broken = Transcriber("x", make_pipeline=lambda model, device: lambda x: 1 / 0)
+    r = post_voice(voices_api(broken), path, "Broken")
+    assert r.status_code == 201 and "transcription failed" in r.json()["warning"]
