@@ -31,7 +31,8 @@ from kernels.head import HEAD_TILES, audio_head_kernel
 from kernels.mlp import SILU_TILE, silu_mul_kernel
 from kernels.norm import NORM_TILE, rmsnorm_kernel
 from kernels.rope_kv import qk_norm_rope_kv_kernel
-from kernels.sampler import SAMPLER_TILE, sample_kernel
+from kernels.sampler import SAMPLER_GRID_TILE, SAMPLER_GRID_WARPS, SAMPLER_TILE, sample_grid_kernel, \
+    sample_kernel
 from kernels.splitk import SPLITK_TILES, gemv_splitk_kernel
 
 FP8 = torch.float8_e4m3fn
@@ -327,6 +328,23 @@ def sample(logits, embed, state, params, rows, x_out):
     hidden = embed.shape[1]
     sample_kernel[(1,)](logits, embed, state, params, rows, x_out, hidden, rows.shape[0], num_warps=16,
                         **SAMPLER_TILE)
+    return x_out
+
+
+def sampler_scratch(device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The grid sampler's scratch: (picks int32[8], ticket counter int32[1], zero between launches: the
+    last program resets it). One scratch serves launches that run one after the other on a stream."""
+    return (torch.empty(SAMPLER_GRID_TILE["CODEBOOKS"], dtype=torch.int32, device=device),
+            torch.zeros(1, dtype=torch.int32, device=device))
+
+
+def sample_grid(logits, embed, state, params, rows, x_out, scratch):
+    """`sample` as one program per codebook (kernels/sampler.py `sample_grid_kernel`, radix thresholds):
+    the same picks, state, row and next input; `scratch` from `sampler_scratch`."""
+    picks, count = scratch
+    sample_grid_kernel[(SAMPLER_GRID_TILE["CODEBOOKS"],)](logits, embed, state, params, rows, x_out, picks, count,
+                                                          embed.shape[1], rows.shape[0],
+                                                          num_warps=SAMPLER_GRID_WARPS, **SAMPLER_GRID_TILE)
     return x_out
 
 
