@@ -398,7 +398,7 @@ def microbench_rows(ops, dims: Dims, device: torch.device, stream=None, floor: f
         grid_us = replay_us(lambda: ops.sample_grid(logits8, audio, state, params, hist, x_row, scratch), dev, stream,
                             replays)
         yield Row("microbench", f"A/B sampler + embedding, {label}: one program (v1, v2) | grid of 8 (v3)",
-                  f"{us:.1f} µs | {grid_us:.1f} µs | {us / grid_us:.2f}x", "", "INFO")
+                  f"{us:.1f} µs | {grid_us:.1f} µs | one / grid {us / grid_us:.2f}x", "", "INFO")
     ctx = contexts[0]
     layer = sum(per_step[f"{name} fp8"] for name, _, _ in layer_gemvs(dims)) + per_step[f"attention {ctx}"]
     total_ms = (dims.layers * layer + per_step["head"] + per_step["sampler T 0.8, top-k 30, top-p 0.8"]) / 1e3

@@ -51,3 +51,22 @@ def test_a_real_failure_still_fails_the_run(tmp_path, capsys):
     outcome = gpu_check.run_sections([gpu_check.Section("a", 5, ok), gpu_check.Section("b", 5, bad)], report)
     assert outcome == {"a": "done", "b": "done"} and [r.status for r in report.rows] == ["PASS", "FAIL"]
     assert len((tmp_path / "rows.jsonl").read_text().splitlines()) == 2
+
+
+def test_step_ab_covers_every_variant_and_both_samplers():
+    """Issue 16's whole-step A/B times every backend variant, and v2 with v3's sampler alone."""
+    from engine.backends.cubin import VARIANT_SAMPLER, VARIANTS
+
+    configs = gpu_check.STEP_CONFIGS
+    assert {variant for _, variant, _ in configs} == set(VARIANTS)
+    assert ("v2", "grid") in {(variant, sampler or VARIANT_SAMPLER[variant]) for _, variant, sampler in configs}
+    assert len({label for label, _, _ in configs}) == len(configs)
+
+
+def test_step_ab_rows_give_each_steps_time_over_v2s():
+    ms = {(p, label): t for p in ("fp8", "bf16")
+          for label, t in zip(("v1", "v2", "v3", "v2+grid"), (2.0, 1.0, 0.8, 0.9))}
+    rows = gpu_check.step_ab_rows(ms)
+    assert [r.section for r in rows] == ["A/B step fp8", "A/B step bf16"]
+    assert rows[0].item == "decode ms/frame v1 | v2 | v3 | v2+grid (time / v2's)"
+    assert rows[0].value == "2.000 (2.00x) | 1.000 (1.00x) | 0.800 (0.80x) | 0.900 (0.90x)"
