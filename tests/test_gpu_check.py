@@ -34,6 +34,9 @@ def test_cpu_selftest_contains_deliberate_failures_and_writes_json_lines(tmp_pat
     assert {"torch-graph", "real shapes", "microbench"} <= set(sections)
     assert any(r["section"] == "torch-graph" and r["item"].startswith("device sampling") and r["status"] == "PASS"
                for r in rows)
+    # issue 16's sampler A/B (one program vs the grid) and the whole-step A/B of every variant
+    assert sum(r["section"] == "microbench" and r["item"].startswith("A/B sampler") for r in rows) == 2
+    assert any(r["item"].startswith("decode ms/frame v1 | v2 | v3 | v2+grid") for r in rows)
     assert "deliberate failures contained, later sections ran" in out.stdout and "XFAIL" in out.stdout
     # rows are printed as they are produced, before the final table
     assert out.stdout.index("[FAIL] stand-in | section failed") < out.stdout.index("+---")
@@ -70,3 +73,15 @@ def test_step_ab_rows_give_each_steps_time_over_v2s():
     assert [r.section for r in rows] == ["A/B step fp8", "A/B step bf16"]
     assert rows[0].item == "decode ms/frame v1 | v2 | v3 | v2+grid (time / v2's)"
     assert rows[0].value == "2.000 (2.00x) | 1.000 (1.00x) | 0.800 (0.80x) | 0.900 (0.90x)"
+
+
+def test_device_check_runs_issue_16s_ab_sections():
+    """The device run (not --quick) times the per-kernel A/B (kernels.check.timed_ab_rows: v1/v2 pieces and
+    v2/v3 split-K) and the whole-step A/B; --quick keeps the per-kernel rows. Listing them launches nothing."""
+    from argparse import Namespace
+
+    full = [s.name for s in gpu_check.gpu_sections(Namespace(quick=False, steps=200))]
+    quick = [s.name for s in gpu_check.gpu_sections(Namespace(quick=True, steps=200))]
+    assert {"A/B kernels", "A/B step", "microbench"} <= set(full)
+    assert "A/B kernels" in quick and "A/B step" not in quick
+    assert sum(s.budget_s for s in gpu_check.gpu_sections(Namespace(quick=False, steps=200))) <= 410
