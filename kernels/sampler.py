@@ -40,7 +40,10 @@ codebook, a grid of 8, with a radix search in place of the bisection:
     reduction per row, all rows in the same shuffle / shared-memory rounds), MSB first: t grows by
     RADIX_BITS bits a pass, so 30 bits take 10 passes at R = 3. The answer is the same largest t as the
     bisection's (the predicate is monotone, and the result is capped at the largest kept bit pattern
-    exactly as the bisection's upper bound caps it), so the picks are the same.
+    exactly as the bisection's upper bound caps it), so the picks are the same. (On a GPU the two
+    kernels reduce their fp32 sums — softmax denominator, masses, running mass — over different thread
+    layouts, so, as between any two D6 implementations, a pick can differ only where u or top_p falls
+    within float rounding of a boundary; the device check compares a 200-row take of each.)
   Expected cost (estimates from instruction counts; no GPU has timed either): the single program does
   2 groups × (30 + 30) = 120 search reductions plus ~12 others in sequence, ~50-100 µs at T 0.8 /
   top-k 30 / top-p 0.8; a grid program does 10 + 10 wider ones plus ~6 others, then the last one the

@@ -85,3 +85,14 @@ def test_device_check_runs_issue_16s_ab_sections():
     assert {"A/B kernels", "A/B step", "microbench"} <= set(full)
     assert "A/B kernels" in quick and "A/B step" not in quick
     assert sum(s.budget_s for s in gpu_check.gpu_sections(Namespace(quick=False, steps=200))) <= 410
+
+
+def test_grid_sampler_row_fails_on_the_first_different_row():
+    import torch
+
+    a = torch.arange(24).view(3, 8)
+    assert gpu_check.grid_sampler_row("fp8", a, a.clone()).status == "PASS"
+    b = a.clone()
+    b[1, 7] = 1024
+    row = gpu_check.grid_sampler_row("bf16", a, b)
+    assert row.status == "FAIL" and row.value == "1/3 identical before the first difference"
