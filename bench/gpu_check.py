@@ -471,6 +471,11 @@ def batch_rows(ops, dims: Dims, device: torch.device, stream=None, buckets=(1, 4
                        replays)
         yield row(f"sampler + embedding, {m} takes, T 0.8, top-k 30, top-p 0.8", us,
                   m * (logits[0].numel() * 4 + dims.codebooks * dims.hidden * 2), f", {us / m:.1f} µs/take")
+        grid_scratch = ops.sampler_scratch(dev, m)
+        grid_us = replay_us(lambda: ops.sample_grid(logits[:m], audio, state, params, hist, x_rows, grid_scratch),
+                            dev, stream, replays)
+        yield Row("batch", f"A/B sampler + embedding, {m} takes: one program per take | grid (8, {m})",
+                  f"{us:.1f} µs | {grid_us:.1f} µs | one / grid {us / grid_us:.2f}x", "", "INFO")
 
 
 def real_shape_rows(ops, dims: Dims, device: torch.device, gemm_rows: int = 300) -> Iterable[Row]:

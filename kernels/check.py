@@ -205,6 +205,23 @@ def case_sampler(ops, dev, gen):
             err = rel_max(x, embed[idx].double().sum(0)) if got == want else 1.0
             out.append((f"{name} T={temperature} k={top_k} p={top_p}: row {'==' if got == want else '!='} "
                         "reference, embedding", err, TOL_BF16))
+    # The grid sampler for 3 takes at once (the grid (8, 3)), each with its own settings and ticket counter.
+    takes = ((0.8, 30, 0.8, 5, 11), (0.0, 0, 1.0, 6, 2), (1.0, 0, 0.95, 7, 30))
+    logits = torch.randn(len(takes), 8, 1026, generator=gen) * 3
+    state, params = ops.sampler_states([t[3] for t in takes], [t[1] for t in takes], [t[0] for t in takes],
+                                       [t[2] for t in takes], dev)
+    state[:, ops.STATE_STEP] = torch.tensor([t[4] for t in takes], device=dev)
+    rows = torch.full((len(takes), 32, 8), -1, dtype=torch.int32, device=dev)
+    x = torch.empty(len(takes), HIDDEN, dtype=BF16, device=dev)
+    ops.sample_grid(logits.to(dev), embed.to(dev), state, params, rows, x, ops.sampler_scratch(dev, len(takes)))
+    for b, (temperature, top_k, top_p, seed, step) in enumerate(takes):
+        want = ref.sample_row_ref(logits[b], step=step, seed=seed, temperature=temperature, top_k=top_k,
+                                  top_p=top_p)
+        got = rows[b, step].tolist()
+        idx = torch.tensor(want) + 1026 * torch.arange(8)
+        err = rel_max(x[b], embed[idx].double().sum(0)) if got == want else 1.0
+        out.append((f"sample_grid take {b} of 3, T={temperature} k={top_k} p={top_p}: row "
+                    f"{'==' if got == want else '!='} reference, embedding", err, TOL_BF16))
     return out
 
 

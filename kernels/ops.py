@@ -331,20 +331,26 @@ def sample(logits, embed, state, params, rows, x_out):
     return x_out
 
 
-def sampler_scratch(device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The grid sampler's scratch: (picks int32[8], ticket counter int32[1], zero between launches: the
-    last program resets it). One scratch serves launches that run one after the other on a stream."""
-    return (torch.empty(SAMPLER_GRID_TILE["CODEBOOKS"], dtype=torch.int32, device=device),
-            torch.zeros(1, dtype=torch.int32, device=device))
+def sampler_scratch(device, takes: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """The grid sampler's scratch for up to `takes` takes: (picks int32[takes, 8], ticket counters
+    int32[takes], zero between launches: each take's last program resets its own). One scratch serves
+    launches that run one after the other on a stream."""
+    return (torch.empty(takes, SAMPLER_GRID_TILE["CODEBOOKS"], dtype=torch.int32, device=device),
+            torch.zeros(takes, dtype=torch.int32, device=device))
 
 
 def sample_grid(logits, embed, state, params, rows, x_out, scratch):
-    """`sample` as one program per codebook (kernels/sampler.py `sample_grid_kernel`, radix thresholds):
-    the same picks, state, row and next input; `scratch` from `sampler_scratch`."""
+    """`sample` as one program per codebook (kernels/sampler.py `sample_grid_kernel`, radix thresholds): the
+    same picks, state, row and next input; `scratch` from `sampler_scratch`. Also B takes at once in
+    `sample_batch`'s layout (logits [B, 8, 1026], state [B, 5], params [B, 2], rows [B, max_rows, 8],
+    x_out [B, hidden]): the grid (8, B), each take sampled as it would be alone."""
+    takes = state.shape[0] if state.dim() == 2 else 1
     picks, count = scratch
-    sample_grid_kernel[(SAMPLER_GRID_TILE["CODEBOOKS"],)](logits, embed, state, params, rows, x_out, picks, count,
-                                                          embed.shape[1], rows.shape[0],
-                                                          num_warps=SAMPLER_GRID_WARPS, **SAMPLER_GRID_TILE)
+    assert count.numel() >= takes, f"sample_grid: scratch for {count.numel()} takes, {takes} given"
+    assert logits.is_contiguous() and state.is_contiguous() and params.is_contiguous() and rows.is_contiguous()
+    sample_grid_kernel[(SAMPLER_GRID_TILE["CODEBOOKS"], takes)](
+        logits, embed, state, params, rows, x_out, picks, count, embed.shape[1], rows.shape[-2],
+        x_out.stride(0) if x_out.dim() == 2 else 0, num_warps=SAMPLER_GRID_WARPS, **SAMPLER_GRID_TILE)
     return x_out
 
 

@@ -49,6 +49,9 @@ codebook, a grid of 8, with a radix search in place of the bisection:
   top-k 30 / top-p 0.8; a grid program does 10 + 10 wider ones plus ~6 others, then the last one the
   ~5 µs embedding: ~10-20 µs. Greedy needs no search: one argmax per codebook either way. The device
   check times both (bench/gpu_check.py, "A/B sampler").
+  The same kernel serves B takes at once as the grid (8, B), each take with its own settings, state and
+  ticket counter: the batched step's alternative to `sample_batch_kernel` (kernels/batch.py, one
+  single-program step per take), which stays as it is.
 """
 
 from __future__ import annotations
@@ -251,11 +254,21 @@ def sample_kernel(LOGITS, EMBED, STATE, PARAMS, ROWS, X_OUT, hidden, max_rows,
 
 
 @triton.jit
-def sample_grid_kernel(LOGITS, EMBED, STATE, PARAMS, ROWS, X_OUT, PICKS, COUNT, hidden, max_rows,
+def sample_grid_kernel(LOGITS, EMBED, STATE, PARAMS, ROWS, X_OUT, PICKS, COUNT, hidden, max_rows, stride_x,
                        CODEBOOKS: tl.constexpr, VOCAB: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
                        MIN_EOC_STEP: tl.constexpr, TAIL_ROWS: tl.constexpr, RADIX_BITS: tl.constexpr):
-    """`sample_kernel` as a grid of CODEBOOKS programs: program k samples codebook k into PICKS[k]; the
-    last to take a ticket from COUNT (int32, zero between launches) finishes the step and resets it."""
+    """`sample_kernel` as a grid of (CODEBOOKS, takes) programs: program (k, b) samples take b's codebook k
+    into PICKS[b, k]; the last of take b's programs to take a ticket from COUNT[b] (int32, zero between
+    launches) finishes take b's step and resets it. Take b's tensors are the one-take layout, offset by b
+    (X_OUT by stride_x), so takes never see each other and one take alone is the grid (CODEBOOKS, 1)."""
+    b = tl.program_id(1).to(tl.int64)
+    LOGITS += b * (CODEBOOKS * VOCAB)
+    STATE += b * 5
+    PARAMS += b * 2
+    ROWS += b * max_rows * CODEBOOKS
+    X_OUT += b * stride_x
+    PICKS += b * CODEBOOKS
+    COUNT += b
     cb = tl.program_id(0) + tl.arange(0, 1)
     step = tl.load(STATE + 0)
     seed = tl.load(STATE + 1)
@@ -293,7 +306,10 @@ KERNELS = [
     KernelSpec(
         name="sample_embed_grid", fn=sample_grid_kernel,
         signature={"LOGITS": "*fp32", "EMBED": "*bf16", "STATE": "*i64", "PARAMS": "*fp32", "ROWS": "*i32",
-                   "X_OUT": "*bf16", "PICKS": "*i32", "COUNT": "*i32", "hidden": "i32", "max_rows": "i32"},
+                   "X_OUT": "*bf16", "PICKS": "*i32", "COUNT": "*i32", "hidden": "i32", "max_rows": "i32",
+                   "stride_x": "i32"},
         constexprs=SAMPLER_GRID_TILE, num_warps=SAMPLER_GRID_WARPS,
-        divisibility_16=("LOGITS", "EMBED", "X_OUT", "hidden")),
+        # Uncapped, ptxas kept sm_120a at 64 registers and spilled 8 bytes across the searches; the grid is
+        # 8 programs a take (one per SM), so occupancy is not the limit: 128 gives 109-116, no spill.
+        maxnreg=128, divisibility_16=("LOGITS", "EMBED", "X_OUT", "hidden")),
 ]

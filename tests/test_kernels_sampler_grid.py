@@ -134,6 +134,38 @@ def test_grid_sampler_stop_trace_matches_sglang():
         assert rows[:emitted].tolist() == case["rows"], case["name"]
 
 
+# ---------------------------------------------------------------------------------------------- B takes
+def test_grid_sampler_takes_are_each_sampled_as_alone():
+    """The grid (8, B) in `sample_batch`'s layout: each take, with its own settings, seed, step and stop state,
+    gets exactly what the single-program sampler gives it alone (row history, state, next input), and every
+    take's ticket counter is back at zero; take 2 draws EOC inside its own tail, take 3 starts its tail."""
+    from tests.test_kernels_batch import TAKES
+
+    takes = TAKES + [(0.0, 0, 1.0, 3, 9, -1, 0)]
+    gen = torch.Generator().manual_seed(13)
+    logits = torch.randn(len(takes), 8, 1026, generator=gen) * 2
+    logits[2, 0, 1025] = logits[5, 0, 1025] = 30.0
+    embed = torch.randn(8 * 1026, 32, generator=gen).to(BF16)
+    state, params = ops.sampler_states([t[3] for t in takes], [t[1] for t in takes], [t[0] for t in takes],
+                                       [t[2] for t in takes], "cpu")
+    for i, (_, _, _, _, step, countdown, done) in enumerate(takes):
+        state[i, 0], state[i, 3], state[i, 4] = step, countdown, done
+    rows = torch.full((len(takes), max(t[4] for t in takes) + 3, 8), -1, dtype=torch.int32)
+    x = nan_like((len(takes), 32), BF16)
+    scratch = ops.sampler_scratch("cpu", takes=len(takes))
+    ops.sample_grid(logits, embed, state, params, rows, x, scratch)
+    assert (scratch[1] == 0).all()
+    for b, (temperature, top_k, top_p, seed, step, countdown, done) in enumerate(takes):
+        one_state, one_params = ops.sampler_state(seed, top_k, temperature, top_p, "cpu")
+        one_state[0], one_state[3], one_state[4] = step, countdown, done
+        one_rows = torch.full(rows.shape[1:], -1, dtype=torch.int32)
+        one_x = nan_like((32,), BF16)
+        ops.sample(logits[b], embed, one_state, one_params, one_rows, one_x)
+        assert torch.equal(rows[b], one_rows) and torch.equal(state[b], one_state), b
+        assert torch.equal(x[b].view(torch.int16), one_x.view(torch.int16)), b
+    assert state[5, 3:].tolist() == [6, 0]              # EOC at step 9 starts take 5's own tail
+
+
 # ---------------------------------------------------------------------------------------------- the search
 @triton.jit
 def _search_kernel(BITS, KEEP, Q, OUT, need, top_p, BLOCK_V: tl.constexpr, RADIX_BITS: tl.constexpr):
