@@ -256,8 +256,8 @@ def _grid_cubins():
 @pytest.mark.parametrize("cubin", _grid_cubins(), ids=lambda p: p.parent.name)
 def test_grid_sampler_takes_one_integer_ticket_after_a_release_fence(cubin):
     """The finishing program is chosen by one integer `ATOMG.E.ADD` per program with a GPU-scope `MEMBAR`
-    among the 8 instructions before it (every pick stored before the counter moves), and no float atomics anywhere; no spills
-    is checked for every committed cubin by tests/test_kernels_build.py."""
+    among the 8 instructions before it (every pick stored before the counter moves), and no float atomics
+    anywhere; no spills is checked for every committed cubin by tests/test_kernels_build.py."""
     from tests.test_kernels_fused_sass import instructions
 
     ins = instructions(cubin)
