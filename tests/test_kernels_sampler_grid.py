@@ -265,3 +265,38 @@ def test_grid_sampler_takes_one_integer_ticket_after_a_release_fence(cubin):
     assert len(atoms) == 1 and ins[atoms[0]][1].startswith("ATOMG.E.ADD") and ".F32" not in ins[atoms[0]][1]
     before = [op for _, op, _ in ins[max(0, atoms[0] - 8):atoms[0]]]     # sm_89 schedules it 7 before
     assert any(op.startswith("MEMBAR") and op.endswith(".GPU") for op in before), before
+
+
+def test_committed_manifests_serve_the_grid_sampler():
+    """The cubin runtime's copy of ops finds the committed grid-sampler cubin on every arch (constexprs,
+    warps, argument list, alignment) for one take and for B takes, with the bits `ops` gives."""
+    from kernels import manifest as mf
+    from kernels.runtime import InterpretedKernels, cubin_ops
+
+    gen = torch.Generator().manual_seed(21)
+    logits = torch.randn(2, 8, 1026, generator=gen) * 2
+    embed = torch.randn(8 * 1026, 32, generator=gen).to(BF16)
+
+    def run(o):
+        state, params = o.sampler_states([3, 4], [30, 0], [0.8, 1.0], [0.8, 0.95], "cpu")
+        state[:, 0] = torch.tensor([9, 2])
+        rows, x = torch.full((2, 12, 8), -1, dtype=torch.int32), nan_like((2, 32), BF16)
+        o.sample_grid(logits, embed, state, params, rows, x, o.sampler_scratch("cpu", 2))
+        one_state, one_params = o.sampler_state(3, 30, 0.8, 0.8, "cpu")
+        one_rows, one_x = torch.full((12, 8), -1, dtype=torch.int32), nan_like((32,), BF16)
+        o.sample_grid(logits[0], embed, one_state, one_params, one_rows, one_x, o.sampler_scratch("cpu"))
+        return rows, state, x, one_rows, one_state, one_x
+
+    want = run(ops)
+    served = 0
+    for cc in mf.TARGETS:
+        try:
+            kernels = InterpretedKernels(mf.load(cc))
+        except mf.ManifestError:
+            continue
+        got = run(cubin_ops(kernels))
+        assert kernels.launches == ["sample_embed_grid"] * 2
+        assert all(torch.equal(a.view(torch.int16) if a.dtype == BF16 else a, b.view(torch.int16)
+                               if b.dtype == BF16 else b) for a, b in zip(got, want)), cc
+        served += 1
+    assert served, "no committed manifest"
