@@ -2,9 +2,10 @@
 delay-window BOC forcing and the SGLang-Omni stop state of D5, the row written to a device history, and
 the fused audio embedding of that row written as the next step's input.
 
-Why one program: the step after it needs all 8 picks (the embedding sums the 8 rows), so a per-codebook
-grid would need a second launch or a cross-CTA handshake; the 8 × 1026 logits are two [4, 2048] tiles,
-and the embedding is 8 rows of W (40 KB). Every input that changes per step or per take lives in device
+Why one program (`sample_kernel`, variants v1 and v2): the step after it needs all 8 picks (the embedding
+sums the 8 rows), so a per-codebook grid needs a second launch or a cross-CTA handshake (the ticket of
+`sample_grid_kernel` below); the 8 × 1026 logits are two [4, 2048] tiles, and the embedding is 8 rows of
+W (40 KB). Every input that changes per step or per take lives in device
 memory, so the kernel is captured once in the decode graph:
 
   state  int64[5]: step (rows sampled so far), seed, top_k, eoc countdown (-1 = no EOC yet), done flag
@@ -28,7 +29,7 @@ codebook, a grid of 8, with a radix search in place of the bisection:
   * Grid. The single program above samples 4 codebooks, then the other 4, one after the other, with 16
     warps reducing every [4, 2048] tile (cross-warp reductions are the latency: ~0.3-0.5 µs each, a
     shared-memory round trip and two barriers). Program k samples codebook k alone on its own SM, so the
-    8 searches overlap instead of running as two sequential groups, and each reduction spans 4 warps.
+    8 searches overlap instead of running as two sequential groups, and each reduction spans 8 warps.
     The picks go to a device scratch; each program then takes a ticket from an int32 counter
     (acquire-release after a barrier, as kernels/splitk.py does), and the program that draws the last
     ticket reads the 8 picks (through L2), writes the stop state, the row and the embedding with the
