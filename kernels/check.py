@@ -182,22 +182,46 @@ def case_attention(ops, dev, gen):
 
 
 def case_sampler(ops, dev, gen):
+    """The single-program sampler and the grid sampler (v3; its scratch reused, as a graph reuses it)."""
     out = []
     embed = _randn(gen, AUDIO_ROWS, HIDDEN, scale=0.3)
+    scratch = ops.sampler_scratch(dev)
     for temperature, top_k, top_p in ((0.0, 0, 1.0), (0.8, 30, 0.8), (1.0, 0, 0.95)):
         logits = torch.randn(8, 1026, generator=gen) * 3
         seed, step = int(torch.randint(0, 2 ** 62, (1,), generator=gen)), 11
-        state, params = ops.sampler_state(seed, top_k, temperature, top_p, dev)
-        state[ops.STATE_STEP] = step
-        rows = torch.full((32, 8), -1, dtype=torch.int32, device=dev)
-        x = torch.empty(HIDDEN, dtype=BF16, device=dev)
-        ops.sample(logits.to(dev), embed.to(dev), state, params, rows, x)
         want = ref.sample_row_ref(logits, step=step, seed=seed, temperature=temperature, top_k=top_k, top_p=top_p)
-        got = rows[step].tolist()
         idx = torch.tensor(want) + 1026 * torch.arange(8)
-        err = rel_max(x, embed[idx].double().sum(0)) if got == want else 1.0
-        out.append((f"T={temperature} k={top_k} p={top_p}: row {'==' if got == want else '!='} reference, embedding",
-                    err, TOL_BF16))
+        for name in ("sample", "sample_grid"):
+            state, params = ops.sampler_state(seed, top_k, temperature, top_p, dev)
+            state[ops.STATE_STEP] = step
+            rows = torch.full((32, 8), -1, dtype=torch.int32, device=dev)
+            x = torch.empty(HIDDEN, dtype=BF16, device=dev)
+            args = (logits.to(dev), embed.to(dev), state, params, rows, x)
+            if name == "sample":
+                ops.sample(*args)
+            else:
+                ops.sample_grid(*args, scratch)
+            got = rows[step].tolist()
+            err = rel_max(x, embed[idx].double().sum(0)) if got == want else 1.0
+            out.append((f"{name} T={temperature} k={top_k} p={top_p}: row {'==' if got == want else '!='} "
+                        "reference, embedding", err, TOL_BF16))
+    # The grid sampler for 3 takes at once (the grid (8, 3)), each with its own settings and ticket counter.
+    takes = ((0.8, 30, 0.8, 5, 11), (0.0, 0, 1.0, 6, 2), (1.0, 0, 0.95, 7, 30))
+    logits = torch.randn(len(takes), 8, 1026, generator=gen) * 3
+    state, params = ops.sampler_states([t[3] for t in takes], [t[1] for t in takes], [t[0] for t in takes],
+                                       [t[2] for t in takes], dev)
+    state[:, ops.STATE_STEP] = torch.tensor([t[4] for t in takes], device=dev)
+    rows = torch.full((len(takes), 32, 8), -1, dtype=torch.int32, device=dev)
+    x = torch.empty(len(takes), HIDDEN, dtype=BF16, device=dev)
+    ops.sample_grid(logits.to(dev), embed.to(dev), state, params, rows, x, ops.sampler_scratch(dev, len(takes)))
+    for b, (temperature, top_k, top_p, seed, step) in enumerate(takes):
+        want = ref.sample_row_ref(logits[b], step=step, seed=seed, temperature=temperature, top_k=top_k,
+                                  top_p=top_p)
+        got = rows[b, step].tolist()
+        idx = torch.tensor(want) + 1026 * torch.arange(8)
+        err = rel_max(x[b], embed[idx].double().sum(0)) if got == want else 1.0
+        out.append((f"sample_grid take {b} of 3, T={temperature} k={top_k} p={top_p}: row "
+                    f"{'==' if got == want else '!='} reference, embedding", err, TOL_BF16))
     return out
 
 
@@ -380,7 +404,7 @@ CASES = [
     ("rope_kv", {"qk_norm_rope_kv_d128", "qk_norm_rope_kv_d16"}, case_rope_kv),
     ("attention", {"decode_attn_split_d128", "attn_combine_d128", "prefill_attn_d128", "decode_attn_split_d16",
                    "attn_combine_d16", "prefill_attn_d16"}, case_attention),
-    ("sampler", {"sample_embed"}, case_sampler),
+    ("sampler", {"sample_embed", "sample_embed_grid"}, case_sampler),
     ("fused (v2)", {"gemv2_bf16_res", "gemv2_w8a16_res", "gemv2_norm_bf16", "gemv2_norm_w8a8", "gemv2_silu_bf16_res",
                     "gemv2_silu_w8a8_res", "decode_attn_fused_d128", "decode_attn_fused_d16"}, case_fused),
     ("split-K (v3)", {"gemv3_bf16_res", "gemv3_w8a16_res", "gemv3_silu_bf16_res", "gemv3_silu_w8a8_res"},

@@ -31,7 +31,8 @@ from kernels.head import HEAD_TILES, audio_head_kernel
 from kernels.mlp import SILU_TILE, silu_mul_kernel
 from kernels.norm import NORM_TILE, rmsnorm_kernel
 from kernels.rope_kv import qk_norm_rope_kv_kernel
-from kernels.sampler import SAMPLER_TILE, sample_kernel
+from kernels.sampler import SAMPLER_GRID_TILE, SAMPLER_GRID_WARPS, SAMPLER_TILE, sample_grid_kernel, \
+    sample_kernel
 from kernels.splitk import SPLITK_TILES, gemv_splitk_kernel
 
 FP8 = torch.float8_e4m3fn
@@ -327,6 +328,29 @@ def sample(logits, embed, state, params, rows, x_out):
     hidden = embed.shape[1]
     sample_kernel[(1,)](logits, embed, state, params, rows, x_out, hidden, rows.shape[0], num_warps=16,
                         **SAMPLER_TILE)
+    return x_out
+
+
+def sampler_scratch(device, takes: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """The grid sampler's scratch for up to `takes` takes: (picks int32[takes, 8], ticket counters
+    int32[takes], zero between launches: each take's last program resets its own). One scratch serves
+    launches that run one after the other on a stream."""
+    return (torch.empty(takes, SAMPLER_GRID_TILE["CODEBOOKS"], dtype=torch.int32, device=device),
+            torch.zeros(takes, dtype=torch.int32, device=device))
+
+
+def sample_grid(logits, embed, state, params, rows, x_out, scratch):
+    """`sample` as one program per codebook (kernels/sampler.py `sample_grid_kernel`, radix thresholds): the
+    same picks, state, row and next input; `scratch` from `sampler_scratch`. Also B takes at once in
+    `sample_batch`'s layout (logits [B, 8, 1026], state [B, 5], params [B, 2], rows [B, max_rows, 8],
+    x_out [B, hidden]): the grid (8, B), each take sampled as it would be alone."""
+    takes = state.shape[0] if state.dim() == 2 else 1
+    picks, count = scratch
+    assert count.numel() >= takes, f"sample_grid: scratch for {count.numel()} takes, {takes} given"
+    assert logits.is_contiguous() and state.is_contiguous() and params.is_contiguous() and rows.is_contiguous()
+    sample_grid_kernel[(SAMPLER_GRID_TILE["CODEBOOKS"], takes)](
+        logits, embed, state, params, rows, x_out, picks, count, embed.shape[1], rows.shape[-2],
+        x_out.stride(0) if x_out.dim() == 2 else 0, num_warps=SAMPLER_GRID_WARPS, **SAMPLER_GRID_TILE)
     return x_out
 
 

@@ -137,3 +137,30 @@ def test_splitk_gemv_streams_and_takes_one_ticket_after_a_release_fence(cc, name
     assert len(atoms) == 1 and ins[atoms[0]][1].startswith("ATOMG.E.ADD") and ".F32" not in ins[atoms[0]][1]
     before = [op for _, op, _ in ins[max(0, atoms[0] - 6):atoms[0]]]
     assert any(op.startswith("MEMBAR") and op.endswith(".GPU") for op in before), (m.target, before)
+
+
+GEMVS = V2 + SPLITK
+
+
+def weight_loads_per_step(entry) -> int:
+    """128-bit weight loads per thread per loop step, from the tile: BLOCK_N × BLOCK_K weights over the
+    CTA's threads, 16 bytes a load."""
+    w = next(p for p in entry.user_params if p.name == "W")
+    size = 1 if w.type == "*fp8e4nv" else 2
+    return entry.constexprs["BLOCK_N"] * entry.constexprs["BLOCK_K"] * size // (32 * entry.num_warps * 16)
+
+
+@pytest.mark.skipif(not GEMVS, reason="no committed v2/v3 cubins (python -m kernels.build)")
+@pytest.mark.parametrize("cc,name", GEMVS)
+def test_the_loads_in_flight_are_the_weight_tiles(cc, name):
+    """`loads_in_flight` also counts the input chunk's 128-bit loads (x, the norm weight, gate / up). The
+    weight loads among them are at least the count less every 128-bit load of the loop body that is not a
+    weight load (the body's 128-bit loads less the tile's weight loads per step): that bound must reach
+    four too, i.e. the whole 64-byte weight tile is requested before the first accumulation."""
+    m = mf.load(cc)
+    e = m.kernels[name]
+    cubin = m.root / e.cubin
+    per_step = weight_loads_per_step(e)
+    wide = sum(bool(WIDE.match(op)) for _, op, _ in main_loop(instructions(cubin)))
+    assert per_step == MIN_LOADS_IN_FLIGHT and wide >= per_step, (m.target, name, per_step, wide)
+    assert loads_in_flight(cubin) - (wide - per_step) >= MIN_LOADS_IN_FLIGHT, (m.target, name)

@@ -408,6 +408,9 @@ def test_every_ops_launch_has_a_kernel_spec(monkeypatch):
     ops.prefill_attention(q, kc, vc, pos)
     ops.audio_head(x[0], torch.randn(40, hidden).to(BF16), g, 1e-6)
     _run_sampler(torch.randn(8, 1026), step=0, seed=1, temperature=0.8, top_k=30, top_p=0.8, hidden=hidden)
+    state, params = ops.sampler_state(1, 30, 0.8, 0.8, "cpu")
+    ops.sample_grid(torch.randn(8, 1026), torch.randn(8 * 1026, hidden).to(BF16), state, params,
+                    torch.full((3, 8), -1, dtype=torch.int32), nan_like((hidden,), BF16), ops.sampler_scratch("cpu"))
 
     used = set()
     for jit, args, kwargs in launches:

@@ -13,8 +13,11 @@ silu·mul move into the prologue of the GEMV that consumes them, and q/k norm + 
 combine into the attention kernel. Prefill, and the BF16 calibration pass (which must observe the
 quantised inputs), always use v1's kernels. "v1" stays selectable so a device check can time both steps
 in one run on the same GPU. Variant "v3" is v2 with o_proj and down (N = 2560, too few row blocks to fill
-the GPU) as split-K GEMVs with a fixed-order reduction (kernels/splitk.py); v2 stays the default until a
-GPU run measures v3 against it.
+the GPU) as split-K GEMVs with a fixed-order reduction (kernels/splitk.py), and the sampler as one program
+per codebook with radix thresholds (`sample_grid_kernel` in kernels/sampler.py: the same picks, state and
+next input as the single-program sampler v1 and v2 keep); v2 stays the default until a GPU run measures
+v3 against it. `sampler` ("cta" one program, "grid" one per codebook) overrides the variant's sampler, so
+the device check can time each change on its own.
 
 The backend takes an `ops` provider: `kernels.runtime.cubin_ops(CubinKernels())` on a GPU, or the
 interpreter (`kernels.ops` / `cubin_ops(InterpretedKernels(...))`) in the CPU tests, so CI runs this very
@@ -48,6 +51,7 @@ from engine.model import embed_prompt
 
 PRECISIONS = ("fp8", "bf16")
 VARIANTS = ("v1", "v2", "v3")
+VARIANT_SAMPLER = {"v1": "cta", "v2": "cta", "v3": "grid"}
 FP8_MAX = 448.0
 # Static activation scales map the calibration amax to half the e4m3 range: one binade of headroom for
 # prompts whose activations exceed the calibration prompt's, at the cost of one bit near the top.
@@ -77,12 +81,15 @@ class CubinBackend:
 
     def __init__(self, dims: Dims, backbone: dict[str, torch.Tensor], *, ops, device, precision: str = "fp8",
                  max_len: int = 4096, stream=None, calibration_steps: int = CALIBRATION_DECODE_STEPS,
-                 variant: str = "v2"):
+                 variant: str = "v2", sampler: str | None = None):
         if precision not in PRECISIONS:
             raise ValueError(f"cubin backend precision must be one of {PRECISIONS}, got {precision!r}")
         if variant not in VARIANTS:
             raise ValueError(f"cubin backend variant must be one of {VARIANTS}, got {variant!r}")
-        self.dims, self.ops, self.precision, self.variant = dims, ops, precision, variant
+        sampler = sampler or VARIANT_SAMPLER[variant]
+        if sampler not in ("cta", "grid"):
+            raise ValueError(f"cubin backend sampler must be 'cta' or 'grid', got {sampler!r}")
+        self.dims, self.ops, self.precision, self.variant, self.sampler = dims, ops, precision, variant, sampler
         self.device, self.stream = torch.device(device), stream
         self.max_len = 0
         self.graph = None
@@ -113,6 +120,7 @@ class CubinBackend:
             self.attn_scratch = ops.attention_scratch(dims.heads, dims.head_dim, dev)
             self.fused_scratch = ops.fused_attention_scratch(dims.heads, dims.kv_heads, dims.head_dim, dev)
             self.splitk_scratch = ops.gemv_splitk_scratch(dims.hidden, dev) if variant == "v3" else None
+            self.sampler_scratch = ops.sampler_scratch(dev) if sampler == "grid" else None
         self.setup_cache(max_len)
         if precision == "fp8":
             self._calibrate_and_quantize(calibration_steps)
@@ -284,7 +292,11 @@ class CubinBackend:
     def _fused_step(self) -> None:
         """Sample row state.step from self.logits, embed it, and run the step at base + step."""
         ops = self.ops
-        ops.sample(self.logits, self.audio_w, self.state, self.params, self.rows_buf, self.x_row.view(-1))
+        if self.sampler == "grid":
+            ops.sample_grid(self.logits, self.audio_w, self.state, self.params, self.rows_buf, self.x_row.view(-1),
+                            self.sampler_scratch)
+        else:
+            ops.sample(self.logits, self.audio_w, self.state, self.params, self.rows_buf, self.x_row.view(-1))
         self.pos.copy_(self.base + self.state[:1] - 1)  # the row just sampled sits at base + step
         self.h_row.copy_(self.x_row)
         self._layers(self.h_row)
