@@ -124,6 +124,20 @@ def test_padding_rows_write_nothing_and_graphs_are_per_bucket(parity):
         assert changed[written].all()
 
 
+@pytest.mark.slow
+def test_more_than_16_takes_run_as_steps_of_at_most_16(parity):
+    """17 takes: a step of 16 and a step of 1, each take's logits those of the take alone (zero caches: each
+    attends to its own fresh key only, which is all this needs)."""
+    ckpt, _ = parity
+    with fast():
+        be = backend(ckpt, "bf16", slots=17)
+        rows = torch.randint(0, 1024, (17, 8), generator=torch.Generator().manual_seed(3))
+        out = be.decode_rows(rows, list(range(17)), [3] * 17)
+        assert sorted(be.row_graphs) == [1, 16]
+        for i in (0, 16):
+            assert torch.equal(out[i], be.decode_rows(rows[i:i + 1], [i], [3])[0]), i
+
+
 def greedy(logits, step, boc):
     row = logits.argmax(-1)
     row[step + 1:] = boc                                        # the delay window: codebook k is BOC until step k
