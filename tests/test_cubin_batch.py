@@ -138,6 +138,22 @@ def test_more_than_16_takes_run_as_steps_of_at_most_16(parity):
             assert torch.equal(out[i], be.decode_rows(rows[i:i + 1], [i], [3])[0]), i
 
 
+@pytest.mark.slow
+def test_self_check_covers_the_batched_step(parity, monkeypatch):
+    """The load-time self-check runs its last steps through decode_rows too: a skinny GEMM that writes
+    nothing (the single-stream GEMVs untouched) fails it."""
+    from engine.backends.cubin import SELF_CHECK_IDS, SELF_CHECK_MIN_COSINE, SELF_CHECK_STEPS, self_check
+    from tests.test_self_check import BrokenJit
+
+    ckpt, _ = parity
+    ref = HiggsModel.from_state_dict(ckpt.dims, ckpt.backbone, dtype=torch.bfloat16,
+                                     max_len=len(SELF_CHECK_IDS) + SELF_CHECK_STEPS)
+    monkeypatch.setattr(ops, "skinny_gemm_kernel", BrokenJit(ops.skinny_gemm_kernel, "zeroed"))
+    with fast():
+        check = self_check(backend(ckpt, "bf16", slots=1), ref)
+    assert not check.ok and check.cosine_min < SELF_CHECK_MIN_COSINE["bf16"], check.summary
+
+
 def greedy(logits, step, boc):
     row = logits.argmax(-1)
     row[step + 1:] = boc                                        # the delay window: codebook k is BOC until step k

@@ -56,10 +56,11 @@ first); o_proj keeps bf16 activations (W8A16: attention output has no fused quan
 of quantised weights are freed after calibration. "bf16" keeps every weight in bf16.
 
 Self-check. `load` trusts the kernels only after `self_check`: a fixed 32-token prompt and 8 teacher-forced
-decode steps through this backend and through the torch path on the same device and weights, compared by
-logit cosine and greedy agreement against documented thresholds. A failure raises `SelfCheckFailed`, which
-the engine turns into the torch path under backend "auto" (with the figures as the reason) and into an
-error when "cubin" was asked for; a pass puts the figures in `engine.info["self_check"]`.
+decode steps (the last 2 also through the batched step) through this backend and through the torch path on
+the same device and weights, compared by logit cosine and greedy agreement against documented thresholds.
+A failure raises `SelfCheckFailed`, which the engine turns into the torch path under backend "auto" (with
+the figures as the reason) and into an error when "cubin" was asked for; a pass puts the figures in
+`engine.info["self_check"]`.
 """
 
 from __future__ import annotations
@@ -474,6 +475,10 @@ class CubinBackend:
 # GEMM path on a tile boundary's worth of rows; then SELF_CHECK_STEPS teacher-forced decode steps (GEMV).
 SELF_CHECK_IDS = CALIBRATION_IDS + (576, 4024, 6666, 2937, 8730, 311, 6351, 13, 151645, 198, 151644)
 SELF_CHECK_STEPS = 8
+# The last steps run again through the batched step (`decode_rows`, one take), which an engine with
+# max_batch > 1 runs for every take: its kernels (skinny GEMMs, batched RoPE/KV write and attention) are
+# checked before they are trusted too.
+SELF_CHECK_ROWS_STEPS = 2
 # Thresholds. The cubin path and the torch path compute the same math, so on correct kernels they differ
 # by rounding: BF16 by accumulation order and bf16 stores (cosine min 0.9999, greedy 72/72 on the tiny
 # checkpoint), FP8 by the W8A8 quantisation (0.9944, 68/72 there; real weights' outlier channels cost
@@ -507,7 +512,8 @@ class SelfCheck:
         return (f"{'passed' if self.ok else 'FAILED'}: {self.precision} logits vs the torch path, cosine min "
                 f"{self.cosine_min:.4f} (needs {SELF_CHECK_MIN_COSINE[self.precision]}), greedy "
                 f"{self.greedy}/{self.total} (needs {SELF_CHECK_MIN_GREEDY[self.precision]:.0%}), "
-                f"{len(SELF_CHECK_IDS)}-token prompt + {SELF_CHECK_STEPS} steps, {self.seconds:.1f} s")
+                f"{len(SELF_CHECK_IDS)}-token prompt + {SELF_CHECK_STEPS} steps + {SELF_CHECK_ROWS_STEPS} batched "
+                f"steps, {self.seconds:.1f} s")
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -515,19 +521,24 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return c if math.isfinite(c) and torch.isfinite(a).all() else -1.0
 
 
-def self_check(backend: CubinBackend, reference, *, ids=SELF_CHECK_IDS, steps: int = SELF_CHECK_STEPS) -> SelfCheck:
+def self_check(backend: CubinBackend, reference, *, ids=SELF_CHECK_IDS, steps: int = SELF_CHECK_STEPS,
+               rows_steps: int = SELF_CHECK_ROWS_STEPS) -> SelfCheck:
     """Run `ids` and `steps` decode steps through `backend` and `reference` (the torch path on the same
-    device and weights), both fed the reference's greedy rows; compare every step's logits. The backend's
-    KV positions it writes are overwritten by the next take's prefill."""
+    device and weights), both fed the reference's greedy rows; then the last `rows_steps` of them again
+    through the batched step (`decode_rows` in slot 0, rewriting those positions' KV); compare every
+    step's logits. The backend's KV positions it writes are overwritten by the next take's prefill."""
     t0 = time.perf_counter()
     ids = torch.tensor(ids, dtype=torch.long)
     got, want = backend.prefill(ids, None, 0), reference.prefill(ids.to(backend.device), None, 0)
-    pairs = [(got, want)]
+    pairs, fed = [(got, want)], []
     for step in range(steps):
         row = want.argmax(-1)
         row[step + 1:] = backend.dims.boc  # the delay window, as calibration feeds it
         got, want = backend.decode(row, len(ids) + step), reference.decode(row, len(ids) + step)
         pairs.append((got, want))
+        fed.append((row, len(ids) + step, want))
+    for row, pos, want in fed[len(fed) - rows_steps:]:
+        pairs.append((backend.decode_rows(row[None], [0], [pos])[0], want))
     cos = min(_cosine(g.float().cpu(), w.float().cpu()) for g, w in pairs)
     greedy = sum(int((g.float().argmax(-1).cpu() == w.float().argmax(-1).cpu()).sum()) for g, w in pairs)
     return SelfCheck(backend.precision, cos, greedy, sum(w.shape[0] for _, w in pairs), time.perf_counter() - t0)
