@@ -203,10 +203,8 @@ def engine(tiny_checkpoint):
 
     ckpt = load_checkpoint(tiny_checkpoint, progress=False)
     codec = Codec.from_state_dict(ckpt.codec, ckpt.codec_config)
-    with fast():
-        be = CubinBackend(ckpt.dims, ckpt.backbone, ops=ops, device="cpu", precision="bf16", max_len=MAX_LEN)
-        info = {"device": "cpu", "precision": "bf16", "backend": "cubin"}
-        yield Engine(be, codec, None, ckpt.dims, info, max_batch=3)
+    be = CubinBackend(ckpt.dims, ckpt.backbone, ops=ops, device="cpu", precision="bf16", max_len=MAX_LEN)
+    return Engine(be, codec, None, ckpt.dims, {"device": "cpu", "precision": "bf16", "backend": "cubin"}, max_batch=3)
 
 
 def test_max_batch_picks_the_path(tiny_checkpoint):
@@ -237,8 +235,14 @@ def rows_of(engine, seed):
     return next((len(t.rule.rows) for t in list(engine.scheduler.active) if t.params.seed == seed), 0)
 
 
+@pytest.fixture
+def fast_kernels():
+    with fast():
+        yield
+
+
 @pytest.mark.slow
-def test_engine_codes_alone_equal_codes_in_a_batch_with_a_joiner_and_a_cancel(engine):
+def test_engine_codes_alone_equal_codes_in_a_batch_with_a_joiner_and_a_cancel(engine, fast_kernels):
     """Takes alone, then together: a long take decoding alone, one joining it mid-way and cancelled after a
     few frames, and one joining later: every take's codes are its codes alone (the cancelled one's so far)."""
     first, late, doomed = prompt(9707, 11, 419, 374), prompt(2805, 22636), prompt(576, 4024, 6666)
