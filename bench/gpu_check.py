@@ -478,6 +478,47 @@ def batch_rows(ops, dims: Dims, device: torch.device, stream=None, buckets=(1, 4
                   f"{us:.1f} µs | {grid_us:.1f} µs | one / grid {us / grid_us:.2f}x", "", "INFO")
 
 
+def batch_step_rows(ops, dims: Dims, device: torch.device, stream=None, takes=(1, 4, 8, 16),
+                    precisions=("fp8", "bf16"), context: int = 512, steps: int = 20) -> Iterable[Row]:
+    """The whole batched step (`CubinBackend.decode_rows`, issue 13) for M takes, each in its own KV slot at
+    `context` positions: ms/step with the bucket's CUDA graph replayed (host inputs copied in, logits copied
+    out, no sampling), frames/s for the M takes together and against M = 1; then the single-stream v2 step
+    (`begin` / `rows`, device sampling, what an engine with max_batch 1 runs) at the same context."""
+    gen = torch.Generator().manual_seed(11)
+    sd = random_backbone(dims, dtype=torch.bfloat16, device=device, names="internal")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for precision in precisions:
+        be = CubinBackend(dims, sd, ops=ops, device=device, precision=precision, max_len=context + steps + 16,
+                          stream=stream)
+        be.setup_slots(max(takes))   # no prefill: the caches' zeros cost what a prompt's keys cost to read
+        one = None
+        for m in takes:
+            rows = torch.randint(0, 1024, (m, dims.codebooks), generator=gen)
+            be.decode_rows(rows, list(range(m)), [context] * m)     # captures the bucket's graph
+            sync()
+            t0 = time.perf_counter()
+            for step in range(steps):
+                be.decode_rows(rows, list(range(m)), [context + step] * m)
+            sync()
+            ms = 1e3 * (time.perf_counter() - t0) / steps
+            one = one or ms
+            yield Row(f"batch step {precision}", f"decode_rows M {m} (bucket {be.bucket(m)}) at context {context}",
+                      f"{ms:.2f} ms/step, {1e3 * m / ms:.0f} frames/s, {ms / one:.2f}x the M 1 step for {m} takes",
+                      "", "INFO")
+        logits = torch.zeros(dims.audio_rows, device=device)      # the first row's values do not matter here
+        be.begin(logits, context, seed=0, temperature=0.8, top_k=30, top_p=0.8, max_rows=steps + 1)
+        be.rows(1)                                                 # captures the single-stream graph
+        sync()
+        t0 = time.perf_counter()
+        got, _ = be.rows(steps)
+        ms = 1e3 * (time.perf_counter() - t0) / max(len(got), 1)
+        yield Row(f"batch step {precision}", f"single-stream {be.variant} step (max_batch 1) at context {context}",
+                  f"{ms:.2f} ms/frame, {1e3 / ms:.0f} frames/s; decode_rows M 1 is {one / ms:.2f}x it", "", "INFO")
+        del be
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
 def real_shape_rows(ops, dims: Dims, device: torch.device, gemm_rows: int = 300) -> Iterable[Row]:
     """Correctness at the real K and N (kernels.check runs 3072×2560): every layer GEMV in fp8 and bf16,
     and the prefill GEMM at K 2560 / 4096 / 9728 and N up to 19456, against float64 references.
@@ -714,10 +755,10 @@ def gpu_sections(args) -> list[Section]:
         yield Row("setup", f"D2D copy floor on {torch.cuda.get_device_name()}", f"{state['floor'] / 1e9:.0f} GB/s",
                   "", "INFO")
 
-    # budgets add up to 410 s: the whole run fits 7 minutes, under scripts/gpu_check.sh's 480 s timeout. The
+    # budgets add up to 455 s: the whole run fits 8 minutes, under scripts/gpu_check.sh's 480 s timeout. The
     # batch section's 20 s came from cubins, thread, floor (10 -> 5 s each: a manifest read, one launch, one
     # 1 GB copy) and microbench (35 -> 30 s); issue 16's A/B added 30 s to "A/B step" (4 steps per precision,
-    # not 2) and 20 s of "A/B kernels".
+    # not 2) and 20 s of "A/B kernels"; issue 13's "batch step" 45 s.
     cuda = torch.device("cuda")
     sections = [Section("preflight", 20, preflight_rows),
                 Section("cubins", 5, lambda: manifest_rows(probe_driver().cc)),
@@ -739,6 +780,8 @@ def gpu_sections(args) -> list[Section]:
     sections.append(Section("microbench", 30, lambda: microbench_rows(
         OPS, FULL_SIZE, cuda, KERNELS.stream, state.get("floor"), step_ms=state.get("cubin_ms"))))
     sections.append(Section("batch", 20, lambda: batch_rows(OPS, FULL_SIZE, cuda, KERNELS.stream)))
+    # two full-size backends (fp8 calibration included) and 5 x 20 timed steps each: the budgets add up to 405 s
+    sections.append(Section("batch step", 45, lambda: batch_step_rows(OPS, FULL_SIZE, cuda, KERNELS.stream)))
     return sections
 
 
@@ -768,6 +811,8 @@ def selftest_sections() -> list[Section]:
             Section("microbench", 60, lambda: microbench_rows(interpreted_ops(), SELFTEST_DIMS, cpu,
                                                               contexts=(16, 32, 64))),
             Section("batch", 60, lambda: batch_rows(interpreted_ops(), SELFTEST_DIMS, cpu, buckets=(1, 2), context=16)),
+            Section("batch step", 60, lambda: batch_step_rows(interpreted_ops(), SELFTEST_DIMS, cpu, takes=(1, 2),
+                                                              precisions=("bf16",), context=8, steps=1)),
             Section("A/B step (stand-in figures)", 5,
                     lambda: step_ab_rows({(p, c[0]): 1.0 for p in ("fp8", "bf16") for c in STEP_CONFIGS}))]
 

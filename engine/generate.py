@@ -2,11 +2,18 @@
 codec decode, with the shared-prefix KV cache (SPEC D1) and per-take metrics.
 
 Streaming is the primary path: `generate_stream` yields `Chunk`s as the codec finalises audio, and
-`generate` / `predict` drain the same loop. When the backend can batch (`decode_rows`: the torch path),
-takes from any number of threads decode together in one running batch (engine/scheduler.py); a take's
-codes do not depend on its company (engine/model.py, batch invariance). A backend that cannot batch (the
-cubin kernels today) runs one take at a time: the take holds the engine lock until its generator finishes
-or is closed, exactly as before batching existed.
+`generate` / `predict` drain the same loop. When the engine batches, takes from any number of threads
+decode together in one running batch (engine/scheduler.py) and a take's codes do not depend on its
+company (batch invariance, docs/ARCHITECTURE.md). Which engines batch:
+
+* the eager torch path (`decode_rows`, no fused device decode): always, max_batch 1 included;
+* the GPU backends with both the batched step and the fused single-stream decode (`decode_rows` and
+  `begin` / `rows`: cubin, torch-graph): when max_batch > 1, and then every take, a lone one included,
+  runs through `decode_rows` with host sampling, so it gives the same codes alone and in any batch. With
+  max_batch 1 they run the fused single-stream path instead (the fastest single listener: sampling on
+  the device, one CUDA graph per step), one take at a time under the engine lock. The two paths compute
+  the same math in different reduction orders, so on these backends a seed's codes from an engine with
+  max_batch 1 and from one with max_batch > 1 can differ by float rounding (each is reproducible).
 """
 
 from __future__ import annotations
@@ -191,9 +198,12 @@ class Engine:
         self.device = torch.device(info["device"])
         self._lock = threading.Lock()  # device state: one step, prefill or codec call at a time
         self._prefix_key = None  # without batching: the prompt prefix whose KV sits in [0, prefix_len)
-        # The scheduler samples on the host, so a backend with its own fused device sampling (`rows`)
-        # runs one take at a time; max_batch=1 still goes through the scheduler's queue.
-        batched = hasattr(model, "decode_rows") and not hasattr(model, "rows")
+        # The scheduler samples on the host. A backend with its own fused device decode (`rows`) keeps it
+        # for max_batch 1 (the fastest single listener) and batches every take otherwise; the torch path
+        # always goes through the scheduler (module docstring).
+        batched = hasattr(model, "decode_rows") and (max_batch > 1 or not hasattr(model, "rows"))
+        if batched and hasattr(model, "setup_slots"):
+            model.setup_slots(max_batch)  # a backend that preallocates one KV slot per take (cubin)
         # Calibrated against at least 16 rows whatever max_batch is, so engines loaded with different
         # max_batch (1 included) pad alike and give a seed the same codes.
         rows = max(max_batch, DEFAULT_MAX_BATCH)

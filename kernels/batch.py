@@ -1,9 +1,12 @@
 """The batched decode step's kernels (issue 13): up to 16 takes decoded together, each row's result
 independent of how many others run beside it.
 
-`skinny_gemm_kernel`: Y[M, N] = X[M, K] · W[N, K]ᵀ for M ≤ 16 decode rows on the tensor cores, BF16 or
-FP8 W8A8 (per-row activation scale, per-output-channel weight scale). Decode is weight-bandwidth bound, so
-the weights sit in tl.dot's 64-row slot and the ≤ 16 activation rows, padded to 16, in its column slot
+`skinny_gemm_kernel`: Y[M, N] = X[M, K] · W[N, K]ᵀ for M ≤ 16 decode rows on the tensor cores, BF16, FP8
+W8A8 (per-row activation scale, per-output-channel weight scale) or W8A16 (FP8 weight with its per-channel
+scale, BF16 activations: o_proj on the FP8 path, whose input is the attention output with no quantiser;
+the FP8 tile is converted to BF16 in registers, exactly, and multiplied by BF16 MMA, so the weight bytes
+streamed are halved and the activations keep their precision). Y may be fp32 (the audio head's logits).
+Decode is weight-bandwidth bound, so the weights sit in tl.dot's 64-row slot and the ≤ 16 activation rows, padded to 16, in its column slot
 (swap-AB): that is what makes Hopper issue wgmma (HGMMA / QGMMA need 64 rows), and on Ada / consumer
 Blackwell it is four m16n8 mma.sync tiles. Batch invariance by construction: the tile is always 16
 activation rows whatever M is, every program walks the whole K in the same BLOCK_K steps, and an MMA
@@ -38,11 +41,12 @@ ROWS = 16   # the activation tile: tl.dot's minimum, and the largest batch bucke
 
 @triton.jit
 def _skinny_epilogue(acc, W_SCALE, X_SCALE, R, Y, rn, rm, nmask, mmask, stride_ym, stride_rm,
-                     HAS_SCALES: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+                     HAS_W_SCALE: tl.constexpr, HAS_X_SCALE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
     """Scales, the residual (the product rounded to bf16 first, as an unfused add) and the store of
     acc [BLOCK_N, BLOCK_M] = Yᵀ (inlined)."""
-    if HAS_SCALES:
+    if HAS_W_SCALE:
         acc = acc * tl.load(W_SCALE + rn, mask=nmask, other=0.0)[:, None]
+    if HAS_X_SCALE:
         acc = acc * tl.load(X_SCALE + rm, mask=mmask, other=0.0)[None, :]
     ymask = nmask[:, None] & mmask[None, :]
     if HAS_RESIDUAL:
@@ -54,7 +58,8 @@ def _skinny_epilogue(acc, W_SCALE, X_SCALE, R, Y, rn, rm, nmask, mmask, stride_y
 @triton.jit
 def skinny_gemm_kernel(X, W, W_SCALE, X_SCALE, R, Y, PART, COUNT, M, N, K, stride_xm, stride_w, stride_ym,
                        stride_rm, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                       SPLIT_K: tl.constexpr, HAS_SCALES: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+                       SPLIT_K: tl.constexpr, HAS_W_SCALE: tl.constexpr, HAS_X_SCALE: tl.constexpr,
+                       HAS_RESIDUAL: tl.constexpr):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -71,14 +76,15 @@ def skinny_gemm_kernel(X, W, W_SCALE, X_SCALE, R, Y, PART, COUNT, M, N, K, strid
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         kmask = (k0 + rk) < k_end
-        w = tl.load(w_ptrs + k0, mask=nmask[:, None] & kmask[None, :], other=0.0)
         x = tl.load(x_ptrs + k0, mask=kmask[:, None] & mmask[None, :], other=0.0)
+        # W8A16: the FP8 weight tile becomes BF16 exactly (a no-op when both have one type).
+        w = tl.load(w_ptrs + k0, mask=nmask[:, None] & kmask[None, :], other=0.0).to(x.dtype)
         # FP8 on sm_90: promote wgmma's reduced-precision accumulator into fp32 after every K tile, as
         # kernels/gemm.py does (ignored for bf16 and off Hopper).
         acc = tl.dot(w, x, acc, max_num_imprecise_acc=BLOCK_K)
     if SPLIT_K == 1:
         _skinny_epilogue(acc, W_SCALE, X_SCALE, R, Y, rn, rm, nmask, mmask, stride_ym, stride_rm,
-                         HAS_SCALES, HAS_RESIDUAL)
+                         HAS_W_SCALE, HAS_X_SCALE, HAS_RESIDUAL)
     else:
         # Partials [SPLIT_K, BLOCK_M, N] fp32; the last program of the row block (an integer ticket, no
         # float atomics) adds them in split order, so the sum order is fixed whoever finishes last.
@@ -91,7 +97,7 @@ def skinny_gemm_kernel(X, W, W_SCALE, X_SCALE, R, Y, PART, COUNT, M, N, K, strid
             for sp in tl.static_range(SPLIT_K):
                 acc += tl.load(part + sp * BLOCK_M * N, mask=nmask[:, None], other=0.0, cache_modifier=".cg")
             _skinny_epilogue(acc, W_SCALE, X_SCALE, R, Y, rn, rm, nmask, mmask, stride_ym, stride_rm,
-                             HAS_SCALES, HAS_RESIDUAL)
+                             HAS_W_SCALE, HAS_X_SCALE, HAS_RESIDUAL)
             tl.store(COUNT + pid, 0)
 
 
@@ -138,19 +144,22 @@ def sample_batch_kernel(LOGITS, EMBED, STATE, PARAMS, ROWS, X_OUT, hidden, max_r
                  CODEBOOKS, VOCAB, BLOCK_V, BLOCK_H, MIN_EOC_STEP, TAIL_ROWS)
 
 
-SKINNY_TILES = {"bf16": dict(BLOCK_N=64, BLOCK_K=128, BLOCK_M=ROWS), "fp8": dict(BLOCK_N=64, BLOCK_K=256, BLOCK_M=ROWS)}
+# W8A16 multiplies in BF16, so its K tile is the BF16 one (the FP8 weight tile is half its bytes).
+SKINNY_TILES = {"bf16": dict(BLOCK_N=64, BLOCK_K=128, BLOCK_M=ROWS), "fp8": dict(BLOCK_N=64, BLOCK_K=256, BLOCK_M=ROWS),
+                "w8a16": dict(BLOCK_N=64, BLOCK_K=128, BLOCK_M=ROWS)}
 # Splits for the N = 2560 projections: 40 row blocks x 4 = 160 programs on 132 SMs. Not tuned on a GPU.
 SKINNY_SPLIT_K = 4
 
 
-def _gemm(name, x, w, *, residual, split_k=1):
-    kind = "fp8" if w == "*fp8e4nv" else "bf16"
+def _gemm(name, x, w, *, residual, split_k=1, y="*bf16"):
+    kind = {("*bf16", "*bf16"): "bf16", ("*fp8e4nv", "*fp8e4nv"): "fp8", ("*bf16", "*fp8e4nv"): "w8a16"}[x, w]
     return KernelSpec(
         name=name, fn=skinny_gemm_kernel,
-        signature={"X": x, "W": w, "W_SCALE": "*fp32", "X_SCALE": "*fp32", "R": "*bf16", "Y": "*bf16",
+        signature={"X": x, "W": w, "W_SCALE": "*fp32", "X_SCALE": "*fp32", "R": "*bf16", "Y": y,
                    "PART": "*fp32", "COUNT": "*i32", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
                    "stride_w": "i32", "stride_ym": "i32", "stride_rm": "i32"},
-        constexprs=dict(SKINNY_TILES[kind], SPLIT_K=split_k, HAS_SCALES=kind == "fp8", HAS_RESIDUAL=residual),
+        constexprs=dict(SKINNY_TILES[kind], SPLIT_K=split_k, HAS_W_SCALE=kind != "bf16", HAS_X_SCALE=kind == "fp8",
+                        HAS_RESIDUAL=residual),
         num_warps=4, num_stages=3,
         divisibility_16=("X", "W", "Y", "PART", "K", "stride_xm", "stride_w", "stride_ym"))
 
@@ -162,6 +171,10 @@ KERNELS = [
     _gemm("gemm_skinny_w8a8_res", "*fp8e4nv", "*fp8e4nv", residual=True),
     _gemm("gemm_skinny_bf16_res_split", "*bf16", "*bf16", residual=True, split_k=SKINNY_SPLIT_K),
     _gemm("gemm_skinny_w8a8_res_split", "*fp8e4nv", "*fp8e4nv", residual=True, split_k=SKINNY_SPLIT_K),
+    # o_proj on the FP8 path (bf16 attention output, FP8 weight), split like the other N = 2560 projection
+    _gemm("gemm_skinny_w8a16_res_split", "*bf16", "*fp8e4nv", residual=True, split_k=SKINNY_SPLIT_K),
+    # the batched audio head: final-normed rows x the tied [8208, hidden] table -> fp32 logits
+    _gemm("gemm_skinny_bf16_f32", "*bf16", "*bf16", residual=False, y="*fp32"),
     *[KernelSpec(
         name=f"decode_attn_batch_d{head_dim}", fn=decode_attn_batch_kernel,
         signature={"Q": "*bf16", "K_CACHE": "*bf16", "V_CACHE": "*bf16", "SLOTS": "*i32", "LENS": "*i32",

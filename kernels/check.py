@@ -393,6 +393,54 @@ def case_batch(ops, dev, gen):
     return out
 
 
+def case_batch_step(ops, dev, gen):
+    """What the cubin backend's batched step adds to kernels/batch.py's set: the W8A16 split-K GEMM (FP8
+    o_proj weight, bf16 attention output, + residual) per bucket against float64 and bit-identical to the
+    16-row run; the skinny GEMM with fp32 output (the audio head) likewise; the batched q/k norm + RoPE + KV
+    write for 4 takes at their own slots and positions plus a padding row (position -1) that must write
+    nothing (err 1 if it did)."""
+    out = []
+    a = _randn(gen, 16, 4096)
+    w8, ws = _fp8_weight(ops, _randn(gen, HIDDEN, 4096, scale=4096 ** -0.5).to(dev))
+    res = _randn(gen, 16, HIDDEN)
+    scratch = ops.skinny_gemm_scratch(HIDDEN, dev)
+    full = ops.skinny_gemm(a.to(dev), w8, w_scale=ws, residual=res.to(dev), scratch=scratch)
+    head_w = _randn(gen, AUDIO_ROWS, HIDDEN, scale=HIDDEN ** -0.5)
+    h = _randn(gen, 16, HIDDEN)
+    logits = ops.skinny_gemm(h.to(dev), head_w.to(dev), out=torch.empty(16, AUDIO_ROWS, device=dev))
+    for m in BUCKETS:
+        y = ops.skinny_gemm(a[:m].to(dev), w8, w_scale=ws, residual=res[:m].to(dev), scratch=scratch)
+        want = ref.linear_ref(a[:m], w8.cpu(), w_scale=ws.cpu(), residual=res[:m])
+        same = torch.equal(y.view(torch.int16), full[:m].view(torch.int16)) and not scratch[1].any()
+        out.append((f"skinny gemm split-K w8a16 M {m} +res", rel_max(y, want), TOL_BF16))
+        out.append((f"skinny gemm split-K w8a16 M {m}: rows == rows of M 16", 0.0 if same else 1.0, 0.5))
+        y = ops.skinny_gemm(h[:m].to(dev), head_w.to(dev), out=torch.empty(m, AUDIO_ROWS, device=dev))
+        out.append((f"skinny gemm bf16 -> fp32 (audio head) M {m}", rel_max(y, ref.linear_ref(h[:m], head_w)), TOL_FP32))
+        out.append((f"skinny gemm bf16 -> fp32 M {m}: rows == rows of M 16", 0.0 if torch.equal(y, logits[:m])
+                    else 1.0, 0.5))
+    for d, heads, kv in ((HEAD_DIM, HEADS, KV_HEADS), (16, 4, 2)):
+        slots, positions, max_pos = [2, 0, 3, 1, 0], [37, 0, 100, 5, -1], 128
+        qkv = _randn(gen, len(slots), (heads + 2 * kv) * d)
+        qn, kn = 1 + _randn(gen, d, scale=0.1), 1 + _randn(gen, d, scale=0.1)
+        cos, sin = _tables(ops, d, max_pos, "cpu")
+        kc = torch.zeros(4, kv, max_pos, d, dtype=BF16, device=dev)
+        vc = torch.zeros_like(kc)
+        q = ops.qk_norm_rope_kv_batch(qkv.to(dev), qn.to(dev), kn.to(dev), cos.to(dev), sin.to(dev),
+                                      torch.tensor(slots, dtype=torch.int32, device=dev),
+                                      torch.tensor(positions, dtype=torch.int32, device=dev), kc, vc, heads=heads,
+                                      kv_heads=kv, eps=EPS)
+        at = torch.tensor([max(p, 0) for p in positions])
+        qr, kr, vr = ref.qk_norm_rope_ref(qkv, qn, kn, cos, sin, at, heads, kv, EPS)
+        real = [i for i, p in enumerate(positions) if p >= 0]
+        err = max(rel_max(q, qr), rel_max(torch.stack([kc[slots[i], :, positions[i]] for i in real]), kr[real]),
+                  rel_max(torch.stack([vc[slots[i], :, positions[i]] for i in real]), vr[real]))
+        out.append((f"rope + kv batch d{d}: q, k, v at each take's slot and position", err, TOL_BF16))
+        written = (kc != 0).any(-1).any(1).sum().item() + (vc != 0).any(-1).any(1).sum().item()
+        out.append((f"rope + kv batch d{d}: only the {len(real)} takes' cells written (padding row: none)",
+                    0.0 if written == 2 * len(real) else 1.0, 0.5))
+    return out
+
+
 CASES = [
     ("rmsnorm", {"rmsnorm_bf16", "rmsnorm_add_bf16", "rmsnorm_fp8", "rmsnorm_add_fp8"}, case_rmsnorm),
     ("silu_mul", {"silu_mul_bf16", "silu_mul_fp8"}, case_silu_mul),
@@ -412,6 +460,8 @@ CASES = [
     ("batch", {"gemm_skinny_bf16", "gemm_skinny_bf16_res", "gemm_skinny_w8a8", "gemm_skinny_w8a8_res",
                "gemm_skinny_bf16_res_split", "gemm_skinny_w8a8_res_split",
                "decode_attn_batch_d128", "decode_attn_batch_d16", "sample_embed_batch"}, case_batch),
+    ("batch step", {"gemm_skinny_w8a16_res_split", "gemm_skinny_bf16_f32", "qk_norm_rope_kv_batch_d128",
+                    "qk_norm_rope_kv_batch_d16"}, case_batch_step),
 ]
 
 

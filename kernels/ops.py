@@ -8,7 +8,8 @@ file's `*_TILE(S)` dict, also used by its `KERNELS` entries). Outputs may be pre
 captured CUDA graph reuses the same buffers; positions, lengths and sampler state are device tensors.
 
 Conventions: activations bf16; FP8 tensors are `torch.float8_e4m3fn` with fp32 scales (weights: per output
-channel `[N]`, activations: per tensor `[1]`, static); KV caches `[kv_heads, max_pos, head_dim]` bf16.
+channel `[N]`, activations: per tensor `[1]`, static); KV caches `[kv_heads, max_pos, head_dim]` bf16 (the
+batched ops: `[slots, kv_heads, max_pos, head_dim]`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from kernels.gemv import GEMV_TILES, gemv_kernel
 from kernels.head import HEAD_TILES, audio_head_kernel
 from kernels.mlp import SILU_TILE, silu_mul_kernel
 from kernels.norm import NORM_TILE, rmsnorm_kernel
-from kernels.rope_kv import qk_norm_rope_kv_kernel
+from kernels.rope_kv import qk_norm_rope_kv_batch_kernel, qk_norm_rope_kv_kernel
 from kernels.sampler import SAMPLER_GRID_TILE, SAMPLER_GRID_WARPS, SAMPLER_TILE, sample_grid_kernel, \
     sample_kernel
 from kernels.splitk import SPLITK_TILES, gemv_splitk_kernel
@@ -173,16 +174,18 @@ def skinny_gemm_scratch(n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
 
 def skinny_gemm(x, w, *, w_scale=None, x_scale=None, out=None, residual=None, scratch=None):
     """Y[M, N] = x[M, K] · w[N, K]ᵀ for M ≤ 16 decode rows on the tensor cores (kernels/batch.py), each
-    row's result independent of M. BF16 x and w, or FP8 x and w with `x_scale` [M] (per row) and
-    `w_scale` [N] (per output channel). residual [M, N] bf16 is added in the epilogue (out may be it).
+    row's result independent of M. BF16 x and w; FP8 x and w with `x_scale` [M] (per row) and `w_scale`
+    [N] (per output channel); or W8A16: BF16 x, FP8 w with `w_scale` only. residual [M, N] bf16 is added
+    in the epilogue (out may be it); `out` may be fp32 (no residual: the audio head's logits).
     `scratch` (from `skinny_gemm_scratch`; with a residual only: o_proj, down) splits K into fixed ranges
     for more programs at small N, reduced in a fixed order."""
     m, k = x.shape
     n = w.shape[0]
     assert m <= ROWS, f"skinny_gemm: {m} rows, at most {ROWS}"
-    fp8 = w.dtype == FP8
-    assert fp8 == (x.dtype == FP8) == (w_scale is not None) == (x_scale is not None), \
-        "skinny_gemm: FP8 needs FP8 x and w with both scales; BF16 takes none"
+    fp8_w, fp8_x = w.dtype == FP8, x.dtype == FP8
+    kind = "fp8" if fp8_x else "w8a16" if fp8_w else "bf16"
+    assert (w_scale is not None) == fp8_w and (x_scale is not None) == fp8_x and (fp8_w or not fp8_x), \
+        "skinny_gemm: FP8 w needs w_scale, FP8 x needs x_scale (and FP8 w); BF16 takes none"
     assert scratch is None or residual is not None, "skinny_gemm: split-K is built for the residual GEMMs only"
     if out is None:
         out = torch.empty((m, n), dtype=torch.bfloat16, device=x.device)
@@ -190,10 +193,10 @@ def skinny_gemm(x, w, *, w_scale=None, x_scale=None, out=None, residual=None, sc
     part, count = scratch if scratch is not None else (out, out)
     split_k = SKINNY_SPLIT_K if scratch is not None else 1
     assert scratch is None or part.numel() >= split_k * ROWS * n, "skinny_gemm: scratch too small for this N"
-    tiles = SKINNY_TILES["fp8" if fp8 else "bf16"]
+    tiles = SKINNY_TILES[kind]
     skinny_gemm_kernel[(triton.cdiv(n, tiles["BLOCK_N"]), split_k)](
-        x, w, w_scale if fp8 else out, x_scale if fp8 else out, res, out, part, count, m, n, k, x.stride(0),
-        w.stride(0), out.stride(0), res.stride(0), SPLIT_K=split_k, HAS_SCALES=fp8,
+        x, w, w_scale if fp8_w else out, x_scale if fp8_x else out, res, out, part, count, m, n, k, x.stride(0),
+        w.stride(0), out.stride(0), res.stride(0), SPLIT_K=split_k, HAS_W_SCALE=fp8_w, HAS_X_SCALE=fp8_x,
         HAS_RESIDUAL=residual is not None, num_warps=4, num_stages=3, **tiles)
     return out
 
@@ -231,6 +234,22 @@ def qk_norm_rope_kv(qkv, q_norm, k_norm, cos, sin, pos, k_cache, v_cache, *, hea
     qk_norm_rope_kv_kernel[(m, heads + kv_heads)](
         qkv2, q_norm, k_norm, cos, sin, pos, q_out, k_cache, v_cache, heads, kv_heads, eps, qkv2.stride(0),
         heads * d, k_cache.stride(0), k_cache.stride(1), HEAD_DIM=d, num_warps=1)
+    return q_out
+
+
+def qk_norm_rope_kv_batch(qkv, q_norm, k_norm, cos, sin, slots, positions, k_cache, v_cache, *, heads: int,
+                          kv_heads: int, eps: float, q_out=None):
+    """`qk_norm_rope_kv` for B decode rows of B takes: row b at position positions[b] of cache slot
+    slots[b] (caches [slots, kv_heads, max_pos, D]; slots, positions int32 [B] on the device). A row with
+    a negative position is padding: its q is computed at position 0 and it writes no k/v."""
+    b = qkv.shape[0]
+    d = k_cache.shape[-1]
+    assert qkv.shape[1] == (heads + 2 * kv_heads) * d and k_cache.dim() == 4
+    if q_out is None:
+        q_out = torch.empty((b, heads, d), dtype=qkv.dtype, device=qkv.device)
+    qk_norm_rope_kv_batch_kernel[(b, heads + kv_heads)](
+        qkv, q_norm, k_norm, cos, sin, slots, positions, q_out, k_cache, v_cache, heads, kv_heads, eps,
+        qkv.stride(0), heads * d, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), HEAD_DIM=d, num_warps=1)
     return q_out
 
 

@@ -8,6 +8,12 @@ one captured CUDA graph serves every decode step and a prefill segment can start
 cos/sin are the bf16-rounded tables of SPEC D4 ([max_pos, head_dim], `cat(freqs, freqs)` layout); the
 normalised head is rounded to bf16 (as the reference's bf16 q_norm output) and rotated in fp32.
 Cache layout: [kv_heads, max_pos, head_dim] per layer, so attention streams each kv head contiguously.
+
+`qk_norm_rope_kv_batch_kernel` is the batched decode step's form (issue 13): row b of the qkv output is one
+take's next row, at its own position POS[b] in its own cache slot SLOTS[b] of caches [slots, kv_heads,
+max_pos, head_dim]. One program per (row, head) as above, so a row's q, k and v do not depend on the other
+rows. A row with POS[b] < 0 is a bucket's padding row: its q is computed at position 0 (finite, discarded)
+and it writes nothing, so it cannot touch a take's cache.
 """
 
 from __future__ import annotations
@@ -56,6 +62,29 @@ def qk_norm_rope_kv_kernel(QKV, Q_NORM, K_NORM, COS, SIN, POS, Q_OUT, K_CACHE, V
         tl.store(V_CACHE + dst + d, v)
 
 
+@triton.jit
+def qk_norm_rope_kv_batch_kernel(QKV, Q_NORM, K_NORM, COS, SIN, SLOTS, POS, Q_OUT, K_CACHE, V_CACHE,
+                                 n_heads, n_kv_heads, eps, stride_qkv, stride_q, stride_cslot, stride_ch,
+                                 stride_cs, HEAD_DIM: tl.constexpr):
+    row = tl.program_id(0)
+    head = tl.program_id(1)  # 0..n_heads-1: q heads; then n_kv_heads kv heads
+    pos = tl.load(POS + row)
+    at = tl.maximum(pos, 0).to(tl.int64)
+    src = QKV + row.to(tl.int64) * stride_qkv + head * HEAD_DIM
+    cos = COS + at * HEAD_DIM
+    sin = SIN + at * HEAD_DIM
+    if head < n_heads:
+        _norm_rope(src, Q_NORM, cos, sin, Q_OUT + row.to(tl.int64) * stride_q + head * HEAD_DIM, eps,
+                   HALF=HEAD_DIM // 2)
+    elif pos >= 0:
+        kvh = head - n_heads
+        dst = tl.load(SLOTS + row).to(tl.int64) * stride_cslot + kvh.to(tl.int64) * stride_ch + at * stride_cs
+        _norm_rope(src, K_NORM, cos, sin, K_CACHE + dst, eps, HALF=HEAD_DIM // 2)
+        d = tl.arange(0, HEAD_DIM)
+        v = tl.load(src + n_kv_heads * HEAD_DIM + d)
+        tl.store(V_CACHE + dst + d, v)
+
+
 def _spec(head_dim):
     return KernelSpec(
         name=f"qk_norm_rope_kv_d{head_dim}", fn=qk_norm_rope_kv_kernel,
@@ -68,5 +97,17 @@ def _spec(head_dim):
                          "stride_cs"))
 
 
+def _batch_spec(head_dim):
+    return KernelSpec(
+        name=f"qk_norm_rope_kv_batch_d{head_dim}", fn=qk_norm_rope_kv_batch_kernel,
+        signature={"QKV": "*bf16", "Q_NORM": "*bf16", "K_NORM": "*bf16", "COS": "*bf16", "SIN": "*bf16",
+                   "SLOTS": "*i32", "POS": "*i32", "Q_OUT": "*bf16", "K_CACHE": "*bf16", "V_CACHE": "*bf16",
+                   "n_heads": "i32", "n_kv_heads": "i32", "eps": "fp32", "stride_qkv": "i32", "stride_q": "i32",
+                   "stride_cslot": "i32", "stride_ch": "i32", "stride_cs": "i32"},
+        constexprs={"HEAD_DIM": head_dim}, num_warps=1,
+        divisibility_16=("QKV", "Q_OUT", "K_CACHE", "V_CACHE", "COS", "SIN", "stride_qkv", "stride_q",
+                         "stride_cslot", "stride_ch", "stride_cs"))
+
+
 # head_dim 128: the 4B model; 16: the tiny parity checkpoint the device check runs.
-KERNELS = [_spec(128), _spec(16)]
+KERNELS = [_spec(128), _spec(16), _batch_spec(128), _batch_spec(16)]

@@ -5,8 +5,9 @@ the engine's batch slots, cancellation, and a bounded history of takes. The engi
 
 Slots: as many requests run at once as the engine decodes together (`engine.info["max_batch"]`, one worker
 thread each); the engine's scheduler batches their steps (engine/scheduler.py), so a visitor waits, with a
-reported position, only while every slot is busy. An engine that cannot batch (a remote server, a backend
-with its own device sampling) reports max_batch 1 and the service runs one request at a time, as before.
+reported position, only while every slot is busy. An engine that does not batch (a remote server, a GPU
+backend loaded with max_batch 1 for its fused single-stream path) reports max_batch 1 and the service runs
+one request at a time, as before.
 
     service = StudioService(engine, voices, presets)
     req = SynthesisRequest(text="Hello there.", voice_id="Narrator", style="Calm narrator", seed=7)

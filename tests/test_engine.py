@@ -238,7 +238,8 @@ def test_fused_decode_protocol_matches_per_step(engine, parity_dir):
 
     generate.register_backend("fused-torch", fused)
     try:
-        other = Engine.load(parity_dir / "tiny_checkpoint", backend="fused-torch", precision="fp32")
+        # max_batch 1: a backend with the fused protocol batches (and skips it) only when max_batch > 1
+        other = Engine.load(parity_dir / "tiny_checkpoint", backend="fused-torch", precision="fp32", max_batch=1)
     finally:
         del generate.BACKENDS["fused-torch"]
     d, prompt, _ = fixture(parity_dir, "voice_clone")

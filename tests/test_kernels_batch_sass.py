@@ -41,14 +41,15 @@ SKINNY = committed_skinny()
 def test_skinny_gemm_uses_the_swap_ab_tensor_core_shape(cc, name):
     m = mf.load(cc)
     ops = sass_ops(m.root / m.kernels[name].cubin)
-    kind = "fp8" if "w8a8" in name else "bf16"
+    kind = "fp8" if "w8a8" in name else "bf16"  # W8A16 upcasts its FP8 weight tile and multiplies in BF16
     want = MMA[m.target, kind]
     mma = sorted({o for o in ops if o.startswith(TENSOR_CORE)})
     assert mma == [want], f"{m.target}/{name}: tensor-core ops {mma}, want only {want}"
 
 
 def test_all_archs_have_the_skinny_gemm():
-    assert {(cc, n) for cc in mf.TARGETS for n in ("gemm_skinny_bf16", "gemm_skinny_w8a8")} <= set(SKINNY)
+    names = ("gemm_skinny_bf16", "gemm_skinny_w8a8", "gemm_skinny_w8a16_res_split", "gemm_skinny_bf16_f32")
+    assert {(cc, n) for cc in mf.TARGETS for n in names} <= set(SKINNY)
 
 
 @pytest.mark.skipif(not SKINNY, reason="no committed batch cubins (python -m kernels.build)")
@@ -64,5 +65,6 @@ def test_split_k_skinny_gemm_reduces_with_one_integer_ticket(cc, name):
     assert len(atoms) == 1 and ins[atoms[0]][1].startswith("ATOMG.E.ADD") and ".F32" not in ins[atoms[0]][1]
     before = [op for _, op, _ in ins[max(0, atoms[0] - 6):atoms[0]]]
     assert any(op.startswith("MEMBAR") and op.endswith(".GPU") for op in before), (m.target, before)
-    plain = instructions(m.root / m.kernels[name.removesuffix("_split")].cubin)
-    assert not any(op.startswith(("ATOM", "RED")) for _, op, _ in plain)
+    plain = name.removesuffix("_split")
+    if plain in m.kernels:  # W8A16 (o_proj) is built split only
+        assert not any(op.startswith(("ATOM", "RED")) for _, op, _ in instructions(m.root / m.kernels[plain].cubin))

@@ -193,8 +193,11 @@ def test_capture_warm_up_does_not_disturb_the_take(ckpt, parity_dir):
 @pytest.mark.parametrize("name", ["zero_shot", "voice_clone"])
 def test_greedy_take_equals_the_parity_codes(parity_dir, name):
     d, prompt = fixture(parity_dir, name)
-    engine = Engine.load(parity_dir / "tiny_checkpoint", device="cpu", precision="fp32", backend="torch-graph")
+    # max_batch 1: the fused single-stream path (graphs, device sampling); larger engines batch eagerly
+    engine = Engine.load(parity_dir / "tiny_checkpoint", device="cpu", precision="fp32", backend="torch-graph",
+                         max_batch=1)
     assert engine.info["backend"] == "torch-graph" and "stand-in" in engine.info["graphs"]
+    assert engine.scheduler is None and engine.info["max_batch"] == 1
     # load captured every window and the default-settings sampler (a failing capture fails the load)
     assert list(engine.model.sampler_graphs) == [(0.8, 30, 0.8)]
     assert sorted(engine.model.step_graphs) == engine.model.windows() == [256, 512, 1024, 2048, 4096]
@@ -204,8 +207,8 @@ def test_greedy_take_equals_the_parity_codes(parity_dir, name):
 
 def test_sampled_take_equals_the_eager_engine(parity_dir):
     _, prompt = fixture(parity_dir, "voice_clone")
-    takes = [Engine.load(parity_dir / "tiny_checkpoint", device="cpu", precision="fp32", backend=b).predict(
-        prompt=prompt, seed=11, max_frames=120) for b in ("torch", "torch-graph")]
+    takes = [Engine.load(parity_dir / "tiny_checkpoint", device="cpu", precision="fp32", backend=b,
+                         max_batch=1).predict(prompt=prompt, seed=11, max_frames=120) for b in ("torch", "torch-graph")]
     assert torch.equal(takes[0], takes[1]) and len(takes[0]) > 20
 
 

@@ -19,6 +19,35 @@ next input as the single-program sampler v1 and v2 keep); v2 stays the default u
 v3 against it. `sampler` ("cta" one program, "grid" one per codebook) overrides the variant's sampler, so
 the device check can time each change on its own.
 
+Batched decode (issue 13). `decode_rows(rows [M, 8], slots, positions)` runs one step of M takes, each in
+its own KV slot at its own position, and returns fp32 logits [M, 8, 1026] for the engine's scheduler
+(which samples on the host). Per layer, 9 launches for the whole batch:
+
+    rmsnorm (-> fp8) | skinny GEMM qkv | batched q/k norm + RoPE + KV write (per-row slot and position)
+    batched attention + combine (per-row slot and length) | skinny GEMM o_proj (+ residual, split-K)
+    rmsnorm (-> fp8) | skinny GEMM gate_up | silu·mul (-> fp8) | skinny GEMM down (+ residual, split-K)
+
+then the final rmsnorm and the audio head as one more skinny GEMM (fp32 logits). The skinny GEMMs
+(kernels/batch.py) are BF16, W8A8, or W8A16 for o_proj on the FP8 path (its input is the attention output,
+which has no quantiser; FP8 weight, BF16 activations, BF16 MMA). Rows are padded to a bucket of 1, 4, 8
+or 16 (`ROW_BUCKETS`), and each bucket's step is one CUDA graph whose inputs (rows, slots, positions,
+lengths) are device buffers copied in before the replay; padding rows carry code 0, position -1 (the KV
+write skips them) and length 1 over slot 0, and their outputs are discarded. More than 16 takes run as
+several steps of at most 16.
+
+Batch invariance by construction: the GEMM always multiplies a 16-row activation tile in a fixed K order
+whatever M is, every other kernel (norms, silu·mul, RoPE/KV write, attention, combine) runs one program
+per row, and the embedding sums the 8 codebooks elementwise in a fixed order, so a take's logits are the
+same bits alone, in any bucket, beside any other takes, in any slot (tests/test_cubin_batch.py). They are
+not the bits of the single-stream step (`decode` / `rows`: GEMVs, another reduction order): an engine
+with max_batch 1 runs that fused path, one with max_batch > 1 runs every take, a lone one included,
+through `decode_rows`, so the same seed gives codes that differ by float rounding between the two.
+
+KV slots: caches [slots, kv_heads, max_len, D] per layer, one contiguous slot per take (the layout the
+batched attention indexes), allocated for the engine's max_batch (`setup_slots`; 1 until the engine
+asks). That is 144 KiB per position for the 4B model: 576 MiB per slot at 4096 positions, 9 GiB for 16
+slots. The single-stream path, calibration and the self-check use slot 0.
+
 The backend takes an `ops` provider: `kernels.runtime.cubin_ops(CubinKernels())` on a GPU, or the
 interpreter (`kernels.ops` / `cubin_ops(InterpretedKernels(...))`) in the CPU tests, so CI runs this very
 composition on the tiny checkpoint and compares it with the torch reference.
@@ -30,10 +59,11 @@ first); o_proj keeps bf16 activations (W8A16: attention output has no fused quan
 of quantised weights are freed after calibration. "bf16" keeps every weight in bf16.
 
 Self-check. `load` trusts the kernels only after `self_check`: a fixed 32-token prompt and 8 teacher-forced
-decode steps through this backend and through the torch path on the same device and weights, compared by
-logit cosine and greedy agreement against documented thresholds. A failure raises `SelfCheckFailed`, which
-the engine turns into the torch path under backend "auto" (with the figures as the reason) and into an
-error when "cubin" was asked for; a pass puts the figures in `engine.info["self_check"]`.
+decode steps (the last 2 also through the batched step) through this backend and through the torch path on
+the same device and weights, compared by logit cosine and greedy agreement against documented thresholds.
+A failure raises `SelfCheckFailed`, which the engine turns into the torch path under backend "auto" (with
+the figures as the reason) and into an error when "cubin" was asked for; a pass puts the figures in
+`engine.info["self_check"]`.
 """
 
 from __future__ import annotations
@@ -46,6 +76,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.backends.torch_graph import EagerGraph
 from engine.config import Dims
 from engine.model import embed_prompt
 
@@ -61,15 +92,20 @@ CALIBRATION_HEADROOM = 2.0
 CALIBRATION_IDS = (151644, 872, 198, 9707, 11, 419, 374, 264, 2805, 22636, 11652, 369, 279, 7743, 1614, 13,
                    151645, 198, 151644, 77091, 198)
 CALIBRATION_DECODE_STEPS = 16
+# Row buckets of the batched step: one CUDA graph each; M takes run in the smallest bucket that holds them.
+ROW_BUCKETS = (1, 4, 8, 16)
 
 BF16 = torch.bfloat16
 
 
 class Layer:
-    """Device tensors of one decoder layer (weights fused: qkv = [q; k; v], gate_up = [gate; up])."""
+    """Device tensors of one decoder layer (weights fused: qkv = [q; k; v], gate_up = [gate; up]); FP8
+    static activation scales `x_*` [1] and their per-row copies `rows_*` [16] for the skinny GEMMs; caches
+    kc / vc [slots, kv_heads, max_len, D] and k / v, slot 0's views."""
 
     __slots__ = ("ln1", "ln2", "q_norm", "k_norm", "qkv", "o", "gate_up", "down",
-                 "qkv_s", "o_s", "gate_up_s", "down_s", "x_qkv", "x_gate_up", "x_down", "k", "v")
+                 "qkv_s", "o_s", "gate_up_s", "down_s", "x_qkv", "x_gate_up", "x_down", "rows_qkv", "rows_gate_up",
+                 "rows_down", "kc", "vc", "k", "v")
 
     def __init__(self):
         for name in self.__slots__:
@@ -91,8 +127,9 @@ class CubinBackend:
             raise ValueError(f"cubin backend sampler must be 'cta' or 'grid', got {sampler!r}")
         self.dims, self.ops, self.precision, self.variant, self.sampler = dims, ops, precision, variant, sampler
         self.device, self.stream = torch.device(device), stream
-        self.max_len = 0
+        self.max_len, self.slots = 0, 1
         self.graph = None
+        self.row_graphs: dict[int, object] = {}  # bucket -> the batched step's graph
         self.info: dict = {}  # joins engine.info (kernel target and loader, set by `load`)
         self._calib: dict | None = None
         dev = self.device
@@ -121,23 +158,50 @@ class CubinBackend:
             self.fused_scratch = ops.fused_attention_scratch(dims.heads, dims.kv_heads, dims.head_dim, dev)
             self.splitk_scratch = ops.gemv_splitk_scratch(dims.hidden, dev) if variant == "v3" else None
             self.sampler_scratch = ops.sampler_scratch(dev) if sampler == "grid" else None
+            # The batched step's static inputs and outputs (graph buffers: same addresses for life).
+            rows = ROW_BUCKETS[-1]
+            self.b_rows = torch.zeros(rows, dims.codebooks, dtype=torch.long, device=dev)
+            self.b_meta = torch.zeros(3, rows, dtype=torch.int32, device=dev)  # slots, positions, lengths
+            self.b_h = torch.zeros(rows, dims.hidden, dtype=BF16, device=dev)
+            self.b_logits = torch.zeros(rows, dims.audio_rows, dtype=torch.float32, device=dev)
+            self.b_attn_scratch = ops.attention_scratch(rows * dims.heads, dims.head_dim, dev)
+            self.b_split = ops.skinny_gemm_scratch(dims.hidden, dev)
         self.setup_cache(max_len)
         if precision == "fp8":
             self._calibrate_and_quantize(calibration_steps)
 
     # ---------------------------------------------------------------- setup
     def setup_cache(self, max_len: int) -> None:
-        """(Re)allocate the KV caches and RoPE tables for max_len positions; drops a captured graph."""
+        """(Re)size the KV caches and RoPE tables to max_len positions, keeping every slot's contents (takes
+        in flight keep their KV); drops the captured graphs, which hold the old addresses."""
         max_len = min(max_len, self.dims.max_positions)
-        if max_len == self.max_len:
-            return
+        if max_len != self.max_len:
+            self._allocate(self.slots, max_len)
+
+    def setup_slots(self, slots: int) -> None:
+        """KV slots for `slots` takes decoded together (the engine's max_batch), contents of the slots kept."""
+        if slots < 1:
+            raise ValueError(f"the cubin backend needs at least one KV slot, got {slots}")
+        if slots != self.slots:
+            self._allocate(slots, self.max_len)
+
+    def _allocate(self, slots: int, max_len: int) -> None:
         d = self.dims
+        keep_slots, keep_len = min(slots, self.slots), min(max_len, self.max_len)
         with self._on_stream():
             for L in self.layers:
-                L.k = torch.zeros(d.kv_heads, max_len, d.head_dim, dtype=BF16, device=self.device)
-                L.v = torch.zeros_like(L.k)
-            self.cos, self.sin = self.ops.rope_tables(d.rope_theta, d.head_dim, max_len, self.device)
-        self.max_len, self.graph = max_len, None
+                shape = (slots, d.kv_heads, max_len, d.head_dim)
+                kc = torch.zeros(shape, dtype=BF16, device=self.device)
+                vc = torch.zeros_like(kc)
+                if L.kc is not None:
+                    kc[:keep_slots, :, :keep_len] = L.kc[:keep_slots, :, :keep_len]
+                    vc[:keep_slots, :, :keep_len] = L.vc[:keep_slots, :, :keep_len]
+                L.kc, L.vc = kc, vc
+                L.k, L.v = kc[0], vc[0]
+            if max_len != self.max_len:
+                self.cos, self.sin = self.ops.rope_tables(d.rope_theta, d.head_dim, max_len, self.device)
+        self.slots, self.max_len = slots, max_len
+        self.graph, self.row_graphs = None, {}
 
     def _calibrate_and_quantize(self, decode_steps: int) -> None:
         """Run the built-in prompt in BF16 recording activation amax at the three quantised inputs, then
@@ -161,6 +225,8 @@ class CubinBackend:
                 L.o, L.o_s = ops.quantize_weight_fp8(L.o)
                 L.gate_up, L.gate_up_s = ops.quantize_weight_fp8(L.gate_up)
                 L.down, L.down_s = ops.quantize_weight_fp8(L.down)
+                L.rows_qkv, L.rows_gate_up, L.rows_down = (
+                    x.expand(ROW_BUCKETS[-1]).contiguous() for x in (L.x_qkv, L.x_gate_up, L.x_down))
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # the bf16 copies are gone; return their blocks
 
@@ -183,24 +249,25 @@ class CubinBackend:
         caller.wait_stream(self.stream)
 
     # ---------------------------------------------------------------- the step
-    def _layers(self, h: torch.Tensor) -> None:
-        """h [M, hidden] bf16 at positions pos[0] + i (device), the residual stream updated in place;
-        writes fp32 logits of the last row into self.logits."""
+    def _layers(self, h: torch.Tensor, slot: int = 0) -> None:
+        """h [M, hidden] bf16 at positions pos[0] + i (device) of KV slot `slot`, the residual stream updated
+        in place; writes fp32 logits of the last row into self.logits."""
         ops, d = self.ops, self.dims
         m = h.shape[0]
         if m == 1 and self.variant != "v1" and self._calib is None:
-            self._layers_v2(h)
+            self._layers_v2(h, slot)
             return
         for i, L in enumerate(self.layers):
+            k, v = L.kc[slot], L.vc[slot]
             xn = ops.rmsnorm(h, L.ln1, d.rms_eps, scale=L.x_qkv)
             self._observe(i, "qkv", xn)
             qkv = ops.linear(xn, L.qkv, w_scale=L.qkv_s, x_scale=L.x_qkv)
-            q = ops.qk_norm_rope_kv(qkv, L.q_norm, L.k_norm, self.cos, self.sin, self.pos, L.k, L.v,
+            q = ops.qk_norm_rope_kv(qkv, L.q_norm, L.k_norm, self.cos, self.sin, self.pos, k, v,
                                     heads=d.heads, kv_heads=d.kv_heads, eps=d.rms_eps)
             if m == 1:
-                a = ops.decode_attention(q, L.k, L.v, self.pos, scratch=self.attn_scratch)
+                a = ops.decode_attention(q, k, v, self.pos, scratch=self.attn_scratch)
             else:
-                a = ops.prefill_attention(q, L.k, L.v, self.pos)
+                a = ops.prefill_attention(q, k, v, self.pos)
             ops.linear(a.view(m, -1), L.o, w_scale=L.o_s, residual=h, out=h)
             xn = ops.rmsnorm(h, L.ln2, d.rms_eps, scale=L.x_gate_up)
             self._observe(i, "gate_up", xn)
@@ -210,7 +277,7 @@ class CubinBackend:
             ops.linear(act, L.down, w_scale=L.down_s, x_scale=L.x_down, residual=h, out=h)
         ops.audio_head(h[-1], self.audio_w, self.norm_w, d.rms_eps, out=self.logits)
 
-    def _layers_v2(self, h: torch.Tensor) -> None:
+    def _layers_v2(self, h: torch.Tensor, slot: int = 0) -> None:
         """`_layers` for one decode row in 5 launches per layer (kernels/fused.py), same rounding points;
         "v3" runs o_proj and down as split-K GEMVs (kernels/splitk.py)."""
         ops, d = self.ops, self.dims
@@ -219,8 +286,8 @@ class CubinBackend:
         for L in self.layers:
             qkv = ops.gemv2(row, L.qkv, prologue="norm", norm_w=L.ln1, eps=d.rms_eps, w_scale=L.qkv_s,
                             x_scale=L.x_qkv)
-            a = ops.decode_attention_fused(qkv, L.q_norm, L.k_norm, self.cos, self.sin, self.pos, L.k, L.v,
-                                           heads=d.heads, eps=d.rms_eps, scratch=self.fused_scratch)
+            a = ops.decode_attention_fused(qkv, L.q_norm, L.k_norm, self.cos, self.sin, self.pos, L.kc[slot],
+                                           L.vc[slot], heads=d.heads, eps=d.rms_eps, scratch=self.fused_scratch)
             if split:
                 ops.gemv_splitk(a.view(-1), L.o, w_scale=L.o_s, residual=row, out=row, scratch=self.splitk_scratch)
             else:
@@ -246,14 +313,20 @@ class CubinBackend:
         if end > self.max_len:
             raise ValueError(f"sequence of {end} positions exceeds the cache of {self.max_len}")
 
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"KV slot {slot} does not exist: the cubin backend has {self.slots} (setup_slots)")
+
     @torch.inference_mode()
-    def prefill(self, ids: torch.Tensor, ref_rows: torch.Tensor | None = None, start: int = 0) -> torch.Tensor:
+    def prefill(self, ids: torch.Tensor, ref_rows: torch.Tensor | None = None, start: int = 0,
+                slot: int = 0) -> torch.Tensor:
         ids = ids.to(self.device)
         self._check_room(start + len(ids))
+        self._check_slot(slot)
         with self._on_stream():
             h = self._embed(ids, ref_rows)
             self.pos.fill_(start)
-            self._layers(h)
+            self._layers(h, slot)
             out = self.logits.view(self.dims.codebooks, self.dims.codebook_vocab).clone()
         return out
 
@@ -266,6 +339,84 @@ class CubinBackend:
             self._layers(h)
             out = self.logits.view(self.dims.codebooks, self.dims.codebook_vocab).clone()
         return out
+
+    # ---------------------------------------------------------------- batched decode (the scheduler's step)
+    @staticmethod
+    def bucket(m: int) -> int:
+        """The row bucket (and graph) a step of m ≤ 16 takes runs in."""
+        return next(b for b in ROW_BUCKETS if b >= m)
+
+    @torch.inference_mode()
+    def decode_rows(self, rows: torch.Tensor, slots: list[int], positions: list[int]) -> torch.Tensor:
+        """One decode step of B takes: rows [B, 8] (take i's last sampled row, fed at positions[i] of KV slot
+        slots[i]) -> fp32 logits [B, 8, 1026]. Each take's logits are the same bits whatever else runs
+        beside it (module docstring); B > 16 runs as steps of at most 16 takes."""
+        b = rows.shape[0]
+        if not b == len(slots) == len(positions):
+            raise ValueError(f"decode_rows: {b} rows for {len(slots)} slots and {len(positions)} positions")
+        for slot in slots:
+            self._check_slot(slot)
+        self._check_room(max(positions) + 1)
+        if len(set(slots)) != b:
+            raise ValueError(f"decode_rows: two takes in one KV slot ({slots})")
+        rows = rows.to(self.device)
+        out = torch.empty(b, self.dims.codebooks, self.dims.codebook_vocab, dtype=torch.float32, device=self.device)
+        group = ROW_BUCKETS[-1]
+        with self._on_stream():
+            for lo in range(0, b, group):
+                hi = min(lo + group, b)
+                self._step_group(rows[lo:hi], slots[lo:hi], positions[lo:hi])
+                out[lo:hi] = self.b_logits[:hi - lo].view(hi - lo, *out.shape[1:])
+        return out
+
+    def _step_group(self, rows: torch.Tensor, slots: list[int], positions: list[int]) -> None:
+        """Copy ≤ 16 takes' inputs into the static buffers, padded to their bucket, and replay its graph."""
+        m = rows.shape[0]
+        p = self.bucket(m)
+        pad = p - m
+        meta = torch.tensor([[*slots, *[0] * pad], [*positions, *[-1] * pad], [x + 1 for x in positions] + [1] * pad],
+                            dtype=torch.int32)
+        self.b_meta[:, :p].copy_(meta)
+        self.b_rows[:m].copy_(rows)
+        self.b_rows[m:p].zero_()
+        graph = self.row_graphs.get(p)
+        if graph is None:  # captured when the buffers hold this very step: the warm-up runs are this step
+            graph = self.row_graphs[p] = self._capture_rows(p)
+        graph.replay()
+
+    def _capture_rows(self, p: int):
+        if self.device.type != "cuda":
+            return EagerGraph(lambda: self._step_rows(p))  # the CPU tests: the same step, replayed eagerly
+        from kernels.runtime import capture_graph
+
+        return capture_graph(lambda: self._step_rows(p), self.stream or torch.cuda.current_stream(self.device))
+
+    def _step_rows(self, p: int) -> None:
+        """The batched step over the first p rows of the static buffers (the bucket's graph body). The
+        residual stream is rebuilt from the rows' embeddings, so a replay (or a capture's warm-up run)
+        recomputes the same step from its inputs."""
+        ops, d = self.ops, self.dims
+        slots, positions, lens = self.b_meta[0, :p], self.b_meta[1, :p], self.b_meta[2, :p]
+        h = self.b_h[:p]
+        e = F.embedding(self.b_rows[:p] + self.offsets, self.audio_w).float()
+        acc = e[:, 0]
+        for k in range(1, d.codebooks):  # elementwise, in codebook order: no reduction whose order could vary
+            acc = acc + e[:, k]
+        h.copy_(acc)
+        fp8 = self.precision == "fp8"
+        for L in self.layers:
+            xn = ops.rmsnorm(h, L.ln1, d.rms_eps, scale=L.x_qkv)
+            qkv = ops.skinny_gemm(xn, L.qkv, w_scale=L.qkv_s, x_scale=L.rows_qkv if fp8 else None)
+            q = ops.qk_norm_rope_kv_batch(qkv, L.q_norm, L.k_norm, self.cos, self.sin, slots, positions, L.kc, L.vc,
+                                          heads=d.heads, kv_heads=d.kv_heads, eps=d.rms_eps)
+            a = ops.decode_attention_batch(q, L.kc, L.vc, slots, lens, scratch=self.b_attn_scratch)
+            ops.skinny_gemm(a.view(p, -1), L.o, w_scale=L.o_s, residual=h, out=h, scratch=self.b_split)
+            xn = ops.rmsnorm(h, L.ln2, d.rms_eps, scale=L.x_gate_up)
+            gu = ops.skinny_gemm(xn, L.gate_up, w_scale=L.gate_up_s, x_scale=L.rows_gate_up if fp8 else None)
+            act = ops.silu_mul(gu, scale=L.x_down)
+            ops.skinny_gemm(act, L.down, w_scale=L.down_s, x_scale=L.rows_down if fp8 else None, residual=h, out=h,
+                            scratch=self.b_split)
+        ops.skinny_gemm(ops.rmsnorm(h, self.norm_w, d.rms_eps), self.audio_w, out=self.b_logits[:p])
 
     # ---------------------------------------------------------------- fused decode (sampling on device)
     def begin(self, logits: torch.Tensor, pos: int, *, seed: int, temperature: float, top_k: int, top_p: float,
@@ -336,6 +487,10 @@ class CubinBackend:
 # GEMM path on a tile boundary's worth of rows; then SELF_CHECK_STEPS teacher-forced decode steps (GEMV).
 SELF_CHECK_IDS = CALIBRATION_IDS + (576, 4024, 6666, 2937, 8730, 311, 6351, 13, 151645, 198, 151644)
 SELF_CHECK_STEPS = 8
+# The last steps run again through the batched step (`decode_rows`, one take), which an engine with
+# max_batch > 1 runs for every take: its kernels (skinny GEMMs, batched RoPE/KV write and attention) are
+# checked before they are trusted too.
+SELF_CHECK_ROWS_STEPS = 2
 # Thresholds. The cubin path and the torch path compute the same math, so on correct kernels they differ
 # by rounding: BF16 by accumulation order and bf16 stores (cosine min 0.9999, greedy 72/72 on the tiny
 # checkpoint), FP8 by the W8A8 quantisation (0.9944, 68/72 there; real weights' outlier channels cost
@@ -369,7 +524,8 @@ class SelfCheck:
         return (f"{'passed' if self.ok else 'FAILED'}: {self.precision} logits vs the torch path, cosine min "
                 f"{self.cosine_min:.4f} (needs {SELF_CHECK_MIN_COSINE[self.precision]}), greedy "
                 f"{self.greedy}/{self.total} (needs {SELF_CHECK_MIN_GREEDY[self.precision]:.0%}), "
-                f"{len(SELF_CHECK_IDS)}-token prompt + {SELF_CHECK_STEPS} steps, {self.seconds:.1f} s")
+                f"{len(SELF_CHECK_IDS)}-token prompt + {SELF_CHECK_STEPS} steps + {SELF_CHECK_ROWS_STEPS} batched "
+                f"steps, {self.seconds:.1f} s")
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -377,19 +533,24 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return c if math.isfinite(c) and torch.isfinite(a).all() else -1.0
 
 
-def self_check(backend: CubinBackend, reference, *, ids=SELF_CHECK_IDS, steps: int = SELF_CHECK_STEPS) -> SelfCheck:
+def self_check(backend: CubinBackend, reference, *, ids=SELF_CHECK_IDS, steps: int = SELF_CHECK_STEPS,
+               rows_steps: int = SELF_CHECK_ROWS_STEPS) -> SelfCheck:
     """Run `ids` and `steps` decode steps through `backend` and `reference` (the torch path on the same
-    device and weights), both fed the reference's greedy rows; compare every step's logits. The backend's
-    KV positions it writes are overwritten by the next take's prefill."""
+    device and weights), both fed the reference's greedy rows; then the last `rows_steps` of them again
+    through the batched step (`decode_rows` in slot 0, rewriting those positions' KV); compare every
+    step's logits. The backend's KV positions it writes are overwritten by the next take's prefill."""
     t0 = time.perf_counter()
     ids = torch.tensor(ids, dtype=torch.long)
     got, want = backend.prefill(ids, None, 0), reference.prefill(ids.to(backend.device), None, 0)
-    pairs = [(got, want)]
+    pairs, fed = [(got, want)], []
     for step in range(steps):
         row = want.argmax(-1)
         row[step + 1:] = backend.dims.boc  # the delay window, as calibration feeds it
         got, want = backend.decode(row, len(ids) + step), reference.decode(row, len(ids) + step)
         pairs.append((got, want))
+        fed.append((row, len(ids) + step, want))
+    for row, pos, want in fed[len(fed) - rows_steps:]:
+        pairs.append((backend.decode_rows(row[None], [0], [pos])[0], want))
     cos = min(_cosine(g.float().cpu(), w.float().cpu()) for g, w in pairs)
     greedy = sum(int((g.float().argmax(-1).cpu() == w.float().argmax(-1).cpu()).sum()) for g, w in pairs)
     return SelfCheck(backend.precision, cos, greedy, sum(w.shape[0] for _, w in pairs), time.perf_counter() - t0)

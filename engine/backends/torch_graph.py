@@ -24,6 +24,11 @@ pick the ops (greedy, top-k, top-p) through `sample`'s Python branches. `rows(n)
 and syncs once. `load` captures every window and the default sampler up front (`warm_up`): a capture
 that fails then fails the load, where "auto" falls back to eager torch with the reason.
 
+Batching. With max_batch > 1 the engine runs every take through `decode_rows`, `HiggsModel`'s eager
+batched step (no graphs; sampling on the host, per take), over per-slot caches (`prefill(slot=)`); the
+graphs above serve an engine with max_batch 1. A seed's codes from the two can differ by float rounding
+(the batched step pads to `min_rows` rows; the graphs run one row over a masked window).
+
 Where there is no CUDA (the CPU tests) the "graph" is a stand-in that replays by calling the same step
 function (`eager_capture`), so every path but the driver's capture runs in CI. `auto` never picks this
 backend on the CPU: there the eager torch path stays the default, unchanged.
@@ -138,7 +143,7 @@ class TorchGraphBackend:
         self.step_graphs: dict[int, object] = {}
         self.sampler_graphs: dict[tuple, object] = {}
         self.positions = torch.arange(model.max_len, device=dev)
-        self.taken = self.max_rows = 0
+        self.taken = self.take_rows = 0
         self.sampler = None
 
     @property
@@ -153,8 +158,26 @@ class TorchGraphBackend:
             self.step_graphs.clear()
             self.positions = torch.arange(self.model.max_len, device=self.device)
 
-    def prefill(self, ids: torch.Tensor, ref_rows: torch.Tensor | None = None, start: int = 0) -> torch.Tensor:
-        return self.model.prefill(ids, ref_rows, start)
+    def prefill(self, ids: torch.Tensor, ref_rows: torch.Tensor | None = None, start: int = 0,
+                slot: int = 0) -> torch.Tensor:
+        return self.model.prefill(ids, ref_rows, start, slot=slot)
+
+    # ---------------------------------------------------------------- batched decode (eager, the scheduler's)
+    def decode_rows(self, rows: torch.Tensor, slots: list[int], positions: list[int]) -> torch.Tensor:
+        """`HiggsModel.decode_rows`: the eager batched step, padded to `min_rows` (batch invariance)."""
+        return self.model.decode_rows(rows, slots, positions)
+
+    def calibrate_rows(self, max_rows: int) -> int:
+        return self.model.calibrate_rows(max_rows)
+
+    @property
+    def min_rows(self) -> int:
+        return self.model.min_rows
+
+    @property
+    def max_rows(self) -> int:
+        """The most rows `decode_rows` is calibrated for (HiggsModel.calibrate_rows)."""
+        return self.model.max_rows
 
     # ---------------------------------------------------------------- the static step
     def bucket(self, pos: int) -> int:
@@ -252,7 +275,7 @@ class TorchGraphBackend:
             self.sampler_graphs[key] = self.capture(lambda: self._sample(*key))
             self._reset(logits, pos, seed)  # the warm-up sampled a row: start the take afresh
         self.sampler = self.sampler_graphs[key]
-        self.start, self.taken, self.max_rows = pos, 0, max_rows
+        self.start, self.taken, self.take_rows = pos, 0, max_rows
 
     def windows(self) -> list[int]:
         """Every attention window a step graph can have at this cache size."""
@@ -274,7 +297,7 @@ class TorchGraphBackend:
     def rows(self, n: int) -> tuple[torch.Tensor, bool]:
         """Advance up to n steps on the device, then ONE host sync: the rows sampled ([k, 8] int64) and
         whether the device stop state finished the take."""
-        n = max(0, min(n, self.max_rows - self.taken))  # never step past the room begin() checked
+        n = max(0, min(n, self.take_rows - self.taken))  # never step past the room begin() checked
         for i in range(n):
             self.sampler.replay()
             self._run_step(self.start + self.taken + i)
