@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from kernels import manifest as mf
-from tests.test_kernels_build import sass_ops
+from tests.test_kernels_build import committed, sass_ops
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install -r requirements-dev.txt)")
 
@@ -22,18 +22,9 @@ MMA = {("sm_90a", "bf16"): "HGMMA.64x16x16.F32.BF16", ("sm_90a", "fp8"): "QGMMA.
 TENSOR_CORE = ("HMMA", "HGMMA", "QMMA", "QGMMA", "OMMA")
 
 
-def committed_skinny():
-    out = []
-    for cc in mf.TARGETS:
-        try:
-            m = mf.load(cc)
-        except mf.ManifestError:
-            continue
-        out += [(cc, n) for n in m.kernels if n.startswith("gemm_skinny_")]
-    return out
 
 
-SKINNY = committed_skinny()
+SKINNY = committed("gemm_skinny_")
 
 
 @pytest.mark.skipif(not SKINNY, reason="no committed batch cubins (python -m kernels.build)")

@@ -179,11 +179,12 @@ def test_manifest_load_reports_missing_and_unsupported(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Committed product cubins
 
-def committed() -> list[tuple[int, str]]:
+def committed(prefix: str = "") -> list[tuple[int, str]]:
+    """(arch, kernel name) of every committed cubin whose name starts with `prefix` (the SASS tests' inputs)."""
     out = []
     for cc, target in mf.TARGETS.items():
         if (mf.CUBIN_DIR / target / mf.MANIFEST).exists():
-            out += [(cc, name) for name in mf.load(cc).kernels]
+            out += [(cc, name) for name in mf.load(cc).kernels if name.startswith(prefix)]
     return out
 
 

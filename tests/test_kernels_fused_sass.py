@@ -23,7 +23,7 @@ import re
 import pytest
 
 from kernels import manifest as mf
-from tests.test_kernels_build import cuobjdump
+from tests.test_kernels_build import committed, cuobjdump
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install -r requirements-dev.txt)")
 
@@ -74,15 +74,6 @@ def loads_in_flight(cubin) -> int:
     return count
 
 
-def committed(prefix):
-    out = []
-    for cc in mf.TARGETS:
-        try:
-            m = mf.load(cc)
-        except mf.ManifestError:
-            continue
-        out += [(cc, n) for n in m.kernels if n.startswith(prefix)]
-    return out
 
 
 V2 = committed("gemv2_")

@@ -240,16 +240,10 @@ def tiny_checkpoint_dims(parity_dir):
 # ---------------------------------------------------------------------------------------------- SASS
 def _grid_cubins():
     from kernels import manifest as mf
+    from tests.test_kernels_build import committed
 
-    out = []
-    for cc in mf.TARGETS:
-        try:
-            m = mf.load(cc)
-        except mf.ManifestError:
-            continue
-        if "sample_embed_grid" in m.kernels:
-            out.append(m.root / m.kernels["sample_embed_grid"].cubin)
-    return out
+    return [mf.load(cc).root / mf.load(cc).kernels[name].cubin
+            for cc, name in committed("sample_embed_grid")]
 
 
 @pytest.mark.skipif(not _grid_cubins(), reason="no committed grid-sampler cubins (python -m kernels.build)")
