@@ -405,6 +405,10 @@ def test_every_ops_launch_has_a_kernel_spec(monkeypatch):
     q = ops.qk_norm_rope_kv(torch.randn(3, (heads + 2 * kv) * d).to(BF16), g[:d], g[:d], cos, sin, pos, kc, vc,
                             heads=heads, kv_heads=kv, eps=1e-6)
     ops.decode_attention(q[0], kc, vc, pos)
+    kb, vb = torch.stack([kc, kc]), torch.stack([vc, vc])  # two slots
+    ops.qk_norm_rope_kv_batch(torch.randn(2, (heads + 2 * kv) * d).to(BF16), g[:d], g[:d], cos, sin,
+                              torch.tensor([1, 0], dtype=torch.int32), torch.tensor([5, -1], dtype=torch.int32),
+                              kb, vb, heads=heads, kv_heads=kv, eps=1e-6)
     ops.prefill_attention(q, kc, vc, pos)
     ops.audio_head(x[0], torch.randn(40, hidden).to(BF16), g, 1e-6)
     _run_sampler(torch.randn(8, 1026), step=0, seed=1, temperature=0.8, top_k=30, top_p=0.8, hidden=hidden)
