@@ -1,13 +1,14 @@
 """The studio's service layer: one engine, one GPU queue, shared by the Gradio page and the HTTP API.
 
-`StudioService` owns policy only: request validation, voice and style resolution, a FIFO queue in front of
-the engine's batch slots, cancellation, and a bounded history of takes. The engine does the work.
+`StudioService` owns policy only: request validation, voice and style resolution, fair admission to the
+engine's batch slots, cancellation, and a bounded history of takes. The engine does the work.
 
-Slots: as many requests run at once as the engine decodes together (`engine.info["max_batch"]`, one worker
-thread each); the engine's scheduler batches their steps (engine/scheduler.py), so a visitor waits, with a
-reported position, only while every slot is busy. An engine that does not batch (a remote server, a GPU
-backend loaded with max_batch 1 for its fused single-stream path) reports max_batch 1 and the service runs
-one request at a time, as before.
+Slots: as many requests run at once as the engine decodes together (`engine.info["max_batch"]`, one thread
+each while it runs); the engine's scheduler batches their steps (engine/scheduler.py). Which waiting request
+gets a free slot is `studio/admission.py`'s rule: each request carries a `Caller`; the owner's go first, the
+rest round robin across callers, and a visitor has at most `visitor_concurrency` running and `visitor_queue`
+waiting. An engine that does not batch (a remote server, a GPU backend loaded with max_batch 1 for its fused
+single-stream path) reports max_batch 1 and the service runs one request at a time.
 
     service = StudioService(engine, voices, presets)
     req = SynthesisRequest(text="Hello there.", voice_id="Narrator", style="Calm narrator", seed=7)
@@ -20,7 +21,8 @@ one request at a time, as before.
 
 Cancel with `req.cancel.set()` (from any thread): a waiting request leaves the queue at once, a running
 one stops within a frame (the engine watches the same event; the takes beside it in the batch go on) and
-its slot takes the next request.
+its slot takes the next request. `req.caller` (default `OWNER`) decides its turn: `Caller.visitor(address)`
+for a visitor of a public page.
 
 HTTP API integration: app.py builds the Gradio `Blocks`, adds the MCP tools (`studio.mcp.register(blocks,
 ...)`, before launch, with --mcp), launches, and then calls `studio.api.register(blocks.app, service,
@@ -48,6 +50,7 @@ import numpy as np
 from engine.config import FRAME_RATE, SAMPLE_RATE
 from engine.tokenizer import CONTROL_TAGS, estimate_seconds, lint_tags
 from engine.types import DEFAULT_REPEAT_GUARD, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, MAX_SEED
+from studio.admission import OWNER, Admission, Caller, Refused
 from studio.presets import apply_preset, check_style_prefix
 from studio.voices import Consent
 
@@ -59,6 +62,10 @@ RANDOM_SEED_BITS = 31  # drawn seeds stay below 2**31: exact in JSON numbers and
 
 class ServiceBusy(TimeoutError):
     """The request waited longer than the queue timeout for a free slot on the GPU."""
+
+
+class TooManyTakes(ServiceBusy):
+    """A visitor already has as many takes waiting as one visitor may; the message says so."""
 
 
 class ServiceClosed(RuntimeError):
@@ -85,6 +92,7 @@ class SynthesisRequest:
     cancel: threading.Event = field(default_factory=threading.Event)
     warnings: list[str] = field(default_factory=list)
     source: str = "api"  # "ui" or "api", recorded in the history
+    caller: Caller = OWNER  # whose take: its turn in the queue, and which voices it may use
     take: Take | None = None  # set when the take is recorded
     finished: threading.Event = field(default_factory=threading.Event)
 
@@ -154,51 +162,59 @@ class Take:
 @dataclass(frozen=True)
 class Queued:
     """Yielded by `stream(..., positions=True)` while a request waits for a slot, each time its place
-    changes: 1 = next up (a slot is free: it starts at once), 2 = every slot is busy, or one request is ahead
-    of it; each further request ahead adds one."""
+    changes: 1 = next up (a slot is free: it starts at once), 2 = it cannot start at once (every slot busy,
+    or the visitor's own takes fill its share) or one request is ahead of it; each further request that the
+    admission rule starts before it adds one."""
 
     position: int
 
 
 class _Job:
-    """One unit of GPU work in the queue. `work(job)` runs on a slot's worker thread and puts results in `out`."""
+    """One unit of GPU work in the queue. `work(job)` runs on its own thread once admitted and puts results in
+    `out`; work made of several parts (a long take's segments) calls `job.turn()` between them."""
 
     _ids = itertools.count(1)
 
-    def __init__(self, work: Callable[[_Job], None], cancel: threading.Event):
+    def __init__(self, work: Callable[[_Job], None], cancel: threading.Event, caller: Caller,
+                 service: StudioService):
         self.id = next(self._ids)
         self.work = work
         self.cancel = cancel
+        self.caller = caller
         self.started = False
+        self.thread: threading.Thread | None = None
         self.out: queue.Queue = queue.Queue()
+        self._service = service
+
+    def turn(self) -> None:
+        """Give the slot back and wait for the next turn under the admission rule, so a long take counts
+        segment by segment. Returns at once when cancelled (the work then stops on its own)."""
+        self._service._requeue(self)
 
 
 _DONE = object()
 
 
 class StudioService:
-    """One engine, a worker per batch slot, a FIFO queue in front of them, a bounded history behind them."""
+    """One engine, its batch slots behind fair admission (studio/admission.py), a bounded history behind them."""
 
     def __init__(self, engine, voices=None, presets=None, *, history_size: int = 50,
-                 queue_timeout: float = 600.0, max_queue: int = 64):
+                 queue_timeout: float = 600.0, max_queue: int = 64, visitor_concurrency: int = 2,
+                 visitor_queue: int = 4):
         self.engine = engine
         self.voices = voices
         self.presets = presets
         self.queue_timeout = queue_timeout
         self.max_queue = max_queue
         self.slots = max(1, int(engine.info.get("max_batch", 1)))
+        self.admission = Admission(self.slots, visitor_running=visitor_concurrency, visitor_waiting=visitor_queue,
+                                   max_waiting=max_queue)
         self._history: collections.deque[Take] = collections.deque(maxlen=history_size)
         self._history_lock = threading.Lock()  # workers append while page/API threads read
         self._take_ids = itertools.count(1)
-        self._cond = threading.Condition()
-        self._waiting: collections.deque[_Job] = collections.deque()
-        self._running: set[_Job] = set()
+        self._cond = threading.Condition()  # guards `admission` and every job's `started`
         self._last_batch = 0  # the most takes decoded together while the latest finished take ran
         self._closed = False
-        self._workers = [threading.Thread(target=self._work_loop, name=f"higgs-gpu-{i}", daemon=True)
-                         for i in range(self.slots)]
-        for worker in self._workers:
-            worker.start()
 
     # ---------------------------------------------------------------- queue
 
@@ -206,44 +222,58 @@ class StudioService:
     def queue_depth(self) -> int:
         """Requests waiting or running."""
         with self._cond:
-            return len(self._waiting) + len(self._running)
+            return self.admission.waiting + self.admission.running
 
-    def _work_loop(self) -> None:
-        while True:
+    def _dispatch(self) -> None:
+        """Start every job the admission rule lets start now (call with `_cond` held)."""
+        for job in self.admission.start():
+            job.started = True
+            if job.thread is None:
+                job.thread = threading.Thread(target=self._run, args=(job,), name=f"higgs-take-{job.id}",
+                                              daemon=True)
+                job.thread.start()
+        self._cond.notify_all()
+
+    def _run(self, job: _Job) -> None:
+        try:
+            if not job.cancel.is_set():
+                job.work(job)
+        except BaseException as exc:  # handed to the caller's thread, never kills the service
+            job.out.put(exc)
+        finally:
+            job.out.put(_DONE)
             with self._cond:
-                while not self._waiting and not self._closed:
-                    self._cond.wait()
-                if self._closed:
-                    return
-                job = self._waiting.popleft()
-                self._running.add(job)
-                job.started = True
-                self._cond.notify_all()
-            try:
-                if not job.cancel.is_set():
-                    job.work(job)
-            except BaseException as exc:  # handed to the caller's thread, never kills the worker
-                job.out.put(exc)
-            finally:
-                job.out.put(_DONE)
-                with self._cond:
-                    self._running.discard(job)
-                    self._cond.notify_all()
+                self.admission.done(job)
+                self._dispatch()
 
-    def _submit(self, work: Callable[[_Job], None], cancel: threading.Event) -> _Job:
-        job = _Job(work, cancel)
+    def _submit(self, work: Callable[[_Job], None], cancel: threading.Event, caller: Caller) -> _Job:
+        job = _Job(work, cancel, caller, self)
         with self._cond:
             if self._closed:
                 raise ServiceClosed("The studio is shutting down.")
-            if len(self._waiting) >= self.max_queue:
-                raise ServiceBusy(f"The queue is full ({self.max_queue} requests waiting); try again shortly.")
-            self._waiting.append(job)
-            self._cond.notify_all()
+            try:
+                self.admission.add(job)
+            except Refused as exc:
+                raise (TooManyTakes if exc.visitor else ServiceBusy)(str(exc)) from None
+            self._dispatch()
         return job
 
+    def _requeue(self, job: _Job) -> None:
+        with self._cond:
+            self.admission.done(job)
+            job.started = False
+            self.admission.add(job, again=True)
+            self._dispatch()
+            while not job.started:
+                if job.cancel.is_set() or self._closed:
+                    self.admission.remove(job)
+                    self._cond.notify_all()
+                    return
+                self._cond.wait(0.1)
+
     def _wait_turn(self, job: _Job, timeout: float | None) -> Iterator[int]:
-        """Yield `job`'s queue position each time it changes, until a worker takes it (then `job.started`
-        is True) or it is cancelled while waiting (it leaves the queue; `job.started` stays False)."""
+        """Yield `job`'s queue position each time it changes, until it is admitted (then `job.started` is True)
+        or it is cancelled while waiting (it leaves the queue; `job.started` stays False)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         last = None
         while True:
@@ -251,12 +281,12 @@ class StudioService:
                 if job.started:
                     return
                 if job.cancel.is_set() or (deadline is not None and time.monotonic() >= deadline):
-                    self._waiting.remove(job)
+                    self.admission.remove(job)
                     self._cond.notify_all()
                     if job.cancel.is_set():
                         return
                     raise ServiceBusy(f"Waited {timeout:.0f} s for a free slot on the GPU; try again.")
-                position = self._waiting.index(job) + 1 + (len(self._running) >= self.slots)
+                position = self.admission.position(job)
                 if position == last:
                     # Cancellation is an Event outside this condition, so wake up a few times a second to see it.
                     self._cond.wait(0.1)
@@ -273,10 +303,11 @@ class StudioService:
                 raise item
             yield item
 
-    def run_exclusive(self, fn: Callable[..., Any], *args, timeout: float | None = None, **kwargs) -> Any:
+    def run_exclusive(self, fn: Callable[..., Any], *args, timeout: float | None = None, caller: Caller = OWNER,
+                      **kwargs) -> Any:
         """Run `fn(*args, **kwargs)` (e.g. encoding a voice) in a slot, in turn with generations: it holds one
         slot while it runs, and the engine's lock keeps its device work apart from the batch's steps."""
-        job = self._submit(lambda j: j.out.put(("value", fn(*args, **kwargs))), threading.Event())
+        job = self._submit(lambda j: j.out.put(("value", fn(*args, **kwargs))), threading.Event(), caller)
         for _ in self._wait_turn(job, self.queue_timeout if timeout is None else timeout):
             pass
         for item in self._results(job):
@@ -286,7 +317,7 @@ class StudioService:
     def close(self) -> None:
         with self._cond:
             self._closed = True
-            for job in self._waiting:
+            for job in self.admission.waiting_tickets():
                 job.cancel.set()
             self._cond.notify_all()
 
@@ -305,13 +336,15 @@ class StudioService:
                              "<|emotion:contemplation|>.")
         return preset.prefix
 
-    def resolve_voice(self, voice_id: str | None):
-        """A saved voice's id or name → its library record (None for zero-shot)."""
+    def resolve_voice(self, voice_id: str | None, caller: Caller = OWNER):
+        """A saved voice's id or name → its library record (None for zero-shot). A visitor finds only the
+        voices shared with visitors, the presets and their own private voices."""
         if not voice_id:
             return None
         if self.voices is None:
             raise ValueError("No voice library is configured; use a reference clip instead.")
-        return self.voices.get(voice_id)  # VoiceNotFound is a ValueError with a sentence for the user
+        # VoiceNotFound is a ValueError with a sentence for the user
+        return self.voices.get(voice_id, visitor=not caller.owner)
 
     def encode_codes(self, wav24k: np.ndarray):
         """The voice library's encoder callback: prepared 24 kHz audio → codec codes [T, 8] as numpy. Call it
@@ -323,7 +356,7 @@ class StudioService:
         Fills `request.warnings` and `request.seed`. Runs on the caller's thread except for encoding."""
         request.validate()
         request.warnings.clear()
-        voice = self.resolve_voice(request.voice_id)
+        voice = self.resolve_voice(request.voice_id, request.caller)
         style = request.style
         if style is None and voice is not None and getattr(voice, "style", None):
             style = voice.style
@@ -335,12 +368,12 @@ class StudioService:
         request.seed = int(request.seed)
         return prompt_text, voice, style
 
-    def queued(self, work: Callable[[_Job], None], cancel: threading.Event, *,
+    def queued(self, work: Callable[[_Job], None], cancel: threading.Event, *, caller: Caller = OWNER,
                positions: bool = False) -> Iterator[Any]:
-        """Run `work(job)` in a slot, in turn with every other request, and yield what it puts in
-        `job.out`; with `positions=True`, first a `Queued` each time the job's place in the queue changes.
-        Nothing is yielded after a cancel while waiting (the job leaves the queue)."""
-        job = self._submit(work, cancel)
+        """Run `work(job)` in a slot, in turn with every other request (`caller`'s turn under the admission
+        rule), and yield what it puts in `job.out`; with `positions=True`, first a `Queued` each time the job's
+        place in the queue changes. Nothing is yielded after a cancel while waiting (the job leaves the queue)."""
+        job = self._submit(work, cancel, caller)
         for position in self._wait_turn(job, self.queue_timeout):
             if positions:
                 yield Queued(position)
@@ -359,7 +392,7 @@ class StudioService:
         prompt_text, voice, style = self.prepare(request)
         try:
             yield from self.queued(lambda job: self._generate(job, request, prompt_text, voice, style),
-                                   request.cancel, positions=positions)
+                                   request.cancel, caller=request.caller, positions=positions)
         finally:
             if not request.finished.is_set():
                 request.cancel.set()  # stopped, failed or abandoned by the consumer: free the slot
@@ -443,8 +476,9 @@ class StudioService:
 
     # ---------------------------------------------------------------- voices and presets
 
-    def list_voices(self) -> list:
-        return self.voices.list() if self.voices is not None else []
+    def list_voices(self, caller: Caller = OWNER) -> list:
+        """The voices `caller` may use: for a visitor, those shared with visitors and the presets."""
+        return self.voices.list(visitor=not caller.owner) if self.voices is not None else []
 
     def save_voice(self, audio: np.ndarray, sample_rate: int, *, name: str, transcript: str | None = None,
                    description: str = "", style: str | None = None, seed: int | None = None,

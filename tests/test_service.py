@@ -81,7 +81,7 @@ class FakeVoices:
     def __init__(self):
         self.v = FakeVoice("voice_abc", "Ann", style="calm")
 
-    def get(self, key):
+    def get(self, key, visitor=False):
         if key not in (self.v.id, self.v.name):
             raise ValueError(f"No saved voice called {key!r}")
         return self.v

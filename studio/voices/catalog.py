@@ -5,6 +5,8 @@ the owner's preset voices (read-only, `presets.py`) and the private voices of th
     catalog = VoiceCatalog(VoiceLibrary(root), presets=PresetVoices(folder, encode=...), private=PrivateVoices())
     catalog.list()            # the library's voices, then the presets (marked `preset`); never private ones
     catalog.get("Narrator")   # library, then presets; a `pv_…` handle finds a private voice
+    catalog.list(visitor=True), catalog.get(key, visitor=True)   # what a public page's visitor may see and use:
+                              # the library's voices the owner shared, the presets, the visitor's own handles
 """
 
 from __future__ import annotations
@@ -33,15 +35,15 @@ class VoiceCatalog:
     def root(self):
         return self.library.root
 
-    def list(self) -> list[Voice]:
-        return self.library.list() + (self.presets.list() if self.presets is not None else [])
+    def list(self, *, visitor: bool = False) -> list[Voice]:
+        return self.library.list(visitor=visitor) + (self.presets.list() if self.presets is not None else [])
 
-    def get(self, id_or_name: str):
+    def get(self, id_or_name: str, *, visitor: bool = False):
         key = str(id_or_name).strip()
         if key.startswith(HANDLE_PREFIX) and self.private is not None:
             return self.private.get(key)
         try:
-            return self.library.get(key)
+            return self.library.get(key, visitor=visitor)
         except VoiceNotFound:
             if self.presets is None:
                 raise

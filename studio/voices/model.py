@@ -136,6 +136,9 @@ class Voice(VoiceRecord):
     id: str
     path: Path
     preset: bool = False  # one of the owner's preset voices: read-only, shown to every visitor
+    # Listed to and usable by visitors of a public page. Off for every voice saved or imported, and for
+    # libraries written before the field existed: the owner shares a voice on purpose.
+    shared: bool = False
 
     @property
     def audio_path(self) -> Path:
@@ -165,7 +168,7 @@ class Voice(VoiceRecord):
         return {"format": VOICE_FORMAT, "id": self.id, "name": self.name, "transcript": self.transcript,
                 "description": self.description, "style": self.style, "seed": self.seed, "created": self.created,
                 "consent": self.consent.to_json(), "content_hash": self.content_hash,
-                "sample_rate": SAMPLE_RATE, "frames": self.frames, "notes": list(self.notes)}
+                "sample_rate": SAMPLE_RATE, "frames": self.frames, "notes": list(self.notes), "shared": self.shared}
 
 
 def content_hash(pcm: np.ndarray, transcript: str) -> str:

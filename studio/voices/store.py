@@ -155,25 +155,26 @@ class VoiceLibrary:
 
     # ------------------------------------------------------------------------------------ reading
 
-    def list(self) -> list[Voice]:
-        """All voices, oldest first."""
+    def list(self, *, visitor: bool = False) -> list[Voice]:
+        """All voices, oldest first; for a `visitor` of a public page only the shared ones."""
         voices = []
         for entry in self.root.iterdir():
             if ID_RE.fullmatch(entry.name):
                 voice = self._read(entry)
-                if voice is not None:
+                if voice is not None and (voice.shared or not visitor):
                     voices.append(voice)
         return sorted(voices, key=lambda v: (v.created, v.name.casefold()))
 
-    def get(self, id_or_name: str) -> Voice:
-        """A voice by id, or by name (case-insensitive). Raises `VoiceNotFound`."""
+    def get(self, id_or_name: str, *, visitor: bool = False) -> Voice:
+        """A voice by id, or by name (case-insensitive). Raises `VoiceNotFound`, also for a `visitor` asking
+        for a voice that is not shared (the same answer: a visitor learns nothing of private voices)."""
         key = str(id_or_name).strip()
         if ID_RE.fullmatch(key):
             voice = self._read(self.root / key)
-            if voice is not None:
+            if voice is not None and (voice.shared or not visitor):
                 return voice
         folded = " ".join(key.split()).casefold()
-        for voice in self.list():
+        for voice in self.list(visitor=visitor):
             if voice.name.casefold() == folded:
                 return voice
         raise VoiceNotFound(f"No saved voice called {key!r}; check the voice list.")
@@ -269,8 +270,9 @@ class VoiceLibrary:
     # ------------------------------------------------------------------------------------ editing
 
     def update(self, id_or_name: str, *, name: str = _UNSET, description: str = _UNSET, transcript: str = _UNSET,
-               style: str = _UNSET, seed: int | None = _UNSET) -> Voice:
-        """Change a voice's metadata. The id and the codes stay; a transcript change updates `content_hash`."""
+               style: str = _UNSET, seed: int | None = _UNSET, shared: bool = _UNSET) -> Voice:
+        """Change a voice's metadata. The id and the codes stay; a transcript change updates `content_hash`.
+        `shared` lists the voice to visitors of a public page and lets them use it."""
         with self._lock.hold():
             voice = self.get(id_or_name)
             changes: dict[str, Any] = {}
@@ -283,6 +285,10 @@ class VoiceLibrary:
                 changes["style"] = clean_style(style)
             if seed is not _UNSET:
                 changes["seed"] = clean_seed(seed)
+            if shared is not _UNSET:
+                if not isinstance(shared, bool):
+                    raise VoiceError(f"`shared` must be true or false (got {shared!r}).")
+                changes["shared"] = shared
             if transcript is not _UNSET:
                 changes["transcript"] = clean_text(transcript, "transcript", MAX_TRANSCRIPT)
                 pcm, _ = sf.read(voice.audio_path, dtype="int16")
@@ -427,7 +433,7 @@ class VoiceLibrary:
                          description=meta["description"], style=meta["style"], seed=meta["seed"],
                          created=meta["created"], consent=Consent(**meta["consent"]),
                          content_hash=meta["content_hash"], frames=int(meta["frames"]),
-                         notes=tuple(meta.get("notes", ())), path=path)
+                         notes=tuple(meta.get("notes", ())), path=path, shared=meta.get("shared") is True)
         except FileNotFoundError:
             return None  # deleted meanwhile, or not a voice directory
         except (OSError, ValueError, KeyError, TypeError) as exc:
