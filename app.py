@@ -52,6 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--queue-size", type=int, default=int(env.get("HIGGS_QUEUE_SIZE") or 64),
                    help="page requests that may wait for the GPU; beyond it a visitor is asked to try again in a "
                         "minute (env HIGGS_QUEUE_SIZE; docs/SPACES.md lists every limit)")
+    p.add_argument("--visitor-concurrency", type=int, default=int(env.get("HIGGS_VISITOR_CONCURRENCY") or 2),
+                   help="takes one visitor of a public page may have running at once; free slots go round robin "
+                        "across visitors, the owner first (env HIGGS_VISITOR_CONCURRENCY; docs/SPACES.md)")
+    p.add_argument("--visitor-queue", type=int, default=int(env.get("HIGGS_VISITOR_QUEUE") or 4),
+                   help="takes one visitor may have waiting besides those; more are refused with a sentence "
+                        "(env HIGGS_VISITOR_QUEUE)")
     p.add_argument("--public-max-chars", type=int, default=int(env.get("HIGGS_PUBLIC_MAX_CHARS") or 1000),
                    help="longest text a visitor of a public page may speak at once (env HIGGS_PUBLIC_MAX_CHARS)")
     p.add_argument("--public-max-seconds", type=int, default=int(env.get("HIGGS_PUBLIC_MAX_SECONDS") or 60),
@@ -182,7 +188,11 @@ def main(argv: list[str] | None = None) -> None:
 
     voices = load_voices(args, engine)
     presets = PresetStore(voices.root / "presets.json")
-    service = StudioService(engine, voices, presets)
+    try:
+        service = StudioService(engine, voices, presets, visitor_concurrency=args.visitor_concurrency,
+                                visitor_queue=args.visitor_queue)
+    except ValueError as exc:
+        sys.exit(f"Cannot start the studio: {exc} (--visitor-concurrency, --visitor-queue)")
     access = Access(args.api_key, public_page=args.public_page, public_max_chars=args.public_max_chars,
                     public_max_frames=args.public_max_seconds * FRAME_RATE)
     asr = Transcriber.from_flag(args.asr or ("none" if args.demo else "auto"))
@@ -191,9 +201,10 @@ def main(argv: list[str] | None = None) -> None:
         print("ffmpeg is not on PATH: takes play when complete instead of streaming, and mp3/opus/aac downloads are "
               "off. Install ffmpeg (e.g. `apt-get install ffmpeg`) for live streaming.", flush=True)
     demo = page.build()
-    if args.mcp:
-        from studio import mcp
-        mcp.register(demo, service, api_key=args.api_key)  # gr.api tools: added before launch
+    from studio import mcp
+    # The documented endpoints (gradio_client, the page's "Use via API"), also MCP tools with --mcp; added before
+    # launch. They hold each caller to its rights: a visitor gets the public limits and a fair share.
+    mcp.register(demo, service, access=access)
     demo.queue(default_concurrency_limit=1, max_size=args.queue_size)
     friendly_queue_full(demo)
     # Gradio refuses uploads over this as they arrive: the largest legitimate one is a voice bundle, or on a

@@ -5,6 +5,7 @@
     access.launch_kwargs()                                   # Gradio's login, when the page needs one
     @access.owner_only                                       # a page handler that changes the shared library
     access.limit_public(synthesis_request, gr_request)       # the public page's generation limits
+    access.page_caller(gr_request)                           # whose turn a page event's take is (admission)
     access.cross_site_refusal(origin, host)                  # a keyless server refuses other sites' writes
     host_guard(bind_host, api_key, allowed_hosts, share)     # a keyless local server answers local names only
     friendly_queue_full(demo)                                # a full queue answers with a sentence
@@ -23,13 +24,16 @@ import hmac
 import inspect
 import ipaddress
 import json
+import os
 import typing
+from collections.abc import Mapping
 from urllib.parse import urlsplit
 
 import gradio as gr
 
 from engine.config import FRAME_RATE
 from engine.delay import default_max_frames
+from studio.admission import OWNER, Caller
 
 # What a visitor of a public page (a key set, no login) may generate: a minute of speech from a short text.
 PUBLIC_MAX_FRAMES = 1500  # 60 s at 25 frames per second
@@ -116,6 +120,19 @@ class Access:
         handler.__name__, handler.__doc__ = fn.__name__, fn.__doc__
         return handler
 
+    def anyone(self) -> Caller:
+        """Who the page's config is built for: with a key, whoever may load it, so a visitor."""
+        return OWNER if self.api_key is None else Caller.visitor("the page's config")
+
+    def page_caller(self, request: gr.Request | None) -> Caller:
+        """The caller of a page event (or a `gr.api` endpoint): the owner, or a visitor known by address, else
+        by the page's Gradio session."""
+        if self.is_owner(request):
+            return OWNER
+        client = getattr(request, "client", None)
+        return visitor(getattr(request, "headers", None) or {}, getattr(client, "host", None),
+                       fallback=getattr(request, "session_hash", None) or "anonymous")
+
     def limit_public(self, req, request: gr.Request | None) -> None:
         """Hold a visitor's take to the public limits (ValueError with the limit); the owner has none."""
         if self.is_owner(request):
@@ -140,6 +157,20 @@ class Access:
             return None
         return (f"Requests from another site ({origin}) may not change or use this studio: it has no API key, so "
                 "it only accepts writes from its own page, local pages and non-browser clients.")
+
+
+def client_address(headers: Mapping[str, str], host: str | None) -> str | None:
+    """The visitor's address. On a Space (SPACE_ID set) the connection comes from Hugging Face's proxy, which
+    names the client first in `X-Forwarded-For`; anywhere else that header is whatever the client wrote, so
+    only the connection's own address counts."""
+    forwarded = headers.get("x-forwarded-for", "") if os.environ.get("SPACE_ID") else ""
+    return forwarded.split(",")[0].strip() or host or None
+
+
+def visitor(headers: Mapping[str, str], host: str | None, *, fallback: str) -> Caller:
+    """A visitor's share: every page and token from one address is one visitor, so several tabs or a script
+    with many tokens get one share; `fallback` (a token, a session) names one whose address is unknown."""
+    return Caller.visitor(client_address(headers, host) or fallback)
 
 
 def host_allowed(host: str | None, allowed: typing.Collection[str] = ()) -> bool:

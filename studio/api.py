@@ -2,7 +2,7 @@
 
     studio.api.register(app, service, api_key=None)
 
-adds `POST /v1/audio/speech`, the voice routes `GET|POST /v1/audio/voices`, `GET|DELETE
+adds `POST /v1/audio/speech`, the voice routes `GET|POST /v1/audio/voices`, `GET|PATCH|DELETE
 /v1/audio/voices/{id}`, `GET /v1/audio/styles`, `GET /v1/models` and `GET /health` (docs/API.md has the
 fields and examples).
 Routes only: they validate, translate the request into a `SynthesisRequest`, and format what
@@ -204,12 +204,13 @@ def voice_json(voice) -> dict[str, Any]:
     return {"id": voice.id, "object": "audio.voice", "name": voice.name, "ref_text": voice.transcript or None,
             "description": voice.description or None, "style": voice.style or None, "seed": voice.seed,
             "seconds": round(voice.seconds, 2), "created_at": created,
-            "preset": voice.preset}  # one of the owner's preset voices: read-only
+            "preset": voice.preset,  # one of the owner's preset voices: read-only
+            "shared": voice.preset or voice.shared}  # visitors of a public page may see and use it
 
 
 _DEFAULT_VOICE_JSON = {"id": DEFAULT_VOICE, "object": "audio.voice", "name": "Default (zero-shot)", "ref_text": None,
                        "description": "The model's own voice, no reference clip.", "style": None, "seed": None,
-                       "seconds": None, "created_at": None, "preset": False}
+                       "seconds": None, "created_at": None, "preset": False, "shared": True}
 
 
 @dataclass
@@ -282,6 +283,20 @@ def header_value(value: object) -> str:
     make the server drop the response), at most MAX_HEADER_CHARS characters."""
     text = str(value).encode("ascii", "replace").decode()
     return _CONTROL_RE.sub(" ", text).strip()[:MAX_HEADER_CHARS]
+
+
+# The fields PATCH /v1/audio/voices/{id} changes, as the API names them → the library's names.
+VOICE_FIELDS = {"shared": "shared", "name": "name", "description": "description", "ref_text": "transcript",
+                "style": "style"}
+
+
+def _form_bool(value: str, name: str) -> bool:
+    """A multipart field that means true or false (empty: false)."""
+    if value.lower() in ("", "false", "no", "0", "off"):
+        return False
+    if value.lower() in CONSENT_YES:
+        return True
+    raise ApiError(400, f"Field `{name}` must be true or false (got {value!r}).", param=name)
 
 
 def check_consent(value: str) -> str:
@@ -587,10 +602,11 @@ class SpeechAPI:
             raise ApiError(413, f"`audio_sample` is {len(data) / MB:.1f} MB; the limit is "
                                 f"{MAX_UPLOAD_BYTES // MB} MB.", param="audio_sample")
         fields = {k: str(form.get(k) or "").strip() for k in
-                  ("name", "consent", "ref_text", "transcript", "description", "style", "asserted_by")}
+                  ("name", "consent", "ref_text", "transcript", "description", "style", "asserted_by", "shared")}
         if not fields["name"]:
             raise ApiError(400, "Field `name` is required.", param="name")
         statement = check_consent(fields["consent"])
+        shared = _form_bool(fields["shared"], "shared")
         consent = Consent(asserted_by=fields["asserted_by"] or "API client", statement=statement)
         try:
             samples, rate = await self.in_thread(load_audio, data)
@@ -609,6 +625,8 @@ class SpeechAPI:
             voice = await self.in_thread(lambda: self.service.save_voice(
                 samples, rate, name=fields["name"], transcript=transcript, description=fields["description"],
                 style=style, consent=consent))
+            if shared:
+                voice = await self.in_thread(lambda: self._library().update(voice.id, shared=True))
         except (ServiceBusy, ServiceClosed) as exc:
             raise ApiError(503, str(exc), headers={"Retry-After": "5"}) from None
         except ValueError as exc:  # ReferenceAudioError, VoiceError: the message says what to fix
@@ -621,6 +639,38 @@ class SpeechAPI:
             body["warning"] = ("No ref_text: the voice clones less faithfully without the clip's transcript. "
                                + (note or "Send ref_text."))
         return JSONResponse(body, status_code=201)
+
+    async def update_voice(self, request: Request) -> JSONResponse:
+        """JSON with any of `shared` (true: visitors of a public page may see and use the voice), `name`,
+        `description`, `ref_text`, `style`; answers the voice as it is now."""
+        self.check_auth(request)
+        self.check_site(request)
+        voice = await self.in_thread(self._get, request.path_params["voice_id"])
+        try:
+            changes = json.loads(await self.read_body(request, FORM_OVERHEAD) or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            changes = None
+        if not isinstance(changes, dict) or not changes:
+            raise ApiError(400, f"Send a JSON object with any of {', '.join(VOICE_FIELDS)}, e.g. {{\"shared\": true}}.")
+        unknown = sorted(set(changes) - set(VOICE_FIELDS))
+        if unknown:
+            raise ApiError(400, f"Unknown field(s) {', '.join(unknown)}; a voice's editable fields are "
+                                f"{', '.join(VOICE_FIELDS)}.", param=unknown[0])
+        if "shared" in changes and not isinstance(changes["shared"], bool):
+            raise ApiError(400, "`shared` must be true or false.", param="shared")
+        if voice.preset:
+            raise ApiError(403, f"{voice.name!r} is one of the studio's preset voices, which are read-only and "
+                                "shown to everyone.", param="voice_id")
+        updates = {VOICE_FIELDS[k]: v for k, v in changes.items()}
+        if "style" in updates and updates["style"]:
+            updates["style"] = self.service.resolve_style(self.instructions_style(updates["style"]))
+        try:
+            updated = await self.in_thread(lambda: self._library().update(voice.id, **updates))
+        except VoiceNotFound:
+            raise ApiError(404, f"No voice {voice.id!r}; it was deleted meanwhile.", param="voice_id") from None
+        except ValueError as exc:  # VoiceError: a name taken, a field too long
+            raise ApiError(400, str(exc)) from None
+        return JSONResponse(voice_json(updated))
 
     async def delete_voice(self, request: Request) -> JSONResponse:
         self.check_auth(request)
@@ -793,6 +843,7 @@ def register(app: FastAPI, service, *, api_key: str | None = None, access: Acces
         ("/v1/audio/voices", api.list_voices, ["GET"]),
         ("/v1/audio/voices", api.create_voice, ["POST"]),
         ("/v1/audio/voices/{voice_id}", api.get_voice, ["GET"]),
+        ("/v1/audio/voices/{voice_id}", api.update_voice, ["PATCH"]),
         ("/v1/audio/voices/{voice_id}", api.delete_voice, ["DELETE"]),
         ("/v1/audio/styles", api.styles, ["GET"]),
         ("/v1/models", api.models, ["GET"]),

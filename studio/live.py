@@ -21,7 +21,9 @@ streamed `fetch` is plain HTTP that passes the Spaces proxy; PCM at 24 kHz is 48
 
 Auth: the page token is an HMAC of its expiry time under a per-process secret, issued each time the page
 loads. It proves a request comes from a page this server served, so with `--api-key` the route is not an
-open door to the engine for scripts: they get 401 unless they send the key, as on `/v1/*`.
+open door to the engine for scripts: they get 401 unless they send the key, as on `/v1/*`. On a public page
+a token is any visitor's, so its takes are a visitor's: the public limits, and one fair share per client
+address however many tokens it holds (studio/access.py `visitor`, studio/admission.py).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from engine.audio import load_audio
-from studio.access import Access
+from studio.access import Access, visitor
+from studio.admission import OWNER
 from studio.api import FORM_OVERHEAD, MAX_UPLOAD_BYTES, MB
 from studio.formats import to_pcm16
 from studio.service import Queued, ServiceBusy, ServiceClosed, StudioService, SynthesisRequest
@@ -171,7 +174,8 @@ class LivePlayer:
 
         async def live(request: Request):
             owner = access.api_key is not None and access.bearer_ok(request.headers.get("authorization"))
-            page = self.check_token(request.headers.get(TOKEN_HEADER))
+            token = request.headers.get(TOKEN_HEADER)
+            page = self.check_token(token)
             if not (owner or page):
                 return JSONResponse({"error": "This stream is for the studio page: reload the page to get a new "
                                               "session token, or call /v1/audio/speech with your API key."},
@@ -196,8 +200,12 @@ class LivePlayer:
                 synth.validate()
                 # A page token proves the page was loaded, not who loaded it: on a public page that is any
                 # visitor, so only the key (or a page behind the owner's login) lifts the public limits.
-                if not (owner or (page and not access.public_page)):
+                if access.api_key is not None and access.public_page and not owner:
                     access.limit_public(synth, None)
+                    synth.caller = visitor(request.headers, request.client.host if request.client else None,
+                                           fallback=token)
+                else:
+                    synth.caller = OWNER
             except (ValueError, TypeError) as exc:
                 message = str(exc) if isinstance(exc, ValueError) else "A setting is missing or not a number."
                 self._update(entry, error=message)

@@ -1,6 +1,8 @@
 """Long inputs and multi-voice scripts through the studio's queue. The text is planned (engine/longform.py),
 every voice of the script resolved from the library, and one long take (engine/longtake.py) generated on
-the service's GPU worker, in turn with every other request.
+the service's GPU worker, in turn with every other request. Its turns are counted in segments: between two
+segments the take gives its slot back and waits for its next turn under the admission rule
+(studio/admission.py), so a chapter does not hold a slot for an hour while other callers wait.
 
 * `stream_long(service, request, voices=…)`: engine-style `Chunk`s, so the HTTP API's streaming code
   (`/v1/audio/speech`: raw, SSE, every format) sends a long take unchanged; no audio is kept.
@@ -65,13 +67,14 @@ def _prepare(service, request, voices, max_chars: int, normalize: bool) -> _Prep
     dataclasses.replace(request, text="x").validate()  # the sampling options, checked by the one validator
     if getattr(service.engine, "is_remote", False):
         raise ValueError("Long texts and scripts are generated in process; this studio drives a remote server.")
-    default = service.resolve_voice(request.voice_id)
+    default = service.resolve_voice(request.voice_id, request.caller)
     style = request.style
     if style is None and default is not None and getattr(default, "style", None):
         style = default.style
     segments = plan(text, style=service.resolve_style(style), normalize=normalize,
                     voices=dict(voices) if voices else None)
-    records = {name: service.resolve_voice(name) for name in {s.voice for s in segments if s.voice is not None}}
+    records = {name: service.resolve_voice(name, request.caller)
+               for name in {s.voice for s in segments if s.voice is not None}}
     request.warnings.clear()
     clone = default is not None or request.ref_audio is not None or bool(records)
     for segment in segments:
@@ -103,10 +106,19 @@ def _new_take(service, request, prepared: _Prepared, *, keep_audio: bool) -> Lon
 def _queued(service, request, work) -> Iterator[Any]:
     """Run `work(job)` on the service's GPU worker in turn with every other request; yield what it puts out."""
     try:
-        yield from service.queued(work, request.cancel)
+        yield from service.queued(work, request.cancel, caller=request.caller)
     finally:
         if not request.finished.is_set():
             request.cancel.set()  # stopped, failed or abandoned by the consumer: free the worker
+
+
+def _segments(job, take: LongTake) -> Iterator[Any]:
+    """`take.stream()`, taking a new turn in the queue after every segment but the last (the stream is lazy:
+    the next segment starts only when the next piece is asked for)."""
+    for piece in take.stream():
+        yield piece
+        if piece.segment < piece.done < len(take.segments):
+            job.turn()
 
 
 def _flag_warning(request, take: LongTake) -> None:
@@ -128,7 +140,7 @@ def stream_long(service, request, *, voices: Mapping[str, str | None] | None = N
     def work(job) -> None:
         take = _new_take(service, request, prepared, keep_audio=False)
         started, samples, frames = time.perf_counter(), 0, 0
-        for piece in take.stream():
+        for piece in _segments(job, take):
             samples += len(piece.audio)
             done = take.takes[piece.segment]
             if piece.done > piece.segment and done is not None:
@@ -151,7 +163,7 @@ def generate_long(service, request, *, voices: Mapping[str, str | None] | None =
 
     def work(job) -> None:
         take = _new_take(service, request, prepared, keep_audio=True)
-        for piece in take.stream():
+        for piece in _segments(job, take):
             job.out.put((take, piece))
         _flag_warning(request, take)
         request.finished.set()

@@ -51,6 +51,9 @@ class LongFormView:
         self.out_dir = Path(out_dir)
         self.access = access or Access()  # long takes are beyond the public page's limits: the owner's
 
+    def voice_choices(self, caller) -> list[tuple[str, str]]:
+        return [("None (zero-shot)", "")] + [(v.name, v.id) for v in self.service.list_voices(caller)]
+
     # ------------------------------------------------------------------ handlers (plain functions)
 
     def preview(self, text, style, voices_map, normalize):
@@ -113,8 +116,10 @@ class LongFormView:
                                   placeholder="Paste a chapter, or a script with lines like `Alice: Hello.`")
                 spoken = gr.Textbox(label="As it will be spoken", lines=4, interactive=False)
             with gr.Column(scale=2):
-                voices = [("None (zero-shot)", "")] + [(v.name, v.id) for v in self.service.list_voices()]
-                voice = gr.Dropdown(voices, value="", label="Voice (plain text)")
+                # The config is public on a public page: the owner's own voices arrive with the page's load event.
+                self.voice = gr.Dropdown(self.voice_choices(self.access.anyone()), value="",
+                                         label="Voice (plain text)")
+                voice = self.voice
                 style = gr.Textbox(label="Style (preset name or tags)")
                 voices_map = gr.Textbox(label="Script voices, one `Speaker = voice name` per line", lines=3)
                 normalize = gr.Checkbox(True, label="Write numbers, dates and units as words (English)")

@@ -1,14 +1,19 @@
-"""MCP tools for the studio: `synthesize`, `list_voices`, `add_voice`.
+"""The studio's documented Gradio endpoints, which are also its MCP tools: `synthesize`, `list_voices`, `add_voice`.
 
-    studio.mcp.register(blocks, service, api_key=None)   # before blocks.launch(mcp_server=True)
+    studio.mcp.register(blocks, service, access=Access(key, public_page=...))   # before blocks.launch()
 
-Each tool is a `gr.api` endpoint, so it runs through Gradio's queue and the same `StudioService` as the page
-and the HTTP API; `launch(mcp_server=True)` serves them at `/gradio_api/mcp/` (schema at
-`/gradio_api/mcp/schema`). The docstrings below are what an agent reads as the tool descriptions, so they say
-what the model can and cannot do (no instruction slot: style is a preset or inline tags, SPEC D1).
-With `api_key`, every tool needs the header `Authorization: Bearer <key>`, like the `/v1/*` routes. These three
-are the only tools: the page's own events are built with `api_visibility` other than "public", which keeps
-them out of the MCP schema (docs/SECURITY.md).
+Each tool is a `gr.api` endpoint, so it runs through the same `StudioService` as the page and the HTTP API.
+They are registered whatever `--mcp` says, so the page's "Use via API" link and `gradio_client` find them
+(`Client(url).predict(..., api_name="/synthesize")`); `launch(mcp_server=True)` also serves them over MCP at
+`/gradio_api/mcp/` (schema at `/gradio_api/mcp/schema`). The docstrings below are what an agent reads as the
+tool descriptions, so they say what the model can and cannot do (no instruction slot: style is a preset or
+inline tags, SPEC D1).
+Rights: the header `Authorization: Bearer <key>` (or a studio without a key) is the owner. Without it, on a
+public page, `synthesize` and `list_voices` answer as to any visitor of the page: the public limits, the
+visitor's fair share of the GPU, the voices shared with visitors; `add_voice` is the owner's. On a keyed page
+that is not public every tool needs the key, like the `/v1/*` routes. These three are the only tools: the
+page's own events are built with `api_visibility` other than "public", which keeps them out of the MCP schema
+(docs/SECURITY.md).
 
 No `from __future__ import annotations` here: `gr.api` reads the tools' type hints at run time, and string
 annotations would hide `gr.Header` and the return type from it.
@@ -24,7 +29,8 @@ import numpy as np
 from gradio.data_classes import FileData
 
 from engine.audio import load_audio
-from studio.access import Access
+from studio.access import Access, visitor
+from studio.admission import OWNER, Caller
 from studio.formats import write_audio
 from studio.service import SynthesisRequest
 from studio.voices import Consent
@@ -59,19 +65,25 @@ def _file_path(audio: Any) -> str:
     return audio
 
 
-def register(blocks: gr.Blocks, service, *, api_key: str | None = None) -> None:
-    """Add the three MCP tools to `blocks`. Call it before `launch`."""
+def register(blocks: gr.Blocks, service, *, api_key: str | None = None, access: Access | None = None) -> None:
+    """Add the three tools to `blocks`. Call it before `launch`. `access` (or just the key) says who is the owner
+    and whether visitors may call them."""
     outputs = _Outputs()
     roots = [Path(tempfile.gettempdir()).resolve()]
 
-    access = Access(api_key)
+    access = access or Access(api_key)
 
-    def check_key(authorization: str | None) -> None:
-        if not access.bearer_ok(authorization):
+    def caller(authorization: str | None, request: gr.Request | None, *, visitors: bool = True) -> Caller:
+        if access.bearer_ok(authorization):
+            return OWNER
+        if not (visitors and access.public_page):
             raise gr.Error("Missing or wrong API key: send the header `Authorization: Bearer <key>`.")
+        client = getattr(request, "client", None)
+        return visitor(getattr(request, "headers", None) or {}, getattr(client, "host", None),
+                       fallback=getattr(request, "session_hash", None) or "anonymous")
 
     def synthesize(text: str, voice: str = "", style: str = "", seed: int | None = None,
-                   authorization: gr.Header = None) -> FileData:
+                   authorization: gr.Header = None, request: gr.Request = None) -> FileData:
         """Speak `text` with Higgs Audio v3. Returns the URL of a 24 kHz WAV file whose name carries the seed
         used (speech-seed<N>-<take>.wav), so a take can be reproduced.
 
@@ -88,26 +100,27 @@ def register(blocks: gr.Blocks, service, *, api_key: str | None = None) -> None:
             style: A style preset name from list_voices (e.g. "Calm narrator") or tags like "<|emotion:awe|>"; may be empty.
             seed: Seed for sampling; empty for a random one (the one used is reported so it can be reused).
         """
-        check_key(authorization)
-        request = SynthesisRequest(text=text, voice_id=voice.strip() or None, style=style.strip() or None,
-                                   seed=seed, source="api")
+        who = caller(authorization, request)
+        synth = SynthesisRequest(text=text, voice_id=voice.strip() or None, style=style.strip() or None,
+                                 seed=seed, source="api", caller=who)
         try:
-            take = service.synthesize(request)
+            if not who.owner:
+                access.limit_public(synth, None)
+            take = service.synthesize(synth)
         except (ValueError, TimeoutError, RuntimeError) as exc:
             raise gr.Error(str(exc)) from None
         # One output: Gradio's MCP bridge serves a returned file by URL only when it is the whole output.
         path = write_audio(outputs.new(f"speech-seed{take.seed}-{take.id}.wav"), take.audio, take.sample_rate)
         return FileData(path=path, mime_type="audio/wav", orig_name=Path(path).name)
 
-    def list_voices(authorization: gr.Header = None) -> dict:
+    def list_voices(authorization: gr.Header = None, request: gr.Request = None) -> dict:
         """List the saved voices and the style presets that synthesize accepts.
 
         Returns {"voices": [{"id", "name", "transcript", "style", "seconds"}], "styles": [{"name", "prefix"}]}.
         Pass a voice's id or name as synthesize's `voice`, and a style's name as its `style`.
         """
-        check_key(authorization)
         voices = [{"id": v.id, "name": v.name, "transcript": v.transcript or None, "style": v.style or None,
-                   "seconds": round(v.seconds, 2)} for v in service.list_voices()]
+                   "seconds": round(v.seconds, 2)} for v in service.list_voices(caller(authorization, request))]
         styles = [{"name": name, "prefix": prefix} for name, prefix in service.list_styles()]
         return {"voices": voices, "styles": styles}
 
@@ -125,7 +138,7 @@ def register(blocks: gr.Blocks, service, *, api_key: str | None = None) -> None:
             name: A name for the voice (unique in the library).
             consent: True only if the speaker has agreed to have their voice cloned.
         """
-        check_key(authorization)
+        caller(authorization, None, visitors=False)  # the library is the owner's
         if consent is not True:
             raise gr.Error("Saving a voice needs the speaker's consent: call again with consent=true only if the "
                            "speaker agreed to have their voice cloned.")
@@ -143,8 +156,8 @@ def register(blocks: gr.Blocks, service, *, api_key: str | None = None) -> None:
                 "transcript": voice.transcript or None}
 
     # queue=False: Gradio's MCP server then calls the tool in-process with the MCP request (its Authorization
-    # header reaches `check_key`). A queued tool is called back over HTTP through the page's routes, which a
-    # login on the page (`auth=`) closes to it. The service's own queue still runs one take at a time.
+    # header reaches `caller`). A queued tool is called back over HTTP through the page's routes, which a
+    # login on the page (`auth=`) closes to it. The service's admission still gives each take its turn.
     with blocks:
         gr.api(synthesize, api_name="synthesize", queue=False)
         gr.api(list_voices, api_name="list_voices", queue=False)

@@ -20,6 +20,7 @@ from engine.audio import load_audio
 from engine.config import SAMPLE_RATE
 from studio import render
 from studio.access import Access
+from studio.admission import OWNER, Caller
 from studio.asr import Transcriber
 from studio.formats import available_formats, ffmpeg_path, to_pcm16, write_audio
 from studio.live import CLIP_VOICE, NO_VOICE, LivePlayer, page_request
@@ -72,8 +73,9 @@ class Page:
 
     # ------------------------------------------------------------------ helpers
 
-    def voice_choices(self) -> list[tuple[str, str]]:
-        voices = self.service.list_voices()
+    def voice_choices(self, caller: Caller) -> list[tuple[str, str]]:
+        """The Voice menu for `caller`: a visitor of a public page sees the shared voices and the presets."""
+        voices = self.service.list_voices(caller)
         return [("None (zero-shot)", NO_VOICE), ("Reference clip below (one-off)", CLIP_VOICE)] + \
                [(f"{v.name} (preset)" if v.preset else v.name, v.id) for v in voices]
 
@@ -118,6 +120,7 @@ class Page:
                                    temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                                    max_frames=max_frames, repeat_guard=repeat_guard)
                 self.access.limit_public(req, request)
+                req.caller = self.access.page_caller(request)
             others = self.service.variants(req, int(takes_n or 1))
             with self._lock:
                 self._active[key], self._variants[key] = req, others
@@ -245,7 +248,8 @@ class Page:
                     else:
                         self._voices_tab()
                 with gr.Tab("Long form", id="long"):
-                    LongFormView(self.service, self.out_dir, self.access).build(GPU_QUEUE)
+                    self.long_form = LongFormView(self.service, self.out_dir, self.access)
+                    self.long_form.build(GPU_QUEUE)
             if self.private is not None:
                 self.private.wire(demo)  # its page load fills the voice menu with the visitor's own voices too
             else:
@@ -253,17 +257,20 @@ class Page:
                                       [self.clip, self.clip_text, self.voice_name, self.voice_desc, self.style,
                                        self.consent], [self.voice, self.voices_table],
                                       concurrency_id=GPU_QUEUE, concurrency_limit=1, api_visibility="private")
-            demo.load(self.refresh_lists, None, [self.voice, self.style, self.status], queue=False,
-                      api_visibility="private")
+            demo.load(self.refresh_lists, None, [self.voice, self.style, self.status, self.long_form.voice],
+                      queue=False, api_visibility="private")
             # An explicit private load event, not a callable value: Gradio would publish that one as an API
             # endpoint and an MCP tool.
             demo.load(lambda: render.live_player_html(self.player.issue_token()), None, self.live_panel,
                       queue=False, api_visibility="private")
         return demo
 
-    def refresh_lists(self):
-        voices = gr.skip() if self.private is not None else gr.update(choices=self.voice_choices())
-        return voices, gr.update(choices=self.style_choices()), self.service.status()
+    def refresh_lists(self, request: gr.Request):
+        """The page load's lists, for whoever loaded it: the owner sees every voice, a visitor the shared ones."""
+        caller = self.access.page_caller(request)
+        voices = gr.skip() if self.private is not None else gr.update(choices=self.voice_choices(caller))
+        return (voices, gr.update(choices=self.style_choices()), self.service.status(),
+                gr.update(choices=self.long_form.voice_choices(caller)))
 
     def _studio_tab(self):
         with gr.Row(equal_height=False):
@@ -277,8 +284,10 @@ class Page:
                     self.style = gr.Dropdown(self.style_choices(), value="", label="Style preset",
                                              allow_custom_value=True, scale=3, elem_id="style",
                                              info="A tag prefix put before the text; pick one or type tags.")
-                    self.voice = gr.Dropdown(self.voice_choices(), value=NO_VOICE, label="Voice", scale=3,
-                                             allow_custom_value=True, elem_id="voice",
+                    # With a key the config is public: it lists what a visitor may see; the load event fills in
+                    # the owner's own voices.
+                    self.voice = gr.Dropdown(self.voice_choices(self.access.anyone()), value=NO_VOICE,
+                                             label="Voice", scale=3, allow_custom_value=True, elem_id="voice",
                                              info="A saved voice, a one-off clip, or none (zero-shot).")
                 with gr.Row():
                     generate = gr.Button("Generate", variant="primary", scale=3, elem_id="generate-btn")
@@ -414,10 +423,10 @@ class Page:
         return last
 
     @_warns(1)
-    def _voice_style(self, voice_id):
+    def _voice_style(self, voice_id, request: gr.Request):
         if voice_id in (NO_VOICE, CLIP_VOICE):
             return gr.skip()
-        return self.service.voices.get(voice_id).style or gr.skip()
+        return self.service.resolve_voice(voice_id, self.access.page_caller(request)).style or gr.skip()
 
     def _style_temperature(self, prefix):
         preset = next((p for p in self.service.presets.list() if p.prefix == prefix), None) \
@@ -456,7 +465,7 @@ class Page:
         voice = self.service.save_voice(samples, rate, name=name, transcript=transcript,
                                         description=description, style=style or None, consent=consent)
         gr.Info(f"Saved voice {voice.name!r}.")
-        return gr.update(choices=self.voice_choices(), value=voice.id), self._voice_rows()
+        return gr.update(choices=self.voice_choices(OWNER), value=voice.id), self._voice_rows()
 
     @_warns(5)
     def _select_take(self, takes, evt: gr.SelectData, request: gr.Request):
@@ -482,16 +491,18 @@ class Page:
     # ------------------------------------------------------------------ voices tab
 
     def _voice_rows(self):
-        return [[v.name, v.id, v.style, f"{v.seconds:.1f}", v.transcript[:80], v.description]
-                for v in self.service.list_voices()]
+        return [[v.name, v.id, _visibility(v), v.style, f"{v.seconds:.1f}", v.transcript[:80], v.description]
+                for v in self.service.list_voices(OWNER)]
 
     def _voices_tab(self):
         gr.Markdown("Saved voices: a prepared reference clip, its transcript, a default style and a consent "
-                    "record. Select a row to preview, edit, export or delete it.")
+                    "record. Select a row to preview, edit, export or delete it. A voice is private until you "
+                    "share it: only shared voices and presets are offered to visitors of a public page.")
         # The table (transcripts, descriptions) is the owner's: with a key it fills when the owner opens the tab,
         # because the page's config, where a starting value would sit, is public on a public page.
         rows = self._voice_rows() if self.access.api_key is None else []
-        self.voices_table = gr.Dataframe(rows, headers=["name", "id", "style", "seconds", "transcript", "description"],
+        self.voices_table = gr.Dataframe(rows, headers=["name", "id", "visitors", "style", "seconds", "transcript",
+                                                        "description"],
                                          interactive=False, wrap=True, label="Voices", elem_id="voices-table")
         current = gr.State(None)
         with gr.Row():
@@ -502,7 +513,9 @@ class Page:
                 fields = [gr.Textbox(label="Name", elem_id="edit-name"),
                           gr.Textbox(label="Transcript", lines=2, elem_id="edit-transcript"),
                           gr.Textbox(label="Description", elem_id="edit-description"),
-                          gr.Textbox(label="Default style (tag prefix)", elem_id="edit-style")]
+                          gr.Textbox(label="Default style (tag prefix)", elem_id="edit-style"),
+                          gr.Checkbox(label="Shared: visitors of a public page may see and use this voice",
+                                      value=False, elem_id="edit-shared")]
                 with gr.Row():
                     save = gr.Button("Save changes", variant="primary", elem_id="edit-save")
                     confirm = gr.Checkbox(label="Yes, delete it", value=False, elem_id="delete-confirm")
@@ -523,20 +536,20 @@ class Page:
         export_all.click(owner(self._export_all), None, export_file, **priv)
         bundle.upload(owner(self._import), bundle, lists, **priv)
 
-    @_warns(7)
+    @_warns(8)
     def _pick_voice(self, evt: gr.SelectData):
         voice = self.service.voices.get(evt.row_value[1])
         return (voice.id, str(voice.audio_path), voice.name, voice.transcript, voice.description, voice.style,
-                self._export([voice.id]))
+                voice.shared, self._export([voice.id]))
 
     @_warns(2)
-    def _edit_voice(self, voice_id, name, transcript, description, style):
+    def _edit_voice(self, voice_id, name, transcript, description, style, shared):
         if not voice_id:
             raise ValueError("Select a voice in the table first.")
         self.service.voices.update(voice_id, name=name, transcript=transcript, description=description,
-                                   style=self.service.resolve_style(style))
+                                   style=self.service.resolve_style(style), shared=bool(shared))
         gr.Info("Saved.")
-        return self._voice_rows(), gr.update(choices=self.voice_choices())
+        return self._voice_rows(), gr.update(choices=self.voice_choices(OWNER))
 
     @_warns(4)
     def _delete_voice(self, voice_id, sure):
@@ -545,7 +558,7 @@ class Page:
         if not sure:
             raise ValueError("Tick 'Yes, delete it' to confirm.")
         self.service.voices.delete(voice_id)
-        return self._voice_rows(), gr.update(choices=self.voice_choices(), value=NO_VOICE), None, False
+        return self._voice_rows(), gr.update(choices=self.voice_choices(OWNER), value=NO_VOICE), None, False
 
     def _export_all(self) -> str:
         return self._export(None)
@@ -560,7 +573,11 @@ class Page:
     def _import(self, path):
         added = self.service.voices.import_zip(path)  # its size is checked before it is read
         gr.Info(f"Imported {len(added)} voice(s).")
-        return self._voice_rows(), gr.update(choices=self.voice_choices())
+        return self._voice_rows(), gr.update(choices=self.voice_choices(OWNER))
+
+
+def _visibility(voice) -> str:
+    return "preset" if voice.preset else "shared" if voice.shared else "private"
 
 
 def launch_kwargs() -> dict:

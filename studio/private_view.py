@@ -85,7 +85,8 @@ class PrivateVoicesView:
     def _outputs(self, stored, request: gr.Request, value=None):
         kept, voices = self.registry.register(_session(request), stored)
         rows = [[v.name, f"{v.seconds:.1f}", v.transcript[:80], v.description] for v in voices]
-        choices = self.page.voice_choices() + [(f"{v.name} (yours)", v.id) for v in voices]
+        choices = self.page.voice_choices(self.page.access.page_caller(request)) + \
+            [(f"{v.name} (yours)", v.id) for v in voices]
         if value is not None:
             value = next((v.id for v in voices if v.voice_id == value), None)
         voice = gr.update(choices=choices, value=value) if value else gr.update(choices=choices)

@@ -226,7 +226,7 @@ def test_the_public_page_generates_within_limits_and_cannot_touch_the_library(pu
     bundle = {"path": upload.json()[0], "meta": {"_type": "gradio.FileData"}}
     probes = {"_save_voice": [None, "words", "Intruder", "", "", True],
               "_save_preset": ["Intruder preset", "<|emotion:awe|>"],
-              "_edit_voice": [voice_id, "Renamed", "new words", "", ""],
+              "_edit_voice": [voice_id, "Renamed", "new words", "", "", True],
               "_delete_voice": [voice_id, True],
               "_export_all": [],
               "_pick_voice": [],
