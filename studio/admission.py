@@ -22,7 +22,7 @@ import collections
 from dataclasses import dataclass
 from typing import Any
 
-TOO_MANY = ("You already have {waiting} takes waiting (and {running} running): that is as many as one visitor may "
+TOO_MANY = ("You already have {waiting} waiting (and {running} running): that is as many as one visitor may "
             "queue. Wait for one of them to finish, then try again.")
 QUEUE_FULL = "The queue is full ({waiting} requests waiting); try again shortly."
 
@@ -99,8 +99,8 @@ class Admission:
             if self.waiting >= self.max_waiting:
                 raise Refused(QUEUE_FULL.format(waiting=self.waiting), visitor=False)
             if not caller.owner and self.waiting_for(caller) >= self.visitor_waiting and not self._starts_now(caller):
-                raise Refused(TOO_MANY.format(waiting=self.waiting_for(caller), running=self.running_for(caller)),
-                              visitor=True)
+                raise Refused(TOO_MANY.format(waiting=_takes(self.waiting_for(caller)),
+                                              running=self.running_for(caller)), visitor=True)
         self._waiting.setdefault(caller, collections.deque()).append(ticket)
 
     def _starts_now(self, caller: Caller) -> bool:
@@ -159,6 +159,10 @@ class Admission:
         blocked = len(self._running) >= self.slots or not _may_run(ticket.caller, self._per_caller,
                                                                    self.visitor_running)
         return ahead + 1 + int(blocked)
+
+
+def _takes(n: int) -> str:
+    return f"{n} take" if n == 1 else f"{n} takes"
 
 
 def _may_run(caller: Caller, running: collections.Counter, limit: int) -> bool:
