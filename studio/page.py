@@ -426,7 +426,8 @@ class Page:
     def _voice_style(self, voice_id, request: gr.Request):
         if voice_id in (NO_VOICE, CLIP_VOICE):
             return gr.skip()
-        return self.service.resolve_voice(voice_id, self.access.page_caller(request)).style or gr.skip()
+        voice = self.service.resolve_voice(voice_id, self.access.page_caller(request))
+        return voice.style if voice is not None and voice.style else gr.skip()
 
     def _style_temperature(self, prefix):
         preset = next((p for p in self.service.presets.list() if p.prefix == prefix), None) \

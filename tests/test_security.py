@@ -250,10 +250,15 @@ def test_the_public_page_generates_within_limits_and_cannot_touch_the_library(pu
     args[9] = 8
     status, message = run_event(visitor, generate, args)
     assert message["success"], message
-    args[2] = voice_id  # a saved voice: its name is among the page's choices
+    args[2] = voice_id  # the owner's voice is private until shared: neither listed nor usable
+    assert "Owner Voice" not in json.dumps(run_event(visitor, by_name["refresh_lists"], [])[1]["output"])
+    assert "No saved voice" in refused(run_event(visitor, generate, args)[1])
+    assert httpx.patch(f"{url}/v1/audio/voices/{voice_id}", headers=BEARER, json={"shared": True}).status_code == 200
     assert "Owner Voice" in json.dumps(run_event(visitor, by_name["refresh_lists"], [])[1]["output"])
     status, message = run_event(visitor, generate, args)
     assert message["success"], message
+    assert httpx.patch(f"{url}/v1/audio/voices/{voice_id}", headers=BEARER, json={"shared": False}).status_code == 200
+    before = tree_hash(voices)
     args[2] = ""
     # The one-off clip is decoded under the same sample budget as every other entry point.
     clip = visitor.post("/gradio_api/upload", files={"files": ("bomb.flac", bomb(tmp_path / "b.flac", 300))})

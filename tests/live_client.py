@@ -1,0 +1,79 @@
+"""A client of the studio's live route for tests and benchmarks: page tokens as a page load gets them, and live
+takes read line by line in their own threads, from a chosen local address (two addresses are two visitors)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import httpx
+
+
+def client(url: str, address: str = "127.0.0.1", **kw) -> httpx.Client:
+    return httpx.Client(base_url=url, timeout=120, transport=httpx.HTTPTransport(local_address=address), **kw)
+
+
+def page_token(http: httpx.Client) -> str:
+    """A fresh page token, as a page load gets it (the load event that fills the live player)."""
+    config = http.get("/config").json()
+    for fn_index, dep in enumerate(config["dependencies"]):
+        if any(trigger == "load" for _, trigger in dep["targets"]):
+            r = http.post("/gradio_api/run/predict", json={"data": [], "fn_index": fn_index, "session_hash": "t"})
+            found = re.search(r'data-token=\\?"([0-9]+\.[0-9a-f]+)', r.text)
+            if found:
+                return found.group(1)
+    raise AssertionError("no load event issued a page token")
+
+
+def live_fields(text: str = "Hello from a visitor.", **fields) -> dict:
+    return {"text": text, "style": "", "voice": "", "clip_text": "", "temperature": 0.8, "top_p": 0.8, "top_k": 30,
+            "seed": 11, "max_frames": 40, "repeat_guard": 0, **fields}
+
+
+class LiveTake(threading.Thread):
+    """One live take read line by line in its own thread; `stop` closes the connection (which cancels it)."""
+
+    _ids = iter(range(10**9))
+
+    def __init__(self, http: httpx.Client, token: str, **fields):
+        super().__init__(daemon=True)
+        self.http, self.token, self.fields = http, token, fields
+        self.lines: list[dict] = []
+        self.posted = self.first_audio = self.ended = None
+        self.stop = threading.Event()
+        self.start()
+
+    def run(self):
+        body = {"request": json.dumps({**live_fields(**self.fields), "live_id": f"fair-take-{next(self._ids)}"})}
+        self.posted = time.perf_counter()
+        try:
+            with self.http.stream("POST", "/studio/live", data=body, headers={"X-Studio-Token": self.token}) as r:
+                for line in r.iter_lines():
+                    if self.stop.is_set():
+                        return
+                    if not line:
+                        continue
+                    message = json.loads(line)
+                    if message["type"] == "audio" and self.first_audio is None:
+                        self.first_audio = time.perf_counter() - self.posted
+                    self.lines.append(message)
+        finally:
+            self.ended = time.perf_counter()
+
+    @property
+    def frames(self) -> int:
+        """The frames of a finished take (0 for one refused or stopped)."""
+        return self.lines[-1]["metrics"]["frames"] if self.end == "done" else 0
+
+    @property
+    def end(self) -> str | None:
+        return self.lines[-1]["type"] if self.lines and self.lines[-1]["type"] in ("done", "error") else None
+
+
+def wait(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
