@@ -24,10 +24,11 @@ one stops within a frame (the engine watches the same event; the takes beside it
 its slot takes the next request. `req.caller` (default `OWNER`) decides its turn: `Caller.visitor(address)`
 for a visitor of a public page.
 
-HTTP API integration: app.py builds the Gradio `Blocks`, adds the MCP tools (`studio.mcp.register(blocks,
-...)`, before launch, with --mcp), launches, and then calls `studio.api.register(blocks.app, service,
-api_key=...)`: the routes go on Gradio's own running FastAPI app (`launch()` builds a new one each time), so
-the page, `/v1/audio/speech` and MCP share one port, one queue and this one service. Use
+HTTP API integration: app.py builds the Gradio `Blocks`, adds the documented endpoints that are also the MCP
+tools (`studio.mcp.register(blocks, ...)`, before launch), launches, and then calls
+`studio.api.register(blocks.app, service, api_key=...)`: the routes go on Gradio's own running FastAPI app
+(`launch()` builds a new one each time), so the page, `/v1/audio/speech` and MCP share one port, one queue
+and this one service. Use
 `service.stream()` / `service.synthesize()` for generation, `service.run_exclusive(fn)` for any other GPU
 work (e.g. encoding a voice), and `studio.formats.encode_audio()` for response bodies.
 """
@@ -303,11 +304,10 @@ class StudioService:
                 raise item
             yield item
 
-    def run_exclusive(self, fn: Callable[..., Any], *args, timeout: float | None = None, caller: Caller = OWNER,
-                      **kwargs) -> Any:
+    def run_exclusive(self, fn: Callable[..., Any], *args, timeout: float | None = None, **kwargs) -> Any:
         """Run `fn(*args, **kwargs)` (e.g. encoding a voice) in a slot, in turn with generations: it holds one
         slot while it runs, and the engine's lock keeps its device work apart from the batch's steps."""
-        job = self._submit(lambda j: j.out.put(("value", fn(*args, **kwargs))), threading.Event(), caller)
+        job = self._submit(lambda j: j.out.put(("value", fn(*args, **kwargs))), threading.Event(), OWNER)
         for _ in self._wait_turn(job, self.queue_timeout if timeout is None else timeout):
             pass
         for item in self._results(job):
