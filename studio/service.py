@@ -242,10 +242,10 @@ class StudioService:
         except BaseException as exc:  # handed to the caller's thread, never kills the service
             job.out.put(exc)
         finally:
-            job.out.put(_DONE)
-            with self._cond:
+            with self._cond:  # the slot is free before the consumer hears the end
                 self.admission.done(job)
                 self._dispatch()
+            job.out.put(_DONE)
 
     def _submit(self, work: Callable[[_Job], None], cancel: threading.Event, caller: Caller) -> _Job:
         job = _Job(work, cancel, caller, self)
@@ -310,9 +310,10 @@ class StudioService:
         job = self._submit(lambda j: j.out.put(("value", fn(*args, **kwargs))), threading.Event(), OWNER)
         for _ in self._wait_turn(job, self.queue_timeout if timeout is None else timeout):
             pass
-        for item in self._results(job):
-            return item[1]
-        raise RuntimeError("GPU work finished without a result")
+        results = list(self._results(job))  # to the end: the slot is free when this returns
+        if not results:
+            raise RuntimeError("GPU work finished without a result")
+        return results[0][1]
 
     def close(self) -> None:
         with self._cond:
