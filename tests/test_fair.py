@@ -250,3 +250,18 @@ def test_the_owner_shares_a_voice_over_the_api_and_bad_changes_are_sentences(tmp
         assert http.patch("/v1/audio/voices/v_0000000000000000", headers=auth,
                           json={"shared": True}).status_code == 404
     service.close()
+
+
+def test_the_share_has_flags_with_environment_twins(monkeypatch):
+    import app
+
+    monkeypatch.delenv("SPACE_ID", raising=False)
+    args = app.parse_args([])
+    assert (args.visitor_concurrency, args.visitor_queue) == (2, 4)
+    monkeypatch.setenv("HIGGS_VISITOR_CONCURRENCY", "3")
+    monkeypatch.setenv("HIGGS_VISITOR_QUEUE", "0")
+    args = app.parse_args([])
+    assert (args.visitor_concurrency, args.visitor_queue) == (3, 0)
+    assert app.parse_args(["--visitor-concurrency", "5"]).visitor_concurrency == 5
+    with pytest.raises(ValueError, match="at least 1"):
+        StudioService(FakeEngine(), None, None, visitor_concurrency=0)
