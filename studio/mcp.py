@@ -29,7 +29,7 @@ import numpy as np
 from gradio.data_classes import FileData
 
 from engine.audio import load_audio
-from studio.access import Access, visitor
+from studio.access import Access
 from studio.admission import OWNER, Caller
 from studio.formats import write_audio
 from studio.service import SynthesisRequest
@@ -78,9 +78,7 @@ def register(blocks: gr.Blocks, service, *, api_key: str | None = None, access: 
             return OWNER
         if not (visitors and access.public_page):
             raise gr.Error("Missing or wrong API key: send the header `Authorization: Bearer <key>`.")
-        client = getattr(request, "client", None)
-        return visitor(getattr(request, "headers", None) or {}, getattr(client, "host", None),
-                       fallback=getattr(request, "session_hash", None) or "anonymous")
+        return access.page_caller(request)
 
     def synthesize(text: str, voice: str = "", style: str = "", seed: int | None = None,
                    authorization: gr.Header = None, request: gr.Request = None) -> FileData:
