@@ -265,3 +265,20 @@ def test_the_share_has_flags_with_environment_twins(monkeypatch):
     assert app.parse_args(["--visitor-concurrency", "5"]).visitor_concurrency == 5
     with pytest.raises(ValueError, match="at least 1"):
         StudioService(FakeEngine(), None, None, visitor_concurrency=0)
+
+
+def test_the_voices_tab_shares_and_unshares_a_voice(tmp_path):
+    from studio.voices import Consent, VoiceLibrary
+
+    library = VoiceLibrary(tmp_path / "voices")
+    voice = library.add(tone(), name="Mine", transcript="Mine.", consent=Consent("owner"))
+    page = Page(StudioService(FakeEngine(), library, None))  # no key: the page is the owner's
+    page.build()
+    assert page._voice_rows()[0][:3] == ["Mine", voice.id, "private"]
+    rows, _ = page._edit_voice(voice.id, "Mine", "Mine.", "", "", True)
+    assert rows[0][2] == "shared" and library.get(voice.id, visitor=True).shared
+    public = Page(page.service, Access(KEY, public_page=True))
+    assert [v for _, v in public.voice_choices(Caller.visitor("1.2.3.4"))][2:] == [voice.id]
+    page._edit_voice(voice.id, "Mine", "Mine.", "", "", False)
+    assert public.voice_choices(Caller.visitor("1.2.3.4"))[2:] == [] and page._voice_rows()[0][2] == "private"
+    page.service.close()
