@@ -30,7 +30,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--demo", action="store_true", default=_env_flag("HIGGS_DEMO"),
                    help="use a tiny random checkpoint (no download; the audio is noise) (env HIGGS_DEMO=1)")
     p.add_argument("--device", default=env.get("HIGGS_DEVICE", "auto"), choices=["auto", "cpu", "cuda"])
-    p.add_argument("--precision", default=env.get("HIGGS_PRECISION", "auto"), choices=["auto", "fp8", "bf16", "fp32"])
+    p.add_argument("--precision", default=env.get("HIGGS_PRECISION", "auto"),
+                   choices=["auto", "fp8", "bf16", "fp32", "int8", "int4"],
+                   help="auto: fp8 on a GPU's fast path, int8 for the 4B model on a CPU (fp32 for --demo); int8 / "
+                        "int4 are the CPU path's weight-only formats")
     p.add_argument("--host", default="0.0.0.0" if on_spaces else env.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(env.get("PORT") or env.get("GRADIO_SERVER_PORT") or 7860))
     p.add_argument("--share", action="store_true", help="also open a public gradio.live link")

@@ -32,6 +32,7 @@ import torch
 from .config import AUDIO_PLACEHOLDER, SAMPLE_RATE, SAMPLES_PER_FRAME, Dims
 from .delay import StopRule, default_max_frames, undelay
 from .model import DTYPES, HiggsModel, param_count
+from .quant import QUANTIZED
 from .sampling import sample, uniforms
 from .scheduler import Scheduler, Take
 from .types import Chunk, Metrics, SamplingParams
@@ -49,8 +50,6 @@ DEFAULT_CACHE_LEN = 4096
 DEFAULT_MAX_BATCH = 16
 # Below this many parameters a CPU engine runs torch on one thread (see `tune_threads`).
 SINGLE_THREAD_PARAMS = 100_000_000
-# Above this many parameters an fp32 CPU copy is too slow and too large: default to bf16.
-BF16_PARAMS_ON_CPU = 1_000_000_000
 
 
 def codes_sha256(codes: torch.Tensor) -> str:
@@ -62,11 +61,12 @@ def codes_sha256(codes: torch.Tensor) -> str:
 # ------------------------------------------------------------------------------------------- backends
 def _torch_backend(checkpoint, *, device: torch.device, dtype: torch.dtype | None, max_len: int,
                    precision: str | None = None):
-    if dtype is None:
+    quant = precision if precision in QUANTIZED else None
+    if dtype is None and quant is None:
         raise ValueError(f"precision {precision!r} needs the cubin backend (NVIDIA GPU); the torch path runs "
-                         "fp32, bf16 or fp16")
-    return HiggsModel.from_state_dict(checkpoint.dims, checkpoint.backbone, dtype=dtype, device=device,
-                                      max_len=max_len)
+                         "fp32, bf16, fp16, or int8 / int4 on the CPU")
+    return HiggsModel.from_state_dict(checkpoint.dims, checkpoint.backbone, dtype=dtype or torch.bfloat16,
+                                      device=device, max_len=max_len, quant=quant)
 
 
 # name → factory(checkpoint, *, device, dtype, max_len, precision) -> object with the step interface
@@ -219,30 +219,42 @@ class Engine:
     def load(cls, checkpoint, *, device: str = "auto", precision: str = "auto", backend: str = "auto",
              max_batch: int = DEFAULT_MAX_BATCH) -> "Engine":
         """`checkpoint` is a directory, a hub id or a loaded `Checkpoint`. Device "auto" → CUDA when
-        present; precision "auto" → bf16 on CUDA (fp8 W8A8 on the cubin backend), fp32 on CPU for small
-        models and bf16 above 1B parameters; backend "auto" → the fastest backend that can run here, else "torch" (the reason is
+        present; precision "auto" → bf16 on CUDA (fp8 W8A8 on the cubin backend); on the CPU fp32 for small
+        models and weight-only int8 above 1B parameters, bf16 only where the CPU has native bf16 and it
+        measures faster (engine/cpu.py; `info["precision_reason"]` says which and why); backend "auto" → the fastest backend that can run here, else "torch" (the reason is
         kept in `engine.info["backend_reason"]`). `max_batch`: the most takes decoded together (a backend
         that cannot batch runs one at a time; `info["max_batch"]` says which)."""
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be a whole number ≥ 1; got {max_batch!r}")
         from .checkpoint import Checkpoint, load_checkpoint
 
+        if precision not in ("auto", "fp8", *DTYPES, *QUANTIZED):
+            raise ValueError(f"unknown precision {precision!r}; use 'auto', 'fp32', 'bf16', 'fp16', 'fp8' (GPU "
+                             "kernels), or 'int8' / 'int4' (weight-only, CPU)")
+        if precision in QUANTIZED and str(device).startswith("cuda"):
+            raise ValueError(f"precision {precision!r} is the CPU path's weight-only format; on a GPU use 'fp8' or "
+                             "'bf16'")
         dev = _device(device)
-        if precision not in ("auto", "fp8", *DTYPES):
-            raise ValueError(f"unknown precision {precision!r}; use 'auto', 'fp32', 'bf16', 'fp16' or 'fp8' (GPU kernels)")
+        if precision in QUANTIZED and dev.type != "cpu":  # "auto" found a GPU
+            raise ValueError(f"precision {precision!r} is the CPU path's weight-only format; on a GPU use 'fp8' or "
+                             "'bf16', or device='cpu'")
         name, fallback, reason = _auto_choice(dev) if backend == "auto" else (backend, "torch", None)
         factory = _backend(name, dev)  # before reading gigabytes of weights
         ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
         dims = ckpt.dims
-        chosen = precision
-        if precision == "auto":
-            chosen = "bf16" if dev.type == "cuda" or param_count(dims) > BF16_PARAMS_ON_CPU else "fp32"
+        chosen, precision_reason = precision, None
+        if precision == "auto" and dev.type == "cuda":
+            chosen = "bf16"
+        elif precision == "auto":
+            from .cpu import auto_precision
+
+            chosen, precision_reason = auto_precision(param_count(dims), dims.hidden, dims.intermediate)
         max_len = min(DEFAULT_CACHE_LEN, dims.max_positions)
-        # The backend gets the user's choice (None = auto: the cubin backend then picks fp8) and a dtype.
+        # The backend gets a precision (on CUDA None for auto: the cubin backend then picks fp8) and a dtype.
         model, name, reason = _start_backend(
             name, factory, auto=backend == "auto", reason=reason, fallback=fallback,
             make=lambda f: f(ckpt, device=dev, dtype=DTYPES.get(chosen), max_len=max_len,
-                             precision=None if precision == "auto" else precision))
+                             precision=None if precision == "auto" and dev.type == "cuda" else chosen))
         precision = getattr(model, "precision", chosen)
 
         codec = None
@@ -253,7 +265,8 @@ class Engine:
         tokenizer, tokenizer_note = _tokenizer(ckpt)
         demo = _is_demo(ckpt.root)
         info = {"checkpoint": str(getattr(ckpt, "source", ckpt.root)), "root": str(ckpt.root), "device": str(dev),
-                "precision": precision, "backend": name, "backend_reason": reason, "demo": demo,
+                "precision": precision, "precision_reason": precision_reason, "backend": name,
+                "backend_reason": reason, "demo": demo,
                 "params": param_count(dims), "tokenizer": tokenizer_note, "codec": codec is not None}
         info.update(getattr(model, "info", None) or {})  # a backend's own facts (e.g. kernel_arch, kernel_loader)
         return cls(model, codec, tokenizer, dims, info, max_batch)

@@ -652,6 +652,7 @@ class SpeechAPI:
         engine = getattr(self.service, "engine", None)
         return JSONResponse({"status": "ok", "engine_loaded": engine is not None, "model": MODEL_IDS[0],
                              "device": status.get("device"), "precision": status.get("precision"),
+                             "precision_reason": status.get("precision_reason"),
                              "backend": status.get("backend"), "queue_depth": status.get("queue_depth"),
                              "batch_size": status.get("batch_size"), "max_batch": status.get("max_batch"),
                              "demo": status.get("demo"), "formats": list(available_formats()),

@@ -27,7 +27,7 @@ def header_html(status: dict[str, Any]) -> str:
     chips = [  # (label, shown value, hover text)
         ("checkpoint", checkpoint.rstrip("/").rsplit("/", 1)[-1], checkpoint),
         ("device", status.get("device"), ""),
-        ("precision", status.get("precision"), ""),
+        ("precision", status.get("precision"), status.get("precision_reason") or ""),
         ("backend", status.get("backend"), status.get("backend_reason") or ""),
         ("kernels", kernels, status.get("self_check") or ""),  # hover: the self-check figures
     ]
