@@ -326,8 +326,10 @@ class HiggsModel(nn.Module):
             if quant is not None:
                 layer.self_attn.quantize(quant)
                 layer.mlp.quantize(quant)
-                for suffix in PROJECTIONS:
-                    release_pages(state[f"layers.{i}.{suffix}"])
+            # The fused (or packed) matrices are copies: the stored ones are read for the last time, and
+            # a memory-mapped checkpoint's pages would otherwise stay resident beside them.
+            for suffix in PROJECTIONS:
+                release_pages(state[f"layers.{i}.{suffix}"])
         model.quant = quant
         model.setup_cache(max_len)
         model.calibrate_rows(max_rows)
