@@ -12,8 +12,8 @@ The servers accept different requests, so the client first learns which kind it 
 * the voice: SGLang-Omni requires `voice` and reads `"default"` as zero-shot; vLLM-Omni refuses any `voice`
   that is not an uploaded one, so zero-shot and one-off clones send none; a clip travels as `ref_audio` (a
   base64 data URL) + `ref_text`, the fields all of them read;
-* streaming: vLLM-Omni answers `stream: true` with SSE unless `stream_format: "audio"` asks for raw PCM.
-  Whatever a server sends, raw 16-bit PCM or SSE `speech.audio.delta` events, is read as what it is;
+* streaming: vLLM-Omni and SGLang-Omni answer `stream: true` with SSE unless `stream_format: "audio"` asks
+  for raw PCM. Whatever a server sends, raw 16-bit PCM or SSE audio events, is read as what it is;
 * length: vLLM-/SGLang-Omni count `max_new_tokens` in model steps, our frames + the 7-step delay tail;
 * sampling: vLLM-Omni's request schema has no temperature / top-k / top-p (its deploy config sets them), so
   `info["sampling_note"]` says so and the studio shows those controls as not honoured;
@@ -95,7 +95,8 @@ class Dialect:
 STUDIO = Dialect("higgs-studio", "Higgs Studio", None, {"stream": True}, True, "max_frames", 0)
 VLLM_OMNI = Dialect("vllm-omni", "vLLM-Omni", None, {"stream": True, "stream_format": "audio"}, False,
                     "max_new_tokens", DELAY_TAIL)
-SGLANG_OMNI = Dialect("sglang-omni", "SGLang-Omni", "default", {"stream": True}, True, "max_new_tokens", DELAY_TAIL)
+SGLANG_OMNI = Dialect("sglang-omni", "SGLang-Omni", "default", {"stream": True, "stream_format": "audio"}, True,
+                      "max_new_tokens", DELAY_TAIL)
 OPENAI = Dialect("openai", "OpenAI-compatible", None, {"stream": True, "stream_format": "audio"}, True,
                  "max_new_tokens", DELAY_TAIL)
 DIALECTS = {d.key: d for d in (STUDIO, VLLM_OMNI, SGLANG_OMNI, OPENAI)}

@@ -294,22 +294,25 @@ class SglangOmniFake(_Fake):
       integers and sampling fields numbers; temperature / top_k / top_p / seed are honoured
       (`serve/speech_service.py` @e1fefa76 `_validate_raw_payload`, `_resolve_uploaded_voice_reference`,
       `_build_sampling_params`; FACTS-2026-12 `_validate_required_generation_fields`);
-    * a stream is raw PCM with `X-Sample-Rate`, `X-Channels` and `X-Bit-Depth` (FACTS-2026-12);
+    * `stream: true` answers SSE: `data: {"object": "audio.speech.chunk", "audio": {"data": base64 WAV,
+      "format": "wav", ...}, "finish_reason": null}`, a last chunk with `"audio": null, "finish_reason":
+      "stop"`, then `data: [DONE]`; `stream_format: "audio"` (pcm only) answers raw 16-bit PCM whose
+      `X-Sample-Rate`, `X-Channels` and `X-Bit-Depth` headers say what it is (`docs/cookbook/higgs_tts.md`
+      @f29c051b "Streaming"; FACTS-2026-12);
     * voices (`serve/speech_voices.py` @01782f8f): names match `^(?=.*[A-Za-z0-9])[A-Za-z0-9_.-]+$` and key
       lowercased, `default` is reserved; the listing is `list_response` (`voices`: "default" and every name,
       sorted case-insensitively; `uploaded_voices`: records; `cache_stats`); an upload answers the flat
       record `{name, consent, created_at, file_size, mime_type, ref_text?}`; delete answers `{success,
       message}` or 404 `{success: false, error}`.
 
-    `stream_mode="sse-chunk"`: the older streaming (`serve/openai_api.py` @2489a10e `_speech_stream`): SSE
-    `data: {"object": "audio.speech.chunk", "audio": {"data", "format", "sample_rate"}}`, a final chunk with
-    `finish_reason`, then `data: [DONE]`.
+    `stream_mode="older"`: the streaming before `stream_format` (`serve/openai_api.py` @2489a10e
+    `_speech_stream`): SSE for every `stream: true`, PCM pieces in `audio.data`.
     """
 
     name = "SGLang-Omni"
     NAME = re.compile(r"^(?=.*[A-Za-z0-9])[A-Za-z0-9_.-]+$")
 
-    def __init__(self, *, gate: int | None = None, stream_mode: str = "pcm"):
+    def __init__(self, *, gate: int | None = None, stream_mode: str = "current"):
         super().__init__(gate=gate)
         self.stream_mode = stream_mode
 
@@ -340,8 +343,9 @@ class SglangOmniFake(_Fake):
         for name in ("temperature", "top_p"):
             if body.get(name) is not None and not isinstance(body[name], (int, float)):
                 return _openai_error(400, f"{name} must be a number", param=name)
-        if body.get("stream") and body.get("response_format") != "pcm":
-            return _openai_error(400, "stream=true requires response_format='pcm'", param="response_format")
+        raw = body.get("stream_format") == "audio" and self.stream_mode == "current"
+        if raw and body.get("response_format") != "pcm":
+            return _openai_error(400, "stream_format='audio' requires response_format='pcm'", param="response_format")
         clip_seconds = None
         if body.get("ref_audio") is not None:
             try:
@@ -362,18 +366,25 @@ class SglangOmniFake(_Fake):
             take.pcm = pcm
             return Response(pcm, media_type="audio/pcm")
         await self.enter()
-        if self.stream_mode == "sse-chunk":
-            return StreamingResponse(self.chunk_events(take, pcm), media_type="text/event-stream")
-        return StreamingResponse(self.pcm_body(take, pcm), media_type="audio/pcm",
-                                 headers={"X-Sample-Rate": str(SAMPLE_RATE), "X-Channels": "1", "X-Bit-Depth": "16"})
+        if raw:
+            return StreamingResponse(self.pcm_body(take, pcm), media_type="audio/pcm",
+                                     headers={"X-Sample-Rate": str(SAMPLE_RATE), "X-Channels": "1",
+                                              "X-Bit-Depth": "16"})
+        return StreamingResponse(self.chunk_events(take, pcm, "pcm" if self.stream_mode == "older" else "wav"),
+                                 media_type="text/event-stream")
 
-    async def chunk_events(self, take: Take, pcm: bytes, piece: int = 3840):
+    async def chunk_events(self, take: Take, pcm: bytes, fmt: str, piece: int = 3840):
         try:
             for index, i in enumerate(range(0, len(pcm), piece)):
                 take.pcm += pcm[i:i + piece]
+                data = pcm[i:i + piece]
+                if fmt == "wav":  # each chunk its own little WAV file
+                    buf = io.BytesIO()
+                    sf.write(buf, np.frombuffer(data, "<i2"), SAMPLE_RATE, format="WAV", subtype="PCM_16")
+                    data = buf.getvalue()
                 event = {"id": "speech-1", "object": "audio.speech.chunk", "index": index, "finish_reason": None,
-                         "audio": {"data": base64.b64encode(pcm[i:i + piece]).decode(), "format": "pcm",
-                                   "mime_type": "audio/pcm", "sample_rate": SAMPLE_RATE}}
+                         "audio": {"data": base64.b64encode(data).decode(), "format": fmt,
+                                   "mime_type": f"audio/{fmt}", "sample_rate": SAMPLE_RATE}}
                 yield f"data: {json.dumps(event)}\n\n"
                 await asyncio.sleep(0)
             yield f"data: {json.dumps({'object': 'audio.speech.chunk', 'audio': None, 'finish_reason': 'stop'})}\n\n"

@@ -116,7 +116,8 @@ def test_speech_body_speaks_each_servers_dialect():
 
     sglang = scripted(lambda r: httpx.Response(404), SGLANG_FACTS)
     assert sglang.speech_body("Hello.", **options) == {
-        "model": MODEL, "input": "Hello.", "response_format": "pcm", "stream": True, "voice": "default",
+        "model": MODEL, "input": "Hello.", "response_format": "pcm", "stream": True, "stream_format": "audio",
+        "voice": "default",
         "temperature": 0, "top_k": 20, "top_p": 0.9, "seed": 5, "max_new_tokens": 47}
     body = sglang.speech_body("Hello.", voice=clip, repeat_guard=None)
     assert body["voice"] == "default" and body["ref_audio"] == ref and "repeat_guard" not in body
@@ -195,7 +196,7 @@ def test_stream_reads_pcm_across_odd_reads_and_measures_metrics():
     assert seen[0]["stream"] is True and seen[0]["response_format"] == "pcm"
 
 
-@pytest.mark.parametrize("fake", [VllmOmniFake(stream_mode="sse"), SglangOmniFake(stream_mode="sse-chunk")],
+@pytest.mark.parametrize("fake", [VllmOmniFake(stream_mode="sse"), SglangOmniFake(stream_mode="older")],
                          ids=["vllm-omni-sse", "sglang-omni-older-sse"])
 def test_sse_answer_to_a_raw_audio_request_is_decoded_not_played_as_noise(fake):
     with serve(fake):
@@ -203,8 +204,22 @@ def test_sse_answer_to_a_raw_audio_request_is_decoded_not_played_as_noise(fake):
         audio = engine.generate("Hi.", seed=9, max_frames=10)
         sent = pcm_of(fake.takes[-1])
         assert len(sent) == 10 * SAMPLES_PER_FRAME and np.array_equal(to_pcm16(audio), sent)
-        if isinstance(fake, VllmOmniFake):
-            assert fake.takes[-1].body["stream_format"] == "audio"  # raw was asked for; SSE came back
+        assert fake.takes[-1].body["stream_format"] == "audio"  # raw was asked for; SSE came back
+
+
+def test_sse_of_wav_chunks_is_read_as_their_pcm():
+    """SGLang-Omni's answer to `stream: true` without `stream_format`: each SSE chunk a base64 WAV file."""
+    pieces = []
+    for part in (PCM[:1000], PCM[1000:]):
+        buf = io.BytesIO()
+        sf.write(buf, part, SAMPLE_RATE, format="WAV", subtype="PCM_16")
+        chunk = {"object": "audio.speech.chunk", "audio": {"data": base64.b64encode(buf.getvalue()).decode(),
+                                                           "format": "wav", "sample_rate": SAMPLE_RATE}}
+        pieces.append(f"data: {json.dumps(chunk)}\n\n")
+    done = 'data: {"object": "audio.speech.chunk", "audio": null, "finish_reason": "stop"}\n\ndata: [DONE]\n\n'
+    chunks = list(scripted(lambda r: sse(*pieces, done), SGLANG_FACTS).generate_stream("Hi."))
+    assert np.array_equal(to_pcm16(np.concatenate([c.audio for c in chunks])), PCM)
+    assert chunks[-1].metrics.stop_reason == "stop"
 
 
 def sse(*events: str) -> httpx.Response:
@@ -359,7 +374,6 @@ def test_greedy_take_over_http_equals_the_in_process_take(server, local):
     local_codes = local.predict(style + text, **options)
     assert remote_codes_sha256(server, {"input": text, "instructions": style, **options}) == codes_sha256(local_codes)
     assert chunks[-1].final and chunks[-1].metrics.seed == 1234 and chunks[-1].metrics.ttfa_ms > 0
-    assert remote.last_headers["x-sample-rate"] == str(SAMPLE_RATE)
     assert remote.info["precision"] == local.info["precision"]
 
     # Sampled (not greedy) takes are reproducible across the wire too: the seed fixes the draws.
