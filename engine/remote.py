@@ -46,6 +46,9 @@ from .types import DEFAULT_REPEAT_GUARD, Chunk, Metrics, SamplingParams
 
 DEFAULT_MODEL = "bosonai/higgs-audio-v3-tts-4b"  # when the server lists no model (vLLM-Omni's default name)
 DEFAULT_CONCURRENCY = 16  # takes sent at once when the server does not say how many it batches
+# A server that did not answer is asked again at most this often, so a page load or a take does not wait on
+# a dead host's timeouts each time it reads `info`.
+RECONTACT_S = 30.0
 # A take streams in pieces of at least this many samples (one codec frame, 40 ms): small enough to keep
 # time-to-first-audio honest, large enough not to hand the player one network read at a time.
 MIN_CHUNK_SAMPLES = SAMPLES_PER_FRAME
@@ -265,13 +268,17 @@ class RemoteEngine:
                                   timeout=httpx.Timeout(timeout, connect=connect_timeout))
         self._lock = threading.Lock()
         self._facts: dict[str, Any] | None = None
+        self._unreached: tuple[float, dict[str, Any]] | None = None  # (when, the facts) of the last failed contact
 
     # ---------------------------------------------------------------- facts
     def _learn(self) -> dict[str, Any]:
-        """Ask the server once what it is (kept after the first answer; asked again while it is down)."""
+        """Ask the server once what it is (kept after the first answer; while it is down, asked again every
+        RECONTACT_S)."""
         with self._lock:
             if self._facts is not None:
                 return self._facts
+            if self._unreached is not None and time.monotonic() - self._unreached[0] < RECONTACT_S:
+                return self._unreached[1]
             health, reached = self._get_json("/health")
             models, reached_models = self._get_json("/v1/models")
             dialect = detect_dialect(health, models, None)
@@ -283,6 +290,8 @@ class RemoteEngine:
                      "reached": reached or reached_models}
             if facts["reached"]:
                 self._facts = facts
+            else:
+                self._unreached = (time.monotonic(), facts)
             return facts
 
     def _get_json(self, path: str) -> tuple[Any, bool]:

@@ -129,7 +129,8 @@ class _Fake:
             await self.leave()
 
 
-def _openai_error(status: int, message: str, *, param: str | None = None, kind: str = "BadRequestError") -> JSONResponse:
+def _openai_error(status: int, message: str, *, param: str | None = None,
+                  kind: str = "BadRequestError") -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status)
 
 

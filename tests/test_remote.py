@@ -227,7 +227,8 @@ def sse(*events: str) -> httpx.Response:
 
 
 def test_sse_errors_and_unreadable_events_fail_with_a_sentence():
-    delta = 'event: speech.audio.delta\ndata: {"type": "speech.audio.delta", "response_format": "pcm", "audio": "%s"}\n\n'
+    delta = ('event: speech.audio.delta\n'
+             'data: {"type": "speech.audio.delta", "response_format": "pcm", "audio": "%s"}\n\n')
     error = 'event: speech.audio.error\ndata: {"type": "speech.audio.error", "error": {"message": "engine died"}}\n\n'
     piece = base64.b64encode(PCM[:SAMPLES_PER_FRAME].tobytes()).decode()
     engine = scripted(lambda r: sse(delta % piece, error), VLLM_FACTS)
@@ -270,6 +271,24 @@ def test_errors_name_the_server_and_say_what_it_answered():
         unreachable.generate("Hi.")
     assert err.value.status is None and "pw" not in str(err.value)
     assert unreachable.info["backend"] == "remote" and unreachable.info["remote_kind"] == "unreachable"
+
+
+def test_a_server_that_is_down_is_not_asked_again_on_every_look(monkeypatch):
+    import engine.remote
+
+    asked = []
+
+    def down(request):
+        asked.append(request.url.path)
+        raise httpx.ConnectError("connection refused")
+
+    engine_ = RemoteEngine("http://s", transport=httpx.MockTransport(down))
+    for _ in range(3):
+        assert engine_.info["remote_kind"] == "unreachable"
+    assert asked == ["/health", "/v1/models"]
+    monkeypatch.setattr(engine.remote, "RECONTACT_S", 0.0)
+    engine_.info
+    assert asked[2:4] == ["/health", "/v1/models"]  # asked again once the interval has passed
 
 
 def test_cancel_stops_the_stream():

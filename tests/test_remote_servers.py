@@ -158,14 +158,17 @@ def test_a_refusal_or_an_unreachable_server_is_one_sentence_not_a_500(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     with serve(VllmOmniFake()) as fake:
-        with running_studio(tmp_path / "a", "--remote", fake.url, "--remote-model", "not-served") as front:
+        with running_studio(tmp_path / "a", "--remote", fake.url, "--remote-model", "not-served",
+                            "--remote-concurrency", "3") as front:
+            assert httpx.get(f"{front}/health").json()["max_batch"] == 3
             r = speak(front, response_format="pcm")
             assert r.status_code == 400, r.text
             message = r.json()["error"]["message"]
             assert message.startswith(f"The vLLM-Omni server at {fake.url} refused the take (404): The model "
                                       "`not-served` does not exist.")
     closed = f"http://127.0.0.1:{free_port()}"
-    with running_studio(tmp_path / "b", "--remote", closed) as front:
+    with running_studio(tmp_path / "b", "--remote", closed, env={"HIGGS_REMOTE_CONCURRENCY": "5"}) as front:
+        assert httpx.get(f"{front}/health").json()["max_batch"] == 5
         r = speak(front, response_format="pcm")
         assert r.status_code == 502, r.text
         assert r.json()["error"]["message"].startswith(f"Could not reach the speech server at {closed}: ")
