@@ -172,3 +172,23 @@ def test_a_refusal_or_an_unreachable_server_is_one_sentence_not_a_500(tmp_path):
         r = speak(front, response_format="pcm")
         assert r.status_code == 502, r.text
         assert r.json()["error"]["message"].startswith(f"Could not reach the speech server at {closed}: ")
+
+
+def test_a_refusal_reaches_the_page_as_the_servers_sentence():
+    import gradio as gr
+
+    from studio.page import Page
+    from studio.service import StudioService
+    from tests.test_page import gen_args
+
+    with serve(VllmOmniFake()) as fake:
+        service = StudioService(RemoteEngine(fake.url, model="not-served"), None, None)
+        try:
+            page = Page(service)
+            page.build()
+            with pytest.raises(gr.Error) as err:
+                list(page.generate(**gen_args("Refused.")))
+            assert f"The vLLM-Omni server at {fake.url} refused the take (404): The model `not-served` does not " \
+                   "exist." in err.value.message
+        finally:
+            service.close()
