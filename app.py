@@ -77,7 +77,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default 100,000; env HIGGS_MAX_INPUT_CHARS)")
     p.add_argument("--remote", default=env.get("HIGGS_REMOTE"),
                    help="drive a running speech server (another Higgs Studio, SGLang-Omni, vLLM-Omni) at this URL "
-                        "instead of a local model (env HIGGS_REMOTE; its key in HIGGS_REMOTE_API_KEY)")
+                        "instead of a local model (env HIGGS_REMOTE; its key in HIGGS_REMOTE_API_KEY; docs/SCALING.md)")
+    p.add_argument("--remote-model", default=env.get("HIGGS_REMOTE_MODEL"),
+                   help="the model name to ask the --remote server for (env HIGGS_REMOTE_MODEL; default the first "
+                        "one its /v1/models lists)")
+    p.add_argument("--remote-concurrency", type=int, default=int(env.get("HIGGS_REMOTE_CONCURRENCY") or 0) or None,
+                   help="most takes sent to the --remote server at once, which batches them (env "
+                        "HIGGS_REMOTE_CONCURRENCY; default what the server reports, else 16)")
     return p.parse_args(argv)
 
 
@@ -118,9 +124,14 @@ def load_engine(args: argparse.Namespace):
     if args.remote:
         from engine.remote import RemoteEngine
         try:
-            return RemoteEngine(args.remote, api_key=os.environ.get("HIGGS_REMOTE_API_KEY"))
+            engine = RemoteEngine(args.remote, api_key=os.environ.get("HIGGS_REMOTE_API_KEY"), model=args.remote_model,
+                                  concurrency=args.remote_concurrency)
         except ValueError as exc:
             sys.exit(f"Cannot use --remote: {exc}")
+        info = engine.info
+        print(f"Remote: {info['remote_kind']} at {engine.shown_url}, model {info['checkpoint']}, "
+              f"{info['max_batch']} takes at once", flush=True)
+        return engine
 
     from engine.checkpoint import CheckpointError
     from engine.generate import Engine, tune_threads

@@ -5,9 +5,9 @@ the engine's batch slots, cancellation, and a bounded history of takes. The engi
 
 Slots: as many requests run at once as the engine decodes together (`engine.info["max_batch"]`, one worker
 thread each); the engine's scheduler batches their steps (engine/scheduler.py), so a visitor waits, with a
-reported position, only while every slot is busy. An engine that does not batch (a remote server, a GPU
-backend loaded with max_batch 1 for its fused single-stream path) reports max_batch 1 and the service runs
-one request at a time, as before.
+reported position, only while every slot is busy. An engine that does not batch (a GPU backend loaded with
+max_batch 1 for its fused single-stream path) reports max_batch 1 and the service runs one request at a
+time; a remote engine reports how many takes it sends the server at once, and the server batches them.
 
     service = StudioService(engine, voices, presets)
     req = SynthesisRequest(text="Hello there.", voice_id="Narrator", style="Calm narrator", seed=7)
@@ -330,6 +330,9 @@ class StudioService:
         prompt_text = apply_preset(request.text.strip(), self.resolve_style(style))
         clone = voice is not None or request.ref_audio is not None
         request.warnings.extend(f"{w.tag}: {w.message}" for w in lint_tags(prompt_text, clone=clone))
+        sampling_note = (getattr(self.engine, "info", None) or {}).get("sampling_note")
+        if sampling_note:  # a remote server that sets sampling itself: say so rather than pretend
+            request.warnings.append(sampling_note)
         if request.seed is None:
             request.seed = secrets.randbits(RANDOM_SEED_BITS)
         request.seed = int(request.seed)
