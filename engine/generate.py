@@ -274,10 +274,11 @@ class Engine:
     @staticmethod
     def remote(base_url: str, *, api_key: str | None = None, model: str | None = None):
         """Drive a speech server (this studio, vLLM-Omni or SGLang-Omni serving Higgs Audio v3) instead of
-        an in-process model: `engine.remote.RemoteEngine`, with the streaming interface of this class."""
-        from .remote import DEFAULT_MODEL, RemoteEngine
+        an in-process model: `engine.remote.RemoteEngine`, with the streaming interface of this class.
+        Without `model` the client asks the server which model it serves."""
+        from .remote import RemoteEngine
 
-        return RemoteEngine(base_url, api_key=api_key, model=model or DEFAULT_MODEL)
+        return RemoteEngine(base_url, api_key=api_key, model=model)
 
     # ---------------------------------------------------------------- prompts and prefill
     def build_prompt(self, text: str, *, voice=None):

@@ -476,5 +476,8 @@ def test_engine_remote_builds_the_remote_client():
 
     remote = Engine.remote("http://127.0.0.1:9/v1", api_key="k")
     assert isinstance(remote, RemoteEngine) and remote.is_remote
+    # no model given: the server is asked (nothing answers at port 9, so the default name stands in)
+    assert remote.model == "bosonai/higgs-audio-v3-tts-4b"
+    assert Engine.remote("http://127.0.0.1:9", model="higgs-tts-3").model == "higgs-tts-3"
     with pytest.raises(ValueError):
         Engine.remote("ftp://example")
