@@ -77,7 +77,15 @@ class _Fake:
         return self.state.peak
 
     def app(self) -> Starlette:
-        raise NotImplementedError
+        """Both servers' routes for speech and voices (each fake answers them its own way)."""
+        return Starlette(routes=[
+            Route("/health", self.health),
+            Route("/v1/models", self.models),
+            Route("/v1/audio/speech", self.speech, methods=["POST"]),
+            Route("/v1/audio/voices", self.list_voices),
+            Route("/v1/audio/voices", self.upload, methods=["POST"]),
+            Route("/v1/audio/voices/{name}", self.delete, methods=["DELETE"]),
+        ])
 
     # ------------------------------------------------------------ the audio
     @staticmethod
@@ -173,15 +181,8 @@ class VllmOmniFake(_Fake):
         self.stream_mode = stream_mode
         self.dropped: list[set[str]] = []
 
-    def app(self) -> Starlette:
-        return Starlette(routes=[
-            Route("/health", lambda r: Response(b"", 200)),
-            Route("/v1/models", self.models),
-            Route("/v1/audio/speech", self.speech, methods=["POST"]),
-            Route("/v1/audio/voices", self.list_voices),
-            Route("/v1/audio/voices", self.upload, methods=["POST"]),
-            Route("/v1/audio/voices/{name}", self.delete, methods=["DELETE"]),
-        ])
+    async def health(self, request: Request) -> Response:
+        return Response(b"", 200)
 
     async def models(self, request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "vllm",
@@ -317,15 +318,8 @@ class SglangOmniFake(_Fake):
         super().__init__(gate=gate)
         self.stream_mode = stream_mode
 
-    def app(self) -> Starlette:
-        return Starlette(routes=[
-            Route("/health", lambda r: JSONResponse({"status": "healthy", "running": True, "stages": ["ready"]})),
-            Route("/v1/models", self.models),
-            Route("/v1/audio/speech", self.speech, methods=["POST"]),
-            Route("/v1/audio/voices", self.list_voices),
-            Route("/v1/audio/voices", self.upload, methods=["POST"]),
-            Route("/v1/audio/voices/{name}", self.delete, methods=["DELETE"]),
-        ])
+    async def health(self, request: Request) -> JSONResponse:
+        return JSONResponse({"status": "healthy", "running": True, "stages": ["ready"]})
 
     async def models(self, request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0,
