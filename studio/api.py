@@ -654,6 +654,7 @@ class SpeechAPI:
                              "device": status.get("device"), "precision": status.get("precision"),
                              "backend": status.get("backend"), "queue_depth": status.get("queue_depth"),
                              "batch_size": status.get("batch_size"), "max_batch": status.get("max_batch"),
+                             "memory_plan": status.get("memory_plan"),
                              "demo": status.get("demo"), "formats": list(available_formats()),
                              "auth": self.api_key is not None})
 
