@@ -45,8 +45,10 @@ through `decode_rows`, so the same seed gives codes that differ by float roundin
 
 KV slots: caches [slots, kv_heads, max_len, D] per layer, one contiguous slot per take (the layout the
 batched attention indexes), allocated for the engine's max_batch (`setup_slots`; 1 until the engine
-asks). That is 144 KiB per position for the 4B model: 576 MiB per slot at 4096 positions, 9 GiB for 16
-slots. The single-stream path, calibration and the self-check use slot 0.
+asks; the engine plans how many fit the card, engine/backends/memory.py). That is 144 KiB per position
+for the 4B model: 576 MiB per slot at 4096 positions, 9 GiB for 16 slots. The single-stream path and
+calibration use slot 0. Resizing is exception-safe (`_allocate`), and with more than one slot every
+bucket's graph is captured right after it, so no take waits for a capture in the middle of a batch.
 
 The backend takes an `ops` provider: `kernels.runtime.cubin_ops(CubinKernels())` on a GPU, or the
 interpreter (`kernels.ops` / `cubin_ops(InterpretedKernels(...))`) in the CPU tests, so CI runs this very
@@ -59,11 +61,13 @@ first); o_proj keeps bf16 activations (W8A16: attention output has no fused quan
 of quantised weights are freed after calibration. "bf16" keeps every weight in bf16.
 
 Self-check. `load` trusts the kernels only after `self_check`: a fixed 32-token prompt and 8 teacher-forced
-decode steps (the last 2 also through the batched step) through this backend and through the torch path on
-the same device and weights, compared by logit cosine and greedy agreement against documented thresholds.
+decode steps (the last 2 also through the batched step, the first also in slot 1 of bucket 4 beside padding
+rows) through this backend and through the torch path on the same device and weights, compared by logit
+cosine and greedy agreement against documented thresholds; then greedy `rows(4)` through the fused step.
 A failure raises `SelfCheckFailed`, which the engine turns into the torch path under backend "auto" (with
 the figures as the reason) and into an error when "cubin" was asked for; a pass puts the figures in
-`engine.info["self_check"]`.
+`engine.info["self_check"]`. Under "auto" all of it first runs in a separate process (`load_trusted`,
+engine/backends/trust.py), so a kernel fault cannot poison the studio's CUDA context.
 """
 
 from __future__ import annotations
