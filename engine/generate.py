@@ -278,12 +278,13 @@ class Engine:
             make=lambda f: f(ckpt, device=dev, dtype=DTYPES.get(chosen), max_len=max_len,
                              precision=None if precision == "auto" else precision))
         precision = getattr(model, "precision", chosen)
-        max_batch, memory_plan = _plan_memory(model, dims, dev, max_batch, itemsize=4 if precision == "fp32" else 2)
 
         codec = None
         if ckpt.codec:
             from .codec import Codec
             codec = Codec.from_state_dict(ckpt.codec, ckpt.codec_config).to(dev)
+        # after every weight is on the device, before the engine asks for its slots
+        max_batch, memory_plan = _plan_memory(model, dims, dev, max_batch, itemsize=4 if precision == "fp32" else 2)
 
         tokenizer, tokenizer_note = _tokenizer(ckpt)
         demo = _is_demo(ckpt.root)

@@ -320,7 +320,8 @@ def test_after_a_sticky_error_later_sections_are_invalid_not_failed(tmp_path):
         raise ValueError("an ordinary failure")
 
     health = iter([None, "AcceleratorError: CUDA error: an illegal memory access was encountered"])
-    sections = [gpu_check.Section("ordinary", 5, ordinary), gpu_check.Section("a", 5, fine("a")), gpu_check.Section("faulting", 5, faulting),
+    sections = [gpu_check.Section("ordinary", 5, ordinary), gpu_check.Section("a", 5, fine("a")),
+                gpu_check.Section("faulting", 5, faulting),
                 gpu_check.Section("b", 5, fine("b")), gpu_check.Section("c", 5, fine("c"))]
     outcome = gpu_check.run_sections(sections, report, health=lambda: next(health))
     # an ordinary failure with a healthy device: the next section runs; after the fault none does
@@ -486,3 +487,28 @@ def test_the_status_panel_shows_the_memory_plan():
     html = render.header_html({"checkpoint": "bosonai/higgs-tts-3-4b", "memory_plan": plan})
     assert "<b>memory</b> 14 slots × 4096 positions<" in html and f'title="{plan}"' in html
     assert "<b>memory</b>" not in render.header_html({"checkpoint": "x"})  # the CPU: no plan, no chip
+
+
+def test_a_take_whose_cache_growth_does_not_fit_is_refused_and_the_engine_keeps_serving(parity_dir, monkeypatch):
+    """Through the scheduler: the take that needs a longer cache gets the sentence, the cache stays what it
+    was, and the next take gives the same codes as before the refusal."""
+    from engine import model as model_module
+    from engine.generate import Engine
+    from engine.prompt import Prompt
+    from engine.types import SamplingParams
+
+    engine = Engine.load(parity_dir / "tiny_checkpoint", device="cpu", precision="fp32", max_batch=2)
+    engine.model.setup_cache(64)
+    prompt = Prompt(ids=json.loads((parity_dir / "zero_shot.json").read_text())["prompt_ids"])
+    short = SamplingParams(temperature=0.8, seed=3, max_frames=10, repeat_guard=None)
+    before = engine.predict(prompt=prompt, params=short)
+
+    def oom(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+
+    monkeypatch.setattr(model_module, "rope_table", oom)
+    with pytest.raises(ValueError, match="not enough memory to grow the KV cache to 128 positions \\(it keeps 64\\); "
+                                         "shorten the text"):
+        engine.predict(prompt=prompt, params=SamplingParams(temperature=0.8, seed=4, max_frames=60, repeat_guard=None))
+    assert engine.model.max_len == 64
+    assert torch.equal(engine.predict(prompt=prompt, params=short), before)

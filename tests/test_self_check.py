@@ -176,9 +176,11 @@ def test_load_runs_the_check_and_reports_it(monkeypatch):
     monkeypatch.setattr("kernels.runtime.CubinKernels", lambda index: Kernels())
     monkeypatch.setattr("kernels.runtime.cubin_ops", lambda kernels: None)
     monkeypatch.setattr(cubin, "CubinBackend", lambda *a, **k: Backend())
-    monkeypatch.setattr(cubin, "run_self_check", lambda backend, checkpoint: cubin.SelfCheck("bf16", 0.9999, 72, 72, 0.3, 10, 10))
+    monkeypatch.setattr(cubin, "run_self_check",
+                        lambda backend, checkpoint: cubin.SelfCheck("bf16", 0.9999, 72, 72, 0.3, 10, 10))
     be = cubin.load(ckpt, device="cpu", precision="bf16")
     assert be.info["self_check"].startswith("passed: ") and be.info["kernel_loader"] == "cuda.core (PyCUDA is not installed)"
-    monkeypatch.setattr(cubin, "run_self_check", lambda backend, checkpoint: cubin.SelfCheck("bf16", 0.2, 10, 72, 0.3, 10, 10))
+    monkeypatch.setattr(cubin, "run_self_check",
+                        lambda backend, checkpoint: cubin.SelfCheck("bf16", 0.2, 10, 72, 0.3, 10, 10))
     with pytest.raises(cubin.SelfCheckFailed, match="FAILED: bf16 logits vs the torch path, cosine min 0.2000"):
         cubin.load(ckpt, device="cpu", precision="bf16")

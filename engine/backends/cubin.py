@@ -219,7 +219,7 @@ class CubinBackend:
                         kc[:keep_slots, :, :keep_len] = L.kc[:keep_slots, :, :keep_len]
                         vc[:keep_slots, :, :keep_len] = L.vc[:keep_slots, :, :keep_len]
         except torch.OutOfMemoryError:
-            new, refusal = None, None  # refused below, outside the handler, whose traceback would keep the new tensors alive
+            new, refusal = None, None  # raised below, outside the handler: its traceback keeps the new tensors
         except NotEnoughMemory as exc:
             new, refusal = None, str(exc)
         else:
