@@ -512,3 +512,25 @@ def test_a_take_whose_cache_growth_does_not_fit_is_refused_and_the_engine_keeps_
         engine.predict(prompt=prompt, params=SamplingParams(temperature=0.8, seed=4, max_frames=60, repeat_guard=None))
     assert engine.model.max_len == 64
     assert torch.equal(engine.predict(prompt=prompt, params=short), before)
+
+
+def test_the_verdict_is_keyed_by_gpu_driver_torch_and_manifest(parity_dir, tmp_path, monkeypatch):
+    """The identity reads the GPU and driver from the probe and hashes the target's committed manifest; a
+    cached verdict is reused only for the same identity (a new driver probes again)."""
+    monkeypatch.setenv("HIGGS_STUDIO_CACHE", str(tmp_path))
+    h200 = runtime.Probe(True, "", cc=90, name="NVIDIA H200", driver_cuda=12040, driver="550.54.15")
+    monkeypatch.setattr(runtime, "probe_driver", lambda device=0: h200)
+    ident = trust.identity("cuda:0", "fp8", "v2")
+    manifest = mf.CUBIN_DIR / "sm_90a" / mf.MANIFEST
+    assert ident == {"gpu": "NVIDIA H200", "cc": 90, "driver": "550.54.15", "driver_cuda": 12040,
+                     "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+                     "manifest_sha256": mf.sha256(manifest.read_bytes()), "precision": "fp8", "variant": "v2"}
+    probed = []
+    monkeypatch.setattr(trust, "probe", lambda root, device, precision, variant, ident, **k: probed.append(
+        ident["driver"]) or trust.Verdict(True, "passed", ident, 1.0))
+    ckpt = SimpleNamespace(root=parity_dir)
+    assert not trust.trusted(ckpt, "cuda:0", "fp8", "v2").cached and trust.trusted(ckpt, "cuda:0", "fp8", "v2").cached
+    monkeypatch.setattr(runtime, "probe_driver", lambda device=0: runtime.Probe(
+        True, "", cc=90, name="NVIDIA H200", driver_cuda=12080, driver="570.86.15"))
+    assert not trust.trusted(ckpt, "cuda:0", "fp8", "v2").cached
+    assert probed == ["550.54.15", "570.86.15"]
