@@ -12,8 +12,9 @@ thread, started on demand and gone when idle, repeats:
 
 One host transfer per step: the step's logits for every take come back in one device-to-host copy
 (`to_host`), queued on the backend's own stream where it has one (the cubin kernels') and waited for on an
-event of that stream — not a device-wide sync, and not behind the codec's work, which the listeners'
-threads queue on torch's default stream. Sampling then runs on host tensors (a few microseconds a take,
+event of that stream — not a device-wide sync. The whole step runs with that stream current, so neither
+its launches nor the copy queue behind the codec's work, which the listeners' threads put on torch's
+default stream. Sampling then runs on host tensors (a few microseconds a take,
 no launches), and a take's rows depend only on its own logits, so batch invariance is untouched.
 
 A newcomer's prefill therefore costs the takes already decoding at most one chunk per step, not a whole
@@ -211,7 +212,10 @@ class Scheduler:
                     self.cond.notify_all()
                     return
                 active = list(self.active)
-            with self.engine._lock:
+            # The backend's stream current: its launches then wait for nothing queued on torch's default
+            # stream by the listeners' codec pushes (`_on_stream` orders after the caller's stream).
+            on_stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+            with self.engine._lock, on_stream:
                 try:
                     self._step(active)
                 except BaseException as exc:  # a device failure ends every take in the step with it

@@ -534,3 +534,31 @@ def test_the_verdict_is_keyed_by_gpu_driver_torch_and_manifest(parity_dir, tmp_p
         True, "", cc=90, name="NVIDIA H200", driver_cuda=12080, driver="570.86.15"))
     assert not trust.trusted(ckpt, "cuda:0", "fp8", "v2").cached
     assert probed == ["550.54.15", "570.86.15"]
+
+
+def test_the_batched_step_runs_with_the_backends_stream_current(parity_dir, monkeypatch):
+    """A backend with its own stream (the cubin kernels'): every prefill chunk and step of the scheduler
+    runs with that stream current (a stand-in here), not behind torch's default stream."""
+    from engine.generate import Engine
+    from engine.prompt import Prompt
+
+    engine = Engine.load(parity_dir / "tiny_checkpoint", device="cpu", precision="fp32", max_batch=2)
+    kernels_stream, current, seen = object(), [None], []
+
+    @contextlib.contextmanager
+    def stream(s):
+        before, current[0] = current[0], s
+        try:
+            yield
+        finally:
+            current[0] = before
+
+    model, real = engine.model, {name: getattr(engine.model, name) for name in ("decode_rows", "prefill")}
+    for name, fn in real.items():
+        setattr(model, name, lambda *a, _fn=fn, _name=name, **k: seen.append((_name, current[0])) or _fn(*a, **k))
+    monkeypatch.setattr(torch.cuda, "stream", stream)
+    engine.scheduler.stream = kernels_stream
+    engine.predict(prompt=Prompt(ids=json.loads((parity_dir / "zero_shot.json").read_text())["prompt_ids"]),
+                   temperature=0.8, seed=1, max_frames=4)
+    assert {name for name, _ in seen} == {"decode_rows", "prefill"}
+    assert all(s is kernels_stream for _, s in seen)
