@@ -805,7 +805,7 @@ def gpu_sections(args) -> list[Section]:
     sections = [Section("preflight", 20, preflight_rows),
                 Section("cubins", 5, lambda: manifest_rows(probe_driver().cc)),
                 Section("setup", 30, load_rows),
-                Section("kernels", 50, lambda: kernel_rows(KERNELS, cuda)),
+                Section("kernels", 50, lambda: kernel_rows(KERNELS, cuda, health=cuda_health)),
                 Section("real shapes", 25, lambda: real_shape_rows(OPS, FULL_SIZE, cuda)),
                 Section("thread", 5, lambda: [thread_row()]),
                 Section("floor", 5, floor_rows)]

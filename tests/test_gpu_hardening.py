@@ -562,3 +562,21 @@ def test_the_batched_step_runs_with_the_backends_stream_current(parity_dir, monk
                    temperature=0.8, seed=1, max_frames=4)
     assert {name for name, _ in seen} == {"decode_rows", "prefill"}
     assert all(s is kernels_stream for _, s in seen)
+
+
+def test_a_sticky_error_in_one_kernel_case_marks_the_later_cases_invalid(monkeypatch):
+    from kernels import check
+
+    def faults(ops, device, gen):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    def fine(ops, device, gen):
+        return [("", 0.0, 1e-3)]
+
+    monkeypatch.setattr(check, "CASES", [("first", None, fine), ("faulting", None, faults), ("later", None, fine)])
+    kernels = SimpleNamespace(manifest=SimpleNamespace(kernels={}, target="sm_90a"), stream=None)
+    healthy = check.kernel_rows(kernels, "cpu", health=lambda: None)
+    assert [r.status for r in healthy] == ["PASS", "FAIL", "PASS", "PASS"]  # an ordinary failure: the rest run
+    rows = check.kernel_rows(kernels, "cpu", health=lambda: "AcceleratorError: illegal memory access")
+    assert [(r.item, r.status) for r in rows] == [("first ", "PASS"), ("faulting", "FAIL"), ("later", "INVALID")]
+    assert "sticky CUDA error since case 'faulting'" in rows[-1].value
