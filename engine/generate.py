@@ -18,6 +18,7 @@ company (batch invariance, docs/ARCHITECTURE.md). Which engines batch:
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import importlib
 import threading
@@ -85,8 +86,14 @@ class BackendUnavailable(ValueError):
     """A requested backend cannot run here; the message says why."""
 
 
-def register_backend(name: str, factory: Callable) -> None:
+# What "auto" builds instead of BACKENDS[name] where that differs (cubin: after a probe in a child process).
+AUTO_BACKENDS: dict[str, Callable] = {}
+
+
+def register_backend(name: str, factory: Callable, *, auto: Callable | None = None) -> None:
     BACKENDS[name] = factory
+    if auto is not None:
+        AUTO_BACKENDS[name] = auto
 
 
 def _backend(name: str, device: torch.device) -> Callable:
@@ -112,9 +119,14 @@ def _backend(name: str, device: torch.device) -> Callable:
 def _start_backend(name: str, factory: Callable, *, auto: bool, reason: str | None, make: Callable,
                    fallback: str = "torch"):
     """Build the chosen backend. A fast backend that fails while starting (a GPU loader that cannot
-    initialise, a cubin the driver refuses) falls back to `fallback` (which falls back to the torch path
-    in turn) when the user asked for "auto", with the reason kept; asked for by name, it fails with one
-    clear sentence."""
+    initialise, a cubin the driver refuses, a probe process that failed) falls back to `fallback` (which
+    falls back to the torch path in turn) when the user asked for "auto", with the reason kept; asked for
+    by name, it fails with one clear sentence (a kernel fault may have left this process's CUDA context
+    unusable, so trying another backend here would only cascade). The fallback is built outside the
+    handler, after the failed backend is freed: the handler's traceback holds its frames, and with them
+    gigabytes of weights on the GPU."""
+    if auto and factory is BACKENDS.get(name):
+        factory = AUTO_BACKENDS.get(name, factory)
     try:
         return make(factory), name, reason
     except BackendUnavailable:
@@ -124,12 +136,34 @@ def _start_backend(name: str, factory: Callable, *, auto: bool, reason: str | No
             raise
         why = f"backend {name!r} failed to start ({type(exc).__name__}: {exc})"
         if not auto:
-            raise BackendUnavailable(f"{why}; use backend='torch' or 'auto'") from exc
-        why = f"{reason}; {why}" if reason else why  # what was skipped or failed before stays said
-        if fallback == "torch":
-            return make(BACKENDS["torch"]), "torch", f"{why}; using the torch path"
-        return _start_backend(fallback, BACKENDS[fallback], auto=True, reason=f"{why}; using the {fallback} path",
-                              make=make)
+            raise BackendUnavailable(f"{why}; restart with backend='torch'") from exc
+    why = f"{reason}; {why}" if reason else why  # what was skipped or failed before stays said
+    _free_device_memory()
+    if fallback == "torch":
+        return make(BACKENDS["torch"]), "torch", f"{why}; using the torch path"
+    return _start_backend(fallback, BACKENDS[fallback], auto=True, reason=f"{why}; using the {fallback} path",
+                          make=make)
+
+
+def _plan_memory(model, dims: Dims, dev: torch.device, max_batch: int, itemsize: int) -> tuple[int, str | None]:
+    """On CUDA, the KV slots and positions that fit the card beside the loaded weights
+    (engine/backends/memory.py): fewer slots than max_batch when they do not all fit, a shorter cache when
+    not even one does. Returns (slots, the plan's sentence for engine.info); (max_batch, None) off CUDA."""
+    if dev.type != "cuda":
+        return max_batch, None
+    from .backends.memory import plan_for_device
+
+    plan = plan_for_device(dims, dev, max_batch=max_batch, max_len=model.max_len, itemsize=itemsize)
+    if plan.positions < model.max_len:
+        model.setup_cache(plan.positions)
+    return plan.slots, plan.summary
+
+
+def _free_device_memory() -> None:
+    """Collect what a failed backend left (reference cycles included) and return its blocks to the driver."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _auto_choice(dev: torch.device) -> tuple[str, str, str | None]:
@@ -221,8 +255,8 @@ class Engine:
         """`checkpoint` is a directory, a hub id or a loaded `Checkpoint`. Device "auto" → CUDA when
         present; precision "auto" → bf16 on CUDA (fp8 W8A8 on the cubin backend); on the CPU fp32 for small
         models and weight-only int8 above 1B parameters, bf16 only where the CPU has native bf16 and it
-        measures faster (engine/cpu.py; `info["precision_reason"]` says which and why); backend "auto" → the fastest backend that can run here, else "torch" (the reason is
-        kept in `engine.info["backend_reason"]`). `max_batch`: the most takes decoded together (a backend
+        measures faster (engine/cpu.py; `info["precision_reason"]` says which and why); backend "auto" → the
+        fastest backend that can run here, else "torch" (the reason is kept in `engine.info["backend_reason"]`). `max_batch`: the most takes decoded together (a backend
         that cannot batch runs one at a time; `info["max_batch"]` says which)."""
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be a whole number ≥ 1; got {max_batch!r}")
@@ -261,13 +295,16 @@ class Engine:
         if ckpt.codec:
             from .codec import Codec
             codec = Codec.from_state_dict(ckpt.codec, ckpt.codec_config).to(dev)
+        # after every weight is on the device, before the engine asks for its slots
+        max_batch, memory_plan = _plan_memory(model, dims, dev, max_batch, itemsize=4 if precision == "fp32" else 2)
 
         tokenizer, tokenizer_note = _tokenizer(ckpt)
         demo = _is_demo(ckpt.root)
         info = {"checkpoint": str(getattr(ckpt, "source", ckpt.root)), "root": str(ckpt.root), "device": str(dev),
                 "precision": precision, "precision_reason": precision_reason, "backend": name,
                 "backend_reason": reason, "demo": demo,
-                "params": param_count(dims), "tokenizer": tokenizer_note, "codec": codec is not None}
+                "params": param_count(dims), "tokenizer": tokenizer_note, "codec": codec is not None,
+                "memory_plan": memory_plan}
         info.update(getattr(model, "info", None) or {})  # a backend's own facts (e.g. kernel_arch, kernel_loader)
         return cls(model, codec, tokenizer, dims, info, max_batch)
 

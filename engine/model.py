@@ -337,16 +337,26 @@ class HiggsModel(nn.Module):
 
     def setup_cache(self, max_len: int) -> None:
         """Preallocate the KV cache and RoPE tables for sequences up to max_len positions (a cache that
-        grows keeps every slot's contents)."""
+        grows keeps every slot's contents). Every layer's new cache is allocated before any is swapped in,
+        so an out-of-memory leaves the old cache and `max_len` as they were and raises a sentence."""
         max_len = min(max_len, self.dims.max_positions)
         if max_len == self.max_len:
             return
+        try:
+            caches = [layer.self_attn.cache.grown(max_len) if layer.self_attn.cache is not None else
+                      KVCache(self.dims.kv_heads, max_len, self.dims.head_dim, self.dtype, self.device)
+                      for layer in self.layers]
+            cos, sin = rope_table(self.dims, max_len, self.dtype, self.device)
+        except torch.OutOfMemoryError:
+            caches = None  # raised below, outside the handler, whose traceback would keep them alive
+        if caches is None:
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            raise ValueError(f"not enough memory to grow the KV cache to {max_len} positions (it keeps "
+                             f"{self.max_len}); shorten the text, or start with a smaller max_batch")
+        for layer, cache in zip(self.layers, caches):
+            layer.self_attn.cache = cache
         self.max_len = max_len
-        for layer in self.layers:
-            old = layer.self_attn.cache
-            layer.self_attn.cache = old.grown(max_len) if old is not None else \
-                KVCache(self.dims.kv_heads, max_len, self.dims.head_dim, self.dtype, self.device)
-        cos, sin = rope_table(self.dims, max_len, self.dtype, self.device)
         self.cos, self.sin = cos[:, None], signed_sin(sin)[:, None]  # [max_len, 1 (heads), d]
 
     def calibrate_rows(self, max_rows: int) -> int:

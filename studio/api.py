@@ -656,6 +656,7 @@ class SpeechAPI:
                              "precision_reason": status.get("precision_reason"),
                              "backend": status.get("backend"), "queue_depth": status.get("queue_depth"),
                              "batch_size": status.get("batch_size"), "max_batch": status.get("max_batch"),
+                             "memory_plan": status.get("memory_plan"),
                              "demo": status.get("demo"), "formats": list(available_formats()),
                              "auth": self.api_key is not None,
                              **{k: status[k] for k in ("remote_kind", "sampling_note") if status.get(k)}})
