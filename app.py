@@ -30,7 +30,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--demo", action="store_true", default=_env_flag("HIGGS_DEMO"),
                    help="use a tiny random checkpoint (no download; the audio is noise) (env HIGGS_DEMO=1)")
     p.add_argument("--device", default=env.get("HIGGS_DEVICE", "auto"), choices=["auto", "cpu", "cuda"])
-    p.add_argument("--precision", default=env.get("HIGGS_PRECISION", "auto"), choices=["auto", "fp8", "bf16", "fp32"])
+    p.add_argument("--precision", default=env.get("HIGGS_PRECISION", "auto"),
+                   choices=["auto", "fp8", "bf16", "fp32", "int8", "int4"],
+                   help="auto: fp8 on a GPU's fast path, int8 for the 4B model on a CPU (fp32 for --demo); int8 / "
+                        "int4 are the CPU path's weight-only formats")
     p.add_argument("--host", default="0.0.0.0" if on_spaces else env.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(env.get("PORT") or env.get("GRADIO_SERVER_PORT") or 7860))
     p.add_argument("--share", action="store_true", help="also open a public gradio.live link")
@@ -80,7 +83,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(default 100,000; env HIGGS_MAX_INPUT_CHARS)")
     p.add_argument("--remote", default=env.get("HIGGS_REMOTE"),
                    help="drive a running speech server (another Higgs Studio, SGLang-Omni, vLLM-Omni) at this URL "
-                        "instead of a local model (env HIGGS_REMOTE; its key in HIGGS_REMOTE_API_KEY)")
+                        "instead of a local model (env HIGGS_REMOTE; its key in HIGGS_REMOTE_API_KEY; docs/SCALING.md)")
+    p.add_argument("--remote-model", default=env.get("HIGGS_REMOTE_MODEL"),
+                   help="the model name to ask the --remote server for (env HIGGS_REMOTE_MODEL; default the first "
+                        "one its /v1/models lists)")
+    p.add_argument("--remote-concurrency", type=int, default=int(env.get("HIGGS_REMOTE_CONCURRENCY") or 0) or None,
+                   help="most takes sent to the --remote server at once, which batches them (env "
+                        "HIGGS_REMOTE_CONCURRENCY; default what the server reports, else 16)")
     return p.parse_args(argv)
 
 
@@ -121,9 +130,14 @@ def load_engine(args: argparse.Namespace):
     if args.remote:
         from engine.remote import RemoteEngine
         try:
-            return RemoteEngine(args.remote, api_key=os.environ.get("HIGGS_REMOTE_API_KEY"))
+            engine = RemoteEngine(args.remote, api_key=os.environ.get("HIGGS_REMOTE_API_KEY"), model=args.remote_model,
+                                  concurrency=args.remote_concurrency)
         except ValueError as exc:
             sys.exit(f"Cannot use --remote: {exc}")
+        info = engine.info
+        print(f"Remote: {info['remote_kind']} at {engine.shown_url}, model {info['checkpoint']}, "
+              f"{info['max_batch']} takes at once", flush=True)
+        return engine
 
     from engine.checkpoint import CheckpointError
     from engine.generate import Engine, tune_threads

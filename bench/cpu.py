@@ -13,6 +13,9 @@
 4. Batched takes (`--only batch`): c = 1, 2, 4, 8 takes decoded together by the engine's scheduler on
    random weights at quarter size, bf16 and fp32: aggregate frames/s, per-take ms/frame, and the cost
    of the batch-invariance padding (a lone take's step at `min_rows` rows vs at one row).
+5. Precisions (`--only precision`, bench/precision.py): bf16, weight-only int8 and int4 at full size from a
+   memory-mapped checkpoint, interleaved: ms/frame and % of the copy floor at c = 1, frames/s at c = 8,
+   prefill, fidelity against bf16, and each one's peak RSS at load (needs ~16 GB of memory and ~8 GB of disk).
 
 `--smoke` shrinks every size so the whole script runs in seconds (the test suite runs it that way).
 """
@@ -24,6 +27,7 @@ import dataclasses
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -260,6 +264,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-frames", type=int, default=48, help="frames per take in the batch section")
     ap.add_argument("--batch-full-frames", type=int, default=0,
                     help="frames per take at full size bf16 in the batch section (0: skip; needs ~10 GB of memory)")
+    ap.add_argument("--precision-dir", default=None,
+                    help="where the precision section keeps its full-size random checkpoint (default: the cache dir)")
+    ap.add_argument("--precision-frames", type=int, default=8, help="c = 1 steps timed per round, per precision")
+    ap.add_argument("--fidelity-steps", type=int, default=100, help="teacher-forced steps compared with bf16")
     args = ap.parse_args(argv)
     sections = set(args.only.split(","))
     torch.manual_seed(0)
@@ -294,6 +302,25 @@ def main(argv=None) -> int:
             configs.insert(0, (FULL_SIZE, torch.bfloat16, args.batch_full_frames, "full size bf16 (36 L, 2560)", 2))
         for dims, dtype, frames, label, rounds in configs:
             print(bench_batch(dims, dtype, frames, label, rounds=rounds).markdown())
+            print()
+    if "precision" in sections:
+        from bench import precision
+        from engine.cpu import cpu_facts
+        from engine.demo import cache_dir
+
+        facts = cpu_facts()
+        print(f"CPU: {facts['cpu']}, ISA {', '.join(facts['isa'])}, torch kernels {facts['kernels']}, "
+              f"native bf16 {facts['native_bf16']}, {facts['threads']} threads")
+        floor_bps = copy_bandwidth(1 << 24 if args.smoke else 1 << 30)
+        dims = SMOKE if args.smoke else FULL_SIZE
+        root = Path(args.precision_dir) if args.precision_dir else cache_dir() / f"bench-{dims.layers}x{dims.hidden}-bf16"
+        tables = precision.bench_precision(precision.checkpoint(root, dims), floor_bps,
+                                           frames=2 if args.smoke else args.precision_frames,
+                                           rounds=1 if args.smoke else 3,
+                                           fidelity_steps=4 if args.smoke else args.fidelity_steps,
+                                           probe=("int8",) if args.smoke else precision.KINDS)
+        for table in tables:
+            print(table.markdown())
             print()
     if "e2e" in sections:
         print(bench_e2e(2 if args.smoke else 5).markdown())

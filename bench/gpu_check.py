@@ -664,18 +664,28 @@ class Report:
                 f.write(json.dumps(asdict(row)) + "\n")
 
 
-def run_sections(sections: list[Section], report: Report) -> dict[str, str]:
+def run_sections(sections: list[Section], report: Report, health: Callable[[], str | None] | None = None
+                 ) -> dict[str, str]:
     """Run each section under its budget (SIGALRM, main thread: it interrupts Python between device calls);
     an exception or an overrun ends that section with one FAIL row and the next section starts.
-    Returns each section's outcome: "done", "failed" or "over budget"."""
+
+    After a section fails, `health()` says whether the device is still usable (None) or why not: a kernel
+    fault is a sticky error on the CUDA context, after which every later call fails whatever it tests.
+    Then each later section gets one INVALID row naming the fault instead of running (its FAILs would
+    say nothing about it). Returns each section's outcome: "done", "failed", "over budget" or "invalid"."""
     def on_alarm(signum, frame):
         raise SectionTimeout()
 
     use_alarm = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGALRM, on_alarm) if use_alarm else None
-    outcome = {}
+    outcome, sticky = {}, None
     try:
         for sec in sections:
+            if sticky is not None:
+                outcome[sec.name] = "invalid"
+                report.add(Row(sec.name, "not run", f"invalid: the CUDA context has a sticky error since section "
+                               f"{sticky[0]!r} ({sticky[1]})"[:200], "", "INVALID"))
+                continue
             t0 = time.perf_counter()
             if use_alarm:
                 signal.alarm(sec.budget_s)
@@ -693,17 +703,43 @@ def run_sections(sections: list[Section], report: Report) -> dict[str, str]:
             finally:
                 if use_alarm:
                     signal.alarm(0)
+            if outcome[sec.name] != "done" and health is not None:
+                why = health()
+                if why:
+                    sticky = (sec.name, why)
     finally:
         if use_alarm:
             signal.signal(signal.SIGALRM, previous)
     return outcome
 
 
+def cuda_health() -> str | None:
+    """None while the CUDA context works; else the error a trivial call now gets (a sticky fault)."""
+    try:
+        torch.cuda.synchronize()
+        torch.ones(1, device="cuda").add_(1).cpu()
+    except Exception as exc:  # whatever the fault, it is the reason
+        return f"{type(exc).__name__}: {exc}"[:160]
+    return None
+
+
+def on_loader_stream(rows: Callable[[], Iterable[Row]]) -> Callable[[], Iterable[Row]]:
+    """A section whose torch work and cubin launches all run on the loader's stream, after a wait for what
+    was queued before on torch's current one: inputs made on one stream and launched on another would
+    race (the launcher refuses a launch on any stream but its own)."""
+    def run():
+        stream = KERNELS.stream
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            yield from rows()
+    return run
+
+
 def preflight_rows() -> Iterable[Row]:
     """Driver, clocks, package versions and the loader choice (ctypes and metadata only: no launch)."""
     from importlib import metadata
 
-    from kernels.runtime import loader_choice, probe_driver
+    from kernels.runtime import bindings_problem, loader_choice, package_version, probe_driver
 
     p = probe_driver()
     yield Row("preflight", "driver", f"{p.driver or '?'} (CUDA {p.driver_cuda // 1000}.{p.driver_cuda % 1000 // 10})"
@@ -722,6 +758,12 @@ def preflight_rows() -> Iterable[Row]:
     yield Row("preflight", "packages", ", ".join(versions), "", "INFO")
     name, why = loader_choice()
     yield Row("preflight", "loader", f"{name or 'none'} ({why})", "", "INFO")
+    core, bindings = package_version("cuda-core"), package_version("cuda-bindings")
+    mismatch = bindings_problem(p.driver_cuda, bindings) if p.ok else None
+    yield Row("preflight", "cuda-core / cuda-bindings for this driver",
+              f"cuda-core {core or '-'}, cuda-bindings {bindings or '-'}: "
+              + (mismatch or ("no driver" if not p.ok else "the bindings' CUDA major fits the driver")),
+              "bindings major <= the driver's CUDA major", "FAIL" if mismatch and name == "cuda.core" else "INFO")
 
 
 def manifest_rows(cc: int) -> Iterable[Row]:
@@ -763,7 +805,7 @@ def gpu_sections(args) -> list[Section]:
     sections = [Section("preflight", 20, preflight_rows),
                 Section("cubins", 5, lambda: manifest_rows(probe_driver().cc)),
                 Section("setup", 30, load_rows),
-                Section("kernels", 50, lambda: kernel_rows(KERNELS, cuda)),
+                Section("kernels", 50, lambda: kernel_rows(KERNELS, cuda, health=cuda_health)),
                 Section("real shapes", 25, lambda: real_shape_rows(OPS, FULL_SIZE, cuda)),
                 Section("thread", 5, lambda: [thread_row()]),
                 Section("floor", 5, floor_rows)]
@@ -782,7 +824,11 @@ def gpu_sections(args) -> list[Section]:
     sections.append(Section("batch", 20, lambda: batch_rows(OPS, FULL_SIZE, cuda, KERNELS.stream)))
     # two full-size backends (fp8 calibration included) and 5 x 20 timed steps each: the budgets add up to 405 s
     sections.append(Section("batch step", 45, lambda: batch_step_rows(OPS, FULL_SIZE, cuda, KERNELS.stream)))
-    return sections
+    # everything after the loader runs on its stream
+    return [s if s.name in BEFORE_LOADER else replace(s, rows=on_loader_stream(s.rows)) for s in sections]
+
+
+BEFORE_LOADER = ("preflight", "cubins", "setup")
 
 
 def selftest_sections() -> list[Section]:
@@ -858,7 +904,7 @@ def main(argv=None) -> int:
             print(f"no GPU check possible here: {reason}")
             return 2
         report.add(Row("setup", "device", reason, "", "INFO"))
-        run_sections(gpu_sections(args), report)
+        run_sections(gpu_sections(args), report, health=cuda_health)
         failures = [r for r in report.rows if r.status == "FAIL"]
     report.add(Row("setup", "wall time", f"{time.perf_counter() - t0:.0f} s", "< 410 s", "INFO"))
     # the self-test's deliberate failures show as XFAIL in the table (rows.jsonl keeps what each section said)

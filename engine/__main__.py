@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("--top-p", type=float, default=DEFAULT_TOP_P)
     say.add_argument("--max-frames", type=int, default=None, help="length cap in frames (25 per second)")
     say.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    say.add_argument("--precision", default="auto", help="auto, fp32, bf16 or fp16")
+    say.add_argument("--precision", default="auto", help="auto, fp32, bf16, fp16, fp8 (GPU), int8 or int4 (CPU)")
     say.add_argument("--backend", default="auto", help="auto, torch, torch-graph or cubin")
     return parser
 

@@ -18,6 +18,7 @@ company (batch invariance, docs/ARCHITECTURE.md). Which engines batch:
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import importlib
 import threading
@@ -32,6 +33,7 @@ import torch
 from .config import AUDIO_PLACEHOLDER, SAMPLE_RATE, SAMPLES_PER_FRAME, Dims
 from .delay import StopRule, default_max_frames, undelay
 from .model import DTYPES, HiggsModel, param_count
+from .quant import QUANTIZED
 from .sampling import sample, uniforms
 from .scheduler import Scheduler, Take
 from .types import Chunk, Metrics, SamplingParams
@@ -49,8 +51,6 @@ DEFAULT_CACHE_LEN = 4096
 DEFAULT_MAX_BATCH = 16
 # Below this many parameters a CPU engine runs torch on one thread (see `tune_threads`).
 SINGLE_THREAD_PARAMS = 100_000_000
-# Above this many parameters an fp32 CPU copy is too slow and too large: default to bf16.
-BF16_PARAMS_ON_CPU = 1_000_000_000
 
 
 def codes_sha256(codes: torch.Tensor) -> str:
@@ -62,11 +62,12 @@ def codes_sha256(codes: torch.Tensor) -> str:
 # ------------------------------------------------------------------------------------------- backends
 def _torch_backend(checkpoint, *, device: torch.device, dtype: torch.dtype | None, max_len: int,
                    precision: str | None = None):
-    if dtype is None:
+    quant = precision if precision in QUANTIZED else None
+    if dtype is None and quant is None:
         raise ValueError(f"precision {precision!r} needs the cubin backend (NVIDIA GPU); the torch path runs "
-                         "fp32, bf16 or fp16")
-    return HiggsModel.from_state_dict(checkpoint.dims, checkpoint.backbone, dtype=dtype, device=device,
-                                      max_len=max_len)
+                         "fp32, bf16, fp16, or int8 / int4 on the CPU")
+    return HiggsModel.from_state_dict(checkpoint.dims, checkpoint.backbone, dtype=dtype or torch.bfloat16,
+                                      device=device, max_len=max_len, quant=quant)
 
 
 # name → factory(checkpoint, *, device, dtype, max_len, precision) -> object with the step interface
@@ -85,8 +86,14 @@ class BackendUnavailable(ValueError):
     """A requested backend cannot run here; the message says why."""
 
 
-def register_backend(name: str, factory: Callable) -> None:
+# What "auto" builds instead of BACKENDS[name] where that differs (cubin: after a probe in a child process).
+AUTO_BACKENDS: dict[str, Callable] = {}
+
+
+def register_backend(name: str, factory: Callable, *, auto: Callable | None = None) -> None:
     BACKENDS[name] = factory
+    if auto is not None:
+        AUTO_BACKENDS[name] = auto
 
 
 def _backend(name: str, device: torch.device) -> Callable:
@@ -112,9 +119,14 @@ def _backend(name: str, device: torch.device) -> Callable:
 def _start_backend(name: str, factory: Callable, *, auto: bool, reason: str | None, make: Callable,
                    fallback: str = "torch"):
     """Build the chosen backend. A fast backend that fails while starting (a GPU loader that cannot
-    initialise, a cubin the driver refuses) falls back to `fallback` (which falls back to the torch path
-    in turn) when the user asked for "auto", with the reason kept; asked for by name, it fails with one
-    clear sentence."""
+    initialise, a cubin the driver refuses, a probe process that failed) falls back to `fallback` (which
+    falls back to the torch path in turn) when the user asked for "auto", with the reason kept; asked for
+    by name, it fails with one clear sentence (a kernel fault may have left this process's CUDA context
+    unusable, so trying another backend here would only cascade). The fallback is built outside the
+    handler, after the failed backend is freed: the handler's traceback holds its frames, and with them
+    gigabytes of weights on the GPU."""
+    if auto and factory is BACKENDS.get(name):
+        factory = AUTO_BACKENDS.get(name, factory)
     try:
         return make(factory), name, reason
     except BackendUnavailable:
@@ -124,12 +136,34 @@ def _start_backend(name: str, factory: Callable, *, auto: bool, reason: str | No
             raise
         why = f"backend {name!r} failed to start ({type(exc).__name__}: {exc})"
         if not auto:
-            raise BackendUnavailable(f"{why}; use backend='torch' or 'auto'") from exc
-        why = f"{reason}; {why}" if reason else why  # what was skipped or failed before stays said
-        if fallback == "torch":
-            return make(BACKENDS["torch"]), "torch", f"{why}; using the torch path"
-        return _start_backend(fallback, BACKENDS[fallback], auto=True, reason=f"{why}; using the {fallback} path",
-                              make=make)
+            raise BackendUnavailable(f"{why}; restart with backend='torch'") from exc
+    why = f"{reason}; {why}" if reason else why  # what was skipped or failed before stays said
+    _free_device_memory()
+    if fallback == "torch":
+        return make(BACKENDS["torch"]), "torch", f"{why}; using the torch path"
+    return _start_backend(fallback, BACKENDS[fallback], auto=True, reason=f"{why}; using the {fallback} path",
+                          make=make)
+
+
+def _plan_memory(model, dims: Dims, dev: torch.device, max_batch: int, itemsize: int) -> tuple[int, str | None]:
+    """On CUDA, the KV slots and positions that fit the card beside the loaded weights
+    (engine/backends/memory.py): fewer slots than max_batch when they do not all fit, a shorter cache when
+    not even one does. Returns (slots, the plan's sentence for engine.info); (max_batch, None) off CUDA."""
+    if dev.type != "cuda":
+        return max_batch, None
+    from .backends.memory import plan_for_device
+
+    plan = plan_for_device(dims, dev, max_batch=max_batch, max_len=model.max_len, itemsize=itemsize)
+    if plan.positions < model.max_len:
+        model.setup_cache(plan.positions)
+    return plan.slots, plan.summary
+
+
+def _free_device_memory() -> None:
+    """Collect what a failed backend left (reference cycles included) and return its blocks to the driver."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _auto_choice(dev: torch.device) -> tuple[str, str, str | None]:
@@ -219,52 +253,69 @@ class Engine:
     def load(cls, checkpoint, *, device: str = "auto", precision: str = "auto", backend: str = "auto",
              max_batch: int = DEFAULT_MAX_BATCH) -> "Engine":
         """`checkpoint` is a directory, a hub id or a loaded `Checkpoint`. Device "auto" → CUDA when
-        present; precision "auto" → bf16 on CUDA (fp8 W8A8 on the cubin backend), fp32 on CPU for small
-        models and bf16 above 1B parameters; backend "auto" → the fastest backend that can run here, else "torch" (the reason is
-        kept in `engine.info["backend_reason"]`). `max_batch`: the most takes decoded together (a backend
+        present; precision "auto" → bf16 on CUDA (fp8 W8A8 on the cubin backend); on the CPU fp32 for small
+        models and weight-only int8 above 1B parameters, bf16 only where the CPU has native bf16 and it
+        measures faster (engine/cpu.py; `info["precision_reason"]` says which and why); backend "auto" → the
+        fastest backend that can run here, else "torch" (the reason is kept in `engine.info["backend_reason"]`). `max_batch`: the most takes decoded together (a backend
         that cannot batch runs one at a time; `info["max_batch"]` says which)."""
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be a whole number ≥ 1; got {max_batch!r}")
         from .checkpoint import Checkpoint, load_checkpoint
 
+        if precision not in ("auto", "fp8", *DTYPES, *QUANTIZED):
+            raise ValueError(f"unknown precision {precision!r}; use 'auto', 'fp32', 'bf16', 'fp16', 'fp8' (GPU "
+                             "kernels), or 'int8' / 'int4' (weight-only, CPU)")
+        if precision in QUANTIZED and str(device).startswith("cuda"):
+            raise ValueError(f"precision {precision!r} is the CPU path's weight-only format; on a GPU use 'fp8' or "
+                             "'bf16'")
         dev = _device(device)
-        if precision not in ("auto", "fp8", *DTYPES):
-            raise ValueError(f"unknown precision {precision!r}; use 'auto', 'fp32', 'bf16', 'fp16' or 'fp8' (GPU kernels)")
+        if precision in QUANTIZED and dev.type != "cpu":  # "auto" found a GPU
+            raise ValueError(f"precision {precision!r} is the CPU path's weight-only format; on a GPU use 'fp8' or "
+                             "'bf16', or device='cpu'")
         name, fallback, reason = _auto_choice(dev) if backend == "auto" else (backend, "torch", None)
         factory = _backend(name, dev)  # before reading gigabytes of weights
         ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
         dims = ckpt.dims
-        chosen = precision
-        if precision == "auto":
-            chosen = "bf16" if dev.type == "cuda" or param_count(dims) > BF16_PARAMS_ON_CPU else "fp32"
+        chosen, precision_reason = precision, None
+        if precision == "auto" and dev.type == "cuda":
+            chosen = "bf16"
+        elif precision == "auto":
+            from .cpu import auto_precision
+
+            chosen, precision_reason = auto_precision(param_count(dims), dims.hidden, dims.intermediate)
         max_len = min(DEFAULT_CACHE_LEN, dims.max_positions)
-        # The backend gets the user's choice (None = auto: the cubin backend then picks fp8) and a dtype.
+        # The backend gets a precision (on CUDA None for auto: the cubin backend then picks fp8) and a dtype.
         model, name, reason = _start_backend(
             name, factory, auto=backend == "auto", reason=reason, fallback=fallback,
             make=lambda f: f(ckpt, device=dev, dtype=DTYPES.get(chosen), max_len=max_len,
-                             precision=None if precision == "auto" else precision))
+                             precision=None if precision == "auto" and dev.type == "cuda" else chosen))
         precision = getattr(model, "precision", chosen)
 
         codec = None
         if ckpt.codec:
             from .codec import Codec
             codec = Codec.from_state_dict(ckpt.codec, ckpt.codec_config).to(dev)
+        # after every weight is on the device, before the engine asks for its slots
+        max_batch, memory_plan = _plan_memory(model, dims, dev, max_batch, itemsize=4 if precision == "fp32" else 2)
 
         tokenizer, tokenizer_note = _tokenizer(ckpt)
         demo = _is_demo(ckpt.root)
         info = {"checkpoint": str(getattr(ckpt, "source", ckpt.root)), "root": str(ckpt.root), "device": str(dev),
-                "precision": precision, "backend": name, "backend_reason": reason, "demo": demo,
-                "params": param_count(dims), "tokenizer": tokenizer_note, "codec": codec is not None}
+                "precision": precision, "precision_reason": precision_reason, "backend": name,
+                "backend_reason": reason, "demo": demo,
+                "params": param_count(dims), "tokenizer": tokenizer_note, "codec": codec is not None,
+                "memory_plan": memory_plan}
         info.update(getattr(model, "info", None) or {})  # a backend's own facts (e.g. kernel_arch, kernel_loader)
         return cls(model, codec, tokenizer, dims, info, max_batch)
 
     @staticmethod
     def remote(base_url: str, *, api_key: str | None = None, model: str | None = None):
         """Drive a speech server (this studio, vLLM-Omni or SGLang-Omni serving Higgs Audio v3) instead of
-        an in-process model: `engine.remote.RemoteEngine`, with the streaming interface of this class."""
-        from .remote import DEFAULT_MODEL, RemoteEngine
+        an in-process model: `engine.remote.RemoteEngine`, with the streaming interface of this class.
+        Without `model` the client asks the server which model it serves."""
+        from .remote import RemoteEngine
 
-        return RemoteEngine(base_url, api_key=api_key, model=model or DEFAULT_MODEL)
+        return RemoteEngine(base_url, api_key=api_key, model=model)
 
     # ---------------------------------------------------------------- prompts and prefill
     def build_prompt(self, text: str, *, voice=None):

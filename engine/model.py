@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import AUDIO_PLACEHOLDER, Dims
+from .quant import QUANTIZED, linear, quantize, release_pages
 
 # The 11 parameter names of one decoder layer (under `layers.{i}.`), as the checkpoint stores them.
 LAYER_SUFFIXES = (
@@ -41,6 +42,9 @@ LAYER_SUFFIXES = (
 PREFILL_CHUNK = 64
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# The four projection matrices of a layer, as stored: what a weight-only precision (engine/quant.py) packs.
+PROJECTIONS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+               "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -157,15 +161,20 @@ class Attention(nn.Module):
         self.q_proj.weight = nn.Parameter(wqkv[:nq], requires_grad=False)
         self.k_proj.weight = nn.Parameter(wqkv[nq:nq + nk], requires_grad=False)
         self.v_proj.weight = nn.Parameter(wqkv[nq + nk:], requires_grad=False)
-        self.wqkv = wqkv
+        self.wqkv, self.wo = wqkv, self.o_proj.weight.detach()  # plain tensors, not more parameters
         self.qk_norm = torch.cat([self.q_norm.weight.expand(self.heads, -1), self.k_norm.weight.expand(self.kv_heads, -1)])
+
+    def quantize(self, kind: str) -> None:
+        """Pack the fused q/k/v and o matrices (engine/quant.py); the float ones are dropped."""
+        self.wqkv, self.wo = quantize(self.wqkv, kind), quantize(self.wo, kind)
+        del self.q_proj, self.k_proj, self.v_proj, self.o_proj
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
                 mask: torch.Tensor | None, slot: int = 0) -> torch.Tensor:
         """One sequence: x [L, hidden] at positions [start, start + L) of `slot`; cos/sin [L, 1, d] (sin
         signed, see apply_rope)."""
         n, heads, kv_heads, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
-        qkv = F.linear(x, self.wqkv).view(n, heads + 2 * kv_heads, d)
+        qkv = linear(x, self.wqkv).view(n, heads + 2 * kv_heads, d)
         qk = apply_rope(rms_norm(qkv[:, :heads + kv_heads], self.qk_norm, self.eps), cos, sin)
         q = qk[:, :heads].transpose(0, 1)  # [heads, L, d]
         keys, values = self.cache.update(start, qk[:, heads:].transpose(0, 1),
@@ -182,14 +191,14 @@ class Attention(nn.Module):
         else:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask.repeat(group, 1))
         out = out.view(heads, n, d).transpose(0, 1).reshape(n, heads * d)
-        return self.o_proj(out)
+        return linear(out, self.wo)
 
     def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: list[int],
              positions: list[int]) -> torch.Tensor:
         """Decode: x [P, hidden], rows [0, B) the next row of sequence i at positions[i] of slots[i]
         (B = len(slots)); rows [B, P) are padding (their attention output is zero). cos/sin [B, 1, d]."""
         p, b, heads, kv_heads, d = x.shape[0], len(slots), self.heads, self.kv_heads, self.head_dim
-        qkv = F.linear(x, self.wqkv)[:b].view(b, heads + 2 * kv_heads, d)
+        qkv = linear(x, self.wqkv)[:b].view(b, heads + 2 * kv_heads, d)
         qk = apply_rope(rms_norm(qkv[:, :heads + kv_heads], self.qk_norm, self.eps), cos, sin)
         out = x.new_zeros(p, heads * d)
         group = heads // kv_heads
@@ -200,7 +209,7 @@ class Attention(nn.Module):
             # The one-query math of `forward`, per sequence over its own slot and length.
             scores = torch.bmm(q, keys.transpose(1, 2)) * d ** -0.5
             out[i] = torch.bmm(torch.softmax(scores, -1, dtype=torch.float32).to(q.dtype), values).reshape(heads * d)
-        return self.o_proj(out)
+        return linear(out, self.wo)
 
 
 class MLP(nn.Module):
@@ -216,11 +225,15 @@ class MLP(nn.Module):
         n = self.gate_proj.weight.shape[0]
         self.gate_proj.weight = nn.Parameter(w[:n], requires_grad=False)
         self.up_proj.weight = nn.Parameter(w[n:], requires_grad=False)
-        self.w_gate_up = w
+        self.w_gate_up, self.w_down = w, self.down_proj.weight.detach()
+
+    def quantize(self, kind: str) -> None:
+        self.w_gate_up, self.w_down = quantize(self.w_gate_up, kind), quantize(self.w_down, kind)
+        del self.gate_proj, self.up_proj, self.down_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.w_gate_up).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = linear(x, self.w_gate_up).chunk(2, dim=-1)
+        return linear(F.silu(gate) * up, self.w_down)
 
 
 class Block(nn.Module):
@@ -245,13 +258,19 @@ class HiggsModel(nn.Module):
 
     The text embedding keeps the dtype it was stored in (the parity fixture stores it in bf16; the real
     table is 151936 × 2560) and only looked-up rows are cast to the compute dtype, so an fp32 run never
-    materialises a second full-vocab copy. Everything else is converted per tensor at load."""
+    materialises a second full-vocab copy. Everything else is converted per tensor at load.
+
+    With a weight-only precision (`quant` "int8" / "int4", engine/quant.py) the activations, norms,
+    embeddings and head run bf16 and each layer's projection matrices are packed as the layer is built,
+    straight from the stored tensors, whose pages are then released: no full float copy of the backbone
+    is ever resident."""
 
     prefill_chunk = PREFILL_CHUNK
 
     def __init__(self, dims: Dims, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
         super().__init__()
         self.dims, self.dtype, self.device = dims, dtype, torch.device(device)
+        self.quant: str | None = None
         self.layers = nn.ModuleList(Block(dims) for _ in range(dims.layers))
         self.norm = RMSNorm(dims.hidden, dims.rms_eps)
         self.text_embedding = nn.Embedding(dims.vocab, dims.hidden)
@@ -263,13 +282,25 @@ class HiggsModel(nn.Module):
         self.max_rows = self.min_rows = self.rows_threads = 0  # see calibrate_rows
 
     # ---------------------------------------------------------------- construction
+    @property
+    def precision(self) -> str:
+        """What the backbone really runs: "int8" / "int4" (weight-only), else its dtype's name."""
+        return self.quant or next(name for name, dt in DTYPES.items() if dt == self.dtype)
+
     @classmethod
     def from_state_dict(cls, dims: Dims, state: dict[str, torch.Tensor], *, dtype: torch.dtype = torch.float32,
-                        device: str | torch.device = "cpu", max_len: int = 4096, max_rows: int = 16
-                        ) -> "HiggsModel":
+                        device: str | torch.device = "cpu", max_len: int = 4096, max_rows: int = 16,
+                        quant: str | None = None) -> "HiggsModel":
         """Build on the meta device, then assign each stored tensor converted to its target dtype (no
         randomly initialised copy is ever allocated), then fuse q/k/v and gate/up layer by layer (each
-        layer's separate matrices are freed as its fused one is built)."""
+        layer's separate matrices are freed as its fused one is built). `quant` packs the projections
+        (weight-only, CPU): they are read as stored and packed layer by layer; the rest runs bf16."""
+        if quant is not None:
+            if quant not in QUANTIZED:
+                raise ValueError(f"unknown weight-only precision {quant!r}; use one of {QUANTIZED}")
+            if torch.device(device).type != "cpu":
+                raise ValueError(f"precision {quant!r} is the CPU path's; on a GPU use 'fp8' or 'bf16'")
+            dtype = torch.bfloat16
         with torch.device("meta"):
             model = cls(dims, dtype, device)
         expected = dict(model.named_parameters())
@@ -282,31 +313,50 @@ class HiggsModel(nn.Module):
             tensor = state[name]
             if tuple(tensor.shape) != tuple(param.shape):
                 raise ValueError(f"{name} has shape {tuple(tensor.shape)}, config.json implies {tuple(param.shape)}")
-            target = tensor.dtype if name == "text_embedding.weight" else dtype
+            packed_later = quant is not None and name.split(".", 2)[-1] in PROJECTIONS
+            target = tensor.dtype if name == "text_embedding.weight" or packed_later else dtype
             converted[name] = tensor.to(device=device, dtype=target)
         model.load_state_dict(converted, assign=True)
         converted.clear()  # the parameters are the only references left, so fusing frees as it goes
         model.offsets = torch.arange(dims.codebooks, device=device) * dims.codebook_vocab
         model.requires_grad_(False)
-        for layer in model.layers:
+        for i, layer in enumerate(model.layers):
             layer.self_attn.fuse()
             layer.mlp.fuse()
+            if quant is not None:
+                layer.self_attn.quantize(quant)
+                layer.mlp.quantize(quant)
+            # The fused (or packed) matrices are copies: the stored ones are read for the last time, and
+            # a memory-mapped checkpoint's pages would otherwise stay resident beside them.
+            for suffix in PROJECTIONS:
+                release_pages(state[f"layers.{i}.{suffix}"])
+        model.quant = quant
         model.setup_cache(max_len)
         model.calibrate_rows(max_rows)
         return model
 
     def setup_cache(self, max_len: int) -> None:
         """Preallocate the KV cache and RoPE tables for sequences up to max_len positions (a cache that
-        grows keeps every slot's contents)."""
+        grows keeps every slot's contents). Every layer's new cache is allocated before any is swapped in,
+        so an out-of-memory leaves the old cache and `max_len` as they were and raises a sentence."""
         max_len = min(max_len, self.dims.max_positions)
         if max_len == self.max_len:
             return
+        try:
+            caches = [layer.self_attn.cache.grown(max_len) if layer.self_attn.cache is not None else
+                      KVCache(self.dims.kv_heads, max_len, self.dims.head_dim, self.dtype, self.device)
+                      for layer in self.layers]
+            cos, sin = rope_table(self.dims, max_len, self.dtype, self.device)
+        except torch.OutOfMemoryError:
+            caches = None  # raised below, outside the handler, whose traceback would keep them alive
+        if caches is None:
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            raise ValueError(f"not enough memory to grow the KV cache to {max_len} positions (it keeps "
+                             f"{self.max_len}); shorten the text, or start with a smaller max_batch")
+        for layer, cache in zip(self.layers, caches):
+            layer.self_attn.cache = cache
         self.max_len = max_len
-        for layer in self.layers:
-            old = layer.self_attn.cache
-            layer.self_attn.cache = old.grown(max_len) if old is not None else \
-                KVCache(self.dims.kv_heads, max_len, self.dims.head_dim, self.dtype, self.device)
-        cos, sin = rope_table(self.dims, max_len, self.dtype, self.device)
         self.cos, self.sin = cos[:, None], signed_sin(sin)[:, None]  # [max_len, 1 (heads), d]
 
     def calibrate_rows(self, max_rows: int) -> int:
@@ -314,15 +364,15 @@ class HiggsModel(nn.Module):
         matmul shape of the decode step, measured now (the GEMM library picks its kernel by M, dtype and
         thread count, never by the values, so random inputs tell). `decode_rows` pads to it."""
         layer = self.layers[0]
-        weights = [layer.self_attn.wqkv, layer.self_attn.o_proj.weight, layer.mlp.w_gate_up,
-                   layer.mlp.down_proj.weight, self.audio_embedding.weight]
+        weights = [layer.self_attn.wqkv, layer.self_attn.wo, layer.mlp.w_gate_up, layer.mlp.w_down,
+                   self.audio_embedding.weight]
         gen = torch.Generator().manual_seed(0)
         low = 1
         for w in weights:
             x = torch.randn(max_rows, w.shape[1], generator=gen).to(device=self.device, dtype=self.dtype)
-            want = F.linear(x, w)
+            want = linear(x, w)
             m = max_rows
-            while m > 1 and torch.equal(F.linear(x[:m - 1], w), want[:m - 1]):
+            while m > 1 and torch.equal(linear(x[:m - 1], w), want[:m - 1]):
                 m -= 1
             low = max(low, m)
         self.max_rows, self.min_rows, self.rows_threads = max_rows, low, torch.get_num_threads()

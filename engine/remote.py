@@ -1,56 +1,108 @@
 """`RemoteEngine`: the engine's streaming interface over HTTP, for a studio that drives a speech server
-instead of a local checkpoint (another Higgs Studio, SGLang-Omni, vLLM-Omni, Boson's hosted API).
+instead of a local checkpoint (another Higgs Studio, vLLM-Omni, SGLang-Omni, or any OpenAI-style server).
 
     engine = RemoteEngine("http://gpu-box:8000", api_key=None)
     for chunk in engine.generate_stream("Hello.", temperature=0, seed=7):   # engine.types.Chunk
         play(chunk.audio)                                                    # float32 mono 24 kHz
     chunk.metrics.ttfa_ms, chunk.metrics.rtf                                 # measured here, at the client
+    engine.info["remote_kind"], engine.info["max_batch"]                     # "vLLM-Omni", takes sent at once
 
-What differs between servers, and how this module absorbs it (PRODUCT §3, §5.2):
-* Streaming: everyone streams raw 16-bit PCM for `response_format="pcm"` with `stream: true` (SGLang-Omni,
-  Boson; ours streams pcm always). A server that cannot stream answers with one body, which reads the
-  same way, only later; one that refuses `stream` outright is retried once without it.
-* Style: the Higgs prompt has no instruction slot and the Higgs paths of SGLang-Omni and vLLM-Omni ignore
-  `instructions`, so a style is sent the only way every server honours: as inline tags leading `input`.
-* Cloning: a clip becomes `ref_audio` (a base64 data URL) + `ref_text`, the fields all of them read.
-* Voice lists come in four shapes (ours, OpenAI/Boson, vLLM-/SGLang-Omni, Chatterbox); `list_voices`
-  reads them all into `RemoteVoiceInfo`.
-No studio imports: the studio's service drives this exactly as it drives a local `Engine`.
+The servers accept different requests, so the client first learns which kind it talks to (`Dialect`, from
+`GET /health`, `GET /v1/models`' `owned_by` and the voices listing) and then sends each what it takes:
+* the voice: SGLang-Omni requires `voice` and reads `"default"` as zero-shot; vLLM-Omni refuses any `voice`
+  that is not an uploaded one, so zero-shot and one-off clones send none; a clip travels as `ref_audio` (a
+  base64 data URL) + `ref_text`, the fields all of them read;
+* streaming: vLLM-Omni and SGLang-Omni answer `stream: true` with SSE unless `stream_format: "audio"` asks
+  for raw PCM. Whatever a server sends, raw 16-bit PCM or SSE audio events, is read as what it is;
+* length: vLLM-/SGLang-Omni count `max_new_tokens` in model steps, our frames + the 7-step delay tail;
+* sampling: vLLM-Omni's request schema has no temperature / top-k / top-p (its deploy config sets them), so
+  `info["sampling_note"]` says so and the studio shows those controls as not honoured;
+* style: the Higgs paths of every server ignore `instructions`, so a style leads `input` as inline tags.
+No studio imports: the studio's service drives this exactly as it drives a local `Engine`, with as many
+takes at once as `info["max_batch"]` (`concurrency`, or what the server reports, or 16).
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import io
+import json
+import re
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 import numpy as np
 import soundfile as sf
 
-from .config import SAMPLE_RATE, SAMPLES_PER_FRAME
+from .config import CODEBOOKS, SAMPLE_RATE, SAMPLES_PER_FRAME
 from .types import DEFAULT_REPEAT_GUARD, Chunk, Metrics, SamplingParams
 
-DEFAULT_MODEL = "higgs-audio-v3-tts"
+DEFAULT_MODEL = "bosonai/higgs-audio-v3-tts-4b"  # when the server lists no model (vLLM-Omni's default name)
+DEFAULT_CONCURRENCY = 16  # takes sent at once when the server does not say how many it batches
+# A server that did not answer is asked again at most this often, so a page load or a take does not wait on
+# a dead host's timeouts each time it reads `info`.
+RECONTACT_S = 30.0
 # A take streams in pieces of at least this many samples (one codec frame, 40 ms): small enough to keep
 # time-to-first-audio honest, large enough not to hand the player one network read at a time.
 MIN_CHUNK_SAMPLES = SAMPLES_PER_FRAME
 MAX_CLIP_BYTES = 10 * 1024 * 1024  # what the servers accept for a reference clip
+# The delayed codebooks end CODEBOOKS - 1 steps after the last frame starts (engine/delay.py's StopRule.delay):
+# a server counting model steps needs that many more than our frame budget.
+DELAY_TAIL = CODEBOOKS - 1
+SGLANG_VOICE_NAME = re.compile(r"^(?=.*[A-Za-z0-9])[A-Za-z0-9_.-]+$")
 
 
 class RemoteError(RuntimeError):
     """The server could not be reached or refused the request; `status` is its HTTP status (None when it
-    could not be reached) and the message says what it answered."""
+    could not be reached) and the message names the server and says what it answered."""
 
     def __init__(self, message: str, status: int | None = None):
         super().__init__(message)
         self.status = status
+
+    @property
+    def client_status(self) -> int:
+        """The status to answer our own caller with: the server refusing the request's content is the
+        caller's 400; a server that is down, broken, busy or refuses our key is a gateway failure."""
+        if self.status in (400, 404, 413, 422):
+            return 400
+        if self.status in (429, 503):
+            return 503
+        return 502
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What one kind of server accepts. `zero_shot_voice`: the `voice` that means "no voice" (None: send no
+    `voice`); `stream`: the fields that ask for raw PCM as it is made; `sampling`: whether temperature /
+    top-k / top-p are in its request schema; `length_field` and `length_tail`: how a frame budget is
+    spelled and what it adds (model steps = frames + the delay tail)."""
+
+    key: str
+    name: str
+    zero_shot_voice: str | None
+    stream: dict[str, Any]
+    sampling: bool
+    length_field: str
+    length_tail: int
+
+
+# Each kind's facts, read from the servers' code (tests/remote_fakes.py names the files and commits).
+STUDIO = Dialect("higgs-studio", "Higgs Studio", None, {"stream": True}, True, "max_frames", 0)
+VLLM_OMNI = Dialect("vllm-omni", "vLLM-Omni", None, {"stream": True, "stream_format": "audio"}, False,
+                    "max_new_tokens", DELAY_TAIL)
+SGLANG_OMNI = Dialect("sglang-omni", "SGLang-Omni", "default", {"stream": True, "stream_format": "audio"}, True,
+                      "max_new_tokens", DELAY_TAIL)
+OPENAI = Dialect("openai", "OpenAI-compatible", None, {"stream": True, "stream_format": "audio"}, True,
+                 "max_new_tokens", DELAY_TAIL)
+DIALECTS = {d.key: d for d in (STUDIO, VLLM_OMNI, SGLANG_OMNI, OPENAI)}
 
 
 @dataclass(frozen=True)
@@ -77,11 +129,12 @@ class RemoteVoiceInfo:
 
 
 def parse_voices(payload: Any) -> list[RemoteVoiceInfo]:
-    """Any of the four voices-list shapes → voices, built-ins first, without duplicates.
+    """Any of the four voices-list shapes → voices, built-ins first, one per name case-insensitively (the
+    Omni servers key voices by lowercased name and list the lowercased key beside the uploaded record).
 
     ours / Kokoro / Open WebUI: `{"voices": [{"id", "name", ...}]}`;
     OpenAI / Boson:            `{"object": "list", "data": [{"id" | "voice", "name"?, ...}]}`;
-    vLLM-Omni / SGLang-Omni:   `{"voices": ["default", ...], "uploaded_voices": [{"name", ...}]}`;
+    vLLM-Omni / SGLang-Omni:   `{"voices": ["default"?, "alice", ...], "uploaded_voices": [{"name", ...}]}`;
     Chatterbox-TTS-Server:     `{"status": "ok", "voices": ["file.wav", ...]}`.
     """
     if isinstance(payload, list):
@@ -92,11 +145,12 @@ def parse_voices(payload: Any) -> list[RemoteVoiceInfo]:
         items += [("uploaded", v) for v in payload.get("uploaded_voices") or []]
     else:
         raise RemoteError(f"The server's voice list is not JSON object or list (got {type(payload).__name__}).")
+    omni = isinstance(payload, dict) and "uploaded_voices" in payload  # their names, bar "default", are uploads
     out: dict[str, RemoteVoiceInfo] = {}
     for where, item in items:
         if isinstance(item, str):
             name = item.rsplit(".", 1)[0] if item.lower().endswith((".wav", ".mp3", ".flac", ".ogg")) else item
-            kind = "saved" if where == "uploaded" else "builtin"
+            kind = "saved" if where == "uploaded" or omni and item.lower() != "default" else "builtin"
             voice = RemoteVoiceInfo(id=item, name=name, kind=kind, raw=item)
         elif isinstance(item, dict):
             vid = item.get("id") or item.get("voice") or item.get("name") or item.get("voice_id")
@@ -107,8 +161,9 @@ def parse_voices(payload: Any) -> list[RemoteVoiceInfo]:
                                     ref_text=item.get("ref_text") or item.get("transcript"), raw=item)
         else:
             continue
-        if voice.id not in out or where == "uploaded":
-            out[voice.id] = voice
+        key = voice.id.casefold()
+        if key not in out or where == "uploaded":
+            out[key] = voice
     return sorted(out.values(), key=lambda v: v.kind != "builtin")
 
 
@@ -147,49 +202,141 @@ def redact_url(url: str) -> str:
     return parts._replace(netloc=host + (f":{parts.port}" if parts.port else ""), query="", fragment="").geturl()
 
 
+def detect_dialect(health: Any, models: Any, voices: Any) -> Dialect:
+    """Which kind of server answered: our studio's `/health` has `engine_loaded` and `formats`; vLLM lists
+    its models as `owned_by: "vllm"`, SGLang-Omni as `"sglang-omni"`; failing those, the Omni voices listing
+    tells them apart (SGLang-Omni lists the preset `"default"`, vLLM-Omni only uploads)."""
+    if isinstance(health, dict) and "engine_loaded" in health and "formats" in health:
+        return STUDIO
+    cards = models.get("data") if isinstance(models, dict) else None
+    owners = {str(c.get("owned_by", "")).lower() for c in cards or [] if isinstance(c, dict)}
+    if "vllm" in owners or "vllm-omni" in owners:
+        return VLLM_OMNI
+    if any(o.startswith("sglang") for o in owners):
+        return SGLANG_OMNI
+    if isinstance(voices, dict) and "uploaded_voices" in voices:
+        return SGLANG_OMNI if "default" in (voices.get("voices") or []) else VLLM_OMNI
+    return OPENAI
+
+
+def server_voice_name(dialect: Dialect, name: str) -> str:
+    """Our voice name → the name `dialect`'s server stores it under, or ValueError saying why it would refuse
+    it. Our names may hold spaces; SGLang-Omni's may not, so spaces become underscores there."""
+    name = (name or "").strip()
+    if not name:
+        raise ValueError("The voice needs a name.")
+    if dialect is SGLANG_OMNI:
+        mapped = re.sub(r"\s+", "_", name)
+        if not SGLANG_VOICE_NAME.fullmatch(mapped):
+            raise ValueError(f"The SGLang-Omni server takes voice names of letters, digits, '.', '_' and '-' only "
+                             f"(spaces become '_'); {name!r} would be refused. Rename the voice.")
+        if mapped.lower() == "default":
+            raise ValueError("The SGLang-Omni server reserves the voice name 'default' for zero-shot; pick another.")
+        return mapped
+    if dialect is VLLM_OMNI and (name in (".", "..") or any(c in name for c in "/\\\x00")):
+        raise ValueError(f"The vLLM-Omni server refuses voice names with '/', '\\' or NUL, and '.' or '..'; "
+                         f"{name!r} would be refused. Rename the voice.")
+    return name
+
+
 class RemoteEngine:
     """The `Engine` interface the studio uses (`generate_stream`, `generate`, `encode_voice`, `info`), plus
-    the server's voice routes, over HTTP. Thread-safe: one `httpx.Client` with a connection pool."""
+    the server's voice routes, over HTTP. Thread-safe: one `httpx.Client` whose pool holds a connection for
+    each take that may run at once."""
 
     is_remote = True  # no local codec: a saved voice travels as its clip (`encode_voice`), never as codes
 
-    def __init__(self, base_url: str, api_key: str | None = None, model: str = DEFAULT_MODEL, *,
-                 timeout: float = 600.0, connect_timeout: float = 10.0, transport: httpx.BaseTransport | None = None):
+    def __init__(self, base_url: str, api_key: str | None = None, model: str | None = None, *,
+                 concurrency: int | None = None, timeout: float = 600.0, connect_timeout: float = 10.0,
+                 transport: httpx.BaseTransport | None = None):
         base = base_url.strip().rstrip("/")
         if not base.startswith(("http://", "https://")):
             raise ValueError(f"remote server URL must start with http:// or https:// (got {redact_url(base_url)!r})")
+        if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
+                                        or concurrency < 1):
+            raise ValueError(f"remote concurrency must be a whole number ≥ 1 (got {concurrency!r})")
         if base.endswith("/v1"):
             base = base[:-3]
         self.base_url = base
         self.shown_url = redact_url(base)  # what status panels, /health and error messages may show
-        self.model = model
+        self._model = model
+        self._concurrency = concurrency
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        pool = max(concurrency or DEFAULT_CONCURRENCY, DEFAULT_CONCURRENCY) + 4  # + voice and status calls
         self._http = httpx.Client(base_url=base, headers=headers, transport=transport,
+                                  limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool),
                                   timeout=httpx.Timeout(timeout, connect=connect_timeout))
-        self._stream_ok = True  # cleared when the server refuses `stream` (then one body per take)
-        self._server: dict | None = None
-        self.last_headers: dict[str, str] = {}  # the latest speech response's headers (server-side metrics)
+        self._lock = threading.Lock()
+        self._facts: dict[str, Any] | None = None
+        self._unreached: tuple[float, dict[str, Any]] | None = None  # (when, the facts) of the last failed contact
 
     # ---------------------------------------------------------------- facts
+    def _learn(self) -> dict[str, Any]:
+        """Ask the server once what it is (kept after the first answer; while it is down, asked again every
+        RECONTACT_S)."""
+        with self._lock:
+            if self._facts is not None:
+                return self._facts
+            if self._unreached is not None and time.monotonic() - self._unreached[0] < RECONTACT_S:
+                return self._unreached[1]
+            health, reached = self._get_json("/health")
+            models, reached_models = self._get_json("/v1/models")
+            dialect = detect_dialect(health, models, None)
+            if dialect is OPENAI and (reached or reached_models):
+                dialect = detect_dialect(health, models, self._get_json("/v1/audio/voices")[0])
+            cards = models.get("data") if isinstance(models, dict) else None
+            served = [str(c["id"]) for c in cards or [] if isinstance(c, dict) and c.get("id")]
+            facts = {"dialect": dialect, "health": health if isinstance(health, dict) else {}, "models": served,
+                     "reached": reached or reached_models}
+            if facts["reached"]:
+                self._facts = facts
+            else:
+                self._unreached = (time.monotonic(), facts)
+            return facts
+
+    def _get_json(self, path: str) -> tuple[Any, bool]:
+        """(the JSON at `path` or None, whether the server answered at all)."""
+        try:
+            r = self._http.get(path, timeout=5.0)
+        except httpx.HTTPError:
+            return None, False
+        try:
+            return (r.json() if r.status_code == 200 else None), True
+        except ValueError:
+            return None, True
+
     @property
-    def info(self) -> dict[str, Any]:
-        """What the studio's status panel shows; filled from the server's `/health` when it has one.
-        `max_batch` 1: the studio sends one request at a time (the server, not this client, would batch)."""
-        server = self.health()
-        return {"checkpoint": self.model, "device": self.shown_url, "precision": server.get("precision") or "remote",
-                "backend": "remote", "demo": False, "remote": self.shown_url, "max_batch": 1,
-                "server_device": server.get("device"), "server_backend": server.get("backend")}
+    def dialect(self) -> Dialect:
+        return self._learn()["dialect"]
+
+    @property
+    def model(self) -> str:
+        """`model=` if given, else the first model the server lists (vLLM-Omni refuses names it does not
+        serve), else vLLM-Omni's default name."""
+        if self._model:
+            return self._model
+        return (self._learn()["models"] or [DEFAULT_MODEL])[0]
 
     def health(self) -> dict[str, Any]:
-        """The server's `/health` JSON, asked once ({} when it has none, answers something else, or is down)."""
-        if self._server is None:
-            try:
-                r = self._http.get("/health", timeout=5.0)
-                data = r.json() if r.status_code == 200 else {}
-            except (httpx.HTTPError, ValueError):
-                data = {}
-            self._server = data if isinstance(data, dict) else {}
-        return self._server
+        """The server's `/health` JSON ({} when it has none, answers something else, or is down)."""
+        return self._learn()["health"]
+
+    @property
+    def info(self) -> dict[str, Any]:
+        """What the studio's status panel shows. `max_batch`: how many takes the studio sends at once (the
+        server batches them); `sampling_note`: set when the server ignores temperature / top-k / top-p."""
+        facts = self._learn()
+        dialect, server = facts["dialect"], facts["health"]
+        reported = server.get("max_batch") if dialect is STUDIO else None
+        batch = self._concurrency or (reported if isinstance(reported, int) and reported > 0 else DEFAULT_CONCURRENCY)
+        info = {"checkpoint": self.model, "device": self.shown_url, "precision": server.get("precision") or "remote",
+                "backend": "remote", "demo": False, "remote": self.shown_url, "max_batch": batch,
+                "remote_kind": dialect.name if facts["reached"] else "unreachable",
+                "server_device": server.get("device"), "server_backend": server.get("backend")}
+        if not dialect.sampling:
+            info["sampling_note"] = (f"The {dialect.name} server ignores temperature, top-k and top-p (its deploy "
+                                     f"config sets sampling); the seed is still sent.")
+        return info
 
     def close(self) -> None:
         self._http.close()
@@ -199,15 +346,16 @@ class RemoteEngine:
                     top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                     max_frames: int | None = None, repeat_guard: int | None = DEFAULT_REPEAT_GUARD,
                     response_format: str = "pcm", stream: bool = True) -> dict[str, Any]:
-        """The JSON body for `POST /v1/audio/speech`. `style` (a tag prefix) leads the text; `voice` is a
-        server-side voice id or name, or a `RemoteVoice` sent as `ref_audio` + `ref_text`."""
+        """The JSON body for `POST /v1/audio/speech`, in the server's dialect. `style` (a tag prefix) leads
+        the text; `voice` is a server-side voice name, or a `RemoteVoice` sent as `ref_audio` + `ref_text`."""
         if not isinstance(text, str) or not text.strip():
             raise ValueError("there is no text to speak; give a non-empty sentence")
+        dialect = self.dialect
         style = (style or "").strip()
         body: dict[str, Any] = {"model": self.model, "input": f"{style}{text}" if style else text,
                                 "response_format": response_format}
         if stream:
-            body["stream"] = True
+            body.update(dialect.stream)
         if isinstance(voice, RemoteVoice):
             body["ref_audio"] = voice.data_url()
             if voice.transcript:
@@ -216,11 +364,15 @@ class RemoteEngine:
             body["voice"] = voice
         elif voice is not None:
             raise ValueError("a remote engine takes a server-side voice name or the RemoteVoice from encode_voice()")
-        for name, value in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p), ("seed", seed),
-                            ("max_new_tokens", max_frames)):
+        if "voice" not in body and dialect.zero_shot_voice:
+            body["voice"] = dialect.zero_shot_voice  # required there; with ref_audio the clip wins
+        sampling = (("temperature", temperature), ("top_k", top_k), ("top_p", top_p)) if dialect.sampling else ()
+        for name, value in (*sampling, ("seed", seed)):
             if value is not None:
                 body[name] = value
-        if repeat_guard != DEFAULT_REPEAT_GUARD:  # our extension; others never see it unless asked for
+        if max_frames is not None:
+            body[dialect.length_field] = int(max_frames) + dialect.length_tail
+        if dialect is STUDIO and repeat_guard != DEFAULT_REPEAT_GUARD:  # our extension
             body["repeat_guard"] = repeat_guard
         return body
 
@@ -229,9 +381,9 @@ class RemoteEngine:
                         max_frames: int | None = None, repeat_guard: int | None = DEFAULT_REPEAT_GUARD,
                         cancel: threading.Event | None = None, params: SamplingParams | None = None
                         ) -> Iterator[Chunk]:
-        """Yield `Chunk`s of float32 24 kHz audio as the server streams 16-bit PCM; the last has
-        `final=True`. TTFA and RTF are measured here (request sent → first audio received; wall / audio).
-        Closing the generator or setting `cancel` closes the connection, which stops a streaming server.
+        """Yield `Chunk`s of float32 24 kHz audio as the server streams it; the last has `final=True`. TTFA and
+        RTF are measured here (request sent → first audio received; wall / audio). Closing the generator or
+        setting `cancel` closes the connection, which stops a streaming server.
         `params` (a `SamplingParams`) gives every sampling setting at once, in place of the keywords."""
         if params is not None:
             temperature, top_k, top_p = params.temperature, params.top_k, params.top_p
@@ -244,9 +396,11 @@ class RemoteEngine:
         """The whole take (float32 mono 24 kHz); takes the options of `generate_stream`."""
         return np.concatenate([c.audio for c in self.generate_stream(text, **options)])
 
+    def _named(self) -> str:
+        """How error sentences name the server: its kind and its URL."""
+        return f"{self.dialect.name} server at {self.shown_url}"
+
     def _open(self, body: dict) -> httpx.Response:
-        if not self._stream_ok:
-            body = {k: v for k, v in body.items() if k != "stream"}
         request = self._http.build_request("POST", "/v1/audio/speech", json=body)
         try:
             response = self._http.send(request, stream=True)
@@ -254,28 +408,70 @@ class RemoteEngine:
             raise RemoteError(f"Could not reach the speech server at {self.shown_url}: {exc}") from None
         if response.status_code >= 400:
             response.read()
-            message = _error_message(response)
             response.close()
-            refused_stream = response.status_code in (400, 422) and "stream" in message.lower()
-            if self._stream_ok and "stream" in body and refused_stream:
-                self._stream_ok = False  # this server cannot stream: ask for one body from now on
-                return self._open(body)
-            raise RemoteError(f"The speech server answered {response.status_code}: {message}", response.status_code)
+            raise RemoteError(f"The {self._named()} refused the take "
+                              f"({response.status_code}): {_error_message(response)}", response.status_code)
         return response
+
+    def _check_format(self, response: httpx.Response) -> None:
+        """Refuse, with a sentence, audio this client would otherwise play as noise."""
+        ctype = response.headers.get("content-type", "")
+        problem = None
+        if "wav" in ctype:
+            problem = "WAV where 16-bit PCM was asked for (response_format=pcm)"
+        elif "json" in ctype:
+            problem = "JSON where audio was asked for"
+        for header, want in (("x-sample-rate", SAMPLE_RATE), ("x-channels", 1), ("x-bit-depth", 16)):
+            got = response.headers.get(header)
+            if got is not None and got.strip() != str(want):
+                problem = f"{header} {got} where this studio plays {want} (24 kHz mono 16-bit)"
+        if problem:
+            response.close()
+            raise RemoteError(f"The {self._named()} answered {problem}. Configure the "
+                              f"server for 24 kHz mono 16-bit PCM.", 502)
+
+    def _pieces(self, response: httpx.Response, end: dict) -> Iterator[bytes]:
+        """The take's 16-bit PCM bytes as they arrive, from a raw body or from SSE audio events."""
+        if "text/event-stream" not in response.headers.get("content-type", ""):
+            yield from response.iter_bytes()
+            return
+        for event, payload in _sse_events(response.iter_lines()):
+            kind = payload.get("type") if isinstance(payload, dict) else None
+            kind = kind or event
+            if kind in ("speech.audio.error", "error"):
+                err = payload.get("error") if isinstance(payload, dict) else None
+                message = err.get("message") if isinstance(err, dict) else err or payload
+                raise RemoteError(f"The {self._named()} stopped the take: {message}", 502)
+            if kind in ("speech.audio.done", "[DONE]") or isinstance(payload, dict) and payload.get("finish_reason"):
+                end["reason"] = payload.get("finish_reason") if isinstance(payload, dict) else None
+                return
+            yield self._event_pcm(payload)
+
+    def _event_pcm(self, payload: Any) -> bytes:
+        """One SSE audio event → its PCM bytes: OpenAI's `speech.audio.delta` (`audio` is base64, vLLM-Omni)
+        or SGLang-Omni's older `audio.speech.chunk` (`audio.data`, with its format and rate)."""
+        audio = payload.get("audio") if isinstance(payload, dict) else None
+        fmt = payload.get("response_format", "pcm") if isinstance(payload, dict) else "pcm"
+        if isinstance(audio, dict):
+            fmt, rate = audio.get("format", "pcm"), audio.get("sample_rate", SAMPLE_RATE)
+            audio = audio.get("data")
+            if rate != SAMPLE_RATE:
+                raise RemoteError(f"The {self._named()} streams {rate} Hz audio; the "
+                                  f"studio plays {SAMPLE_RATE} Hz.", 502)
+        try:
+            data = base64.b64decode(audio, validate=True) if isinstance(audio, str) else None
+        except (binascii.Error, ValueError):
+            data = None
+        if data is None or fmt not in ("pcm", "wav"):
+            raise RemoteError(f"The {self._named()} sent a stream event this studio "
+                              f"cannot read as 16-bit PCM: {str(payload)[:200]}", 502)
+        return _strip_wav_header(data) if fmt == "wav" else data
 
     def _stream(self, body: dict, seed: int | None, cancel: threading.Event | None) -> Iterator[Chunk]:
         started = time.perf_counter()
         response = self._open(body)
-        self.last_headers = dict(response.headers)
-        rate = int(response.headers.get("x-sample-rate") or SAMPLE_RATE)
-        if rate != SAMPLE_RATE:
-            response.close()
-            raise RemoteError(f"The server sends {rate} Hz audio; the studio plays {SAMPLE_RATE} Hz. "
-                              f"Configure the server for 24 kHz output.")
-        if "wav" in response.headers.get("content-type", ""):
-            response.close()
-            raise RemoteError("The server answered WAV where 16-bit PCM was asked for (response_format=pcm).")
-        server_seed = response.headers.get("x-seed")
+        self._check_format(response)
+        server_seed = response.headers.get("x-seed")  # ours only: the seed our studio drew
         seed = int(server_seed) if server_seed and server_seed.isdigit() else seed
         state = {"samples": 0, "ttfa": None}
         precision = self.health().get("precision") or "remote"
@@ -290,9 +486,10 @@ class RemoteEngine:
                            device=self.shown_url, seed=seed, stop_reason=reason)
 
         pending = b""
+        end: dict = {}
         reason = None
         try:
-            for data in response.iter_bytes():
+            for data in self._pieces(response, end):
                 if cancel is not None and cancel.is_set():
                     reason = "cancelled"
                     break
@@ -307,14 +504,14 @@ class RemoteEngine:
                     state["ttfa"] = 1e3 * (time.perf_counter() - started)
                 yield Chunk(audio=audio, metrics=metrics(), final=False)
         except httpx.HTTPError as exc:
-            raise RemoteError(f"The speech stream from {self.shown_url} broke off: {exc}") from None
+            raise RemoteError(f"The speech stream from the {self._named()} broke off: {exc}", 502) from None
         finally:
             response.close()
         tail = np.frombuffer(pending[:len(pending) // 2 * 2], dtype="<i2").astype(np.float32) / 32767.0
         state["samples"] += len(tail)
         if state["ttfa"] is None and len(tail):
             state["ttfa"] = 1e3 * (time.perf_counter() - started)
-        reason = reason or response.headers.get("x-stop-reason") or "end"
+        reason = reason or response.headers.get("x-stop-reason") or end.get("reason") or "end"
         yield Chunk(audio=tail, metrics=metrics(reason), final=True)
 
     # ---------------------------------------------------------------- voices
@@ -335,18 +532,26 @@ class RemoteEngine:
     def add_voice(self, audio, *, name: str, consent: str, ref_text: str | None = None,
                   sample_rate: int | None = None, speaker_description: str | None = None) -> dict[str, Any]:
         """Upload a clip as a saved voice (`POST /v1/audio/voices`, multipart `audio_sample`, `name`,
-        `consent`, `ref_text`: the fields OpenAI, vLLM-Omni, SGLang-Omni and this studio read)."""
+        `consent`, `ref_text`: the fields vLLM-Omni, SGLang-Omni and this studio read) and return its record
+        with an `id`: ours gives one; the Omni servers key voices by name, so there the name is the id. A name
+        the server would refuse is a ValueError before anything is sent."""
+        name = server_voice_name(self.dialect, name)
         data, filename = _clip_bytes(audio, sample_rate)
         fields = {"name": name, "consent": consent}
         if ref_text:
             fields["ref_text"] = ref_text
         if speaker_description:
             fields["speaker_description"] = speaker_description
-        return self._json("POST", "/v1/audio/voices", data=fields,
-                          files={"audio_sample": (filename, data, "application/octet-stream")})
+        answer = self._json("POST", "/v1/audio/voices", data=fields,
+                            files={"audio_sample": (filename, data, "audio/wav")})
+        record = answer.get("voice") if isinstance(answer, dict) and isinstance(answer.get("voice"), dict) else answer
+        if not isinstance(record, dict):
+            raise RemoteError(f"The {self._named()} answered the upload with "
+                              f"{str(answer)[:200]}, not a voice record.", 502)
+        return {**record, "id": str(record.get("id") or record.get("name") or name)}
 
     def delete_voice(self, voice_id: str) -> dict[str, Any]:
-        return self._json("DELETE", f"/v1/audio/voices/{voice_id}")
+        return self._json("DELETE", f"/v1/audio/voices/{quote(voice_id, safe='')}")
 
     def _json(self, method: str, path: str, **kwargs) -> Any:
         try:
@@ -354,12 +559,40 @@ class RemoteEngine:
         except httpx.HTTPError as exc:
             raise RemoteError(f"Could not reach the speech server at {self.shown_url}: {exc}") from None
         if response.status_code >= 400:
-            raise RemoteError(f"The speech server answered {response.status_code} to {method} {path}: "
-                              f"{_error_message(response)}", response.status_code)
+            raise RemoteError(f"The {self._named()} answered {response.status_code} to "
+                              f"{method} {path}: {_error_message(response)}", response.status_code)
         try:
             return response.json()
         except ValueError:
-            raise RemoteError(f"The speech server answered {method} {path} with something other than JSON.") from None
+            raise RemoteError(f"The {self._named()} answered {method} {path} with "
+                              f"something other than JSON.", 502) from None
+
+
+def _sse_events(lines: Iterator[str]) -> Iterator[tuple[str | None, Any]]:
+    """Server-sent events → (event name, its data parsed as JSON, or the text for `[DONE]`)."""
+    event, data = None, []
+    for line in (*lines, ""):
+        if not line:
+            if data:
+                text = "\n".join(data)
+                try:
+                    payload = json.loads(text)
+                except ValueError:
+                    payload = text
+                yield (text if text == "[DONE]" else event), payload
+            event, data = None, []
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip())
+
+
+def _strip_wav_header(data: bytes) -> bytes:
+    """A WAV piece → its PCM: the first piece of a streamed WAV carries the header, later ones none."""
+    if data[:4] != b"RIFF":
+        return data
+    at = data.find(b"data", 12)
+    return data[at + 8:] if at >= 0 else b""
 
 
 def _error_message(response: httpx.Response) -> str:

@@ -10,6 +10,13 @@ thread, started on demand and gone when idle, repeats:
    its own seed and settings (engine/sampling.py, the same draws as alone), its own stop rule decides
    when it ends, and the surviving rows go through `model.decode_rows` together.
 
+One host transfer per step: the step's logits for every take come back in one device-to-host copy
+(`to_host`), queued on the backend's own stream where it has one (the cubin kernels') and waited for on an
+event of that stream — not a device-wide sync. The whole step runs with that stream current, so neither
+its launches nor the copy queue behind the codec's work, which the listeners' threads put on torch's
+default stream. Sampling then runs on host tensors (a few microseconds a take,
+no launches), and a take's rows depend only on its own logits, so batch invariance is untouched.
+
 A newcomer's prefill therefore costs the takes already decoding at most one chunk per step, not a whole
 prompt: their time to first audio and their row rate stay close to alone, and the newcomer joins the
 batch at the first step boundary after its last chunk.
@@ -35,6 +42,23 @@ from collections import deque
 import torch
 
 from .sampling import sample, uniforms
+
+
+def to_host(logits: torch.Tensor, stream=None) -> torch.Tensor:
+    """`logits` copied to a new host tensor in ONE transfer: on CUDA into pinned memory, queued on `stream`
+    (else the current one), then a wait on an event recorded after it on that stream."""
+    if logits.device.type != "cuda":
+        host = torch.empty(logits.shape, dtype=logits.dtype)
+        host.copy_(logits)
+        return host
+    stream = stream or torch.cuda.current_stream(logits.device)
+    host = torch.empty(logits.shape, dtype=logits.dtype, pin_memory=True)
+    done = torch.cuda.Event()
+    with torch.cuda.stream(stream):
+        host.copy_(logits, non_blocking=True)
+        done.record(stream)
+    done.synchronize()
+    return host
 
 
 class Take:
@@ -96,6 +120,7 @@ class Take:
 class Scheduler:
     def __init__(self, engine, max_batch: int):
         self.engine, self.max_batch = engine, max_batch
+        self.stream = getattr(engine.model, "stream", None)  # where the backend launches (None: torch's current)
         self.cond = threading.Condition()
         self.waiting: deque[Take] = deque()
         self.active: list[Take] = []
@@ -187,7 +212,10 @@ class Scheduler:
                     self.cond.notify_all()
                     return
                 active = list(self.active)
-            with self.engine._lock:
+            # The backend's stream current: its launches then wait for nothing queued on torch's default
+            # stream by the listeners' codec pushes (`_on_stream` orders after the caller's stream).
+            on_stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+            with self.engine._lock, on_stream:
                 try:
                     self._step(active)
                 except BaseException as exc:  # a device failure ends every take in the step with it
@@ -232,8 +260,8 @@ class Scheduler:
             positions.append(take.pos)
             stepping.append(take)
         if stepping:
-            logits = engine.model.decode_rows(torch.tensor(rows, device=engine.device), slots, positions)
-            engine._sync()
+            logits = to_host(engine.model.decode_rows(torch.tensor(rows, device=engine.device), slots, positions),
+                             self.stream)
             for take, out in zip(stepping, logits):
                 take.logits, take.pos = out, take.pos + 1
         self.steps += 1
@@ -248,8 +276,7 @@ class Scheduler:
         engine = self.engine
         ids, ref_rows, start, key = take.segments.pop(0)
         engine._ensure_room(len(take.prompt.ids) + take.rule.max_rows)
-        take.logits = engine.model.prefill(ids, ref_rows, start, slot=take.slot)
+        take.logits = to_host(engine.model.prefill(ids, ref_rows, start, slot=take.slot), self.stream)
         if key is not None:  # the prefix is complete in this slot
             self.mark(take.slot, key)
-        engine._sync()
         take.prefill_s = time.perf_counter() - take.admitted

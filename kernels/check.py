@@ -476,15 +476,17 @@ class Recording:
         self.kernels.launch(name, grid, *args, **kw)
 
 
-def kernel_rows(kernels, device) -> list[Row]:
-    """Run every case through cubin-backed ops; one row per comparison, plus coverage."""
+def kernel_rows(kernels, device, health=None) -> list[Row]:
+    """Run every case through cubin-backed ops; one row per comparison, plus coverage. After a case fails,
+    `health()` (None: the device still works) can name a sticky error on the CUDA context: the cases after
+    it are then INVALID rows instead of failures that would say nothing about their kernels."""
     from kernels.runtime import cubin_ops
 
     rec = Recording(kernels)
     ops = cubin_ops(rec)
     gen = torch.Generator().manual_seed(0)
     rows = []
-    for name, _, fn in CASES:
+    for i, (name, _, fn) in enumerate(CASES):
         try:
             with torch.cuda.stream(kernels.stream) if kernels.stream is not None else contextlib.nullcontext():
                 results = fn(ops, device, gen)
@@ -492,6 +494,11 @@ def kernel_rows(kernels, device) -> list[Row]:
                 torch.cuda.synchronize()
         except Exception as exc:  # a launch or lookup failure is a FAIL row, not the end of the check
             rows.append(Row("kernels", name, f"{type(exc).__name__}: {exc}"[:120], "", "FAIL"))
+            sticky = health() if health is not None else None
+            if sticky:
+                rows += [Row("kernels", later, f"not run: sticky CUDA error since case {name!r} ({sticky})"[:160],
+                             "", "INVALID") for later, _, _ in CASES[i + 1:]]
+                return rows
             continue
         for label, err, tol in results:
             rows.append(Row("kernels", f"{name} {label}", f"rel err {err:.2e}", f"< {tol:.0e}",

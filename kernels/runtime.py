@@ -144,6 +144,42 @@ def loader_choice() -> tuple[str | None, str]:
     return "cuda.core", "PyCUDA is not installed; cuda-core loads the same cubins"
 
 
+# cuda-bindings is built per CUDA major and needs a driver for that major: 12.x runs on R525+, 13.x on
+# R580.65+ only (cuda-core's install notes). cuda-core works over either; its [cu12] / [cu13] extra picks.
+BINDINGS_REQUIREMENTS = {12: ("cuda-core[cu12]", "cuda-bindings>=12.8,<13"),
+                         13: ("cuda-core[cu13]", "cuda-bindings>=13,<14")}
+BINDINGS_INSTALL = {major: "pip install " + " ".join(f'"{r}"' for r in reqs)
+                    for major, reqs in BINDINGS_REQUIREMENTS.items()}
+
+
+def bindings_requirements(driver_cuda: int) -> tuple[str, ...]:
+    """The cuda-core / cuda-bindings requirements for a driver (cuDriverGetVersion's number)."""
+    return BINDINGS_REQUIREMENTS[12 if driver_cuda < 13000 else 13]
+
+
+def bindings_problem(driver_cuda: int, bindings: str | None) -> str | None:
+    """One sentence when the installed cuda-bindings (version string, None when absent) needs a newer
+    driver than this one (`driver_cuda` as cuDriverGetVersion gives it, e.g. 12040), with the pip line
+    that fits; None when they match or either is unknown."""
+    if not bindings or not driver_cuda:
+        return None
+    major, driver_major = int(bindings.split(".")[0]), driver_cuda // 1000
+    if major <= driver_major:
+        return None
+    fix = BINDINGS_INSTALL.get(driver_major, f"install cuda-bindings {driver_major}.x")
+    return (f"cuda-bindings {bindings} is built for CUDA {major}, but this driver supports CUDA "
+            f"{driver_major}.{driver_cuda % 1000 // 10}, so the cuda-core loader cannot start: {fix}")
+
+
+def package_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 @functools.cache
 def _available(device: int, root: str) -> tuple[bool, str]:
     p = probe_driver(device)
@@ -407,6 +443,7 @@ class _Kernel:
         return tuple(t.data_ptr() if t is not None else 0 for t in self.scratch)
 
     def __call__(self, grid, *args, strict_dtypes: bool = True) -> None:
+        self.runtime.check_stream(self.entry.name)
         g = grid3(grid)
         packed = pack_args(self.entry, args, self._scratch(g), self.runtime.loader.device_type, strict_dtypes)
         self.runtime.loader.launch(self.handle, g, self.entry.block, self.entry.shared, packed)
@@ -416,11 +453,27 @@ class CubinLoadError(RuntimeError):
     """A cubin the driver would not load; the message names the kernel and the driver's error."""
 
 
+class ForeignStream(RuntimeError):
+    """A launch while torch's current stream is not the kernels' stream: the launch would race the torch
+    work that made its inputs (torch orders work per stream; a launch on another stream waits for none)."""
+
+
+def _torch_current_stream(device: str):
+    import torch
+
+    return torch.cuda.current_stream(torch.device(device))
+
+
+def _handle(stream) -> int:
+    return int(getattr(stream, "cuda_stream", 0) or 0)
+
+
 class CubinKernels:
     """The committed cubins for one device, by KernelSpec name: `k.launch(name, grid, *args)` or
     `k[name](grid, *args)`. Launches go to `k.stream` (a torch stream); run torch work on it too."""
 
-    def __init__(self, device: int = 0, *, loader="auto", root: Path = mf.CUBIN_DIR, cc: int | None = None):
+    def __init__(self, device: int = 0, *, loader="auto", root: Path = mf.CUBIN_DIR, cc: int | None = None,
+                 current_stream=None):
         if isinstance(loader, str):
             ok, reason = available(device, root)
             if not ok:
@@ -431,6 +484,10 @@ class CubinKernels:
         self.device = f"cuda:{device}" if loader.device_type == "cuda" else loader.device_type
         self.manifest = mf.load(cc, root)
         self.stream = loader.stream
+        # torch's current stream on the launching thread; a loader without CUDA has no torch stream to
+        # compare (the CPU tests pass a stand-in)
+        self.current_stream = current_stream or (functools.partial(_torch_current_stream, self.device)
+                                                 if loader.device_type == "cuda" else lambda: self.stream)
         self._kernels = {}
         for name, e in self.manifest.kernels.items():  # one by one: a refusal names its kernel
             try:
@@ -460,6 +517,21 @@ class CubinKernels:
     def launch(self, name: str, grid, *args, strict_dtypes: bool = True) -> None:
         self[name](grid, *args, strict_dtypes=strict_dtypes)
 
+    def check_stream(self, name: str) -> None:
+        """Refuse a launch unless the caller runs torch on `self.stream` (`with torch.cuda.stream(k.stream)`,
+        after `k.stream.wait_stream(...)` for inputs made elsewhere): the cubins launch on that stream
+        whatever torch's current one is, so any other current stream would race them."""
+        current = self.current_stream()
+        if _handle(current) != _handle(self.stream):
+            raise ForeignStream(f"launch of {name} while torch's current stream is {_handle(current):#x}, not the "
+                                f"kernels' stream {_handle(self.stream):#x}: run it inside "
+                                "`with torch.cuda.stream(kernels.stream)` (after a wait_stream for its inputs)")
+
+
+class CaptureFailed(RuntimeError):
+    """A CUDA graph capture failed; the message carries the first error, not the driver's later
+    "operation not permitted when stream is capturing" / "capture invalidated" that follows it."""
+
 
 def capture_graph(fn, stream, *, warmup: int = 2, pool=None):
     """Run `fn` `warmup` times on `stream` (lazy allocations, scratch, cuBLAS handles), then capture
@@ -472,10 +544,25 @@ def capture_graph(fn, stream, *, warmup: int = 2, pool=None):
             fn()
     stream.synchronize()
     graph = torch.cuda.CUDAGraph()
+    first: list[BaseException] = []
+
+    def body():
+        try:
+            fn()
+        except BaseException as exc:
+            first.append(exc)
+            raise
+
     # thread_local: another thread's CUDA call (the studio serves requests from several) cannot
     # invalidate this capture, while this thread's own unsafe calls still fail it.
-    with torch.cuda.graph(graph, stream=stream, pool=pool, capture_error_mode="thread_local"):
-        fn()
+    try:
+        with torch.cuda.graph(graph, stream=stream, pool=pool, capture_error_mode="thread_local"):
+            body()
+    except Exception as exc:
+        if first and exc is not first[0]:  # ending the capture raised over the launch that broke it
+            raise CaptureFailed(f"CUDA graph capture failed at its first error: {type(first[0]).__name__}: "
+                                f"{first[0]} (then: {type(exc).__name__}: {exc})") from first[0]
+        raise
     return graph
 
 
@@ -591,14 +678,29 @@ class InterpretedKernels:
 
 
 def main() -> int:
-    """Report the loader in use and why, then whether the cubin path can run here (never hangs)."""
+    """Report the loader that would run and why, whether the cubin path can run here, and then which loader
+    really started (or each one's error) with the cuda-core / cuda-bindings versions. Never hangs: nothing
+    imports PyCUDA or cuda-core before the ctypes probe has found a driver."""
     name, why = loader_choice()
     print(f"loader: {name or 'none'} ({why})")
+    versions = {pkg: package_version(pkg) for pkg in ("cuda-core", "cuda-bindings", "pycuda")}
+    print("packages: " + ", ".join(f"{pkg} {v or '-'}" for pkg, v in versions.items()))
+    p = probe_driver()
+    mismatch = bindings_problem(p.driver_cuda, versions["cuda-bindings"]) if p.ok else None
+    if mismatch:
+        print(mismatch)
     ok, reason = available()
     print(f"cubin path: {'available' if ok else 'unavailable'}: {reason}")
     unusable = torch_cannot_use_gpu()
     if unusable:
         print(unusable)
+    if ok:
+        try:
+            loader = open_loader(0)
+            print(f"loaded: {loader.name} ({loader.why})")
+        except RuntimeError as exc:
+            print(f"loaded: none: {exc}")
+            return 2
     return 0 if ok else 2
 
 

@@ -33,7 +33,14 @@ if ! $PY -c "import pycuda" 2>/dev/null; then
         timeout 300 $PY -m pip install --quiet pycuda || echo "note: PyCUDA did not build; using cuda-core"
     fi
 fi
-$PY -c "import pycuda" 2>/dev/null || $PY -c "import cuda.core" 2>/dev/null || \
-    timeout 120 $PY -m pip install --quiet "cuda-core>=0.3" "cuda-bindings>=12.8"
+# cuda-bindings is built per CUDA major: 12.x for R525-R579 drivers, 13.x for R580+ only. Install the
+# major this driver runs, also over an installed one that does not fit (pip's default resolves to 13.x).
+$PY -c "import pycuda" 2>/dev/null || timeout 120 $PY -c "
+import subprocess, sys
+from kernels.runtime import bindings_problem, bindings_requirements, package_version, probe_driver
+p = probe_driver()
+if package_version('cuda-core') and not bindings_problem(p.driver_cuda, package_version('cuda-bindings')):
+    sys.exit(0)
+sys.exit(subprocess.call([sys.executable, '-m', 'pip', 'install', '--quiet', *bindings_requirements(p.driver_cuda)]))"
 
 exec timeout 480 $PY -m bench.gpu_check "$@"

@@ -49,6 +49,7 @@ from starlette.routing import Mount
 from engine.audio import ReferenceAudioError, load_audio
 from engine.config import SAMPLE_RATE
 from engine.generate import codes_sha256
+from engine.remote import RemoteError
 from engine.types import DEFAULT_REPEAT_GUARD
 from studio.access import Access
 from studio.formats import MIME, STREAM_FORMATS, FormatError, StreamEncoder, available_formats, encode_audio, to_pcm16
@@ -702,10 +703,13 @@ class SpeechAPI:
         engine = getattr(self.service, "engine", None)
         return JSONResponse({"status": "ok", "engine_loaded": engine is not None, "model": MODEL_IDS[0],
                              "device": status.get("device"), "precision": status.get("precision"),
+                             "precision_reason": status.get("precision_reason"),
                              "backend": status.get("backend"), "queue_depth": status.get("queue_depth"),
                              "batch_size": status.get("batch_size"), "max_batch": status.get("max_batch"),
+                             "memory_plan": status.get("memory_plan"),
                              "demo": status.get("demo"), "formats": list(available_formats()),
-                             "auth": self.api_key is not None})
+                             "auth": self.api_key is not None,
+                             **{k: status[k] for k in ("remote_kind", "sampling_note") if status.get(k)}})
 
 
 class _TakeResponse(StreamingResponse):
@@ -760,6 +764,9 @@ class _Run:
             raise ApiError(503, str(exc), headers={"Retry-After": "5"}) from None
         except ValueError as exc:  # VoiceNotFound, ReferenceAudioError, engine limits: sentences for the user
             raise ApiError(400, str(exc)) from None
+        except RemoteError as exc:  # the --remote server refused or failed: its answer, as a 400 or a 502/503
+            status = exc.client_status
+            raise ApiError(status, str(exc), headers={"Retry-After": "5"} if status == 503 else None) from None
         if self.timed_out:
             raise ApiError(504, f"The request took longer than {self.api.request_timeout:g} s (queue wait and "
                                 f"generation) and was stopped.")

@@ -235,7 +235,11 @@ class Page:
     def build(self) -> gr.Blocks:
         # delete_cache: Gradio keeps a copy of every served file; drop copies older than an hour, hourly.
         with gr.Blocks(title="Higgs Studio", delete_cache=(3600, 3600)) as demo:
-            gr.HTML(render.header_html(self.service.status()))
+            status = self.service.status()
+            gr.HTML(render.header_html(status))
+            if status.get("remote_kind"):
+                gr.Markdown(f"Takes run on the **{status['remote_kind']}** server at `{status.get('remote')}`.",
+                            elem_id="remote-kind")
             self.takes, self.last_seed = gr.State([]), gr.State(None)
             if self.private is not None:
                 self.private.state()
@@ -310,9 +314,12 @@ class Page:
                     self.consent = gr.Checkbox(
                         label="I am this speaker, or I have their permission to clone this voice.", elem_id="consent")
                     self.save_voice = gr.Button("Save as voice", elem_id="save-voice")
+                # A remote server that sets sampling itself would ignore these: shown, but not offered.
+                ignored = self.service.status().get("sampling_note")
                 with gr.Row():
                     temperature = gr.Slider(0, 1.5, value=0.8, step=0.05, label="Temperature", scale=3,
-                                            info="0 = greedy (can loop); ~0.8-1.0 is lively and stable")
+                                            info=ignored or "0 = greedy (can loop); ~0.8-1.0 is lively and stable",
+                                            interactive=not ignored, elem_id="temperature")
                     seed = gr.Number(-1, label="Seed (-1 = random)", precision=0, minimum=-1, maximum=MAX_SEED,
                                      scale=2, elem_id="seed")
                     takes_n = gr.Radio(list(range(1, MAX_TAKES + 1)), value=1, label="Takes", scale=2,
@@ -322,8 +329,10 @@ class Page:
                         reuse_seed = gr.Button("Reuse last", size="sm")
                 with gr.Accordion("Advanced", open=False):
                     with gr.Row():
-                        top_p = gr.Slider(0.05, 1.0, value=0.8, step=0.05, label="top-p")
-                        top_k = gr.Slider(0, 200, value=30, step=1, label="top-k (0 = off)")
+                        top_p = gr.Slider(0.05, 1.0, value=0.8, step=0.05, label="top-p", info=ignored,
+                                          interactive=not ignored)
+                        top_k = gr.Slider(0, 200, value=30, step=1, label="top-k (0 = off)", info=ignored,
+                                          interactive=not ignored)
                     with gr.Row():
                         max_frames = gr.Number(0, label=f"Max length, frames (0 = auto; 25 = 1 s; ≤ {MAX_FRAMES})",
                                                precision=0, minimum=0, maximum=MAX_FRAMES, elem_id="max-frames")

@@ -27,9 +27,10 @@ def header_html(status: dict[str, Any]) -> str:
     chips = [  # (label, shown value, hover text)
         ("checkpoint", checkpoint.rstrip("/").rsplit("/", 1)[-1], checkpoint),
         ("device", status.get("device"), ""),
-        ("precision", status.get("precision"), ""),
+        ("precision", status.get("precision"), status.get("precision_reason") or ""),
         ("backend", status.get("backend"), status.get("backend_reason") or ""),
         ("kernels", kernels, status.get("self_check") or ""),  # hover: the self-check figures
+        ("memory", (status.get("memory_plan") or "").split(" = ")[0], status.get("memory_plan") or ""),
     ]
     chip_html = "".join(f'<span class="hs-chip" title="{_esc(hover or k)}"><b>{k}</b> {_esc(v)}</span>'
                         for k, v, hover in chips if v)

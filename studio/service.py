@@ -7,8 +7,9 @@ Slots: as many requests run at once as the engine decodes together (`engine.info
 each while it runs); the engine's scheduler batches their steps (engine/scheduler.py). Which waiting request
 gets a free slot is `studio/admission.py`'s rule: each request carries a `Caller`; the owner's go first, the
 rest round robin across callers, and a visitor has at most `visitor_concurrency` running and `visitor_queue`
-waiting. An engine that does not batch (a remote server, a GPU backend loaded with max_batch 1 for its fused
-single-stream path) reports max_batch 1 and the service runs one request at a time.
+waiting. An engine that does not batch (a GPU backend loaded with max_batch 1 for its fused single-stream
+path) reports max_batch 1 and the service runs one request at a time; a remote engine reports how many takes
+it sends the server at once, and the server batches them.
 
     service = StudioService(engine, voices, presets)
     req = SynthesisRequest(text="Hello there.", voice_id="Narrator", style="Calm narrator", seed=7)
@@ -364,6 +365,9 @@ class StudioService:
         prompt_text = apply_preset(request.text.strip(), self.resolve_style(style))
         clone = voice is not None or request.ref_audio is not None
         request.warnings.extend(f"{w.tag}: {w.message}" for w in lint_tags(prompt_text, clone=clone))
+        sampling_note = (getattr(self.engine, "info", None) or {}).get("sampling_note")
+        if sampling_note:  # a remote server that sets sampling itself: say so rather than pretend
+            request.warnings.append(sampling_note)
         if request.seed is None:
             request.seed = secrets.randbits(RANDOM_SEED_BITS)
         request.seed = int(request.seed)

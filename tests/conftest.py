@@ -19,6 +19,16 @@ PARITY = SHARED / "parity"
 ARTIFACTS = REPO / "artifacts"
 
 
+def pytest_report_header(config):
+    """The CPU the suite ran on: float kernels differ between CPU kinds (AVX-512 with or without bf16,
+    AVX2), so every equality claim in this suite must hold on each, and a failure report names which."""
+    from engine.cpu import cpu_facts
+
+    facts = cpu_facts()
+    return (f"cpu: {facts['cpu']} ({', '.join(facts['isa']) or 'no AVX'}), torch kernels {facts['kernels']}, "
+            f"native bf16 {facts['native_bf16']}, {os.cpu_count()} cores")
+
+
 # CI sets HIGGS_REQUIRE_PARITY=1 (.ci/run): there a missing fixture fails the run instead of skipping
 # the parity tier silently. A user's fresh clone still skips, with the reason.
 REQUIRE_PARITY = os.environ.get("HIGGS_REQUIRE_PARITY") == "1"

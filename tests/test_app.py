@@ -64,3 +64,19 @@ def test_missing_checkpoint_says_what_to_do(source, tmp_path):
     out = proc.stdout + proc.stderr
     assert "Traceback" not in out
     assert "--demo" in out
+
+
+@pytest.mark.slow
+def test_demo_in_int8_speaks_and_the_page_says_int8(tmp_path):
+    """`python app.py --demo --precision int8`: the CPU path's weight-only int8 serves takes, and the page's
+    engine chips and /health name the precision it really runs."""
+    import httpx
+
+    from tests.studio_server import running_studio
+
+    with running_studio(tmp_path, "--precision", "int8") as url:
+        assert httpx.get(f"{url}/health", timeout=30).json()["precision"] == "int8"
+        assert "<b>precision</b> int8" in httpx.get(f"{url}/config", timeout=30).text
+        r = httpx.post(f"{url}/v1/audio/speech", timeout=120,
+                       json={"input": "Eight bits a weight.", "response_format": "wav", "max_frames": 12, "seed": 1})
+        assert r.status_code == 200 and r.content[:4] == b"RIFF" and len(r.content) > 44

@@ -1,5 +1,5 @@
-"""Batched takes (issue 13): a take's codes do not depend on its company, and the scheduler admits,
-steps and retires takes at step boundaries. Parity checkpoint (fp32) and a tiny bf16 checkpoint."""
+"""Batched takes: a take's codes do not depend on its company, and the scheduler admits, steps and retires
+takes at step boundaries. Parity checkpoint (fp32, and weight-only int8) and a tiny bf16 checkpoint."""
 
 import json
 import threading
@@ -7,10 +7,10 @@ import threading
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from engine.generate import Engine
 from engine.prompt import Prompt
+from engine.quant import linear
 from engine.types import SamplingParams
 
 
@@ -24,6 +24,16 @@ def bf16(tmp_path_factory):
     from engine.demo import write_tiny_checkpoint
     root = write_tiny_checkpoint(tmp_path_factory.mktemp("bf16"), seed=4, codec=True, dtype=torch.bfloat16)
     return Engine.load(root, device="cpu", precision="bf16", max_batch=8)
+
+
+@pytest.fixture(scope="module")
+def int8(parity_dir):
+    return Engine.load(parity_dir / "tiny_checkpoint", device="cpu", precision="int8", max_batch=8)
+
+
+@pytest.fixture
+def engines(fp32, bf16, int8):
+    return {"fp32": fp32, "bf16": bf16, "int8": int8}
 
 
 def fixture(parity_dir, name):
@@ -44,28 +54,28 @@ def alone(engine, prompt, params):
     return engine.predict(prompt=prompt, params=params)
 
 
-def test_min_rows_makes_every_row_count_alike(fp32, bf16):
+def test_min_rows_makes_every_row_count_alike(engines):
     """The calibrated padding is what makes a row independent of M: every M in [min_rows, max_rows]
-    gives the same rows in every decode matmul shape."""
-    for engine in (fp32, bf16):
+    gives the same rows in every decode matmul shape (int8's packed matrices included)."""
+    for engine in engines.values():
         model = engine.model
         low = model.min_rows
         assert engine.info["min_rows"] == low and 1 <= low <= model.max_rows == 16
-        for w in (model.layers[0].self_attn.wqkv, model.layers[0].mlp.down_proj.weight, model.audio_embedding.weight):
+        for w in (model.layers[0].self_attn.wqkv, model.layers[0].mlp.w_down, model.audio_embedding.weight):
             x = torch.randn(16, w.shape[1]).to(model.dtype)
-            want = F.linear(x, w)
+            want = linear(x, w)
             for m in range(low, 17):
-                assert torch.equal(F.linear(x[:m], w), want[:m])
+                assert torch.equal(linear(x[:m], w), want[:m])
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_decode_logits_bit_identical_in_any_company_and_slot(fp32, bf16, precision):
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_decode_logits_bit_identical_in_any_company_and_slot(engines, precision):
     """The property itself, below sampling (a sampled code rarely flips on a 1e-7 logit change, so
     codes alone would not catch a broken padding): one sequence's logits are the same bits alone and at
     any row of a batch of 2, 3 or 8, whatever slot it sits in and whatever positions the others are at.
     Without the padding to `min_rows` this fails for fp32 on this machine's GEMM (M = 1, 2 and ≥ 3 sum
     in different orders)."""
-    model = (fp32 if precision == "fp32" else bf16).model
+    model = engines[precision].model
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(100, 5000, (8, 30), generator=gen)
     rows = torch.randint(0, 1024, (8, 8), generator=gen)
@@ -86,11 +96,11 @@ def test_decode_logits_bit_identical_in_any_company_and_slot(fp32, bf16, precisi
         assert torch.equal(out[1], ref)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 @pytest.mark.parametrize("temperature", [0.8, 0.0])
 @pytest.mark.parametrize("n", [2, 3, 8])
-def test_codes_alone_equal_codes_in_a_batch(fp32, bf16, parity_dir, precision, temperature, n):
-    engine = fp32 if precision == "fp32" else bf16
+def test_codes_alone_equal_codes_in_a_batch(engines, parity_dir, precision, temperature, n):
+    engine = engines[precision]
     items = [prompts(parity_dir)[i % 2] for i in range(n)]
     params = settings(n, temperature)
     want = [alone(engine, p, s) for p, s in zip(items, params)]
@@ -101,9 +111,9 @@ def test_codes_alone_equal_codes_in_a_batch(fp32, bf16, parity_dir, precision, t
         assert chunk.metrics.batch >= 2 and chunk.metrics.seed is not None
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_joining_mid_way_and_a_cancel_change_nothing(fp32, bf16, parity_dir, precision):
-    engine = fp32 if precision == "fp32" else bf16
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_joining_mid_way_and_a_cancel_change_nothing(engines, parity_dir, precision):
+    engine = engines[precision]
     voice, zero = prompts(parity_dir)
     long = SamplingParams(temperature=0.8, seed=7, max_frames=80, repeat_guard=None)
     late = SamplingParams(temperature=0.8, seed=8, max_frames=30, repeat_guard=None)

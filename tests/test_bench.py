@@ -55,3 +55,15 @@ def test_cpu_bench_batch_section_smoke(capsys):
     lines = [line for line in out.splitlines() if line.startswith("| smoke fp32 | ")]
     assert [line.split(" | ")[1] for line in lines[:4]] == ["1", "2", "4", "8"]
     assert lines[3].split(" | ")[-1].strip(" |") == "8"  # the eight takes really ran as one batch
+
+
+def test_cpu_bench_precision_section_smoke(capsys, tmp_path):
+    """The precision section on the smoke size: a checkpoint written in the real layout, loaded as bf16,
+    int8 and int4, timed and compared, and the int8 load probed in a fresh process."""
+    assert cpu.main(["--smoke", "--only", "precision", "--precision-dir", str(tmp_path / "ckpt")]) == 0
+    out = capsys.readouterr().out
+    assert "### CPU precisions at full size" in out and "### Fidelity against bf16" in out and "peak RSS GB" in out
+    speed = {line.split(" | ")[0].strip("| "): line for line in out.splitlines() if line.startswith(("| bf16 |", "| int8 |", "| int4 |"))}
+    assert set(speed) == {"bf16", "int8", "int4"}
+    probe = [line for line in out.splitlines() if line.startswith("| int8 | ") and line.endswith("| int8 |")]
+    assert len(probe) == 1 and float(probe[0].split(" | ")[1]) > 0  # the fresh-process load ran int8

@@ -114,7 +114,7 @@ def test_padding_rows_write_nothing_and_graphs_are_per_bucket(parity):
         before = [(L.kc.clone(), L.vc.clone()) for L in be.layers]
         rows = torch.randint(0, 1024, (3, 8), generator=torch.Generator().manual_seed(2))
         out = be.decode_rows(rows, [2, 0, 1], [8, 10, 9])
-    assert out.shape == (3, 8, 1026) and sorted(be.row_graphs) == [4]
+    assert out.shape == (3, 8, 1026) and tuple(sorted(be.row_graphs)) == ROW_BUCKETS  # captured at setup_slots
     assert be.b_meta[:, 3].tolist() == [0, -1, 1] and not be.b_rows[3].any()
     written = torch.zeros(be.slots, MAX_LEN, dtype=torch.bool)
     written[2, 8] = written[0, 10] = written[1, 9] = True
@@ -133,7 +133,7 @@ def test_more_than_16_takes_run_as_steps_of_at_most_16(parity):
         be = backend(ckpt, "bf16", slots=17)
         rows = torch.randint(0, 1024, (17, 8), generator=torch.Generator().manual_seed(3))
         out = be.decode_rows(rows, list(range(17)), [3] * 17)
-        assert sorted(be.row_graphs) == [1, 16]
+        assert tuple(sorted(be.row_graphs)) == ROW_BUCKETS
         for i in (0, 16):
             assert torch.equal(out[i], be.decode_rows(rows[i:i + 1], [i], [3])[0]), i
 

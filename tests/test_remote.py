@@ -1,7 +1,8 @@
-"""`engine.remote.RemoteEngine`: request mapping and stream reading against scripted servers
-(`httpx.MockTransport`), then parity against a real studio in a subprocess: a greedy take with a fixed
-seed fetched over HTTP has the in-process take's codes (compared by fingerprint) and its samples up to the
-codec's float rounding (another process may block its convolutions differently on another CPU)."""
+"""`engine.remote.RemoteEngine`: request mapping, server detection and stream reading against scripted
+servers (`httpx.MockTransport`) and the fakes of tests/remote_fakes.py, then parity against a real studio in
+a subprocess: a greedy take with a fixed seed fetched over HTTP has the in-process take's codes (compared by
+fingerprint) and its samples up to the codec's float rounding (another process may block its convolutions
+differently on another CPU). tests/test_remote_servers.py drives `app.py --remote` against the fakes."""
 
 from __future__ import annotations
 
@@ -17,14 +18,35 @@ import soundfile as sf
 
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from engine.generate import codes_sha256
-from engine.remote import RemoteEngine, RemoteError, RemoteVoice, parse_voices
+from engine.remote import (SGLANG_OMNI, STUDIO, VLLM_OMNI, OPENAI, RemoteEngine, RemoteError, RemoteVoice,
+                           detect_dialect, parse_voices, server_voice_name)
 from studio.formats import to_pcm16
+from tests.remote_fakes import MODEL, SglangOmniFake, VllmOmniFake, pcm_of, serve, wav_clip
 from tests.studio_server import running_studio
 
 KEY = "remote-key"
 
+# What each kind answers at /health and /v1/models (tests/remote_fakes.py names the sources).
+STUDIO_FACTS = {"/health": {"status": "ok", "engine_loaded": True, "formats": ["wav", "pcm"], "max_batch": 6,
+                            "precision": "bf16"},
+                "/v1/models": {"object": "list", "data": [{"id": "higgs-audio-v3-tts", "owned_by": "bosonai"}]}}
+VLLM_FACTS = {"/health": None, "/v1/models": {"object": "list", "data": [{"id": MODEL, "owned_by": "vllm"}]}}
+SGLANG_FACTS = {"/health": {"status": "healthy", "running": True},
+                "/v1/models": {"object": "list", "data": [{"id": MODEL, "owned_by": "sglang-omni"}]}}
 
-# ------------------------------------------------------------------------------------------ voice lists
+
+def scripted(speech, facts=STUDIO_FACTS, **kwargs) -> RemoteEngine:
+    """A RemoteEngine whose server answers `facts` on its GET routes and `speech(request)` on the rest."""
+    def handler(request: httpx.Request):
+        if request.method == "GET" and request.url.path in facts:
+            answer = facts[request.url.path]
+            return httpx.Response(200, json=answer) if answer is not None else httpx.Response(200)
+        return speech(request)
+
+    return RemoteEngine("http://s", transport=httpx.MockTransport(handler), **kwargs)
+
+
+# ------------------------------------------------------------------------------------------ facts
 
 def test_reads_all_four_voice_list_shapes():
     ours = {"voices": [{"id": "default", "name": "Default (zero-shot)"}, {"id": "v_ab", "name": "Ann", "ref_text": "Hi."}]}
@@ -33,33 +55,95 @@ def test_reads_all_four_voice_list_shapes():
     openai_like = {"object": "list", "data": [{"id": "voice_1", "name": "Bo"}, {"voice": "voice_2",
                                                                                  "description": "Boson item"}]}
     assert [(v.id, v.name) for v in parse_voices(openai_like)] == [("voice_1", "Bo"), ("voice_2", "voice_2")]
-    omni = {"voices": ["default", "alice"], "uploaded_voices": [{"name": "alice", "consent": "yes",
-                                                                 "ref_text": "Hello."}], "cache_stats": {}}
-    assert [(v.id, v.kind, v.ref_text) for v in parse_voices(omni)] == [("default", "builtin", None),
-                                                                       ("alice", "saved", "Hello.")]
+    sglang = {"voices": ["Alice", "default"], "uploaded_voices": [{"name": "Alice", "consent": "yes",
+                                                                   "ref_text": "Hello."}], "cache_stats": {}}
+    assert [(v.id, v.kind, v.ref_text) for v in parse_voices(sglang)] == [("default", "builtin", None),
+                                                                         ("Alice", "saved", "Hello.")]
+    # vLLM-Omni lists the lowercased key beside the record's own spelling: one voice, the record's name.
+    vllm = {"voices": ["alice"], "uploaded_voices": [{"name": "Alice", "consent": "yes", "created_at": 1}]}
+    assert [(v.id, v.kind) for v in parse_voices(vllm)] == [("Alice", "saved")]
     chatterbox = {"status": "ok", "voices": ["narrator.wav", "Emily.mp3"]}
-    assert [(v.id, v.name) for v in parse_voices(chatterbox)] == [("narrator.wav", "narrator"), ("Emily.mp3", "Emily")]
+    assert [(v.id, v.name, v.kind) for v in parse_voices(chatterbox)] == [("narrator.wav", "narrator", "builtin"),
+                                                                         ("Emily.mp3", "Emily", "builtin")]
     with pytest.raises(RemoteError, match="voice list"):
         parse_voices("nope")
 
 
+def test_detects_each_server_kind():
+    assert detect_dialect(STUDIO_FACTS["/health"], STUDIO_FACTS["/v1/models"], None) is STUDIO
+    assert detect_dialect(None, VLLM_FACTS["/v1/models"], None) is VLLM_OMNI
+    assert detect_dialect(SGLANG_FACTS["/health"], SGLANG_FACTS["/v1/models"], None) is SGLANG_OMNI
+    # Without owners to go by, the voices listing tells the Omni servers apart; anything else is generic.
+    assert detect_dialect(None, None, {"voices": ["default"], "uploaded_voices": []}) is SGLANG_OMNI
+    assert detect_dialect(None, None, {"voices": [], "uploaded_voices": []}) is VLLM_OMNI
+    assert detect_dialect(None, {"data": [{"id": "tts-1", "owned_by": "openai"}]}, {"data": []}) is OPENAI
+
+
+def test_info_reports_kind_model_and_how_many_takes_go_at_once():
+    ours = scripted(lambda r: httpx.Response(404), STUDIO_FACTS)
+    assert ours.info["remote_kind"] == "Higgs Studio" and ours.info["max_batch"] == 6  # what the studio reports
+    assert ours.model == "higgs-audio-v3-tts" and "sampling_note" not in ours.info
+    vllm = scripted(lambda r: httpx.Response(404), VLLM_FACTS)
+    assert vllm.info["remote_kind"] == "vLLM-Omni" and vllm.info["max_batch"] == 16 and vllm.model == MODEL
+    assert "ignores temperature, top-k and top-p" in vllm.info["sampling_note"]
+    assert scripted(lambda r: httpx.Response(404), SGLANG_FACTS, concurrency=3).info["max_batch"] == 3
+    assert scripted(lambda r: httpx.Response(404), VLLM_FACTS, model="mine").model == "mine"
+    with pytest.raises(ValueError, match="concurrency"):
+        RemoteEngine("http://s", concurrency=0)
+
+
 # ------------------------------------------------------------------------------------------ request body
 
-def test_speech_body_maps_style_voice_and_clone_fields():
-    engine = RemoteEngine("http://server:8000/v1/", model="higgs-tts-3")
-    assert engine.base_url == "http://server:8000"
-    body = engine.speech_body("Hello.", style="<|emotion:awe|>", voice="alice", temperature=0, seed=5, max_frames=40)
-    assert body == {"model": "higgs-tts-3", "input": "<|emotion:awe|>Hello.", "response_format": "pcm",
-                    "stream": True, "voice": "alice", "temperature": 0, "seed": 5, "max_new_tokens": 40}
+def test_speech_body_speaks_each_servers_dialect():
     clip = RemoteVoice(wav_bytes=b"RIFF1234", transcript="Hi there.")
-    body = engine.speech_body("Hello.", voice=clip, repeat_guard=None)
-    assert body["ref_audio"] == "data:audio/wav;base64," + base64.b64encode(b"RIFF1234").decode()
-    assert body["ref_text"] == "Hi there." and "voice" not in body and body["repeat_guard"] is None
-    assert "instructions" not in body  # Higgs servers ignore it: style travels inside `input`
+    ref = "data:audio/wav;base64," + base64.b64encode(b"RIFF1234").decode()
+    options = dict(temperature=0, top_k=20, top_p=0.9, seed=5, max_frames=40)
+
+    ours = scripted(lambda r: httpx.Response(404), STUDIO_FACTS, model="higgs-tts-3")
+    assert ours.speech_body("Hello.", style="<|emotion:awe|>", voice="alice", **options) == {
+        "model": "higgs-tts-3", "input": "<|emotion:awe|>Hello.", "response_format": "pcm", "stream": True,
+        "voice": "alice", "temperature": 0, "top_k": 20, "top_p": 0.9, "seed": 5, "max_frames": 40}
+    assert ours.speech_body("Hello.", repeat_guard=None)["repeat_guard"] is None
+
+    vllm = scripted(lambda r: httpx.Response(404), VLLM_FACTS)
+    # No `voice` for zero-shot (a non-uploaded one is a 400), raw PCM asked for by name, sampling left to
+    # the deploy config (not in its schema), the delay tail added to the frame budget.
+    assert vllm.speech_body("Hello.", **options) == {
+        "model": MODEL, "input": "Hello.", "response_format": "pcm", "stream": True, "stream_format": "audio",
+        "seed": 5, "max_new_tokens": 47}
+    body = vllm.speech_body("Hello.", voice=clip)
+    assert body["ref_audio"] == ref and body["ref_text"] == "Hi there." and "voice" not in body
+
+    sglang = scripted(lambda r: httpx.Response(404), SGLANG_FACTS)
+    assert sglang.speech_body("Hello.", **options) == {
+        "model": MODEL, "input": "Hello.", "response_format": "pcm", "stream": True, "stream_format": "audio",
+        "voice": "default",
+        "temperature": 0, "top_k": 20, "top_p": 0.9, "seed": 5, "max_new_tokens": 47}
+    body = sglang.speech_body("Hello.", voice=clip, repeat_guard=None)
+    assert body["voice"] == "default" and body["ref_audio"] == ref and "repeat_guard" not in body
+    assert sglang.speech_body("Hello.", voice="Ann")["voice"] == "Ann"
+    for engine in (ours, vllm, sglang):
+        assert "instructions" not in engine.speech_body("Hello.", style="<|emotion:awe|>")  # ignored by Higgs paths
     with pytest.raises(ValueError, match="no text"):
-        engine.speech_body("  ")
+        ours.speech_body("  ")
     with pytest.raises(ValueError, match="http"):
         RemoteEngine("server:8000")
+
+
+def test_voice_names_are_mapped_or_refused_before_upload():
+    assert server_voice_name(SGLANG_OMNI, " Ann Lee ") == "Ann_Lee"
+    for bad, why in (("Zoë", "letters, digits"), ("default", "reserves"), ("Default", "reserves"), ("...", "letters")):
+        with pytest.raises(ValueError, match=why):
+            server_voice_name(SGLANG_OMNI, bad)
+    assert server_voice_name(VLLM_OMNI, "Ann Lee") == "Ann Lee" and server_voice_name(STUDIO, "Zoë") == "Zoë"
+    with pytest.raises(ValueError, match="'/'"):
+        server_voice_name(VLLM_OMNI, "a/b")
+
+    posts = []
+    engine = scripted(lambda r: posts.append(r) or httpx.Response(500), SGLANG_FACTS)
+    with pytest.raises(ValueError, match="Rename the voice"):
+        engine.add_voice(wav_clip(2), name="Zoë", consent="yes")
+    assert posts == []  # refused here, not by the server
 
 
 def test_encode_voice_keeps_the_samples_exactly():
@@ -96,14 +180,12 @@ def pcm_response(**headers):
 def test_stream_reads_pcm_across_odd_reads_and_measures_metrics():
     seen = []
 
-    def handler(request: httpx.Request):
-        if request.url.path == "/health":
-            return httpx.Response(200, json={"precision": "bf16"})
+    def speech(request: httpx.Request):
         seen.append(json.loads(request.content))
         assert request.headers["authorization"] == "Bearer k"
         return pcm_response(**{"x-seed": "77"})
 
-    engine = RemoteEngine("http://s", api_key="k", transport=httpx.MockTransport(handler))
+    engine = scripted(speech, api_key="k")
     chunks = list(engine.generate_stream("Hi.", seed=None))
     audio = np.concatenate([c.audio for c in chunks])
     assert np.array_equal(to_pcm16(audio), PCM)  # /32767 on the way in undoes to_pcm16's ×32767 exactly
@@ -114,47 +196,104 @@ def test_stream_reads_pcm_across_odd_reads_and_measures_metrics():
     assert seen[0]["stream"] is True and seen[0]["response_format"] == "pcm"
 
 
-def test_server_that_refuses_stream_is_asked_again_without_it():
-    bodies = []
-
-    def handler(request: httpx.Request):
-        body = json.loads(request.content)
-        bodies.append(body)
-        if body.get("stream"):
-            return httpx.Response(400, json={"detail": "stream is not supported for this model"})
-        return pcm_response()
-
-    engine = RemoteEngine("http://s", transport=httpx.MockTransport(handler))
-    assert len(engine.generate("Hi.")) == len(PCM)
-    assert len(engine.generate("Again.")) == len(PCM)
-    assert [("stream" in b) for b in bodies] == [True, False, False]
+@pytest.mark.parametrize("fake", [VllmOmniFake(stream_mode="sse"), SglangOmniFake(stream_mode="older")],
+                         ids=["vllm-omni-sse", "sglang-omni-older-sse"])
+def test_sse_answer_to_a_raw_audio_request_is_decoded_not_played_as_noise(fake):
+    with serve(fake):
+        engine = RemoteEngine(fake.url)
+        audio = engine.generate("Hi.", seed=9, max_frames=10)
+        sent = pcm_of(fake.takes[-1])
+        assert len(sent) == 10 * SAMPLES_PER_FRAME and np.array_equal(to_pcm16(audio), sent)
+        assert fake.takes[-1].body["stream_format"] == "audio"  # raw was asked for; SSE came back
 
 
-def test_errors_say_what_the_server_answered():
-    def handler(request: httpx.Request):
-        return httpx.Response(404, json={"error": {"message": "No voice 'x'.", "type": "not_found_error"}})
+def test_sse_of_wav_chunks_is_read_as_their_pcm():
+    """SGLang-Omni's answer to `stream: true` without `stream_format`: each SSE chunk a base64 WAV file."""
+    pieces = []
+    for part in (PCM[:1000], PCM[1000:]):
+        buf = io.BytesIO()
+        sf.write(buf, part, SAMPLE_RATE, format="WAV", subtype="PCM_16")
+        chunk = {"object": "audio.speech.chunk", "audio": {"data": base64.b64encode(buf.getvalue()).decode(),
+                                                           "format": "wav", "sample_rate": SAMPLE_RATE}}
+        pieces.append(f"data: {json.dumps(chunk)}\n\n")
+    done = 'data: {"object": "audio.speech.chunk", "audio": null, "finish_reason": "stop"}\n\ndata: [DONE]\n\n'
+    chunks = list(scripted(lambda r: sse(*pieces, done), SGLANG_FACTS).generate_stream("Hi."))
+    assert np.array_equal(to_pcm16(np.concatenate([c.audio for c in chunks])), PCM)
+    assert chunks[-1].metrics.stop_reason == "stop"
 
-    engine = RemoteEngine("http://s", transport=httpx.MockTransport(handler))
-    with pytest.raises(RemoteError, match="404.*No voice 'x'") as err:
+
+def sse(*events: str) -> httpx.Response:
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, content="".join(events).encode())
+
+
+def test_sse_errors_and_unreadable_events_fail_with_a_sentence():
+    delta = ('event: speech.audio.delta\n'
+             'data: {"type": "speech.audio.delta", "response_format": "pcm", "audio": "%s"}\n\n')
+    error = 'event: speech.audio.error\ndata: {"type": "speech.audio.error", "error": {"message": "engine died"}}\n\n'
+    piece = base64.b64encode(PCM[:SAMPLES_PER_FRAME].tobytes()).decode()
+    engine = scripted(lambda r: sse(delta % piece, error), VLLM_FACTS)
+    with pytest.raises(RemoteError, match="vLLM-Omni server at http://s stopped the take: engine died") as err:
+        engine.generate("Hi.")
+    assert err.value.client_status == 502
+    mp3 = 'data: {"type": "speech.audio.delta", "response_format": "mp3", "audio": "%s"}\n\n' % piece
+    with pytest.raises(RemoteError, match="cannot read as 16-bit PCM"):
+        scripted(lambda r: sse(mp3), VLLM_FACTS).generate("Hi.")
+    with pytest.raises(RemoteError, match="cannot read as 16-bit PCM"):
+        scripted(lambda r: sse('data: {"type": "speech.audio.delta", "audio": "not base64!"}\n\n'),
+                 VLLM_FACTS).generate("Hi.")
+
+
+@pytest.mark.parametrize("header", [{"x-channels": "2"}, {"x-bit-depth": "8"}, {"x-sample-rate": "16000"},
+                                    {"content-type": "audio/wav"}])
+def test_audio_this_studio_would_play_as_noise_is_refused(header):
+    engine = scripted(lambda r: pcm_response(**header), SGLANG_FACTS)
+    with pytest.raises(RemoteError, match="SGLang-Omni server at http://s answered .*24 kHz mono 16-bit"):
+        engine.generate("Hi.")
+
+
+def test_errors_name_the_server_and_say_what_it_answered():
+    def speech(request: httpx.Request):
+        return httpx.Response(400, json={"error": {"message": "voice is required", "type": "invalid_request_error"}})
+
+    engine = scripted(speech, SGLANG_FACTS)
+    with pytest.raises(RemoteError, match=r"SGLang-Omni server at http://s refused the take \(400\): voice is "
+                                          r"required") as err:
         engine.generate("Hi.", voice="x")
-    assert err.value.status == 404
+    assert err.value.status == 400 and err.value.client_status == 400
+    assert RemoteError("m", 401).client_status == 502 and RemoteError("m", 503).client_status == 503
+    assert RemoteError("m", None).client_status == 502
 
     def down(request):
         raise httpx.ConnectError("connection refused")
 
-    with pytest.raises(RemoteError, match="Could not reach") as err:
-        RemoteEngine("http://s", transport=httpx.MockTransport(down)).list_voices()
-    assert err.value.status is None
-    assert RemoteEngine("http://s", transport=httpx.MockTransport(down)).info["backend"] == "remote"
+    unreachable = RemoteEngine("http://user:pw@gpu-box:8000/v1", transport=httpx.MockTransport(down))
+    with pytest.raises(RemoteError, match=r"^Could not reach the speech server at http://gpu-box:8000: ") as err:
+        unreachable.generate("Hi.")
+    assert err.value.status is None and "pw" not in str(err.value)
+    assert unreachable.info["backend"] == "remote" and unreachable.info["remote_kind"] == "unreachable"
+
+
+def test_a_server_that_is_down_is_not_asked_again_on_every_look(monkeypatch):
+    import engine.remote
+
+    asked = []
+
+    def down(request):
+        asked.append(request.url.path)
+        raise httpx.ConnectError("connection refused")
+
+    engine_ = RemoteEngine("http://s", transport=httpx.MockTransport(down))
+    for _ in range(3):
+        assert engine_.info["remote_kind"] == "unreachable"
+    assert asked == ["/health", "/v1/models"]
+    monkeypatch.setattr(engine.remote, "RECONTACT_S", 0.0)
+    engine_.info
+    assert asked[2:4] == ["/health", "/v1/models"]  # asked again once the interval has passed
 
 
 def test_cancel_stops_the_stream():
     cancel = threading.Event()
-
-    def handler(request):
-        return pcm_response()
-
-    engine = RemoteEngine("http://s", transport=httpx.MockTransport(handler))
+    engine = scripted(lambda r: pcm_response())
     stream = engine.generate_stream("Hi.", cancel=cancel)
     first = next(stream)
     cancel.set()
@@ -171,13 +310,31 @@ def test_add_voice_sends_the_fields_servers_read():
         captured["body"] = request.read()
         return httpx.Response(201, json={"id": "v_1", "name": "Ann"})
 
-    engine = RemoteEngine("http://s", transport=httpx.MockTransport(handler))
+    engine = scripted(handler)
     out = engine.add_voice((16000, np.zeros(16000, np.int16)), name="Ann", consent="true", ref_text="Hello.")
     assert out == {"id": "v_1", "name": "Ann"}
     body = captured["body"]
     assert captured["ctype"].startswith("multipart/form-data")
     for field in (b'name="audio_sample"', b'name="name"', b'name="consent"', b'name="ref_text"', b"Hello."):
         assert field in body
+
+
+@pytest.mark.parametrize("make", [VllmOmniFake, SglangOmniFake], ids=["vllm-omni", "sglang-omni"])
+def test_voice_routes_of_the_omni_servers_are_keyed_by_name(make):
+    with serve(make()) as fake:
+        engine = RemoteEngine(fake.url)
+        added = engine.add_voice(wav_clip(2), name="Ann", consent="The speaker agreed.", ref_text="A hum.")
+        assert added["id"] == "Ann" and added["ref_text"] == "A hum."
+        listed = {v.id: v for v in engine.list_voices()}
+        assert listed["Ann"].kind == "saved" and listed["Ann"].ref_text == "A hum."
+        assert ("default" in listed) == (make is SglangOmniFake)
+        take = engine.generate("Saved voice.", voice="ann", max_frames=4)  # names are case-insensitive there
+        assert len(take) == 4 * SAMPLES_PER_FRAME
+        assert engine.delete_voice("Ann")["success"] is True
+        assert "Ann" not in {v.id for v in engine.list_voices()}
+        with pytest.raises(RemoteError, match="404.*not found") as err:
+            engine.delete_voice("Ann")
+        assert err.value.client_status == 400
 
 
 # ------------------------------------------------------------------------------------------ against a studio
@@ -236,7 +393,6 @@ def test_greedy_take_over_http_equals_the_in_process_take(server, local):
     local_codes = local.predict(style + text, **options)
     assert remote_codes_sha256(server, {"input": text, "instructions": style, **options}) == codes_sha256(local_codes)
     assert chunks[-1].final and chunks[-1].metrics.seed == 1234 and chunks[-1].metrics.ttfa_ms > 0
-    assert remote.last_headers["x-sample-rate"] == str(SAMPLE_RATE)
     assert remote.info["precision"] == local.info["precision"]
 
     # Sampled (not greedy) takes are reproducible across the wire too: the seed fixes the draws.
@@ -320,5 +476,8 @@ def test_engine_remote_builds_the_remote_client():
 
     remote = Engine.remote("http://127.0.0.1:9/v1", api_key="k")
     assert isinstance(remote, RemoteEngine) and remote.is_remote
+    # no model given: the server is asked (nothing answers at port 9, so the default name stands in)
+    assert remote.model == "bosonai/higgs-audio-v3-tts-4b"
+    assert Engine.remote("http://127.0.0.1:9", model="higgs-tts-3").model == "higgs-tts-3"
     with pytest.raises(ValueError):
         Engine.remote("ftp://example")

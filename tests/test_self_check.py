@@ -1,6 +1,8 @@
 """The self-check before the cubin path is trusted, on the CPU under the Triton interpreter: correct kernels
 pass; a deliberately broken GEMV/GEMM (zeroed output, transposed weight, FP8 weight scale off by 16×) fails,
-and then `auto` falls back to the torch path with the figures while an explicit `cubin` raises them."""
+and so do a broken fused path (the sampler's next-input embedding) and a broken bucket with padding rows
+(every row attending with the last row's length); then `auto` falls back to the torch path with the
+figures while an explicit `cubin` raises them."""
 
 import os
 
@@ -60,8 +62,31 @@ def tiny(parity_dir):
         getattr(ops, name).update(tiles)
 
 
+def fused_input_zeroed(sample):
+    """ops.sample writing the next step's input embedding as zeros: only the fused `rows` path uses it."""
+    def broken(logits, audio_w, state, params, rows, x_row, *rest):
+        sample(logits, audio_w, state, params, rows, x_row, *rest)
+        x_row.zero_()
+    return broken
+
+
+def lengths_of_last_row(attention):
+    """Batched attention reading every row's length from the last row: right in bucket 1, wrong as soon as
+    padding rows (length 1) follow a take."""
+    def broken(q, kc, vc, slots, lens, **kwargs):
+        return attention(q, kc, vc, slots, lens[-1:].expand_as(lens).contiguous(), **kwargs)
+    return broken
+
+
+PATH_FAULTS = {"fused rows": ("sample", fused_input_zeroed), "bucket 4 padding": ("decode_attention_batch",
+                                                                               lengths_of_last_row)}
+
+
 def run_check(ckpt, ref, precision, fault=None, monkeypatch=None):
-    if fault is not None:
+    if fault in PATH_FAULTS:
+        name, wrap = PATH_FAULTS[fault]
+        monkeypatch.setattr(ops, name, wrap(getattr(ops, name)))
+    elif fault is not None:
         monkeypatch.setattr(ops, "gemv_kernel", BrokenJit(ops.gemv_kernel, fault))
         monkeypatch.setattr(ops, "gemm_kernel", BrokenJit(ops.gemm_kernel, fault))
     backend = cubin.CubinBackend(ckpt.dims, ckpt.backbone, ops=ops, device="cpu", precision=precision,
@@ -75,7 +100,9 @@ def test_correct_kernels_pass(tiny, precision):
     check = run_check(*tiny, precision)
     print(check.summary)
     assert check.ok, check.summary
-    assert check.total == 8 * (1 + cubin.SELF_CHECK_STEPS + cubin.SELF_CHECK_ROWS_STEPS)  # the batched step's too
+    # the batched step's too: slot 0 in bucket 1, then slot 1 in bucket 4 beside padding rows
+    assert check.total == 8 * (1 + cubin.SELF_CHECK_STEPS + cubin.SELF_CHECK_ROWS_STEPS + 1)
+    assert check.rows_total == 1 + 2 + 3 + 4 and check.rows_greedy >= 0.5 * check.rows_total  # fused rows(4)
     assert check.summary.startswith("passed: ") and f"{precision} logits" in check.summary
 
 
@@ -89,11 +116,28 @@ def test_broken_kernels_fail(tiny, precision, fault, monkeypatch):
     assert check.summary.startswith("FAILED: ")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", list(PATH_FAULTS))
+def test_broken_production_paths_fail(tiny, fault, monkeypatch):
+    """Each fault leaves the teacher-forced steps and bucket 1 right: only the new parts can catch it."""
+    check = run_check(*tiny, "bf16", fault, monkeypatch)
+    print(check.summary)
+    assert not check.ok and check.summary.startswith("FAILED: ")
+    if fault == "fused rows":
+        assert check.cosine_min >= cubin.SELF_CHECK_MIN_COSINE["bf16"]
+        assert check.rows_greedy < cubin.SELF_CHECK_MIN_GREEDY["bf16"] * check.rows_total
+    else:
+        assert check.cosine_min < cubin.SELF_CHECK_MIN_COSINE["bf16"]
+
+
 def test_thresholds_and_nan():
-    good = cubin.SelfCheck("fp8", 0.995, 60, 72, 0.5)
+    good = cubin.SelfCheck("fp8", 0.995, 60, 72, 0.5, 9, 10)
     assert good.ok and "cosine min 0.9950 (needs 0.98)" in good.summary and "greedy 60/72" in good.summary
-    assert not cubin.SelfCheck("fp8", 0.995, 30, 72, 0.5).ok        # agreement under the floor
-    assert not cubin.SelfCheck("bf16", 0.998, 72, 72, 0.5).ok       # bf16 holds the tighter cosine
+    assert "fused greedy rows 9/10" in good.summary
+    assert not cubin.SelfCheck("fp8", 0.995, 30, 72, 0.5, 9, 10).ok  # agreement under the floor
+    assert not cubin.SelfCheck("fp8", 0.995, 60, 72, 0.5, 4, 10).ok  # the fused rows under it
+    assert not cubin.SelfCheck("fp8", 0.995, 60, 72, 0.5).ok         # no fused rows checked: not trusted
+    assert not cubin.SelfCheck("bf16", 0.998, 72, 72, 0.5, 10, 10).ok  # bf16 holds the tighter cosine
     x = torch.ones(8, 4)
     assert cubin._cosine(x * float("nan"), x) == -1.0 and cubin._cosine(x, x) == pytest.approx(1.0)
     assert cubin._cosine(torch.zeros(8, 4), x) == pytest.approx(0.0)
@@ -132,9 +176,11 @@ def test_load_runs_the_check_and_reports_it(monkeypatch):
     monkeypatch.setattr("kernels.runtime.CubinKernels", lambda index: Kernels())
     monkeypatch.setattr("kernels.runtime.cubin_ops", lambda kernels: None)
     monkeypatch.setattr(cubin, "CubinBackend", lambda *a, **k: Backend())
-    monkeypatch.setattr(cubin, "run_self_check", lambda backend, checkpoint: cubin.SelfCheck("bf16", 0.9999, 72, 72, 0.3))
+    monkeypatch.setattr(cubin, "run_self_check",
+                        lambda backend, checkpoint: cubin.SelfCheck("bf16", 0.9999, 72, 72, 0.3, 10, 10))
     be = cubin.load(ckpt, device="cpu", precision="bf16")
     assert be.info["self_check"].startswith("passed: ") and be.info["kernel_loader"] == "cuda.core (PyCUDA is not installed)"
-    monkeypatch.setattr(cubin, "run_self_check", lambda backend, checkpoint: cubin.SelfCheck("bf16", 0.2, 10, 72, 0.3))
+    monkeypatch.setattr(cubin, "run_self_check",
+                        lambda backend, checkpoint: cubin.SelfCheck("bf16", 0.2, 10, 72, 0.3, 10, 10))
     with pytest.raises(cubin.SelfCheckFailed, match="FAILED: bf16 logits vs the torch path, cosine min 0.2000"):
         cubin.load(ckpt, device="cpu", precision="bf16")

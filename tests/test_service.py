@@ -239,15 +239,17 @@ def test_requests_run_together_up_to_the_engines_batch_slots():
     svc.close()
 
 
-def test_a_remote_engine_runs_one_request_at_a_time():
+def test_a_remote_engine_runs_as_many_requests_as_it_sends_the_server_at_once():
     import httpx
 
-    from engine.remote import RemoteEngine
+    from engine.remote import DEFAULT_CONCURRENCY, RemoteEngine
 
     down = httpx.MockTransport(lambda request: httpx.Response(503))
-    svc = StudioService(RemoteEngine("http://s", transport=down), None, None)
-    assert svc.slots == 1 and svc.status()["max_batch"] == 1
-    svc.close()
+    for engine, slots in ((RemoteEngine("http://s", transport=down), DEFAULT_CONCURRENCY),
+                          (RemoteEngine("http://s", transport=down, concurrency=3), 3)):
+        svc = StudioService(engine, None, None)
+        assert svc.slots == slots and svc.status()["max_batch"] == slots
+        svc.close()
 
 
 def test_stop_cancels_one_take_and_the_take_beside_it_goes_on():

@@ -45,8 +45,10 @@ through `decode_rows`, so the same seed gives codes that differ by float roundin
 
 KV slots: caches [slots, kv_heads, max_len, D] per layer, one contiguous slot per take (the layout the
 batched attention indexes), allocated for the engine's max_batch (`setup_slots`; 1 until the engine
-asks). That is 144 KiB per position for the 4B model: 576 MiB per slot at 4096 positions, 9 GiB for 16
-slots. The single-stream path, calibration and the self-check use slot 0.
+asks; the engine plans how many fit the card, engine/backends/memory.py). That is 144 KiB per position
+for the 4B model: 576 MiB per slot at 4096 positions, 9 GiB for 16 slots. The single-stream path and
+calibration use slot 0. Resizing is exception-safe (`_allocate`), and with more than one slot every
+bucket's graph is captured right after it, so no take waits for a capture in the middle of a batch.
 
 The backend takes an `ops` provider: `kernels.runtime.cubin_ops(CubinKernels())` on a GPU, or the
 interpreter (`kernels.ops` / `cubin_ops(InterpretedKernels(...))`) in the CPU tests, so CI runs this very
@@ -59,11 +61,13 @@ first); o_proj keeps bf16 activations (W8A16: attention output has no fused quan
 of quantised weights are freed after calibration. "bf16" keeps every weight in bf16.
 
 Self-check. `load` trusts the kernels only after `self_check`: a fixed 32-token prompt and 8 teacher-forced
-decode steps (the last 2 also through the batched step) through this backend and through the torch path on
-the same device and weights, compared by logit cosine and greedy agreement against documented thresholds.
+decode steps (the last 2 also through the batched step, the first also in slot 1 of bucket 4 beside padding
+rows) through this backend and through the torch path on the same device and weights, compared by logit
+cosine and greedy agreement against documented thresholds; then greedy `rows(4)` through the fused step.
 A failure raises `SelfCheckFailed`, which the engine turns into the torch path under backend "auto" (with
 the figures as the reason) and into an error when "cubin" was asked for; a pass puts the figures in
-`engine.info["self_check"]`.
+`engine.info["self_check"]`. Under "auto" all of it first runs in a separate process (`load_trusted`,
+engine/backends/trust.py), so a kernel fault cannot poison the studio's CUDA context.
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from engine.backends.memory import NotEnoughMemory, check_room
 from engine.backends.torch_graph import EagerGraph
 from engine.config import Dims
 from engine.model import embed_prompt
@@ -96,6 +101,11 @@ CALIBRATION_DECODE_STEPS = 16
 ROW_BUCKETS = (1, 4, 8, 16)
 
 BF16 = torch.bfloat16
+
+
+def cache_tensor(shape: tuple[int, ...], device) -> torch.Tensor:
+    """One layer's keys or values for every slot (the tests inject an out-of-memory here)."""
+    return torch.zeros(shape, dtype=BF16, device=device)
 
 
 class Layer:
@@ -122,6 +132,9 @@ class CubinBackend:
             raise ValueError(f"cubin backend precision must be one of {PRECISIONS}, got {precision!r}")
         if variant not in VARIANTS:
             raise ValueError(f"cubin backend variant must be one of {VARIANTS}, got {variant!r}")
+        if torch.device(device).type == "cuda" and stream is None:
+            # the cubins launch on the loader's stream; torch work on another would race them
+            raise ValueError("the cubin backend on CUDA needs the kernels' stream (stream=CubinKernels().stream)")
         sampler = sampler or VARIANT_SAMPLER[variant]
         if sampler not in ("cta", "grid"):
             raise ValueError(f"cubin backend sampler must be 'cta' or 'grid', got {sampler!r}")
@@ -186,22 +199,57 @@ class CubinBackend:
             self._allocate(slots, self.max_len)
 
     def _allocate(self, slots: int, max_len: int) -> None:
+        """New caches of `slots` × `max_len` holding the old contents. The graphs go first (they hold the
+        old addresses, and their pools memory this may need); every new tensor is allocated before any is
+        swapped in, so an out-of-memory keeps the old cache, recaptures its graphs and raises a sentence."""
         d = self.dims
         keep_slots, keep_len = min(slots, self.slots), min(max_len, self.max_len)
-        with self._on_stream():
-            for L in self.layers:
-                shape = (slots, d.kv_heads, max_len, d.head_dim)
-                kc = torch.zeros(shape, dtype=BF16, device=self.device)
-                vc = torch.zeros_like(kc)
-                if L.kc is not None:
-                    kc[:keep_slots, :, :keep_len] = L.kc[:keep_slots, :, :keep_len]
-                    vc[:keep_slots, :, :keep_len] = L.vc[:keep_slots, :, :keep_len]
-                L.kc, L.vc = kc, vc
-                L.k, L.v = kc[0], vc[0]
-            if max_len != self.max_len:
-                self.cos, self.sin = self.ops.rope_tables(d.rope_theta, d.head_dim, max_len, self.device)
-        self.slots, self.max_len = slots, max_len
+        shape = (slots, d.kv_heads, max_len, d.head_dim)
         self.graph, self.row_graphs = None, {}
+        what = f"a KV cache of {slots} slots × {max_len} positions"
+        try:
+            if self.max_len:  # growth: the new cache is allocated beside the old one
+                check_room(2 * len(self.layers) * math.prod(shape) * 2, self.device, what)
+            with self._on_stream():
+                new = [(cache_tensor(shape, self.device), cache_tensor(shape, self.device)) for _ in self.layers]
+                rope = (self.ops.rope_tables(d.rope_theta, d.head_dim, max_len, self.device)
+                        if max_len != self.max_len else (self.cos, self.sin))
+                for L, (kc, vc) in zip(self.layers, new):
+                    if L.kc is not None:
+                        kc[:keep_slots, :, :keep_len] = L.kc[:keep_slots, :, :keep_len]
+                        vc[:keep_slots, :, :keep_len] = L.vc[:keep_slots, :, :keep_len]
+        except torch.OutOfMemoryError:
+            new, refusal = None, None  # raised below, outside the handler: its traceback keeps the new tensors
+        except NotEnoughMemory as exc:
+            new, refusal = None, str(exc)
+        else:
+            refusal = None
+        if new is None:
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            self._capture_buckets()
+            raise NotEnoughMemory(refusal or f"not enough GPU memory for {what}; the cache keeps {self.slots} "
+                                  f"slots × {self.max_len} positions: shorten the text, or start the studio "
+                                  "with a smaller max_batch")
+        for L, (kc, vc) in zip(self.layers, new):
+            L.kc, L.vc = kc, vc
+            L.k, L.v = kc[0], vc[0]
+        self.cos, self.sin = rope
+        self.slots, self.max_len = slots, max_len
+        self._capture_buckets()
+
+    def _capture_buckets(self) -> None:
+        """Capture every bucket's graph now, with all rows padding (position -1 writes no KV), so no take
+        pays for captures in the middle of a batch; only where takes decode together (slots > 1)."""
+        if self.slots < 2 or self._calib is not None or not self.max_len:
+            return
+        with self._on_stream():
+            self.b_meta[0].zero_()
+            self.b_meta[1].fill_(-1)
+            self.b_meta[2].fill_(1)
+            self.b_rows.zero_()
+            for p in ROW_BUCKETS:
+                self.row_graphs[p] = self._capture_rows(p)
 
     def _calibrate_and_quantize(self, decode_steps: int) -> None:
         """Run the built-in prompt in BF16 recording activation amax at the three quantised inputs, then
@@ -347,10 +395,12 @@ class CubinBackend:
         return next(b for b in ROW_BUCKETS if b >= m)
 
     @torch.inference_mode()
-    def decode_rows(self, rows: torch.Tensor, slots: list[int], positions: list[int]) -> torch.Tensor:
+    def decode_rows(self, rows: torch.Tensor, slots: list[int], positions: list[int], *,
+                    bucket: int | None = None) -> torch.Tensor:
         """One decode step of B takes: rows [B, 8] (take i's last sampled row, fed at positions[i] of KV slot
         slots[i]) -> fp32 logits [B, 8, 1026]. Each take's logits are the same bits whatever else runs
-        beside it (module docstring); B > 16 runs as steps of at most 16 takes."""
+        beside it (module docstring); B > 16 runs as steps of at most 16 takes. `bucket` runs B ≤ bucket
+        takes in that bucket's graph, padded (the self-check: one take beside three padding rows)."""
         b = rows.shape[0]
         if not b == len(slots) == len(positions):
             raise ValueError(f"decode_rows: {b} rows for {len(slots)} slots and {len(positions)} positions")
@@ -359,20 +409,23 @@ class CubinBackend:
         self._check_room(max(positions) + 1)
         if len(set(slots)) != b:
             raise ValueError(f"decode_rows: two takes in one KV slot ({slots})")
+        if bucket is not None and (bucket not in ROW_BUCKETS or b > bucket):
+            raise ValueError(f"decode_rows: {b} rows do not run in bucket {bucket} (buckets {ROW_BUCKETS})")
         rows = rows.to(self.device)
         out = torch.empty(b, self.dims.codebooks, self.dims.codebook_vocab, dtype=torch.float32, device=self.device)
         group = ROW_BUCKETS[-1]
         with self._on_stream():
             for lo in range(0, b, group):
                 hi = min(lo + group, b)
-                self._step_group(rows[lo:hi], slots[lo:hi], positions[lo:hi])
+                self._step_group(rows[lo:hi], slots[lo:hi], positions[lo:hi], bucket)
                 out[lo:hi] = self.b_logits[:hi - lo].view(hi - lo, *out.shape[1:])
         return out
 
-    def _step_group(self, rows: torch.Tensor, slots: list[int], positions: list[int]) -> None:
+    def _step_group(self, rows: torch.Tensor, slots: list[int], positions: list[int], bucket: int | None = None
+                    ) -> None:
         """Copy ≤ 16 takes' inputs into the static buffers, padded to their bucket, and replay its graph."""
         m = rows.shape[0]
-        p = self.bucket(m)
+        p = bucket or self.bucket(m)
         pad = p - m
         meta = torch.tensor([[*slots, *[0] * pad], [*positions, *[-1] * pad], [x + 1 for x in positions] + [1] * pad],
                             dtype=torch.int32)
@@ -491,6 +544,11 @@ SELF_CHECK_STEPS = 8
 # max_batch > 1 runs for every take: its kernels (skinny GEMMs, batched RoPE/KV write and attention) are
 # checked before they are trusted too.
 SELF_CHECK_ROWS_STEPS = 2
+# The two paths production runs beyond those: one take in slot 1 of bucket 4 beside 3 padding rows (the
+# max_batch > 1 path: slots above 0, padding at position -1, a bucket graph above 1), and greedy rows
+# through the fused step (`begin` / `rows`: device sampler and graph replay, the max_batch 1 path).
+SELF_CHECK_BUCKET = 4
+SELF_CHECK_FUSED_ROWS = 4
 # Thresholds. The cubin path and the torch path compute the same math, so on correct kernels they differ
 # by rounding: BF16 by accumulation order and bf16 stores (cosine min 0.9999, greedy 72/72 on the tiny
 # checkpoint), FP8 by the W8A8 quantisation (0.9944, 68/72 there; real weights' outlier channels cost
@@ -513,11 +571,14 @@ class SelfCheck:
     greedy: int           # codebook argmaxes equal to the torch path's
     total: int
     seconds: float
+    rows_greedy: int = 0  # fused rows' codebooks equal to the reference's argmax along those rows
+    rows_total: int = 0   # codebooks past the delay window in those rows
 
     @property
     def ok(self) -> bool:
-        return (self.cosine_min >= SELF_CHECK_MIN_COSINE[self.precision]
-                and self.greedy >= SELF_CHECK_MIN_GREEDY[self.precision] * self.total)
+        floor = SELF_CHECK_MIN_GREEDY[self.precision]
+        return (self.cosine_min >= SELF_CHECK_MIN_COSINE[self.precision] and self.greedy >= floor * self.total
+                and self.rows_total > 0 and self.rows_greedy >= floor * self.rows_total)
 
     @property
     def summary(self) -> str:
@@ -525,7 +586,8 @@ class SelfCheck:
                 f"{self.cosine_min:.4f} (needs {SELF_CHECK_MIN_COSINE[self.precision]}), greedy "
                 f"{self.greedy}/{self.total} (needs {SELF_CHECK_MIN_GREEDY[self.precision]:.0%}), "
                 f"{len(SELF_CHECK_IDS)}-token prompt + {SELF_CHECK_STEPS} steps + {SELF_CHECK_ROWS_STEPS} batched "
-                f"steps, {self.seconds:.1f} s")
+                f"steps + 1 in bucket {SELF_CHECK_BUCKET} (slot 1, padding rows); fused greedy rows "
+                f"{self.rows_greedy}/{self.rows_total}, {self.seconds:.1f} s")
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -534,11 +596,14 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def self_check(backend: CubinBackend, reference, *, ids=SELF_CHECK_IDS, steps: int = SELF_CHECK_STEPS,
-               rows_steps: int = SELF_CHECK_ROWS_STEPS) -> SelfCheck:
+               rows_steps: int = SELF_CHECK_ROWS_STEPS, fused_rows: int = SELF_CHECK_FUSED_ROWS) -> SelfCheck:
     """Run `ids` and `steps` decode steps through `backend` and `reference` (the torch path on the same
     device and weights), both fed the reference's greedy rows; then the last `rows_steps` of them again
-    through the batched step (`decode_rows` in slot 0, rewriting those positions' KV); compare every
-    step's logits. The backend's KV positions it writes are overwritten by the next take's prefill."""
+    through the batched step (`decode_rows` in slot 0, rewriting those positions' KV), and the first in
+    slot 1 of bucket SELF_CHECK_BUCKET beside padding rows; compare every step's logits. Then `fused_rows`
+    greedy rows through the fused step (`begin` / `rows`), each compared with the reference's argmax
+    after the fused path's own previous rows (so one near-tie does not cascade). The backend's KV
+    positions it writes are overwritten by the next take's prefill."""
     t0 = time.perf_counter()
     ids = torch.tensor(ids, dtype=torch.long)
     got, want = backend.prefill(ids, None, 0), reference.prefill(ids.to(backend.device), None, 0)
@@ -551,9 +616,36 @@ def self_check(backend: CubinBackend, reference, *, ids=SELF_CHECK_IDS, steps: i
         fed.append((row, len(ids) + step, want))
     for row, pos, want in fed[len(fed) - rows_steps:]:
         pairs.append((backend.decode_rows(row[None], [0], [pos])[0], want))
+    slots = backend.slots
+    if slots < 2:
+        backend.setup_slots(2)
+    backend.prefill(ids, None, 0, slot=1)
+    row, pos, want = fed[0]
+    pairs.append((backend.decode_rows(row[None], [1], [pos], bucket=SELF_CHECK_BUCKET)[0], want))
+    if slots < 2:
+        backend.setup_slots(slots)
     cos = min(_cosine(g.float().cpu(), w.float().cpu()) for g, w in pairs)
     greedy = sum(int((g.float().argmax(-1).cpu() == w.float().argmax(-1).cpu()).sum()) for g, w in pairs)
-    return SelfCheck(backend.precision, cos, greedy, sum(w.shape[0] for _, w in pairs), time.perf_counter() - t0)
+    rows_greedy, rows_total = _fused_rows_check(backend, reference, ids, fused_rows)
+    return SelfCheck(backend.precision, cos, greedy, sum(w.shape[0] for _, w in pairs), time.perf_counter() - t0,
+                     rows_greedy, rows_total)
+
+
+def _fused_rows_check(backend: CubinBackend, reference, ids: torch.Tensor, n: int) -> tuple[int, int]:
+    """Greedy `rows(n)` through the fused step against the reference's argmax rows: (agreeing codebooks,
+    codebooks past the delay window). The reference is fed the fused path's own rows."""
+    first = backend.prefill(ids, None, 0)
+    backend.begin(first, len(ids), seed=0, temperature=0.0, top_k=0, top_p=1.0, max_rows=n)
+    rows, _ = backend.rows(n)
+    logits = reference.prefill(ids.to(backend.device), None, 0)
+    agree = total = 0
+    for step, row in enumerate(rows):
+        want = logits.argmax(-1).cpu()
+        live = min(step + 1, backend.dims.codebooks)  # codebook k is BOC until step k
+        agree += int((row[:live] == want[:live]).sum())
+        total += live
+        logits = reference.decode(row.to(backend.device), len(ids) + step)
+    return agree, total
 
 
 def run_self_check(backend: CubinBackend, checkpoint) -> SelfCheck:
@@ -618,10 +710,30 @@ def load(checkpoint, *, device, dtype=None, max_len: int = 4096, precision: str 
     return backend
 
 
+class Untrusted(RuntimeError):
+    """The cubin probe process failed (engine/backends/trust.py): the kernels are not loaded here."""
+
+
+def load_trusted(checkpoint, *, device, dtype=None, max_len: int = 4096, precision: str | None = None,
+                 variant: str = "v2") -> CubinBackend:
+    """What backend "auto" runs: `load` in this process only after the same load, calibration and
+    self-check passed in a separate one (cached per GPU, driver, torch and manifest), so a kernel fault
+    costs that process and not the studio's CUDA context."""
+    from engine.backends import trust
+
+    chosen = resolve_precision(precision, dtype)
+    verdict = trust.trusted(checkpoint, device, chosen, variant)
+    if not verdict.ok:
+        raise Untrusted(f"the cubin kernels are {verdict.summary}")
+    backend = load(checkpoint, device=device, dtype=dtype, max_len=max_len, precision=precision, variant=variant)
+    backend.info["kernel_trust"] = verdict.summary
+    return backend
+
+
 def _register() -> None:
     from engine.generate import register_backend
 
-    register_backend("cubin", load)
+    register_backend("cubin", load, auto=load_trusted)
 
 
 _register()
