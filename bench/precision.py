@@ -69,11 +69,14 @@ def step_bytes(model) -> int:
 
 
 def rss_probe(root: Path, kind: str) -> dict:
-    """Peak RSS and load time of `Engine.load(root, precision=kind)` in a fresh process."""
-    code = ("import json, resource, sys, time; t = time.perf_counter(); from engine.generate import Engine; "
+    """Peak RSS and load time of `Engine.load(root, precision=kind)` in a fresh process. The peak is the
+    kernel's high-water mark of this process's own memory (VmHWM); `getrusage`'s ru_maxrss would report
+    the parent's size at fork when that is larger."""
+    code = ("import json, time; t = time.perf_counter(); from engine.generate import Engine; "
             f"e = Engine.load({str(root)!r}, device='cpu', precision={kind!r}); "
+            "hwm = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')); "
             "print(json.dumps({'load_s': time.perf_counter() - t, 'precision': e.info['precision'], "
-            "'peak_rss': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))")
+            "'peak_rss': hwm * 1024}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parent.parent)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -124,7 +127,7 @@ def bench_precision(root: Path, floor_bps: float, *, frames: int = 8, rounds: in
     # Fidelity: the bf16 model's greedy rows, fed to all three (teacher forcing), from a fresh prefill.
     logits = {k: m.prefill(prompt, None, 0, slot=0) for k, m in models.items()}
     fid = {k: {"prefill": cosine(logits[k], logits["bf16"]), "cos": [], "agree": torch.zeros(dims.codebooks)}
-           for k in ("int8", "int4")}
+           for k in ("int8", "int4")} if fidelity_steps else {}
     row = logits["bf16"].argmax(-1)
     for step in range(fidelity_steps):
         out = {k: m.decode_rows(row[None], [0], [40 + step])[0] for k, m in models.items()}
@@ -134,7 +137,7 @@ def bench_precision(root: Path, floor_bps: float, *, frames: int = 8, rounds: in
         row = out["bf16"].argmax(-1)
     fidelity = [[k, f"{f['prefill']:.6f}", f"{min(f['cos']):.6f}", f"{statistics.median(f['cos']):.6f}",
                  " ".join(f"{float(a) / max(1, fidelity_steps):.2f}" for a in f["agree"])] for k, f in fid.items()]
-    del models, logits, out
+    del models, logits
 
     tables = [
         Table(f"CPU precisions at full size ({dims.layers} L, {dims.hidden}): the backbone step, {rounds} interleaved "
@@ -143,10 +146,12 @@ def bench_precision(root: Path, floor_bps: float, *, frames: int = 8, rounds: in
               ["precision", "weight GB/step", "ms/frame c=1", "speed-up vs bf16", "weight GB/s", "% of floor",
                "frames/s c=1", f"frames/s c={batch}", f"c={batch} vs bf16", "prefill 40 tok ms", "RTF @25 fps"],
               speed),
-        Table(f"Fidelity against bf16 (same weights): prefill logits cosine; {fidelity_steps} teacher-forced steps",
-              ["precision", "prefill cosine", "min step cosine", "median step cosine",
-               "greedy agreement per codebook (cb0 … cb7)"], fidelity),
     ]
+    if fidelity:
+        tables.append(Table(f"Fidelity against bf16 (same weights): prefill logits cosine; {fidelity_steps} "
+                            "teacher-forced steps", ["precision", "prefill cosine", "min step cosine",
+                                                     "median step cosine", "greedy agreement per codebook (cb0 … cb7)"],
+                            fidelity))
     if probe:
         probes = [[kind, f"{p['peak_rss'] / 1e9:.2f}", f"{p['load_s']:.1f}", p["precision"]]
                   for kind in probe for p in [rss_probe(root, kind)]]

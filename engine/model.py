@@ -42,9 +42,11 @@ LAYER_SUFFIXES = (
 PREFILL_CHUNK = 64
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-# The four projection matrices of a layer, as stored: what a weight-only precision (engine/quant.py) packs.
+# A layer's projection matrices, as stored: what a weight-only precision (engine/quant.py) packs, and the
+# ones fusing copies into q/k/v and gate/up matrices.
 PROJECTIONS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
                "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+COPIED_WHEN_FUSED = tuple(p for p in PROJECTIONS if not p.endswith(("o_proj.weight", "down_proj.weight")))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -327,8 +329,9 @@ class HiggsModel(nn.Module):
                 layer.self_attn.quantize(quant)
                 layer.mlp.quantize(quant)
             # The fused (or packed) matrices are copies: the stored ones are read for the last time, and
-            # a memory-mapped checkpoint's pages would otherwise stay resident beside them.
-            for suffix in PROJECTIONS:
+            # a memory-mapped checkpoint's pages would otherwise stay resident beside them. (Unpacked, o and
+            # down are used as stored, so their pages stay.)
+            for suffix in PROJECTIONS if quant is not None else COPIED_WHEN_FUSED:
                 release_pages(state[f"layers.{i}.{suffix}"])
         model.quant = quant
         model.setup_cache(max_len)
