@@ -28,7 +28,7 @@ from engine.config import FULL_SIZE  # noqa: E402
 from kernels import manifest as mf  # noqa: E402
 from kernels import runtime  # noqa: E402
 from kernels.check import Row  # noqa: E402
-from tests.test_kernels_runtime import TOOLCHAIN, _entry  # noqa: E402
+from tests.test_kernels_runtime import _entry, one_kernel_root  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 GB = 1e9
@@ -230,11 +230,7 @@ class RecordingLoader:
 def test_the_launcher_refuses_a_launch_on_a_foreign_stream(tmp_path):
     e = _entry({"X": "*fp32", "n": "i32"}, name="scale", symbol="scale_kernel", cubin="scale.cubin",
                sha256=mf.sha256(b"ELF"))
-    d = tmp_path / "sm_120a"
-    d.mkdir()
-    (d / "scale.cubin").write_bytes(b"ELF")
-    (d / mf.MANIFEST).write_text(mf.Manifest(cc=120, target="sm_120a", triton="3.9.0", sources={},
-                                             kernels={"scale": e}, root=d, toolchain=TOOLCHAIN).to_json())
+    one_kernel_root(tmp_path, e)
     loader = RecordingLoader()
     current = [loader.stream]
     k = runtime.CubinKernels(loader=loader, root=tmp_path, cc=120, current_stream=lambda: current[0])

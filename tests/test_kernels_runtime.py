@@ -158,15 +158,21 @@ class RecordingLoader:
         self.launches.append((handle, grid, block, shared, packed.values))
 
 
+def one_kernel_root(root: Path, entry: mf.KernelEntry) -> Path:
+    """A committed-cubin folder for sm_120a under `root` holding the one kernel `entry` names ("scale")."""
+    d = root / "sm_120a"
+    d.mkdir()
+    (d / "scale.cubin").write_bytes(b"ELF")
+    (d / mf.MANIFEST).write_text(mf.Manifest(cc=120, target="sm_120a", triton="3.9.0", sources={},
+                                             kernels={"scale": entry}, root=d, toolchain=TOOLCHAIN).to_json())
+    return d
+
+
 def test_cubin_kernels_launch_path_with_recording_loader(tmp_path):
     sig = {"X": "*fp32", "Out": "*fp32", "n": "i32"}
     e = _entry(sig, name="scale", symbol="scale_kernel", cubin="scale.cubin", sha256=mf.sha256(b"ELF"),
                shared=73728, num_warps=8, global_scratch_size=16)
-    d = tmp_path / "sm_120a"
-    d.mkdir()
-    (d / "scale.cubin").write_bytes(b"ELF")
-    (d / mf.MANIFEST).write_text(mf.Manifest(cc=120, target="sm_120a", triton="3.9.0", sources={},
-                                             kernels={"scale": e}, root=d, toolchain=TOOLCHAIN).to_json())
+    one_kernel_root(tmp_path, e)
     loader = RecordingLoader()
     k = runtime.CubinKernels(loader=loader, root=tmp_path, cc=120)
     assert loader.loaded == [("scale_kernel", 3)] and "scale" in k
