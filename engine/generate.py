@@ -265,13 +265,13 @@ class Engine:
         if precision not in ("auto", "fp8", *DTYPES, *QUANTIZED):
             raise ValueError(f"unknown precision {precision!r}; use 'auto', 'fp32', 'bf16', 'fp16', 'fp8' (GPU "
                              "kernels), or 'int8' / 'int4' (weight-only, CPU)")
-        if precision in QUANTIZED and str(device).startswith("cuda"):
-            raise ValueError(f"precision {precision!r} is the CPU path's weight-only format; on a GPU use 'fp8' or "
-                             "'bf16'")
+        cpu_only = (f"precision {precision!r} is the CPU path's weight-only format; on a GPU use 'fp8' or 'bf16', "
+                    "or device='cpu'")
+        if precision in QUANTIZED and str(device).startswith("cuda"):  # before asking for a GPU that may be absent
+            raise ValueError(cpu_only)
         dev = _device(device)
         if precision in QUANTIZED and dev.type != "cpu":  # "auto" found a GPU
-            raise ValueError(f"precision {precision!r} is the CPU path's weight-only format; on a GPU use 'fp8' or "
-                             "'bf16', or device='cpu'")
+            raise ValueError(cpu_only)
         name, fallback, reason = _auto_choice(dev) if backend == "auto" else (backend, "torch", None)
         factory = _backend(name, dev)  # before reading gigabytes of weights
         ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)

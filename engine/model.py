@@ -44,8 +44,7 @@ PREFILL_CHUNK = 64
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # A layer's projection matrices, as stored: what a weight-only precision (engine/quant.py) packs, and the
 # ones fusing copies into q/k/v and gate/up matrices.
-PROJECTIONS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-               "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight")
+PROJECTIONS = tuple(s for s in LAYER_SUFFIXES if s.endswith("_proj.weight"))
 COPIED_WHEN_FUSED = tuple(p for p in PROJECTIONS if not p.endswith(("o_proj.weight", "down_proj.weight")))
 
 

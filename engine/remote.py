@@ -497,7 +497,7 @@ class RemoteEngine:
                 usable = len(pending) // 2 * 2
                 if usable // 2 < MIN_CHUNK_SAMPLES:
                     continue
-                audio = np.frombuffer(pending[:usable], dtype="<i2").astype(np.float32) / 32767.0
+                audio = _from_pcm16(pending[:usable])
                 pending = pending[usable:]
                 state["samples"] += len(audio)
                 if state["ttfa"] is None:
@@ -507,7 +507,7 @@ class RemoteEngine:
             raise RemoteError(f"The speech stream from the {self._named()} broke off: {exc}", 502) from None
         finally:
             response.close()
-        tail = np.frombuffer(pending[:len(pending) // 2 * 2], dtype="<i2").astype(np.float32) / 32767.0
+        tail = _from_pcm16(pending[:len(pending) // 2 * 2])
         state["samples"] += len(tail)
         if state["ttfa"] is None and len(tail):
             state["ttfa"] = 1e3 * (time.perf_counter() - started)
@@ -585,6 +585,11 @@ def _sse_events(lines: Iterator[str]) -> Iterator[tuple[str | None, Any]]:
             event = line[6:].strip()
         elif line.startswith("data:"):
             data.append(line[5:].lstrip())
+
+
+def _from_pcm16(data: bytes) -> np.ndarray:
+    """PCM16 little-endian → float32; /32767 undoes studio.formats.to_pcm16's ×32767 exactly."""
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32767.0
 
 
 def _strip_wav_header(data: bytes) -> bytes:
