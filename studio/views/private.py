@@ -15,6 +15,7 @@ import gradio as gr
 import numpy as np
 
 from engine.audio import load_audio
+from studio.views import GPU_QUEUE
 from studio.voices import Consent, VoiceError
 from studio.voices.bundles import stage_zip
 from studio.voices.model import check_codes, stage_audio
@@ -60,20 +61,20 @@ class PrivateVoicesView:
                 export = gr.Button("Export my voices (.zip)", elem_id="private-export")
                 self.export_file = gr.File(label="Voice bundle", interactive=False, elem_id="private-export-file")
             bundle = gr.File(label="Import a voice bundle (.zip)", file_types=[".zip"], elem_id="private-import")
-        priv = dict(api_visibility="private")
-        outputs = [self.store, self.table, self.page.voice]
+        priv = {"api_visibility": "private"}
+        outputs = [self.store, self.table, self.page.studio.voice]
         self.table.select(self._pick, None, current, queue=False, **priv)
         delete.click(self._delete, [current, confirm, self.store], [*outputs, current, confirm], **priv)
         export.click(self._export, self.store, self.export_file, **priv)
         # Importing may encode (a bundle without codes): in turn with generation, on the page's GPU queue.
-        bundle.upload(self._import, [bundle, self.store], outputs, concurrency_id="gpu", concurrency_limit=1, **priv)
+        bundle.upload(self._import, [bundle, self.store], outputs, concurrency_id=GPU_QUEUE, concurrency_limit=1, **priv)
 
     def wire(self, demo: gr.Blocks):
-        p = self.page
-        p.save_voice.click(self._save, [p.clip, p.clip_text, p.voice_name, p.voice_desc, p.style, p.consent,
-                                        self.store], [self.store, self.table, p.voice],
-                           concurrency_id="gpu", concurrency_limit=1, api_visibility="private")
-        demo.load(self._load, self.store, [self.store, self.table, p.voice], queue=False, api_visibility="private")
+        s = self.page.studio
+        s.save_voice.click(self._save, [s.clip, s.clip_text, s.voice_name, s.voice_desc, s.style, s.consent,
+                                        self.store], [self.store, self.table, s.voice],
+                           concurrency_id=GPU_QUEUE, concurrency_limit=1, api_visibility="private")
+        demo.load(self._load, self.store, [self.store, self.table, s.voice], queue=False, api_visibility="private")
         demo.unload(self._unload)
 
     # ------------------------------------------------------------------ handlers
