@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
+import subprocess
 import threading
 import time
 
@@ -190,3 +192,12 @@ def test_the_page_scripts_and_stylesheet_are_the_static_files_the_app_serves(pag
     r = TestClient(app).get(f"{assets.ROUTE}/player-worklet.js")
     assert r.status_code == 200 and "javascript" in r.headers["content-type"]
     assert "registerProcessor('hs-player'" in r.text
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed: the scripts' syntax is not checked")
+@pytest.mark.parametrize("name", ["live.js", "palette.js", "player-worklet.js"])
+def test_the_page_scripts_parse(name):
+    from studio.assets import STATIC_DIR
+
+    result = subprocess.run(["node", "--check", str(STATIC_DIR / name)], check=False, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -16,6 +16,7 @@ import numpy as np
 
 from engine.audio import load_audio
 from studio.views import GPU_QUEUE
+from studio.views.toasts import warns
 from studio.voices import Consent, VoiceError
 from studio.voices.bundles import stage_zip
 from studio.voices.model import check_codes, stage_audio
@@ -114,50 +115,42 @@ class PrivateVoicesView:
             staged.codes = check_codes(self._encode(staged.pcm.astype(np.float32) / 32768.0), staged.record["frames"])
         return staged
 
+    @warns(3)
     def _save(self, clip, transcript, name, description, style, consent, stored, request: gr.Request):
-        try:
-            if clip is None:
-                raise ValueError("Upload or record a reference clip first.")
-            if consent is not True:
-                raise ValueError("Confirm that you have the speaker's permission (tick the consent box) to save a "
-                                 "voice.")
-            samples, rate = load_audio(clip)
-            staged = stage_audio((int(rate), np.asarray(samples, dtype=np.float32)), name=name,
-                                 transcript=transcript or None, description=description or "",
-                                 style=self.service.resolve_style(style or None),
-                                 consent=Consent(asserted_by="a visitor of this studio"))
-            entries, added = add_entries(stored, [self._encoded(staged)])
-        except ValueError as exc:
-            gr.Warning(str(exc))
-            return gr.skip(), gr.skip(), gr.skip()
+        if clip is None:
+            raise ValueError("Upload or record a reference clip first.")
+        if consent is not True:
+            raise ValueError("Confirm that you have the speaker's permission (tick the consent box) to save a voice.")
+        samples, rate = load_audio(clip)
+        staged = stage_audio((int(rate), np.asarray(samples, dtype=np.float32)), name=name,
+                             transcript=transcript or None, description=description or "",
+                             style=self.service.resolve_style(style or None),
+                             consent=Consent(asserted_by="a visitor of this studio"))
+        entries, added = add_entries(stored, [self._encoded(staged)])
         gr.Info(f"Saved voice {staged.record['name']!r} in this browser." if added else "You already have this voice.")
         return self._outputs(entries, request, value=f"v_{staged.content_hash[:16]}")
 
+    @warns(5)
     def _delete(self, row, sure, stored, request: gr.Request):
         stored = list(stored or [])
         if row is None or not 0 <= row < len(stored):
-            gr.Warning("Select one of your voices in the table first.")
-            return (gr.skip(),) * 5
+            raise ValueError("Select one of your voices in the table first.")
         if not sure:
-            gr.Warning("Tick 'Yes, delete it' to confirm.")
-            return (gr.skip(),) * 5
+            raise ValueError("Tick 'Yes, delete it' to confirm.")
         del stored[row]
         return *self._outputs(stored, request), None, False
 
+    @warns(1)
     def _export(self, stored):
         if not stored:
-            gr.Warning("You have no voices to export yet.")
-            return gr.skip()
+            raise ValueError("You have no voices to export yet.")
         path = self.page.out_dir / f"my-voices-{os.urandom(6).hex()}.zip"
         path.write_bytes(export_bundle(stored))
         return str(path)
 
+    @warns(3)
     def _import(self, path, stored, request: gr.Request):
-        try:
-            entries, added = add_entries(stored, [self._encoded(s) for s in stage_zip(path)])
-        except ValueError as exc:
-            gr.Warning(str(exc))
-            return gr.skip(), gr.skip(), gr.skip()
+        entries, added = add_entries(stored, [self._encoded(s) for s in stage_zip(path)])
         gr.Info(f"Imported {len(added)} voice(s) into this browser.")
         return self._outputs(entries, request)
 
