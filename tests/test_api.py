@@ -16,7 +16,6 @@ import socket
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -27,6 +26,7 @@ import soundfile as sf
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from studio.api import ApiError, check_instructions, decode_ref_audio, speed_tag, streaming_wav_header
 from studio.formats import MIME, StreamEncoder
+from tests.fakes import LONG_FRAMES, ScriptedEngine
 from tests.studio_server import running_studio
 
 openai = pytest.importorskip("openai")
@@ -80,45 +80,6 @@ def test_streaming_wav_header_reads_as_the_stream_that_follows():
 
 
 # ------------------------------------------------------------------------------------------ scripted engine
-
-LONG_FRAMES = 120
-
-
-@dataclass
-class FakeMetrics:
-    frames: int
-    seed: int | None
-    ttfa_ms: float = 1.0
-    rtf: float = 0.5
-    stop_reason: str | None = None
-    batch: int = 1
-
-
-class ScriptedEngine:
-    """`text` picks the behaviour: "crash" raises inside the engine, "slow" takes 0.1 s per frame for 100
-    frames, "long" 0.02 s per frame for 120 frames; anything else is 3 quick frames."""
-
-    info = {"checkpoint": "scripted", "device": "cpu", "precision": "fp32", "backend": "torch", "demo": True}
-
-    def generate_stream(self, text, *, seed=None, cancel=None, max_frames=None, **kw):
-        if "crash" in text:
-            raise RuntimeError("the engine fell over")
-        frames, delay = (100, 0.1) if "slow" in text else (LONG_FRAMES, 0.02) if "long" in text else (3, 0.0)
-        for i in range(frames):
-            if cancel is not None and cancel.is_set():
-                yield FakeChunk(np.zeros(0, np.float32), FakeMetrics(i, seed, stop_reason="cancelled"), True)
-                return
-            time.sleep(delay)
-            yield FakeChunk(np.full(SAMPLES_PER_FRAME, 0.25, np.float32), FakeMetrics(i + 1, seed), False)
-        yield FakeChunk(np.zeros(0, np.float32), FakeMetrics(frames, seed, stop_reason="eoc"), True)
-
-
-@dataclass
-class FakeChunk:
-    audio: np.ndarray
-    metrics: FakeMetrics
-    final: bool
-
 
 @pytest.fixture()
 def scripted():

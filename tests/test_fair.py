@@ -17,7 +17,7 @@ from studio.admission import OWNER, Caller
 from studio.live import ROUTE, TOKEN_HEADER
 from studio.page import Page
 from studio.service import Queued, StudioService, SynthesisRequest, TooManyTakes
-from tests.test_service import FakeEngine
+from tests.fakes import FakeEngine
 
 KEY = "SECRET"
 A, B, C = Caller.visitor("10.0.0.1"), Caller.visitor("10.0.0.2"), Caller.visitor("10.0.0.3")
@@ -27,8 +27,7 @@ class CountingEngine(FakeEngine):
     """A FakeEngine with `max_batch` slots that records the most takes running at once."""
 
     def __init__(self, max_batch: int, **kw):
-        super().__init__(**kw)
-        self.info = {**self.info, "max_batch": max_batch}
+        super().__init__(max_batch=max_batch, **kw)
         self.running = self.most = 0
         self._lock = threading.Lock()
 

@@ -37,7 +37,8 @@ import pytest
 import soundfile as sf
 
 from tests.studio_server import REPO, free_port, running_studio
-from tests.test_api import ScriptedEngine, ffmpeg_children, wait_for
+from tests.fakes import ScriptedEngine
+from tests.test_api import ffmpeg_children, wait_for
 
 pytestmark = pytest.mark.slow
 
