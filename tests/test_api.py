@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP API: pure helpers on the CPU, then the official `openai` SDK and raw HTTP
-against `python app.py --demo --api-key ...` in a subprocess (the real engine on the tiny checkpoint).
+against `python app.py --demo --api-key ...` in a subprocess (the shared `keyed_studio`: the real engine on the
+tiny checkpoint).
 
 Greedy takes (temperature 0) with a fixed seed are deterministic, so the same request answered as wav,
 pcm, flac, a chunked stream or SSE must give the same samples: that is what most tests compare."""
@@ -27,11 +28,10 @@ from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from studio.api import ApiError, check_instructions, decode_ref_audio, speed_tag, streaming_wav_header
 from studio.formats import MIME, StreamEncoder
 from tests.fakes import LONG_FRAMES, ScriptedEngine
-from tests.studio_server import running_studio
+from tests.studio_server import KEY
 
 openai = pytest.importorskip("openai")
 
-KEY = "test-key-123"
 GREEDY = {"temperature": 0, "seed": 11, "max_frames": 30}
 TEXT = "The quick brown fox jumps over the lazy dog."
 
@@ -288,9 +288,8 @@ def test_sse_mp3_sends_deltas_as_it_encodes(scripted_server):
 # ------------------------------------------------------------------------------------------ live server
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    with running_studio(tmp_path_factory.mktemp("api"), "--api-key", KEY) as url:
-        yield url
+def base(keyed_studio):
+    return keyed_studio.url
 
 
 @pytest.fixture()
