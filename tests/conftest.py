@@ -76,6 +76,16 @@ def interp_take(parity_dir) -> dict:
 # ------------------------------------------------------------------------------------------ shared studios
 
 @pytest.fixture(scope="session")
+def demo_studio(tmp_path_factory):
+    """`app.py --demo`, no key: the owner's page as a local user sees it, shared as `keyed_studio` is."""
+    from tests.studio_server import Studio, running_studio
+
+    root = tmp_path_factory.mktemp("demo-studio")
+    with running_studio(root) as url:
+        yield Studio(url, root / "voices")
+
+
+@pytest.fixture(scope="session")
 def keyed_studio(tmp_path_factory):
     """`app.py --demo --mcp --api-key SECRET`, the owner's studio, started once per test process for the files
     that only need one running. Files share its voice library: a test counts only the voices it saved."""
@@ -100,7 +110,7 @@ def public_studio(tmp_path_factory):
 # `--dist loadgroup` (pyproject.toml) hands each worker whole groups. A file is a group of its own, so its
 # module-scoped servers and models are built once; the files that use one of these session fixtures join one
 # group, so it is built once in all.
-SHARED_FIXTURES = ("keyed_studio", "public_studio", "interp_take")
+SHARED_FIXTURES = ("demo_studio", "keyed_studio", "public_studio", "interp_take")
 # The files that ran longest on the 2-core CI machine (`--durations`), longest first. They are handed out
 # first: a long file handed out last keeps one worker busy while the other has nothing left to do.
 LONGEST_FIRST = ("test_self_check.py", "test_cubin_batch.py", "test_live_player.py", "test_cubin_backend.py",
