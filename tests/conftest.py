@@ -75,35 +75,31 @@ def interp_take(parity_dir) -> dict:
 
 # ------------------------------------------------------------------------------------------ shared studios
 
+# Started once per test process for the files that only need one running. Files share a studio's voice
+# library: a test counts only the voices it saved.
+
 @pytest.fixture(scope="session")
 def demo_studio(tmp_path_factory):
-    """`app.py --demo`, no key: the owner's page as a local user sees it, shared as `keyed_studio` is."""
-    from tests.studio_server import Studio, running_studio
+    """`app.py --demo`, no key: the owner's page as a local user sees it."""
+    from tests.studio_server import shared_studio
 
-    root = tmp_path_factory.mktemp("demo-studio")
-    with running_studio(root) as url:
-        yield Studio(url, root / "voices")
+    yield from shared_studio(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def keyed_studio(tmp_path_factory):
-    """`app.py --demo --mcp --api-key SECRET`, the owner's studio, started once per test process for the files
-    that only need one running. Files share its voice library: a test counts only the voices it saved."""
-    from tests.studio_server import KEY, Studio, running_studio
+    """`app.py --demo --mcp --api-key SECRET`: the owner's API, page (behind a login) and MCP tools."""
+    from tests.studio_server import KEY, shared_studio
 
-    root = tmp_path_factory.mktemp("keyed-studio")
-    with running_studio(root, "--mcp", "--api-key", KEY) as url:
-        yield Studio(url, root / "voices")
+    yield from shared_studio(tmp_path_factory, "--mcp", "--api-key", KEY)
 
 
 @pytest.fixture(scope="session")
 def public_studio(tmp_path_factory):
-    """`app.py --demo --api-key SECRET --public-page`, a Space's public page, shared as `keyed_studio` is."""
-    from tests.studio_server import KEY, Studio, running_studio
+    """`app.py --demo --api-key SECRET --public-page`: a Space's public page."""
+    from tests.studio_server import KEY, shared_studio
 
-    root = tmp_path_factory.mktemp("public-studio")
-    with running_studio(root, "--api-key", KEY, "--public-page") as url:
-        yield Studio(url, root / "voices")
+    yield from shared_studio(tmp_path_factory, "--api-key", KEY, "--public-page")
 
 
 # ------------------------------------------------------------------------------------------ two workers

@@ -1,7 +1,8 @@
 """Start `python app.py --demo` on a free localhost port for the client and browser tests.
 
 `running_studio` starts one for a block of code. The studios that many files only need running are started
-once per test process instead (tests/conftest.py's `keyed_studio` and `public_studio`)."""
+once per test process instead (`shared_studio`, behind tests/conftest.py's `demo_studio`, `keyed_studio` and
+`public_studio`)."""
 
 from __future__ import annotations
 
@@ -76,3 +77,10 @@ class Studio:
 
     url: str
     voices: Path
+
+
+def shared_studio(tmp_path_factory, *args: str):
+    """The body of a session fixture: yields the `Studio` started with `args`, stops it at the session's end."""
+    root = tmp_path_factory.mktemp("studio")
+    with running_studio(root, *args) as url:
+        yield Studio(url, root / "voices")
