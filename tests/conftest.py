@@ -107,11 +107,14 @@ def public_studio(tmp_path_factory):
 # module-scoped servers and models are built once; the files that use one of these session fixtures join one
 # group, so it is built once in all.
 SHARED_FIXTURES = ("demo_studio", "keyed_studio", "public_studio", "interp_take")
-# The files that ran longest on the 2-core CI machine (`--durations`), longest first. They are handed out
-# first: a long file handed out last keeps one worker busy while the other has nothing left to do.
-LONGEST_FIRST = ("test_self_check.py", "test_cubin_batch.py", "test_live_player.py", "test_cubin_backend.py",
-                 "test_kernels_v2_step.py", "test_kernels_step.py", "test_kernels_build.py", "test_security.py",
-                 "test_api.py", "test_quant.py", "test_gpu_check.py", "test_remote.py", "test_fair_studio.py")
+# The files (or groups, named by one file) that ran longest on the 2-core CI machine (`--durations`), longest
+# first. They are handed out first: a long file handed out last keeps one worker busy while the other has
+# nothing left to do.
+LONGEST_FIRST = ("test_self_check.py", "test_cubin_batch.py", "test_security.py", "test_cubin_backend.py",
+                 "test_live_player.py", "test_kernels_v2_step.py", "test_kernels_build.py", "test_quant.py",
+                 "test_kernels_step.py", "test_studio_browser.py", "test_torch_graph.py", "test_gpu_check.py",
+                 "test_codec.py", "test_engine.py", "test_batch.py", "test_remote_servers.py",
+                 "test_spaces_browser.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
