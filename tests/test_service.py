@@ -5,58 +5,14 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
+from engine.types import SpeechEngine
 from studio.service import Queued, ServiceBusy, StudioService, SynthesisRequest
-
-
-@dataclass
-class FakeMetrics:
-    frames: int = 0
-    seed: int | None = None
-    stop_reason: str = ""
-    batch: int = 1
-
-
-@dataclass
-class FakeChunk:
-    audio: np.ndarray
-    metrics: FakeMetrics
-    final: bool
-
-
-@dataclass
-class FakeEngine:
-    """Yields `frames` chunks of 960 samples, `delay` seconds apart; logs the order texts start in."""
-
-    frames: int = 3
-    delay: float = 0.0
-    started: list = field(default_factory=list)
-    closed: list = field(default_factory=list)
-    calls: list = field(default_factory=list)
-    info: dict = field(default_factory=lambda: {"checkpoint": "tiny", "device": "cpu", "precision": "fp32",
-                                                "backend": "torch", "demo": True})
-
-    def generate_stream(self, text, *, voice=None, seed=None, max_frames=None, cancel=None, **kw):
-        self.started.append(text)
-        self.calls.append(dict(text=text, voice=voice, seed=seed, max_frames=max_frames, **kw))
-        n = max_frames or self.frames
-        try:
-            for i in range(n):
-                time.sleep(self.delay)
-                if cancel is not None and cancel.is_set():  # the real engine checks every frame
-                    yield FakeChunk(np.zeros(0, np.float32), FakeMetrics(i, seed, "cancelled"), True)
-                    return
-                yield FakeChunk(np.full(960, 0.1, np.float32), FakeMetrics(i + 1, seed), False)
-            yield FakeChunk(np.zeros(0, np.float32), FakeMetrics(n, seed, "eoc"), True)
-        finally:
-            self.closed.append(text)
-
-    def encode_voice(self, audio, sample_rate, transcript=None):
-        return ("ref", len(audio), sample_rate, transcript)
+from tests.fakes import FakeEngine
 
 
 @dataclass
@@ -101,6 +57,20 @@ def run(svc, **kw):
     req = SynthesisRequest(**kw)
     chunks = list(svc.stream(req))
     return req, chunks
+
+
+def test_the_fake_engine_is_a_speech_engine_streaming_the_real_types():
+    from engine.types import Chunk, Metrics
+    from tests.fakes import ScriptedEngine
+
+    for engine in (FakeEngine(), ScriptedEngine()):
+        assert isinstance(engine, SpeechEngine)
+        chunks = list(engine.generate_stream("Hi.", seed=3, temperature=0))
+        assert all(type(c) is Chunk and type(c.metrics) is Metrics for c in chunks)
+        assert [c.final for c in chunks] == [False, False, False, True] and chunks[-1].metrics.stop_reason == "eoc"
+        assert engine.calls[-1]["seed"] == 3 and engine.calls[-1]["temperature"] == 0
+    with pytest.raises(ValueError, match="temperature"):  # settings are checked as the real engine checks them
+        list(FakeEngine().generate_stream("Hi.", temperature=-1))
 
 
 def test_stream_yields_chunks_and_records_take(svc):
@@ -211,16 +181,10 @@ def test_cancel_running_stops_promptly_and_next_starts():
     svc.close()
 
 
-def batched_engine(**kw) -> FakeEngine:
-    engine = FakeEngine(**kw)
-    engine.info = {**engine.info, "max_batch": 2}
-    return engine
-
-
 def test_requests_run_together_up_to_the_engines_batch_slots():
     """Two slots: two requests start at once and a visitor waits only once both are busy; its position
     counts the requests ahead of it plus one for the busy slots."""
-    svc = StudioService(batched_engine(frames=40, delay=0.01), None, None)
+    svc = StudioService(FakeEngine(frames=40, delay=0.01, max_batch=2), None, None)
     assert svc.slots == 2 and svc.status()["max_batch"] == 2
     positions: dict[int, list[int]] = {i: [] for i in range(4)}
     threads = []
@@ -253,7 +217,7 @@ def test_a_remote_engine_runs_as_many_requests_as_it_sends_the_server_at_once():
 
 
 def test_stop_cancels_one_take_and_the_take_beside_it_goes_on():
-    svc = StudioService(batched_engine(frames=60, delay=0.01), None, None)
+    svc = StudioService(FakeEngine(frames=60, delay=0.01, max_batch=2), None, None)
     stopped, kept = SynthesisRequest(text="stopped.", seed=1), SynthesisRequest(text="kept.", seed=2)
     got: dict[str, list] = {"stopped.": [], "kept.": []}
     threads = [threading.Thread(target=lambda r=r: got[r.text].extend(svc.stream(r))) for r in (stopped, kept)]
