@@ -5,30 +5,26 @@ per batched step."""
 
 from __future__ import annotations
 
-import os
+import contextlib
+import json
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+from types import SimpleNamespace
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported: the cubin backend's kernels on the CPU
+import pytest
+import torch
 
-import contextlib  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-import weakref  # noqa: E402
-from pathlib import Path  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from bench import gpu_check  # noqa: E402
-from engine import generate  # noqa: E402
-from engine.backends import memory, trust  # noqa: E402
-from engine.config import FULL_SIZE  # noqa: E402
-from kernels import manifest as mf  # noqa: E402
-from kernels import runtime  # noqa: E402
-from kernels.check import Row  # noqa: E402
-from tests.test_kernels_runtime import _entry, one_kernel_root  # noqa: E402
+from bench import gpu_check
+from engine import generate
+from engine.backends import memory, trust
+from engine.config import FULL_SIZE
+from kernels import manifest as mf
+from kernels import runtime
+from kernels.check import Row
+from tests.test_kernels_runtime import _entry, one_kernel_root
 
 REPO = Path(__file__).resolve().parents[1]
 GB = 1e9
