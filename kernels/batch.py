@@ -1,4 +1,4 @@
-"""The batched decode step's kernels (issue 13): up to 16 takes decoded together, each row's result
+"""The batched decode step's kernels: up to 16 takes decoded together, each row's result
 independent of how many others run beside it.
 
 `skinny_gemm_kernel`: Y[M, N] = X[M, K] · W[N, K]ᵀ for M ≤ 16 decode rows on the tensor cores, BF16, FP8
