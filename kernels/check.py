@@ -622,7 +622,8 @@ def timed_ab_rows(kernels) -> list[Row]:
 # CPU self-test: everything but launches
 
 def selftest_rows() -> list[Row]:
-    from kernels.runtime import available, pack_args
+    from kernels.packing import pack_args
+    from kernels.runtime import available
 
     rows = []
     ok, reason = available()

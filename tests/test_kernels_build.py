@@ -372,7 +372,7 @@ def test_fixture_launcher_buffer_matches_cubin_param_table(fixture_build):
 
     import torch
 
-    from kernels.runtime import pack_args
+    from kernels.packing import pack_args
 
     dtypes = {"*bf16": torch.bfloat16, "*fp32": torch.float32, "*fp8e4nv": torch.float8_e4m3fn}
     for cc in mf.TARGETS:
