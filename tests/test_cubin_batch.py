@@ -1,4 +1,4 @@
-"""The cubin backend's batched step (issue 13) on the CPU: `decode_rows` over per-slot caches, run by Triton's
+"""The cubin backend's batched step on the CPU: `decode_rows` over per-slot caches, run by Triton's
 interpreter on the tiny checkpoints. A take's logits are the same bits alone and in any company and slot
 (batch invariance by construction, engine/backends/cubin.py), close to the torch reference, and an Engine
 with max_batch > 1 on this backend gives a take the same codes alone and in a running batch.

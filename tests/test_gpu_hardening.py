@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bench import gpu_check
+from bench import gpu_check, gpu_run
 from engine import generate
 from engine.backends import memory, trust
 from engine.config import FULL_SIZE
@@ -294,7 +294,7 @@ def test_readme_installs_bindings_per_driver():
 
 # ------------------------------------------------------------------------------------- device check
 def test_after_a_sticky_error_later_sections_are_invalid_not_failed(tmp_path):
-    report = gpu_check.Report(tmp_path)
+    report = gpu_run.Report(tmp_path)
     ran = []
 
     def fine(name):
@@ -312,10 +312,10 @@ def test_after_a_sticky_error_later_sections_are_invalid_not_failed(tmp_path):
         raise ValueError("an ordinary failure")
 
     health = iter([None, "AcceleratorError: CUDA error: an illegal memory access was encountered"])
-    sections = [gpu_check.Section("ordinary", 5, ordinary), gpu_check.Section("a", 5, fine("a")),
-                gpu_check.Section("faulting", 5, faulting),
-                gpu_check.Section("b", 5, fine("b")), gpu_check.Section("c", 5, fine("c"))]
-    outcome = gpu_check.run_sections(sections, report, health=lambda: next(health))
+    sections = [gpu_run.Section("ordinary", 5, ordinary), gpu_run.Section("a", 5, fine("a")),
+                gpu_run.Section("faulting", 5, faulting),
+                gpu_run.Section("b", 5, fine("b")), gpu_run.Section("c", 5, fine("c"))]
+    outcome = gpu_run.run_sections(sections, report, health=lambda: next(health))
     # an ordinary failure with a healthy device: the next section runs; after the fault none does
     assert outcome == {"ordinary": "failed", "a": "done", "faulting": "failed", "b": "invalid", "c": "invalid"}
     assert ran == ["a"]
