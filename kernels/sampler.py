@@ -62,6 +62,7 @@ import triton.language as tl
 
 from kernels.spec import KernelSpec
 
+
 @triton.jit
 def _splitmix64(x):
     x = x + 0x9E3779B97F4A7C15
