@@ -1,4 +1,4 @@
-"""The batched decode step's kernels (issue 13): up to 16 takes decoded together, each row's result
+"""The batched decode step's kernels: up to 16 takes decoded together, each row's result
 independent of how many others run beside it.
 
 `skinny_gemm_kernel`: Y[M, N] = X[M, K] · W[N, K]ᵀ for M ≤ 16 decode rows on the tensor cores, BF16, FP8
@@ -6,9 +6,9 @@ W8A8 (per-row activation scale, per-output-channel weight scale) or W8A16 (FP8 w
 scale, BF16 activations: o_proj on the FP8 path, whose input is the attention output with no quantiser;
 the FP8 tile is converted to BF16 in registers, exactly, and multiplied by BF16 MMA, so the weight bytes
 streamed are halved and the activations keep their precision). Y may be fp32 (the audio head's logits).
-Decode is weight-bandwidth bound, so the weights sit in tl.dot's 64-row slot and the ≤ 16 activation rows, padded to 16, in its column slot
-(swap-AB): that is what makes Hopper issue wgmma (HGMMA / QGMMA need 64 rows), and on Ada / consumer
-Blackwell it is four m16n8 mma.sync tiles. Batch invariance by construction: the tile is always 16
+Decode is weight-bandwidth bound, so the weights sit in tl.dot's 64-row slot and the ≤ 16 activation rows,
+padded to 16, in its column slot (swap-AB): that is what makes Hopper issue wgmma (HGMMA / QGMMA need 64 rows),
+and on Ada / consumer Blackwell it is four m16n8 mma.sync tiles. Batch invariance by construction: the tile is always 16
 activation rows whatever M is, every program walks the whole K in the same BLOCK_K steps, and an MMA
 never adds one column of its B operand into another, so row i's reduction order is fixed and its value
 does not depend on M or on the other rows' contents. The N = 2560 projections (o_proj, down) have only 40

@@ -2,20 +2,27 @@
 
     python -m kernels.build                   # all kernels, all archs -> kernels/cubin/<target>/
     python -m kernels.build --arch 90         # one arch
-    python -m kernels.build --check           # rebuild into a temp dir, compare with the committed files
+    python -m kernels.build --check           # rebuild what changed since the committed build, compare
+    python -m kernels.build --check --full    # rebuild everything into a temp dir, compare
 
 Triton 3.9 compiles to cubin without a driver (KERNELS.md §1). Two settings make the result
 reproducible: TRITON_DEFAULT_FP_FUSION=1 pins FMA contraction (its default flips in 3.10) and
 TRITON_DISABLE_LINE_INFO=1 keeps the checkout path out of the cubin, so a rebuild anywhere is
 byte-identical and `--check` can compare sha256 values.
+
+Each manifest records, per kernel module, a hash of its source and of every module it depends on (the
+`kernels.*` and same-package modules it imports, transitively, and the build inputs: this script, the
+manifest format, the spec). `--check` trusts the committed cubins of a module whose hash, Triton version
+and ptxas are unchanged (their files are still verified against the manifest's sha256) and rebuilds only
+the others; `--full` rebuilds everything, which also catches a cubin and manifest entry edited together.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import importlib.util
-import inspect
 import os
 import shutil
 import sys
@@ -56,8 +63,55 @@ KERNEL_MODULES = tuple(f"kernels.{m}" for m in
                         "splitk"))
 
 
-def source_hash(module) -> str:
-    return mf.sha256(inspect.getsource(module).encode())
+# What every cubin depends on besides its kernel sources: the compile options, the manifest format, the spec.
+BUILD_INPUTS = ("kernels.build", "kernels.manifest", "kernels.spec")
+
+
+def _source_path(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        raise SystemExit(f"kernel module {name} not found")
+    return Path(spec.origin)
+
+
+def _imports(name: str) -> set[str]:
+    """The modules `name` imports that can hold kernel code it uses: kernels.* and its own package's."""
+    packages = {"kernels", name.split(".")[0]}
+    found = set()
+    for node in ast.walk(ast.parse(_source_path(name).read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}   # `from kernels import common`
+    out = set()
+    for dep in found:
+        if dep.split(".")[0] not in packages or dep == name:
+            continue
+        try:
+            spec = importlib.util.find_spec(dep)
+        except ModuleNotFoundError:
+            continue
+        if spec is not None and spec.origin and spec.origin.endswith(".py") and not spec.origin.endswith("__init__.py"):
+            out.add(dep)
+    return out
+
+
+def dependencies(name: str) -> list[str]:
+    """`name`, every module it imports transitively (see `_imports`) and BUILD_INPUTS, sorted."""
+    seen, todo = set(), [name, *BUILD_INPUTS]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += sorted(_imports(m))
+    return sorted(seen)
+
+
+def source_hash(name: str) -> str:
+    """sha256 over the source text of `name` and of its dependencies, read from disk."""
+    return mf.sha256(b"".join(f"{m}\n".encode() + _source_path(m).read_bytes() + b"\0"
+                              for m in dependencies(name)))
 
 
 def collect(modules=KERNEL_MODULES) -> dict[str, list[KernelSpec]]:
@@ -165,7 +219,7 @@ def build(out_root: Path, archs=ARCHS, modules=KERNEL_MODULES, jobs: int | None 
     for cc, cubin, entry, secs in done:
         results[cc].append((cubin, entry))
         log(f"  {mf.TARGETS[cc]:8s} {entry.name:32s} {len(cubin):7d} B  shared {entry.shared:6d}  {secs:5.2f} s")
-    sources = {m: source_hash(importlib.import_module(m)) for m in by_module}
+    sources = {m: source_hash(m) for m in by_module}
     manifests = {}
     for cc in archs:
         d = Path(out_root) / mf.TARGETS[cc]
@@ -182,46 +236,74 @@ def build(out_root: Path, archs=ARCHS, modules=KERNEL_MODULES, jobs: int | None 
     return manifests
 
 
-def check(committed: Path = mf.CUBIN_DIR, archs=ARCHS, modules=KERNEL_MODULES, jobs=None, log=print) -> list[str]:
-    """Rebuild into a temp dir; return one line per difference from the committed tree (empty = in sync)."""
-    problems = []
+def _compare(old: mf.Manifest, fresh: mf.Manifest, modules, problems: list[str]) -> None:
+    """Append a line per difference between the committed and the fresh entries of `modules`."""
+    target = fresh.target
+    for m in sorted(modules):
+        if old.sources.get(m) != fresh.sources.get(m):
+            problems.append(f"{target}: {m} changed since the cubins were built")
+    names = {n for n, e in fresh.kernels.items() if e.module in modules}
+    names |= {n for n, e in old.kernels.items() if e.module in modules}
+    for name in sorted(names):
+        a, b = old.kernels.get(name), fresh.kernels.get(name)
+        if a is None or b is None:
+            problems.append(f"{target}/{name}: {'not committed' if a is None else 'no longer built'}")
+        elif a != b:
+            what = [f for f in a.__dataclass_fields__ if getattr(a, f) != getattr(b, f)]
+            problems.append(f"{target}/{name}: differs in {', '.join(what)}")
+
+
+def check(committed: Path = mf.CUBIN_DIR, archs=ARCHS, modules=KERNEL_MODULES, jobs=None, log=print,
+          full: bool = False) -> list[str]:
+    """One line per difference between the committed tree and a fresh build (empty = in sync).
+
+    By default only the modules whose source hash (with dependencies), Triton version or ptxas differ from
+    the committed manifest are rebuilt; `full` rebuilds every module."""
+    import triton
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    by_module = collect(modules)
+    problems, olds, stale = [], {}, {}
+    for cc in archs:
+        target = mf.TARGETS[cc]
+        if not (Path(committed) / target / mf.MANIFEST).exists():
+            problems.append(f"{target}: no committed manifest")
+            continue
+        try:
+            old = olds[cc] = mf.load(cc, Path(committed))      # also verifies every cubin's sha256
+        except mf.ManifestError as exc:
+            problems.append(str(exc))
+            continue
+        gone = sorted(set(old.sources) - set(by_module))
+        problems += [f"{target}: {m} has committed cubins but is no longer a kernel module" for m in gone]
+        if full or old.triton != triton.__version__ or old.toolchain.ptxas != get_ptxas(cc).version:
+            stale[cc] = set(by_module)
+        else:
+            stale[cc] = {m for m in by_module if old.sources.get(m) != source_hash(m)}
+    rebuild = sorted(set().union(*stale.values())) if stale else []
+    log(f"rebuilding {len(rebuild)} of {len(by_module)} kernel modules: {', '.join(rebuild) or 'none'}")
+    if not rebuild:
+        return problems
     with tempfile.TemporaryDirectory() as tmp:
-        build(Path(tmp), archs, modules, jobs, log=lambda *_: None)
-        for cc in archs:
-            target = mf.TARGETS[cc]
-            new = (Path(tmp) / target / mf.MANIFEST).read_text()
-            old_path = Path(committed) / target / mf.MANIFEST
-            if not old_path.exists():
-                problems.append(f"{target}: no committed manifest")
-                continue
-            if old_path.read_text() == new:
-                continue
+        ccs = tuple(cc for cc in archs if stale.get(cc))
+        build(Path(tmp), ccs, tuple(rebuild), jobs, log=lambda *_: None)
+        for cc in ccs:
+            fresh, old = mf.load(cc, Path(tmp)), olds[cc]
             before = len(problems)
-            fresh = mf.load(cc, Path(tmp))
-            try:
-                old = mf.load(cc, Path(committed), verify_hashes=False)
-            except mf.ManifestError as exc:
-                problems.append(str(exc))
-                continue
-            for m, h in fresh.sources.items():
-                if old.sources.get(m) != h:
-                    problems.append(f"{target}: {m} changed since the cubins were built")
-            for name in sorted(set(fresh.kernels) | set(old.kernels)):
-                a, b = old.kernels.get(name), fresh.kernels.get(name)
-                if a is None or b is None:
-                    problems.append(f"{target}/{name}: {'not committed' if a is None else 'no longer built'}")
-                elif a != b:
-                    what = [f for f in a.__dataclass_fields__ if getattr(a, f) != getattr(b, f)]
-                    problems.append(f"{target}/{name}: differs in {', '.join(what)}")
-            if len(problems) == before:
-                problems.append(f"{target}: manifest differs (triton {old.triton} vs {fresh.triton}?)")
+            _compare(old, fresh, stale[cc], problems)
+            if len(problems) == before and full and fresh.toolchain != old.toolchain:
+                problems.append(f"{fresh.target}: toolchain differs ({old.toolchain} vs {fresh.toolchain})")
+            if len(problems) == before and old.triton != fresh.triton:
+                problems.append(f"{fresh.target}: built with triton {old.triton}, this is {fresh.triton}")
     return problems
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kernels.build", description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", default=",".join(map(str, ARCHS)), help="comma-separated compute capabilities")
-    ap.add_argument("--check", action="store_true", help="rebuild into a temp dir and compare with the committed cubins")
+    ap.add_argument("--check", action="store_true",
+                    help="rebuild the kernel modules changed since the committed build and compare")
+    ap.add_argument("--full", action="store_true", help="with --check: rebuild every kernel module")
     ap.add_argument("--out", type=Path, default=mf.CUBIN_DIR)
     ap.add_argument("--jobs", type=int, default=None, help="parallel compiles (default: CPU count)")
     args = ap.parse_args(argv)
@@ -231,11 +313,11 @@ def main(argv=None) -> int:
         ap.error(f"unsupported arch {unknown}; choose from {sorted(mf.TARGETS)}")
     t0 = time.perf_counter()
     if args.check:
-        problems = check(args.out, archs, jobs=args.jobs)
+        problems = check(args.out, archs, jobs=args.jobs, full=args.full)
         for p in problems:
             print("STALE", p)
         print(f"{'OK' if not problems else 'FAIL'}: committed cubins {'match' if not problems else 'differ from'} "
-              f"a fresh build ({time.perf_counter() - t0:.1f} s)")
+              f"a {'full' if args.full else 'changed-modules'} rebuild ({time.perf_counter() - t0:.1f} s)")
         return 1 if problems else 0
     manifests = build(args.out, archs, jobs=args.jobs)
     total = sum((m.root / e.cubin).stat().st_size for m in manifests.values() for e in m.kernels.values())

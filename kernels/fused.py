@@ -1,4 +1,4 @@
-"""The v2 decode step's kernels: five launches per layer instead of ten (issue 16).
+"""The v2 decode step's kernels: five launches per layer instead of ten.
 
     gemv(rmsnorm(h) -> x)  | attention(q/k norm + RoPE + KV write, split-K, combine) | gemv o_proj (+ h)
     gemv(rmsnorm(h) -> x)  | gemv down(silu(gate)·up -> x) (+ h)
@@ -32,10 +32,8 @@ import triton
 import triton.language as tl
 
 from kernels.attention import DECODE_OPTIONS, DECODE_TILES, _attend_block
-from kernels.common import to_e4m3
+from kernels.gemv import PROLOGUE_NONE, PROLOGUE_NORM, PROLOGUE_SILU, _gemv_epilogue, _gemv_loop
 from kernels.spec import KernelSpec
-
-PROLOGUE_NONE, PROLOGUE_NORM, PROLOGUE_SILU = 0, 1, 2
 
 
 @triton.jit
@@ -53,40 +51,10 @@ def gemv2_kernel(X, G, W, W_SCALE, X_SCALE, R, Y, N, K, eps, stride_w,
             h = tl.load(X + k0 + cols, mask=(k0 + cols) < K, other=0.0).to(tl.float32)
             ss += h * h
         rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    w_ptrs = W + rows.to(tl.int64)[:, None] * stride_w + cols[None, :]
-    w_next = tl.load(w_ptrs, mask=rmask[:, None] & (cols < K)[None, :], other=0.0)
-    for k0 in range(0, K, BLOCK_K):
-        # Software pipelining: the next step's weight tile is requested before this step's input chunk
-        # is built and multiplied, so a weight load's latency overlaps a whole loop step.
-        w = w_next.to(tl.float32)
-        w_next = tl.load(w_ptrs + k0 + BLOCK_K, mask=rmask[:, None] & ((k0 + BLOCK_K + cols) < K)[None, :],
-                         other=0.0)
-        kmask = (k0 + cols) < K
-        if PROLOGUE == 0:
-            x = tl.load(X + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
-        else:
-            if PROLOGUE == 1:
-                h = tl.load(X + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
-                x = h * rstd * tl.load(G + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
-            else:
-                g = tl.load(X + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
-                u = tl.load(X + K + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
-                x = g / (1.0 + tl.exp(-g)) * u
-            if HAS_X_SCALE:
-                x = to_e4m3(x / tl.load(X_SCALE)).to(tl.float32)
-            else:
-                x = x.to(tl.bfloat16).to(tl.float32)
-        acc += w * x[None, :]
-    y = tl.sum(acc, axis=1)
-    if HAS_W_SCALE:
-        y = y * tl.load(W_SCALE + rows, mask=rmask, other=0.0)
-    if HAS_X_SCALE:
-        y = y * tl.load(X_SCALE)
-    if HAS_RESIDUAL:
-        r = tl.load(R + rows, mask=rmask, other=0.0).to(tl.float32)
-        y = y.to(Y.dtype.element_ty).to(tl.float32) + r
-    tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=rmask)
+    acc = _gemv_loop(X, G, W, X_SCALE, rows, rmask, cols, 0, K, K, rstd, stride_w, BLOCK_N, BLOCK_K, PROLOGUE,
+                     HAS_X_SCALE, PIPELINE=True)
+    _gemv_epilogue(tl.sum(acc, axis=1), W_SCALE, X_SCALE, R, Y, rows, rmask, HAS_W_SCALE, HAS_X_SCALE,
+                   HAS_RESIDUAL)
 
 
 @triton.jit

@@ -9,6 +9,11 @@ fused norm / silu·mul quantisers). The epilogue optionally adds the residual st
 element is read and written by the same program), which removes the separate add kernel after o_proj and
 down_proj. The product is rounded to the output dtype before the residual add, as an unfused
 `residual + linear(x)` would.
+
+The loop (`_gemv_loop`, with its input prologues `_gemv_input`) and the epilogue (`_gemv_epilogue`) are
+written once here: kernels/fused.py's gemv2 runs the same loop software-pipelined behind a norm or silu·mul
+prologue, and kernels/splitk.py runs it over one K range per program. They are inlined, so each kernel's
+cubin is what its own copy of the loop compiled to.
 """
 
 from __future__ import annotations
@@ -16,7 +21,74 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernels.common import to_e4m3
 from kernels.spec import KernelSpec
+
+PROLOGUE_NONE, PROLOGUE_NORM, PROLOGUE_SILU = 0, 1, 2
+
+
+@triton.jit
+def _gemv_input(X, G, X_SCALE, k0, cols, kmask, K, rstd, PROLOGUE: tl.constexpr, HAS_X_SCALE: tl.constexpr):
+    """The input chunk x[k0 + cols] in fp32 (inlined). PROLOGUE_NONE reads X as it is; PROLOGUE_NORM
+    normalises the residual row X (by `rstd`, times the norm weight G) and PROLOGUE_SILU forms
+    silu(gate)·up from X's two halves [gate | up], each K wide. A built input is rounded where the
+    unfused kernels (rmsnorm_kernel, silu_mul_kernel) store it: to bf16, or quantised to e4m3 at X_SCALE."""
+    if PROLOGUE == 0:
+        x = tl.load(X + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
+    else:
+        if PROLOGUE == 1:
+            h = tl.load(X + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
+            x = h * rstd * tl.load(G + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
+        else:
+            g = tl.load(X + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
+            u = tl.load(X + K + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
+            x = g / (1.0 + tl.exp(-g)) * u
+        if HAS_X_SCALE:
+            x = to_e4m3(x / tl.load(X_SCALE)).to(tl.float32)
+        else:
+            x = x.to(tl.bfloat16).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _gemv_loop(X, G, W, X_SCALE, rows, rmask, cols, k_start, k_end, K, rstd, stride_w,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_X_SCALE: tl.constexpr,
+               PIPELINE: tl.constexpr):
+    """acc [BLOCK_N, BLOCK_K] fp32 = Σ over k in [k_start, k_end) of W[rows, k] · x[k], elementwise per
+    column slot (reduce it with tl.sum(acc, axis=1)); inlined. With PIPELINE the loop is software-pipelined
+    by hand: the next step's weight tile is requested before this step's input chunk is built and
+    multiplied, so a weight load's latency overlaps a whole loop step. `cols` is tl.arange(0, BLOCK_K),
+    made by the caller before its own K bounds (that order is the one the committed cubins were built in)."""
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    w_ptrs = W + rows.to(tl.int64)[:, None] * stride_w + cols[None, :]
+    if PIPELINE:
+        w_next = tl.load(w_ptrs + k_start, mask=rmask[:, None] & ((k_start + cols) < k_end)[None, :], other=0.0)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        if PIPELINE:
+            w = w_next.to(tl.float32)
+            w_next = tl.load(w_ptrs + k0 + BLOCK_K, mask=rmask[:, None] & ((k0 + BLOCK_K + cols) < k_end)[None, :],
+                             other=0.0)
+        kmask = (k0 + cols) < k_end
+        x = _gemv_input(X, G, X_SCALE, k0, cols, kmask, K, rstd, PROLOGUE, HAS_X_SCALE)
+        if not PIPELINE:
+            w = tl.load(w_ptrs + k0, mask=rmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        acc += w * x[None, :]
+    return acc
+
+
+@triton.jit
+def _gemv_epilogue(y, W_SCALE, X_SCALE, R, Y, rows, rmask,
+                   HAS_W_SCALE: tl.constexpr, HAS_X_SCALE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """Scales, the residual (the product rounded to the output dtype first, as an unfused add) and the
+    store of y [BLOCK_N] fp32, the rows' sums (inlined)."""
+    if HAS_W_SCALE:
+        y = y * tl.load(W_SCALE + rows, mask=rmask, other=0.0)
+    if HAS_X_SCALE:
+        y = y * tl.load(X_SCALE)
+    if HAS_RESIDUAL:
+        r = tl.load(R + rows, mask=rmask, other=0.0).to(tl.float32)
+        y = y.to(Y.dtype.element_ty).to(tl.float32) + r
+    tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=rmask)
 
 
 @triton.jit
@@ -27,22 +99,10 @@ def gemv_kernel(X, W, W_SCALE, X_SCALE, R, Y, N, K, stride_w,
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < N
     cols = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    w_ptrs = W + rows.to(tl.int64)[:, None] * stride_w + cols[None, :]
-    for k0 in range(0, K, BLOCK_K):
-        kmask = (k0 + cols) < K
-        x = tl.load(X + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
-        w = tl.load(w_ptrs + k0, mask=rmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-        acc += w * x[None, :]
-    y = tl.sum(acc, axis=1)
-    if HAS_W_SCALE:
-        y = y * tl.load(W_SCALE + rows, mask=rmask, other=0.0)
-    if HAS_X_SCALE:
-        y = y * tl.load(X_SCALE)
-    if HAS_RESIDUAL:
-        r = tl.load(R + rows, mask=rmask, other=0.0).to(tl.float32)
-        y = y.to(Y.dtype.element_ty).to(tl.float32) + r
-    tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=rmask)
+    acc = _gemv_loop(X, X, W, X_SCALE, rows, rmask, cols, 0, K, K, 1.0, stride_w, BLOCK_N, BLOCK_K,
+                     PROLOGUE=0, HAS_X_SCALE=False, PIPELINE=False)
+    _gemv_epilogue(tl.sum(acc, axis=1), W_SCALE, X_SCALE, R, Y, rows, rmask, HAS_W_SCALE, HAS_X_SCALE,
+                   HAS_RESIDUAL)
 
 
 # 8 rows per program: N = 2560 (o_proj, down) gives 320 programs, ≥ 2 per SM on 132 SMs, so no SM idles

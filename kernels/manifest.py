@@ -125,7 +125,7 @@ class KernelEntry:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> "KernelEntry":
+    def from_json(cls, d: dict) -> KernelEntry:
         d = dict(d)
         d["params"] = tuple(Param(**p) for p in d["params"])
         d["divisibility_16"] = tuple(d.get("divisibility_16", ()))
@@ -147,7 +147,7 @@ class Manifest:
     cc: int
     target: str
     triton: str
-    sources: dict          # module -> sha256 of its source text
+    sources: dict          # module -> sha256 of its source and its dependencies (kernels/build.py)
     kernels: dict          # spec name -> KernelEntry
     root: Path
     toolchain: Toolchain

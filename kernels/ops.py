@@ -24,10 +24,9 @@ from kernels.attention import DECODE_OPTIONS, DECODE_TILES, LOG2E, PREFILL_OPTIO
 from kernels.batch import ROWS, SKINNY_SPLIT_K, SKINNY_TILES, decode_attn_batch_kernel, sample_batch_kernel, \
     skinny_gemm_kernel
 from kernels.common import FP8_MAX
-from kernels.fused import GEMV2_TILES, PROLOGUE_NONE, PROLOGUE_NORM, PROLOGUE_SILU, decode_attn_fused_kernel, \
-    gemv2_kernel
+from kernels.fused import GEMV2_TILES, decode_attn_fused_kernel, gemv2_kernel
 from kernels.gemm import GEMM_STAGES, GEMM_TILES, gemm_kernel
-from kernels.gemv import GEMV_TILES, gemv_kernel
+from kernels.gemv import GEMV_TILES, PROLOGUE_NONE, PROLOGUE_NORM, PROLOGUE_SILU, gemv_kernel
 from kernels.head import HEAD_TILES, audio_head_kernel
 from kernels.mlp import SILU_TILE, silu_mul_kernel
 from kernels.norm import NORM_TILE, rmsnorm_kernel

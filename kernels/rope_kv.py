@@ -9,7 +9,7 @@ cos/sin are the bf16-rounded tables of SPEC D4 ([max_pos, head_dim], `cat(freqs,
 normalised head is rounded to bf16 (as the reference's bf16 q_norm output) and rotated in fp32.
 Cache layout: [kv_heads, max_pos, head_dim] per layer, so attention streams each kv head contiguously.
 
-`qk_norm_rope_kv_batch_kernel` is the batched decode step's form (issue 13): row b of the qkv output is one
+`qk_norm_rope_kv_batch_kernel` is the batched decode step's form: row b of the qkv output is one
 take's next row, at its own position POS[b] in its own cache slot SLOTS[b] of caches [slots, kv_heads,
 max_pos, head_dim]. One program per (row, head) as above, so a row's q, k and v do not depend on the other
 rows. A row with POS[b] < 0 is a bucket's padding row: its q is computed at position 0 (finite, discarded)

@@ -13,8 +13,8 @@ sharing has to go that way round. Where PyCUDA is not installed or fails to init
 loads the same cubins and launches on a torch stream directly. Graphs are captured with torch on that
 shared stream: capture happens in the driver, so it records either loader's cuLaunchKernel calls.
 
-Every launching thread makes the primary context current once (`ThreadContext`), since the studio
-launches from worker threads; kernels run on a non-blocking stream, and graphs are captured in
+Every launching thread makes the primary context current once (`kernels.loaders.ThreadContext`), since
+the studio launches from worker threads; kernels run on a non-blocking stream, and graphs are captured in
 "thread_local" error mode, so other threads' CUDA calls neither serialise with nor invalidate them.
 
     python -m kernels.runtime                 # which loader, and whether the cubin path can run here
@@ -22,6 +22,10 @@ launches from worker threads; kernels run on a non-blocking stream, and graphs a
 Probe first. With no driver, `cuda.core`'s `ObjectCode.from_cubin` fails in a way that leaves a lock
 held and the next driver call hangs (KERNELS.md §4), so `available()` asks libcuda itself through
 ctypes before anything imports PyCUDA or cuda.core.
+
+This module is the probe (ctypes, the manifest, torch) and the launch front: `CubinKernels`, `capture_graph`.
+Beside it: `kernels/loaders.py` (PyCUDA and cuda-core), `kernels/packing.py` (arguments as the driver sees
+them) and `kernels/binding.py` (`cubin_ops`: kernels/ops.py launched from cubins, or from the interpreter).
 """
 
 from __future__ import annotations
@@ -29,20 +33,18 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.util
-import os
-import struct
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from kernels import compat
 from kernels import manifest as mf
+from kernels.binding import InterpretedKernels, cubin_ops
+from kernels.loaders import LOADERS
+from kernels.packing import grid3, pack_args
 
-
-# Triton pointer type -> torch dtype name, to refuse a tensor of the wrong dtype before it reaches a kernel.
-_POINTER_DTYPES = {"*bf16": "bfloat16", "*fp16": "float16", "*fp32": "float32", "*fp8e4nv": "float8_e4m3fn",
-                   "*i64": "int64", "*i32": "int32", "*i16": "int16", "*i8": "int8", "*u8": "uint8", "*i1": "bool"}
-_INT_RANGES = {"i32": (-2**31, 2**31), "u32": (0, 2**32), "i64": (-2**63, 2**63), "u64": (0, 2**64)}
+__all__ = ["CaptureFailed", "CubinKernels", "CubinLoadError", "ForeignStream", "InterpretedKernels", "Probe",
+           "available", "bindings_problem", "bindings_requirements", "capture_graph", "cubin_ops", "loader_choice",
+           "open_loader", "package_version", "probe_driver", "torch_cannot_use_gpu"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,194 +213,6 @@ def available(device: int = 0, root: Path = mf.CUBIN_DIR) -> tuple[bool, str]:
     return _available(device, str(root))
 
 
-# ---------------------------------------------------------------------------------------------
-# Argument packing (pure: tested on the CPU against the manifests)
-
-@dataclass
-class Packed:
-    values: list            # Python ints / floats in parameter order, scratch pointers last
-    format: str             # struct codes, one per value (what PyCUDA's prepare() takes)
-
-    def buffer(self) -> bytes:
-        """The argument buffer as the driver receives it from PyCUDA (native alignment)."""
-        return struct.pack("@" + self.format, *self.values)
-
-
-def pack_args(entry: mf.KernelEntry, args, scratch=(0, 0), device_type: str = "cuda",
-              strict_dtypes: bool = True) -> Packed:
-    """Typed launch arguments for `entry`: tensors -> device pointers, None -> null pointer, ints ->
-    range-checked integers, floats -> fp32; then Triton's two hidden scratch pointers.
-
-    Checks what would otherwise corrupt memory silently: the argument count, a tensor's device, the
-    16-divisibility the cubin was compiled to assume, and (strict_dtypes) each tensor's dtype. Triton's
-    own launcher does not check dtypes either; `ops.py` passes placeholder tensors for pointers a
-    variant never reads, so the ops shim resolves variants by dtype and packs with strict_dtypes=False."""
-    params = entry.user_params
-    if len(args) != len(params):
-        raise TypeError(f"{entry.name} takes {len(params)} arguments ({', '.join(p.name for p in params)}), "
-                        f"got {len(args)}")
-    values = []
-    for p, a in zip(params, args):
-        if p.type.startswith("*"):
-            if a is None:
-                values.append(0)
-                continue
-            dtype = getattr(a, "dtype", None)
-            if dtype is None or not hasattr(a, "data_ptr"):
-                raise TypeError(f"{entry.name}.{p.name} ({p.type}) needs a tensor, got {type(a).__name__}")
-            want = _POINTER_DTYPES.get(p.type)
-            if strict_dtypes and want and str(dtype).removeprefix("torch.") != want:
-                raise TypeError(f"{entry.name}.{p.name} expects {want}, got {dtype}")
-            if a.device.type != device_type:
-                raise TypeError(f"{entry.name}.{p.name} is on {a.device}, expected a {device_type} tensor")
-            if p.name in entry.divisibility_16 and a.data_ptr() % 16:
-                raise ValueError(f"{entry.name}.{p.name} must be 16-byte aligned (the cubin assumes it)")
-            values.append(a.data_ptr())
-        elif p.type in _INT_RANGES:
-            if isinstance(a, bool) or not isinstance(a, int):
-                raise TypeError(f"{entry.name}.{p.name} ({p.type}) needs an int, got {type(a).__name__}")
-            lo, hi = _INT_RANGES[p.type]
-            if not lo <= a < hi:
-                raise OverflowError(f"{entry.name}.{p.name}={a} does not fit {p.type}")
-            if p.name in entry.divisibility_16 and a % 16:
-                raise ValueError(f"{entry.name}.{p.name}={a} must be a multiple of 16 (the cubin assumes it)")
-            values.append(a)
-        elif p.type in ("fp32", "fp64"):
-            values.append(float(a))
-        else:
-            raise TypeError(f"{entry.name}.{p.name}: unsupported parameter type {p.type}")
-    values += list(scratch)
-    return Packed(values, entry.struct_format)
-
-
-def grid3(grid) -> tuple[int, int, int]:
-    g = (grid,) if isinstance(grid, int) else tuple(grid)
-    if not 1 <= len(g) <= 3 or any(int(x) < 1 for x in g):
-        raise ValueError(f"grid must be 1-3 positive ints, got {grid}")
-    return tuple(int(x) for x in g) + (1,) * (3 - len(g))
-
-
-# ---------------------------------------------------------------------------------------------
-# Loaders
-
-CU_STREAM_NON_BLOCKING = 1  # no implicit sync with the legacy default stream (cuStreamCreate flags)
-
-
-class ThreadContext:
-    """Makes the device's primary context (the one torch uses) current once per launching thread.
-
-    A driver-API launch runs in the calling thread's current context. PyCUDA makes the primary context
-    current only on the thread that imported `pycuda.autoprimaryctx`, and the studio launches from its
-    worker threads; so each thread sets it once (a thread-local flag), never per launch. `driver` is
-    libcuda through ctypes, or a fake in the CPU tests."""
-
-    def __init__(self, device: int, driver=None):
-        self.driver = driver if driver is not None else ctypes.CDLL("libcuda.so.1")
-        self.device = device
-        self._local = threading.local()
-        self._ctx = None
-
-    def _check(self, rc: int, what: str) -> None:
-        if rc:
-            raise RuntimeError(f"{what} failed on CUDA device {self.device} (CUresult {rc})")
-
-    def ensure(self) -> None:
-        if getattr(self._local, "current", False):
-            return
-        d = self.driver
-        if self._ctx is None:
-            dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-            self._check(d.cuDeviceGet(ctypes.byref(dev), self.device), "cuDeviceGet")
-            self._check(d.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
-            self._ctx = ctx
-        self._check(d.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
-        self._local.current = True
-
-
-def open_driver_api(device: int) -> ThreadContext:
-    return ThreadContext(device)
-
-
-class PyCudaLoader:
-    """PyCUDA on the primary context; torch adopts PyCUDA's (non-blocking) stream."""
-
-    name = "pycuda"
-    device_type = "cuda"
-
-    def __init__(self, device: int):
-        import torch
-
-        torch.cuda.init()
-        os.environ.setdefault("CUDA_DEVICE", str(device))  # autoprimaryctx picks its device from this
-        import pycuda.autoprimaryctx  # noqa: F401  (retains + pushes the primary context torch uses)
-        import pycuda.driver as drv
-
-        self.drv = drv
-        self.context = open_driver_api(device)
-        self.context.ensure()
-        self.pycuda_stream = drv.Stream(CU_STREAM_NON_BLOCKING)
-        self.stream = torch.cuda.ExternalStream(self.pycuda_stream.handle, device=torch.device("cuda", device))
-
-    def load(self, cubin: bytes, entry: mf.KernelEntry):
-        module = self.drv.module_from_buffer(cubin)
-        fn = module.get_function(entry.symbol)
-        if entry.needs_smem_opt_in:
-            fn.set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, entry.shared)
-        fn.prepare(entry.struct_format)
-        return module, fn
-
-    def launch(self, handle, grid, block, shared: int, packed: Packed) -> None:
-        self.context.ensure()
-        handle[1].prepared_async_call(grid, block, self.pycuda_stream, *packed.values, shared_size=shared)
-
-
-class CudaCoreLoader:
-    """cuda-core (binary wheels, no build); launches on a torch stream directly."""
-
-    name = "cuda.core"
-    device_type = "cuda"
-    _NUMPY = {"P": "uint64", "i": "int32", "I": "uint32", "q": "int64", "Q": "uint64", "f": "float32", "d": "float64"}
-
-    def __init__(self, device: int):
-        import numpy as np
-        import torch
-
-        try:
-            from cuda.core import Device, LaunchConfig, ObjectCode, launch
-        except ImportError:  # cuda-core < 0.4 kept the API under .experimental
-            from cuda.core.experimental import Device, LaunchConfig, ObjectCode, launch
-        from cuda.bindings import driver
-
-        self.np, self.driver = np, driver
-        self.ObjectCode, self.LaunchConfig, self._launch = ObjectCode, LaunchConfig, launch
-        self.device = device
-        Device(device).set_current()  # the primary context, as torch uses
-        self.context = open_driver_api(device)
-        # torch creates its pool streams with cudaStreamNonBlocking: no implicit sync with stream 0
-        self.stream = torch.cuda.Stream(device=torch.device("cuda", device))
-
-    def load(self, cubin: bytes, entry: mf.KernelEntry):
-        obj = self.ObjectCode.from_cubin(cubin)
-        kernel = obj.get_kernel(entry.symbol)
-        if entry.needs_smem_opt_in:
-            (err,) = self.driver.cuKernelSetAttribute(
-                self.driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, entry.shared,
-                kernel.handle, self.driver.CUdevice(self.device))
-            if err != self.driver.CUresult.CUDA_SUCCESS:
-                raise RuntimeError(f"{entry.name}: cannot allow {entry.shared} B of shared memory ({err})")
-        types = [getattr(self.np, self._NUMPY[c]) for c in entry.struct_format]
-        return obj, kernel, types
-
-    def launch(self, handle, grid, block, shared: int, packed: Packed) -> None:
-        self.context.ensure()
-        _, kernel, types = handle
-        args = [t(v) for t, v in zip(types, packed.values)]
-        self._launch(self.stream, self.LaunchConfig(grid=grid, block=block, shmem_size=shared), kernel, *args)
-
-
-LOADERS = {"pycuda": PyCudaLoader, "cuda.core": CudaCoreLoader}
-
-
 def open_loader(device: int, preference: str = "auto"):
     """First loader that initialises, with `.why` saying why it was chosen; RuntimeError listing why
     each failed."""
@@ -417,7 +231,6 @@ def open_loader(device: int, preference: str = "auto"):
         loader.why = why if not failures else f"{'; '.join(failures)}; {name} loads the same cubins"
         return loader
     raise RuntimeError("no cubin loader could start (" + ("; ".join(failures) or "none installed") + ")")
-
 
 # ---------------------------------------------------------------------------------------------
 # Kernels
@@ -564,118 +377,6 @@ def capture_graph(fn, stream, *, warmup: int = 2, pool=None):
                                 f"{first[0]} (then: {type(exc).__name__}: {exc})") from first[0]
         raise
     return graph
-
-
-# ---------------------------------------------------------------------------------------------
-# The typed ops of kernels/ops.py, launched from cubins
-
-_LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas")
-
-
-class _JitShim:
-    """Stands in for one `@triton.jit` function inside a copy of `kernels/ops.py`: `shim[grid](...)`
-    takes exactly the call Triton's launcher would, picks the manifest entry compiled for those
-    constexprs (and pointer dtypes, where variants differ only by dtype), and launches its cubin.
-    A call no cubin was built for is an error, never a silent JIT compile."""
-
-    def __init__(self, fn, kernels, entries: list[mf.KernelEntry]):
-        import inspect
-
-        self.fn, self.kernels, self.entries = fn, kernels, entries
-        sig = inspect.signature(getattr(fn, "fn", fn))
-        self.names = list(sig.parameters)
-        self.defaults = {n: p.default for n, p in sig.parameters.items() if p.default is not inspect.Parameter.empty}
-        self._cache: dict = {}
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: self._launch(grid, args, kwargs)
-
-    def _resolve(self, bound: dict, options: dict) -> mf.KernelEntry:
-        def dtype(v):
-            return str(getattr(v, "dtype", "")).removeprefix("torch.")
-
-        matches = []
-        for e in self.entries:
-            if any(bound.get(k, self.defaults.get(k)) != v for k, v in e.constexprs.items()):
-                continue
-            if any(options.get(o, getattr(e, o)) != getattr(e, o) for o in ("num_warps", "num_stages")):
-                continue
-            score = sum(dtype(bound[p.name]) == _POINTER_DTYPES.get(p.type)
-                        for p in e.user_params if p.type.startswith("*") and bound.get(p.name) is not None)
-            matches.append((score, e))
-        matches.sort(key=lambda m: -m[0])
-        if not matches or (len(matches) > 1 and matches[0][0] == matches[1][0]):
-            given = {k: bound.get(k) for k in sorted({k for e in self.entries for k in e.constexprs})}
-            raise LookupError(f"{getattr(self.fn, '__name__', self.fn)}: "
-                              f"{'no' if not matches else 'more than one'} cubin matches constexprs {given}, "
-                              f"options {options} (built: {[e.name for e in self.entries]}); "
-                              "add a KernelSpec for this call and rebuild")
-        return matches[0][1]
-
-    def _launch(self, grid, args, kwargs):
-        options = {k: kwargs.pop(k) for k in _LAUNCH_OPTIONS if k in kwargs}
-        bound = dict(zip(self.names, args))
-        bound.update(kwargs)
-        key = tuple((k, v if isinstance(v, (bool, int, float, str, type(None))) else str(getattr(v, "dtype", "")))
-                    for k, v in sorted(bound.items())) + tuple(sorted(options.items()))
-        entry = self._cache.get(key)
-        if entry is None:
-            entry = self._cache[key] = self._resolve(bound, options)
-        self.kernels.launch(entry.name, grid, *[bound[p.name] for p in entry.user_params], strict_dtypes=False)
-
-
-def cubin_ops(kernels, ops_module=None):
-    """A private copy of `kernels/ops.py` whose Triton kernels launch from `kernels` (a CubinKernels,
-    or InterpretedKernels in CPU tests) — the same op names, arguments, grids and strides, one source
-    of truth. Requires `triton` importable (ops.py uses triton.cdiv); torch's CUDA wheels bring it."""
-    import importlib
-
-    ops = ops_module or importlib.import_module("kernels.ops")
-    spec = importlib.util.spec_from_file_location(f"{ops.__name__}_cubin_{id(kernels):x}", ops.__file__)
-    copy = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(copy)
-    by_fn: dict[tuple[str, str], list[mf.KernelEntry]] = {}
-    for e in kernels.manifest.kernels.values():
-        by_fn.setdefault((e.module, e.symbol), []).append(e)
-    replaced = []
-    for attr, value in vars(copy).items():
-        fn = getattr(value, "fn", None)
-        if fn is None or not callable(fn):
-            continue
-        entries = by_fn.get((fn.__module__, fn.__name__))
-        if entries:
-            setattr(copy, attr, _JitShim(value, kernels, entries))
-            replaced.append(attr)
-    copy.CUBIN_KERNELS = tuple(replaced)
-    return copy
-
-
-class InterpretedKernels:
-    """CubinKernels' launch interface backed by the Triton sources themselves, run exactly as the
-    manifest says (its constexprs and warps, its parameter order, after `pack_args` validation).
-    Under TRITON_INTERPRET=1 this runs on the CPU, so CI executes the cubin path's whole composition
-    — variant resolution, argument lists, alignment — without a GPU; only the machine code differs."""
-
-    loader_name = "interpreter"
-
-    def __init__(self, manifest: mf.Manifest, device_type: str = "cpu"):
-        import importlib
-
-        self.manifest, self.device_type = manifest, device_type
-        self.stream = None
-        self._fns = {n: getattr(importlib.import_module(e.module), e.symbol) for n, e in manifest.kernels.items()}
-        self.launches: list[str] = []
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._fns
-
-    def launch(self, name: str, grid, *args, strict_dtypes: bool = True) -> None:
-        e = self.manifest.kernels[name]
-        pack_args(e, args, device_type=self.device_type, strict_dtypes=strict_dtypes)
-        named = {p.name: a for p, a in zip(e.user_params, args)}
-        self._fns[name][grid3(grid)](**named, **e.constexprs, num_warps=e.num_warps, num_stages=e.num_stages)
-        self.launches.append(name)
-
 
 def main() -> int:
     """Report the loader that would run and why, whether the cubin path can run here, and then which loader

@@ -24,7 +24,7 @@ cumulative count — O(30·V) work, no O(V²) ranks, no sort. Masses are fp32 tr
 not torch's, so a CPU sampler can differ from this kernel only when u or top_p falls within float
 rounding of a boundary (the tests compare picks bit for bit on random and tied logits).
 
-`sample_grid_kernel` (issue 16; the cubin backend's variant "v3") is the same step as one program per
+`sample_grid_kernel` (the cubin backend's variant "v3") is the same step as one program per
 codebook, a grid of 8, with a radix search in place of the bisection:
   * Grid. The single program above samples 4 codebooks, then the other 4, one after the other, with 16
     warps reducing every [4, 2048] tile (cross-warp reductions are the latency: ~0.3-0.5 µs each, a
@@ -61,6 +61,7 @@ import triton
 import triton.language as tl
 
 from kernels.spec import KernelSpec
+
 
 @triton.jit
 def _splitmix64(x):

@@ -1,5 +1,5 @@
 """Split-K GEMVs for the N = 2560 projections of the decode step (o_proj, down): the cubin backend's
-variant "v3" (issue 16), otherwise the v2 step of kernels/fused.py.
+variant "v3", otherwise the v2 step of kernels/fused.py.
 
 With whole rows per program, o_proj and down launch only 320 programs of 8 rows: about 10 KB of weights
 in flight per SM where ~30 KB cover HBM latency. Here each row block is also split over K into SPLIT_K
@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.common import to_e4m3
+from kernels.gemv import _gemv_epilogue, _gemv_loop
 from kernels.spec import KernelSpec
 
 
@@ -35,25 +35,8 @@ def gemv_splitk_kernel(X, W, W_SCALE, X_SCALE, R, Y, PART, COUNT, N, K, stride_w
     k_chunk = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
     k_start = split * k_chunk
     k_end = tl.minimum(k_start + k_chunk, K)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    w_ptrs = W + rows.to(tl.int64)[:, None] * stride_w + cols[None, :]
-    w_next = tl.load(w_ptrs + k_start, mask=rmask[:, None] & ((k_start + cols) < k_end)[None, :], other=0.0)
-    for k0 in range(k_start, k_end, BLOCK_K):
-        w = w_next.to(tl.float32)
-        w_next = tl.load(w_ptrs + k0 + BLOCK_K, mask=rmask[:, None] & ((k0 + BLOCK_K + cols) < k_end)[None, :],
-                         other=0.0)
-        kmask = (k0 + cols) < k_end
-        if SILU:
-            g = tl.load(X + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
-            u = tl.load(X + K + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
-            x = g / (1.0 + tl.exp(-g)) * u
-            if HAS_X_SCALE:
-                x = to_e4m3(x / tl.load(X_SCALE)).to(tl.float32)
-            else:
-                x = x.to(tl.bfloat16).to(tl.float32)
-        else:
-            x = tl.load(X + k0 + cols, mask=kmask, other=0.0).to(tl.float32)
-        acc += w * x[None, :]
+    acc = _gemv_loop(X, X, W, X_SCALE, rows, rmask, cols, k_start, k_end, K, 1.0, stride_w, BLOCK_N, BLOCK_K,
+                     PROLOGUE=2 if SILU else 0, HAS_X_SCALE=HAS_X_SCALE, PIPELINE=True)
     tl.store(PART + split * N + rows, tl.sum(acc, axis=1), mask=rmask)
     tl.debug_barrier()                          # every thread's partial is stored before the ticket is taken
     ticket = tl.atomic_add(COUNT + pid, 1, sem="acq_rel")
@@ -61,14 +44,7 @@ def gemv_splitk_kernel(X, W, W_SCALE, X_SCALE, R, Y, PART, COUNT, N, K, stride_w
         y = tl.zeros((BLOCK_N,), tl.float32)
         for sp in tl.static_range(SPLIT_K):
             y += tl.load(PART + sp * N + rows, mask=rmask, other=0.0, cache_modifier=".cg")
-        if HAS_W_SCALE:
-            y = y * tl.load(W_SCALE + rows, mask=rmask, other=0.0)
-        if HAS_X_SCALE:
-            y = y * tl.load(X_SCALE)
-        if HAS_RESIDUAL:
-            r = tl.load(R + rows, mask=rmask, other=0.0).to(tl.float32)
-            y = y.to(Y.dtype.element_ty).to(tl.float32) + r
-        tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=rmask)
+        _gemv_epilogue(y, W_SCALE, X_SCALE, R, Y, rows, rmask, HAS_W_SCALE, HAS_X_SCALE, HAS_RESIDUAL)
         tl.store(COUNT + pid, 0)
 
 

@@ -12,9 +12,18 @@ decodes bf16 operands to fp32 (exact) before the matmul, which is what the tenso
 (exact products, fp32 accumulation). Upstream: triton-lang/triton#11584 (fix PR #11585 closed unmerged,
 "we just don't support it yet"); Triton's debugging guide says the interpreter does not support bf16
 arithmetic — so every kernel here converts bf16 to fp32 before any arithmetic, and only tl.dot needs this.
+
+Not a defect but a cost: the interpreter patches `triton.language` (inspect.getmembers over tl, tl.tensor,
+tl.math, ...) at every kernel launch and again at every call of a @triton.jit helper inside it, once per
+program and loop step. The launch's patch is still in force during those calls, so re-patching changes
+nothing; `install()` skips it for a helper called on the launching thread whose language modules are
+already patched in this launch (a quarter of the kernel tests' time).
 """
 
 from __future__ import annotations
+
+import inspect
+import threading
 
 import numpy as np
 import torch
@@ -46,6 +55,42 @@ def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
     return _original_dot(self, decode(a), decode(b), d, input_precision, max_num_imprecise_acc)
 
 
+_original_patch_lang = interpreter._patch_lang
+_original_launch = interpreter.GridExecutor.__call__
+_launches = threading.local()   # per thread: one entry per running launch, the language modules it patched
+
+
+def _langs(fn) -> frozenset[int]:
+    return frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
+
+
+class _AlreadyPatched:
+    def restore(self) -> None:   # a helper's call never restores its scope (InterpretedFunction.__call__)
+        pass
+
+
+def _patch_lang(fn):
+    stack = getattr(_launches, "stack", None)
+    langs = _langs(fn)
+    if stack and stack[-1] is not None and langs <= stack[-1]:
+        return _AlreadyPatched()
+    scope = _original_patch_lang(fn)
+    if stack:   # the launch's own patch (made first), or a helper's that also reached tl.core (tl.standard's)
+        stack[-1] = langs | (stack[-1] or frozenset())
+    return scope
+
+
+def _launch(self, *args, **kwargs):
+    stack = _launches.__dict__.setdefault("stack", [])
+    stack.append(None)
+    try:
+        return _original_launch(self, *args, **kwargs)
+    finally:
+        stack.pop()
+
+
 def install() -> None:
     interpreter._convert_float = _convert_float
     interpreter.InterpreterBuilder.create_dot = _create_dot
+    interpreter._patch_lang = _patch_lang
+    interpreter.GridExecutor.__call__ = _launch

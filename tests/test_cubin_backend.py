@@ -2,24 +2,20 @@
 variant resolution and argument checks as on a GPU, but runs the Triton source in the interpreter
 (`InterpretedKernels`). Compared with the torch reference on the tiny parity checkpoint."""
 
-import os
+import json
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import json  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install -r requirements-dev.txt)")
 
-from engine.backends.cubin import CubinBackend, probe, resolve_precision  # noqa: E402
-from engine.checkpoint import load_checkpoint  # noqa: E402
-from engine.model import HiggsModel, rel_error  # noqa: E402
-from kernels import manifest as mf  # noqa: E402
-from kernels.runtime import InterpretedKernels, cubin_ops  # noqa: E402
-from tests import interp_rounding  # noqa: E402
-from tests.helpers import cosine  # noqa: E402
+from engine.backends.cubin import CubinBackend, probe, resolve_precision
+from engine.checkpoint import load_checkpoint
+from engine.model import HiggsModel, rel_error
+from kernels import manifest as mf
+from kernels.runtime import InterpretedKernels, cubin_ops
+from tests import interp_rounding
+from tests.helpers import cosine
 
 interp_rounding.install()  # the interpreter's bf16 rounding and bf16 tl.dot defects (see that module)
 

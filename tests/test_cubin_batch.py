@@ -1,4 +1,4 @@
-"""The cubin backend's batched step (issue 13) on the CPU: `decode_rows` over per-slot caches, run by Triton's
+"""The cubin backend's batched step on the CPU: `decode_rows` over per-slot caches, run by Triton's
 interpreter on the tiny checkpoints. A take's logits are the same bits alone and in any company and slot
 (batch invariance by construction, engine/backends/cubin.py), close to the torch reference, and an Engine
 with max_batch > 1 on this backend gives a take the same codes alone and in a running batch.
@@ -9,31 +9,28 @@ batched step launches has its cubin), and plain `kernels.ops` with larger tiles 
 run many steps: interpreter time grows with programs, and each kernel's production tiling has its own test
 (tests/test_kernels_batch*.py)."""
 
-import os
+import json
+import threading
+import time
+from contextlib import contextmanager
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import json  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install -r requirements-dev.txt)")
 
-from engine.backends.cubin import ROW_BUCKETS, CubinBackend  # noqa: E402
-from engine.checkpoint import load_checkpoint  # noqa: E402
-from engine.generate import Engine  # noqa: E402
-from engine.model import HiggsModel, rel_error  # noqa: E402
-from engine.prompt import Prompt, zero_shot_ids  # noqa: E402
-from engine.types import SamplingParams  # noqa: E402
-from kernels import manifest as mf, ops  # noqa: E402
-from kernels.runtime import InterpretedKernels, cubin_ops  # noqa: E402
-from tests import interp_rounding  # noqa: E402
-from tests.helpers import cosine  # noqa: E402
-from tests.interp_step import fast_tiles  # noqa: E402
+from engine.backends.cubin import ROW_BUCKETS, CubinBackend
+from engine.checkpoint import load_checkpoint
+from engine.generate import Engine
+from engine.model import HiggsModel, rel_error
+from engine.prompt import Prompt, zero_shot_ids
+from engine.types import SamplingParams
+from kernels import manifest as mf
+from kernels import ops
+from kernels.runtime import InterpretedKernels, cubin_ops
+from tests import interp_rounding
+from tests.helpers import cosine
+from tests.interp_step import fast_tiles
 
 interp_rounding.install()
 

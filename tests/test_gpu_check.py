@@ -8,7 +8,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from bench import gpu_check
+from bench import gpu_check, gpu_model, gpu_run
 from kernels.check import Row
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ def test_cpu_selftest_contains_deliberate_failures_and_writes_json_lines(tmp_pat
     assert {"torch-graph", "real shapes", "microbench"} <= set(sections)
     assert any(r["section"] == "torch-graph" and r["item"].startswith("device sampling") and r["status"] == "PASS"
                for r in rows)
-    # issue 16's sampler A/B (one program vs the grid) and the whole-step A/B of every variant
+    # the sampler A/B (one program vs the grid) and the whole-step A/B of every variant
     assert sum(r["section"] == "microbench" and r["item"].startswith("A/B sampler") for r in rows) == 2
     assert any(r["item"].startswith("decode ms/frame v1 | v2 | v3 | v2+grid") for r in rows)
     assert "deliberate failures contained, later sections ran" in out.stdout and "XFAIL" in out.stdout
@@ -43,7 +43,7 @@ def test_cpu_selftest_contains_deliberate_failures_and_writes_json_lines(tmp_pat
 
 
 def test_a_real_failure_still_fails_the_run(tmp_path, capsys):
-    report = gpu_check.Report(tmp_path)
+    report = gpu_run.Report(tmp_path)
 
     def ok():
         yield Row("a", "fine", "1", "", "PASS")
@@ -51,16 +51,16 @@ def test_a_real_failure_still_fails_the_run(tmp_path, capsys):
     def bad():
         yield Row("b", "wrong", "2", "", "FAIL")
 
-    outcome = gpu_check.run_sections([gpu_check.Section("a", 5, ok), gpu_check.Section("b", 5, bad)], report)
+    outcome = gpu_run.run_sections([gpu_run.Section("a", 5, ok), gpu_run.Section("b", 5, bad)], report)
     assert outcome == {"a": "done", "b": "done"} and [r.status for r in report.rows] == ["PASS", "FAIL"]
     assert len((tmp_path / "rows.jsonl").read_text().splitlines()) == 2
 
 
 def test_step_ab_covers_every_variant_and_both_samplers():
-    """Issue 16's whole-step A/B times every backend variant, and v2 with v3's sampler alone."""
+    """The whole-step A/B times every backend variant, and v2 with v3's sampler alone."""
     from engine.backends.cubin import VARIANT_SAMPLER, VARIANTS
 
-    configs = gpu_check.STEP_CONFIGS
+    configs = gpu_model.STEP_CONFIGS
     assert {variant for _, variant, _ in configs} == set(VARIANTS)
     assert ("v2", "grid") in {(variant, sampler or VARIANT_SAMPLER[variant]) for _, variant, sampler in configs}
     assert len({label for label, _, _ in configs}) == len(configs)
@@ -69,13 +69,13 @@ def test_step_ab_covers_every_variant_and_both_samplers():
 def test_step_ab_rows_give_each_steps_time_over_v2s():
     ms = {(p, label): t for p in ("fp8", "bf16")
           for label, t in zip(("v1", "v2", "v3", "v2+grid"), (2.0, 1.0, 0.8, 0.9))}
-    rows = gpu_check.step_ab_rows(ms)
+    rows = gpu_model.step_ab_rows(ms)
     assert [r.section for r in rows] == ["A/B step fp8", "A/B step bf16"]
     assert rows[0].item == "decode ms/frame v1 | v2 | v3 | v2+grid (time / v2's)"
     assert rows[0].value == "2.000 (2.00x) | 1.000 (1.00x) | 0.800 (0.80x) | 0.900 (0.90x)"
 
 
-def test_device_check_runs_issue_16s_ab_sections():
+def test_device_check_runs_the_ab_sections():
     """The device run (not --quick) times the per-kernel A/B (kernels.check.timed_ab_rows: v1/v2 pieces and
     v2/v3 split-K) and the whole-step A/B; --quick keeps the per-kernel rows. Listing them launches nothing."""
     from argparse import Namespace
@@ -91,8 +91,8 @@ def test_grid_sampler_row_fails_on_the_first_different_row():
     import torch
 
     a = torch.arange(24).view(3, 8)
-    assert gpu_check.grid_sampler_row("fp8", a, a.clone()).status == "PASS"
+    assert gpu_model.grid_sampler_row("fp8", a, a.clone()).status == "PASS"
     b = a.clone()
     b[1, 7] = 1024
-    row = gpu_check.grid_sampler_row("bf16", a, b)
+    row = gpu_model.grid_sampler_row("bf16", a, b)
     assert row.status == "FAIL" and row.value == "1/3 identical before the first difference"

@@ -5,30 +5,26 @@ per batched step."""
 
 from __future__ import annotations
 
-import os
+import contextlib
+import json
+import sys
+import threading
+import time
+import weakref
+from pathlib import Path
+from types import SimpleNamespace
 
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before Triton is imported: the cubin backend's kernels on the CPU
+import pytest
+import torch
 
-import contextlib  # noqa: E402
-import json  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-import weakref  # noqa: E402
-from pathlib import Path  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from bench import gpu_check  # noqa: E402
-from engine import generate  # noqa: E402
-from engine.backends import memory, trust  # noqa: E402
-from engine.config import FULL_SIZE  # noqa: E402
-from kernels import manifest as mf  # noqa: E402
-from kernels import runtime  # noqa: E402
-from kernels.check import Row  # noqa: E402
-from tests.test_kernels_runtime import _entry, one_kernel_root  # noqa: E402
+from bench import gpu_check, gpu_run
+from engine import generate
+from engine.backends import memory, trust
+from engine.config import FULL_SIZE
+from kernels import manifest as mf
+from kernels import runtime
+from kernels.check import Row
+from tests.test_kernels_runtime import _entry, one_kernel_root
 
 REPO = Path(__file__).resolve().parents[1]
 GB = 1e9
@@ -298,7 +294,7 @@ def test_readme_installs_bindings_per_driver():
 
 # ------------------------------------------------------------------------------------- device check
 def test_after_a_sticky_error_later_sections_are_invalid_not_failed(tmp_path):
-    report = gpu_check.Report(tmp_path)
+    report = gpu_run.Report(tmp_path)
     ran = []
 
     def fine(name):
@@ -316,10 +312,10 @@ def test_after_a_sticky_error_later_sections_are_invalid_not_failed(tmp_path):
         raise ValueError("an ordinary failure")
 
     health = iter([None, "AcceleratorError: CUDA error: an illegal memory access was encountered"])
-    sections = [gpu_check.Section("ordinary", 5, ordinary), gpu_check.Section("a", 5, fine("a")),
-                gpu_check.Section("faulting", 5, faulting),
-                gpu_check.Section("b", 5, fine("b")), gpu_check.Section("c", 5, fine("c"))]
-    outcome = gpu_check.run_sections(sections, report, health=lambda: next(health))
+    sections = [gpu_run.Section("ordinary", 5, ordinary), gpu_run.Section("a", 5, fine("a")),
+                gpu_run.Section("faulting", 5, faulting),
+                gpu_run.Section("b", 5, fine("b")), gpu_run.Section("c", 5, fine("c"))]
+    outcome = gpu_run.run_sections(sections, report, health=lambda: next(health))
     # an ordinary failure with a healthy device: the next section runs; after the fault none does
     assert outcome == {"ordinary": "failed", "a": "done", "faulting": "failed", "b": "invalid", "c": "invalid"}
     assert ran == ["a"]

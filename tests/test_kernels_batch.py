@@ -2,16 +2,13 @@
 D6 reference with NaN-poisoned outputs, and batch invariance — a row's result is bit for bit the same
 whatever the batch size and whatever the other rows hold."""
 
-import os
+import pytest
+import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from engine import sampling  # noqa: E402
-from kernels import ops, reference as ref  # noqa: E402
-from tests import interp_rounding  # noqa: E402
+from engine import sampling
+from kernels import ops
+from kernels import reference as ref
+from tests import interp_rounding
 
 interp_rounding.install()
 

@@ -1,17 +1,14 @@
-"""The kernels the cubin backend's batched step adds (issue 13) on the CPU interpreter: the W8A16 skinny GEMM
+"""The kernels the cubin backend's batched step adds on the CPU interpreter: the W8A16 skinny GEMM
 (FP8 weight, BF16 activations: o_proj on the FP8 path), the skinny GEMM with fp32 output (the batched audio
 head) and the batched q/k norm + RoPE + KV write with a slot and a position per row. Numerics against float64
 with NaN-poisoned outputs, and batch invariance: a row's result is the same bits whatever the batch holds."""
 
-import os
+import pytest
+import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from kernels import ops, reference as ref  # noqa: E402
-from tests import interp_rounding  # noqa: E402
+from kernels import ops
+from kernels import reference as ref
+from tests import interp_rounding
 
 interp_rounding.install()
 

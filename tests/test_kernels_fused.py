@@ -2,17 +2,13 @@
 NaN-poisoned before each launch; shapes not tile-aligned, production tiles. The rounding points are the
 unfused kernels', so the references round where those kernels store (bf16, or e4m3 for W8A8 inputs)."""
 
-import os
+import math
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
 
-import math  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from kernels import ops  # noqa: E402
-from tests import interp_rounding  # noqa: E402
+from kernels import ops
+from tests import interp_rounding
 
 interp_rounding.install()
 

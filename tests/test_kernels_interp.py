@@ -5,23 +5,20 @@ shows up. Shapes are small but not tile-aligned, so every masked edge and multi-
 production tiles.
 """
 
-import os
+import json
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
+import triton
+import triton.language as tl
 
-import json  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from engine import sampling  # noqa: E402
-from kernels import ops, reference as ref  # noqa: E402
-from kernels.common import to_e4m3  # noqa: E402
-from tests import interp_rounding  # noqa: E402
-from tests.conftest import PARITY, parity_missing  # noqa: E402
-from tests.helpers import rel_err  # noqa: E402
+from engine import sampling
+from kernels import ops
+from kernels import reference as ref
+from kernels.common import to_e4m3
+from tests import interp_rounding
+from tests.conftest import PARITY, parity_missing
+from tests.helpers import rel_err
 
 interp_rounding.install()
 
@@ -293,7 +290,7 @@ def test_sampler_greedy_ties_lowest_index_and_delay_window():
     logits = torch.zeros(8, 1026)
     logits[:, 5] = 3.0
     logits[:, 900] = 3.0                              # tie with 5: the lower index wins
-    for step in range(0, 9):
+    for step in range(9):
         rows, state, x, embed = _run_sampler(logits, step=step, seed=1, temperature=0.0, top_k=30, top_p=0.8)
         want = [5 if k <= step else 1024 for k in range(8)]
         assert rows[step].tolist() == want
@@ -423,7 +420,7 @@ def test_every_ops_launch_has_a_kernel_spec(monkeypatch):
         candidates = [s for s in specs if s.fn is jit and s.constexprs == kwargs
                       and options.get("num_warps", s.num_warps) == s.num_warps
                       and options.get("num_stages", s.num_stages) == s.num_stages]
-        score = lambda s: sum(getattr(bound[p], "dtype", None) == _TORCH_TYPES.get(t)  # noqa: E731
+        score = lambda s: sum(getattr(bound[p], "dtype", None) == _TORCH_TYPES.get(t)
                               for p, t in s.signature.items() if t.startswith("*"))
         candidates.sort(key=score, reverse=True)
         assert candidates, f"{jit.fn.__name__} launched with {kwargs} {options}: no KernelSpec"

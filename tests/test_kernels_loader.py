@@ -13,8 +13,8 @@ import types
 import pytest
 import torch
 
+from kernels import loaders, runtime
 from kernels import manifest as mf
-from kernels import runtime
 
 TOOLCHAIN = mf.Toolchain(ptxas="12.9", elf_abi=8, min_driver_cuda=12080, min_driver="570.26")
 
@@ -42,7 +42,7 @@ def pycuda_loader_with_fake_driver():
     """A PyCudaLoader whose `drv` records set_attribute calls (no PyCUDA, no GPU)."""
     log = []
     module = types.SimpleNamespace(get_function=lambda symbol: FakePyCudaFunction(log))
-    loader = object.__new__(runtime.PyCudaLoader)
+    loader = object.__new__(loaders.PyCudaLoader)
     loader.drv = types.SimpleNamespace(module_from_buffer=lambda cubin: module,
                                        function_attribute=types.SimpleNamespace(MAX_DYNAMIC_SHARED_SIZE_BYTES="MAXDYN"))
     return loader, log
@@ -87,7 +87,7 @@ def test_cuda_core_loader_opts_in_on_static_plus_dynamic():
         cuKernelSetAttribute=lambda attr, value, handle, dev: calls.append((attr, value)) or ("OK",),
         CUfunction_attribute=types.SimpleNamespace(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES="MAXDYN"),
         CUresult=types.SimpleNamespace(CUDA_SUCCESS="OK"), CUdevice=int)
-    loader = object.__new__(runtime.CudaCoreLoader)
+    loader = object.__new__(loaders.CudaCoreLoader)
     loader.np, loader.driver, loader.device = __import__("numpy"), drv, 0
     loader.ObjectCode = types.SimpleNamespace(
         from_cubin=lambda cubin: types.SimpleNamespace(get_kernel=lambda s: types.SimpleNamespace(handle=1)))
@@ -196,7 +196,7 @@ class FakeDriver:
 
 def test_context_made_current_once_per_launching_thread():
     drv = FakeDriver()
-    ctx = runtime.ThreadContext(0, driver=drv)
+    ctx = loaders.ThreadContext(0, driver=drv)
     seen = {}
 
     def worker(i):
@@ -220,7 +220,7 @@ def test_context_failure_is_a_sentence():
     drv = FakeDriver()
     drv.cuCtxSetCurrent = lambda ctx: 201  # CUDA_ERROR_INVALID_CONTEXT
     with pytest.raises(RuntimeError, match="cuCtxSetCurrent failed on CUDA device 0 .CUresult 201"):
-        runtime.ThreadContext(0, driver=drv).ensure()
+        loaders.ThreadContext(0, driver=drv).ensure()
 
 
 def test_pycuda_loader_uses_a_non_blocking_stream_and_the_thread_context(monkeypatch):
@@ -239,9 +239,9 @@ def test_pycuda_loader_uses_a_non_blocking_stream_and_the_thread_context(monkeyp
     monkeypatch.setattr(torch.cuda, "init", lambda: None)
     monkeypatch.setattr(torch.cuda, "ExternalStream", lambda handle, device=None: ("external", handle))
     drv = FakeDriver()
-    monkeypatch.setattr(runtime, "open_driver_api", lambda device: runtime.ThreadContext(device, driver=drv))
-    loader = runtime.PyCudaLoader(0)
-    assert made["flags"] == runtime.CU_STREAM_NON_BLOCKING == 1
+    monkeypatch.setattr(loaders, "open_driver_api", lambda device: loaders.ThreadContext(device, driver=drv))
+    loader = loaders.PyCudaLoader(0)
+    assert made["flags"] == loaders.CU_STREAM_NON_BLOCKING == 1
     assert loader.stream == ("external", 1234) and drv.current() == 0xC0
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from kernels import manifest as mf
-from kernels import runtime
+from kernels import packing, runtime
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLCHAIN = mf.Toolchain(ptxas="12.9", elf_abi=7, min_driver_cuda=12000, min_driver="525.60.13")
@@ -124,20 +124,20 @@ def test_pack_args_types_and_errors():
     e = _entry({"X": "*bf16", "W": "*fp8e4nv", "R": "*bf16", "alpha": "fp32", "n": "i32", "seed": "i64"})
     x = torch.zeros(8, dtype=torch.bfloat16)
     w = torch.zeros(8, dtype=torch.float8_e4m3fn)
-    p = runtime.pack_args(e, (x, w, None, 0.5, 7, 2**40), device_type="cpu")
+    p = packing.pack_args(e, (x, w, None, 0.5, 7, 2**40), device_type="cpu")
     assert p.values == [x.data_ptr(), w.data_ptr(), 0, 0.5, 7, 2**40, 0, 0]
     assert p.format == "PPPfiqPP"
     assert len(p.buffer()) == e.params[-1].offset + 8
     with pytest.raises(TypeError, match="expects float8_e4m3fn"):
-        runtime.pack_args(e, (x, x, None, 0.5, 7, 1), device_type="cpu")
+        packing.pack_args(e, (x, x, None, 0.5, 7, 1), device_type="cpu")
     with pytest.raises(TypeError, match="takes 6 arguments"):
-        runtime.pack_args(e, (x, w), device_type="cpu")
+        packing.pack_args(e, (x, w), device_type="cpu")
     with pytest.raises(OverflowError, match="does not fit i32"):
-        runtime.pack_args(e, (x, w, None, 0.5, 2**31, 1), device_type="cpu")
+        packing.pack_args(e, (x, w, None, 0.5, 2**31, 1), device_type="cpu")
     with pytest.raises(TypeError, match="needs an int"):
-        runtime.pack_args(e, (x, w, None, 0.5, 7.0, 1), device_type="cpu")
+        packing.pack_args(e, (x, w, None, 0.5, 7.0, 1), device_type="cpu")
     with pytest.raises(TypeError, match="expected a cuda tensor"):
-        runtime.pack_args(e, (x, w, None, 0.5, 7, 1))
+        packing.pack_args(e, (x, w, None, 0.5, 7, 1))
 
 
 class RecordingLoader:

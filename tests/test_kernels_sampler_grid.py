@@ -5,22 +5,19 @@ row and the bit-identical next input — on the CPU interpreter, outputs NaN/-1-
 runs the 8 programs one after another, so the ticket protocol is exercised in one order; the SASS test
 (tests/test_kernels_fused_sass.py) checks its single integer atomic behind a release fence."""
 
-import os
+import json
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
+import triton
+import triton.language as tl
 
-import json  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-from engine import sampling  # noqa: E402
-from kernels import ops, reference as ref  # noqa: E402
-from kernels.sampler import _largest_bits_with_count, _largest_bits_with_mass, _radix_largest  # noqa: E402
-from tests.conftest import PARITY, parity_missing  # noqa: E402
-from tests.test_kernels_interp import SAMPLING_CASES, _scripted_logits, nan_like  # noqa: E402
+from engine import sampling
+from kernels import ops
+from kernels import reference as ref
+from kernels.sampler import _largest_bits_with_count, _largest_bits_with_mass, _radix_largest
+from tests.conftest import PARITY, parity_missing
+from tests.test_kernels_interp import SAMPLING_CASES, _scripted_logits, nan_like
 
 BF16 = torch.bfloat16
 HIDDEN = 24
@@ -89,7 +86,7 @@ def test_grid_sampler_greedy_ties_and_delay_window():
     logits = torch.zeros(8, 1026)
     logits[:, 5] = 3.0
     logits[:, 900] = 3.0                              # tie with 5: the lower index wins
-    for step in range(0, 9):
+    for step in range(9):
         rows, _ = both(logits, step=step, seed=1, temperature=0.0, top_k=30, top_p=0.8)
         assert rows[step].tolist() == [5 if k <= step else 1024 for k in range(8)]
         assert (rows[:step] == -1).all() and (rows[step + 1:] == -1).all()

@@ -2,16 +2,12 @@
 NaN-poisoned, production tiles; K chosen so that one split is partial and one is empty. The rounding
 points are gemv2's: the silu·mul input rounded to bf16 or quantised to e4m3 at the static scale."""
 
-import os
+import pytest
+import torch
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from kernels import ops  # noqa: E402
-from tests import interp_rounding  # noqa: E402
-from tests.test_kernels_fused import nan_like, product, rel_err, weights  # noqa: E402
+from kernels import ops
+from tests import interp_rounding
+from tests.test_kernels_fused import nan_like, product, rel_err, weights
 
 interp_rounding.install()
 

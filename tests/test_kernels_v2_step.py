@@ -8,22 +8,19 @@ with the few-programs tiles of tests/interp_step.py, since the production head t
 launch here; the production tiles of the new kernels are covered by tests/test_kernels_fused.py.
 """
 
-import os
+import json
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import pytest
+import torch
 
-import json  # noqa: E402
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from engine.backends.cubin import CubinBackend  # noqa: E402
-from engine.checkpoint import load_checkpoint  # noqa: E402
-from kernels import manifest as mf, ops  # noqa: E402
-from kernels.runtime import InterpretedKernels, cubin_ops  # noqa: E402
-from tests import interp_rounding  # noqa: E402
-from tests.helpers import cosine, rel_err  # noqa: E402
-from tests.interp_step import FAST_TILES, TorchReference, Weights, embed_row  # noqa: E402
+from engine.backends.cubin import CubinBackend
+from engine.checkpoint import load_checkpoint
+from kernels import manifest as mf
+from kernels import ops
+from kernels.runtime import InterpretedKernels, cubin_ops
+from tests import interp_rounding
+from tests.helpers import cosine, rel_err
+from tests.interp_step import FAST_TILES, TorchReference, Weights, embed_row
 
 interp_rounding.install()
 

@@ -4,22 +4,18 @@ and so do a broken fused path (the sampler's next-input embedding) and a broken 
 (every row attending with the last row's length); then `auto` falls back to the torch path with the
 figures while an explicit `cubin` raises them."""
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install -r requirements-dev.txt)")
 
-from engine import generate  # noqa: E402
-from engine.backends import cubin  # noqa: E402
-from engine.checkpoint import load_checkpoint  # noqa: E402
-from engine.model import HiggsModel  # noqa: E402
-from kernels import ops  # noqa: E402
-from tests import interp_rounding  # noqa: E402
-from tests.interp_step import FAST_TILES  # noqa: E402
+from engine import generate
+from engine.backends import cubin
+from engine.checkpoint import load_checkpoint
+from engine.model import HiggsModel
+from kernels import ops
+from tests import interp_rounding
+from tests.interp_step import FAST_TILES
 
 interp_rounding.install()
 

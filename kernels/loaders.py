@@ -1,0 +1,130 @@
+"""The two cubin loaders, each on the device's primary context (the one torch uses) with a stream torch
+shares: PyCUDA (the product's; torch adopts its stream) and cuda-core (binary wheels; launches on a torch
+stream). Both load a cubin from bytes and launch packed arguments; `kernels.runtime.open_loader` picks one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+from kernels import manifest as mf
+from kernels.packing import Packed
+
+CU_STREAM_NON_BLOCKING = 1  # no implicit sync with the legacy default stream (cuStreamCreate flags)
+
+
+class ThreadContext:
+    """Makes the device's primary context (the one torch uses) current once per launching thread.
+
+    A driver-API launch runs in the calling thread's current context. PyCUDA makes the primary context
+    current only on the thread that imported `pycuda.autoprimaryctx`, and the studio launches from its
+    worker threads; so each thread sets it once (a thread-local flag), never per launch. `driver` is
+    libcuda through ctypes, or a fake in the CPU tests."""
+
+    def __init__(self, device: int, driver=None):
+        self.driver = driver if driver is not None else ctypes.CDLL("libcuda.so.1")
+        self.device = device
+        self._local = threading.local()
+        self._ctx = None
+
+    def _check(self, rc: int, what: str) -> None:
+        if rc:
+            raise RuntimeError(f"{what} failed on CUDA device {self.device} (CUresult {rc})")
+
+    def ensure(self) -> None:
+        if getattr(self._local, "current", False):
+            return
+        d = self.driver
+        if self._ctx is None:
+            dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+            self._check(d.cuDeviceGet(ctypes.byref(dev), self.device), "cuDeviceGet")
+            self._check(d.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+            self._ctx = ctx
+        self._check(d.cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+        self._local.current = True
+
+
+def open_driver_api(device: int) -> ThreadContext:
+    return ThreadContext(device)
+
+
+class PyCudaLoader:
+    """PyCUDA on the primary context; torch adopts PyCUDA's (non-blocking) stream."""
+
+    name = "pycuda"
+    device_type = "cuda"
+
+    def __init__(self, device: int):
+        import torch
+
+        torch.cuda.init()
+        os.environ.setdefault("CUDA_DEVICE", str(device))  # autoprimaryctx picks its device from this
+        import pycuda.autoprimaryctx  # noqa: F401  (retains + pushes the primary context torch uses)
+        import pycuda.driver as drv
+
+        self.drv = drv
+        self.context = open_driver_api(device)
+        self.context.ensure()
+        self.pycuda_stream = drv.Stream(CU_STREAM_NON_BLOCKING)
+        self.stream = torch.cuda.ExternalStream(self.pycuda_stream.handle, device=torch.device("cuda", device))
+
+    def load(self, cubin: bytes, entry: mf.KernelEntry):
+        module = self.drv.module_from_buffer(cubin)
+        fn = module.get_function(entry.symbol)
+        if entry.needs_smem_opt_in:
+            fn.set_attribute(self.drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, entry.shared)
+        fn.prepare(entry.struct_format)
+        return module, fn
+
+    def launch(self, handle, grid, block, shared: int, packed: Packed) -> None:
+        self.context.ensure()
+        handle[1].prepared_async_call(grid, block, self.pycuda_stream, *packed.values, shared_size=shared)
+
+
+class CudaCoreLoader:
+    """cuda-core (binary wheels, no build); launches on a torch stream directly."""
+
+    name = "cuda.core"
+    device_type = "cuda"
+    _NUMPY = {"P": "uint64", "i": "int32", "I": "uint32", "q": "int64", "Q": "uint64", "f": "float32", "d": "float64"}
+
+    def __init__(self, device: int):
+        import numpy as np
+        import torch
+
+        try:
+            from cuda.core import Device, LaunchConfig, ObjectCode, launch
+        except ImportError:  # cuda-core < 0.4 kept the API under .experimental
+            from cuda.core.experimental import Device, LaunchConfig, ObjectCode, launch
+        from cuda.bindings import driver
+
+        self.np, self.driver = np, driver
+        self.ObjectCode, self.LaunchConfig, self._launch = ObjectCode, LaunchConfig, launch
+        self.device = device
+        Device(device).set_current()  # the primary context, as torch uses
+        self.context = open_driver_api(device)
+        # torch creates its pool streams with cudaStreamNonBlocking: no implicit sync with stream 0
+        self.stream = torch.cuda.Stream(device=torch.device("cuda", device))
+
+    def load(self, cubin: bytes, entry: mf.KernelEntry):
+        obj = self.ObjectCode.from_cubin(cubin)
+        kernel = obj.get_kernel(entry.symbol)
+        if entry.needs_smem_opt_in:
+            (err,) = self.driver.cuKernelSetAttribute(
+                self.driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, entry.shared,
+                kernel.handle, self.driver.CUdevice(self.device))
+            if err != self.driver.CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"{entry.name}: cannot allow {entry.shared} B of shared memory ({err})")
+        types = [getattr(self.np, self._NUMPY[c]) for c in entry.struct_format]
+        return obj, kernel, types
+
+    def launch(self, handle, grid, block, shared: int, packed: Packed) -> None:
+        self.context.ensure()
+        _, kernel, types = handle
+        args = [t(v) for t, v in zip(types, packed.values)]
+        self._launch(self.stream, self.LaunchConfig(grid=grid, block=block, shmem_size=shared), kernel, *args)
+
+
+LOADERS = {"pycuda": PyCudaLoader, "cuda.core": CudaCoreLoader}
