@@ -28,6 +28,7 @@ DEFAULT_REPEAT_GUARD = 32
 
 # The one set of limits: `SamplingParams` refuses anything outside them, and the page's controls span them.
 MAX_TEMPERATURE = 2.0  # 0 is greedy
+MAX_TOP_P = 1.0  # top_p is in (0, MAX_TOP_P]; 1 turns it off
 MAX_FRAMES = 8192  # the backbone's context: no take can be longer than this many frames (~327 s)
 MIN_REPEAT_GUARD = 2  # frames: one repeated frame is ordinary speech
 # top_k is open above (one at or past the vocabulary keeps every candidate, as 0 does); the page's slider
@@ -72,8 +73,8 @@ def check_options(temperature: float, top_k: int, top_p: float) -> None:
         raise ValueError(f"temperature must be a number from 0 (greedy) to {MAX_TEMPERATURE:g}; got {temperature!r}")
     if not _whole(top_k) or top_k < 0:
         raise ValueError(f"top_k must be 0 (off) or a whole number of candidates; got {top_k!r}")
-    if not _number(top_p) or not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1] (1 turns it off); got {top_p!r}")
+    if not _number(top_p) or not 0 < top_p <= MAX_TOP_P:
+        raise ValueError(f"top_p must be in (0, {MAX_TOP_P:g}] ({MAX_TOP_P:g} turns it off); got {top_p!r}")
 
 
 def check_max_frames(max_frames, limit: int | None = MAX_FRAMES) -> int | None:
