@@ -14,6 +14,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from engine.types import SamplingParams
 from studio.access import PUBLIC_MAX_TEXT_CHARS, Access
 from studio.formats import to_pcm16
 from studio.live import CLIP_VOICE, ROUTE, TOKEN_HEADER, TOKEN_TTL_S, LivePlayer
@@ -73,9 +74,10 @@ def test_without_the_page_token_or_the_key_the_route_answers_401(page, client):
 
 
 def test_stream_carries_positions_the_takes_pcm_and_its_id(page, client):
-    holder = SynthesisRequest(text="API take holding the GPU.", seed=1, max_frames=400)
-    threading.Thread(target=lambda: list(page.service.stream(holder)), daemon=True).start()
-    while holder.text not in page.service.engine.started:
+    holder = page.service.start(SynthesisRequest(text="API take holding the GPU.",
+                                                 params=SamplingParams(seed=1, max_frames=400)))
+    threading.Thread(target=lambda: list(holder.stream()), daemon=True).start()
+    while holder.request.text not in page.service.engine.started:
         time.sleep(0.01)
     threading.Timer(0.5, holder.cancel.set).start()  # the page's take waits its turn, then runs
     with post(client, {TOKEN_HEADER: page.player.issue_token()}) as r:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from engine.types import SamplingParams
 from studio import render
 from studio.page import Page
 from studio.presets import PresetStore
@@ -34,9 +35,10 @@ def gen_args(text, **kw):
 
 
 def test_generate_reports_queue_position_then_streams(page):
-    holder = SynthesisRequest(text="API take holding the GPU.", seed=1, max_frames=10_000 // 10)
-    threading.Thread(target=lambda: list(page.service.stream(holder)), daemon=True).start()
-    while holder.text not in page.service.engine.started:  # the holder is running on the GPU worker
+    holder = page.service.start(SynthesisRequest(text="API take holding the GPU.",
+                                                 params=SamplingParams(seed=1, max_frames=10_000 // 10)))
+    threading.Thread(target=lambda: list(holder.stream()), daemon=True).start()
+    while holder.request.text not in page.service.engine.started:  # the holder is running on the GPU worker
         time.sleep(0.01)
     updates = page.generate(**gen_args("Page take."))
     notes = []
