@@ -25,7 +25,8 @@ import pytest
 import soundfile as sf
 
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
-from studio.api import ApiError, check_instructions, decode_ref_audio, speed_tag, streaming_wav_header
+from studio.api.model import ApiError, check_instructions, decode_ref_audio, speed_tag
+from studio.api.speech import streaming_wav_header
 from studio.formats import MIME, StreamEncoder
 from tests.studio_server import running_studio
 
@@ -92,6 +93,7 @@ class FakeMetrics:
     rtf: float = 0.5
     stop_reason: str | None = None
     batch: int = 1
+    prompt_tokens: int = 0
 
 
 class ScriptedEngine:
@@ -99,8 +101,10 @@ class ScriptedEngine:
     frames, "long" 0.02 s per frame for 120 frames; anything else is 3 quick frames."""
 
     info = {"checkpoint": "scripted", "device": "cpu", "precision": "fp32", "backend": "torch", "demo": True}
+    is_remote = False
 
-    def generate_stream(self, text, *, seed=None, cancel=None, max_frames=None, **kw):
+    def generate_stream(self, text, *, voice=None, params=None, cancel=None):
+        seed = params.seed
         if "crash" in text:
             raise RuntimeError("the engine fell over")
         frames, delay = (100, 0.1) if "slow" in text else (LONG_FRAMES, 0.02) if "long" in text else (3, 0.0)
@@ -118,6 +122,7 @@ class FakeChunk:
     audio: np.ndarray
     metrics: FakeMetrics
     final: bool
+    codes: None = None
 
 
 @pytest.fixture()
@@ -300,7 +305,7 @@ class FailingEncoder(StreamEncoder):
 def test_an_ffmpeg_failure_mid_stream_ends_the_body_or_reports_in_band(scripted_server, monkeypatch):
     base_url, service = scripted_server
     baseline = ffmpeg_children()
-    monkeypatch.setattr("studio.api.StreamEncoder", FailingEncoder)
+    monkeypatch.setattr("studio.api.speech.StreamEncoder", FailingEncoder)
     r = httpx.post(f"{base_url}/v1/audio/speech", json={"input": "long take", "response_format": "mp3"}, timeout=60)
     assert r.status_code == 200  # the headers had left; the body just ends
     assert len(r.content) < 128_000 / 8 * LONG_FRAMES / 25 / 2  # well short of the 4.8 s take at 128 kb/s
