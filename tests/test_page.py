@@ -172,3 +172,23 @@ def test_three_takes_have_the_next_seeds_side_by_side_and_keep_puts_one_in_the_h
     wav, _, rows, kept, last_seed = page._keep(2, ids, final[page.takes])
     assert kept == [ids[0], ids[2]] and last_seed == 43 and rows[0][0] == ids[2] and wav.endswith("seed43.wav")
     service.close()
+
+
+def test_the_sliders_span_the_engines_limits_and_start_at_its_defaults(page):
+    import gradio as gr
+
+    from engine import types
+
+    controls = {c.elem_id or c.label: c for c in page.build().blocks.values() if isinstance(c, (gr.Slider, gr.Number))}
+    temperature, top_p, top_k = controls["temperature"], controls["top-p"], controls["top-k (0 = off)"]
+    assert (temperature.minimum, temperature.maximum, temperature.value) == (0, types.MAX_TEMPERATURE,
+                                                                             types.DEFAULT_TEMPERATURE)
+    assert (top_p.maximum, top_p.value) == (types.MAX_TOP_P, types.DEFAULT_TOP_P)
+    assert 0 < top_p.minimum <= top_p.step  # top_p's range is open at 0: the slider starts one step up
+    assert (top_k.minimum, top_k.maximum, top_k.value) == (0, types.TOP_K_SLIDER_MAX, types.DEFAULT_TOP_K)
+    assert controls["repeat-guard"].value == types.DEFAULT_REPEAT_GUARD
+    assert controls["repeat-guard"].minimum == 0 < types.MIN_REPEAT_GUARD  # 0 is "off" on the page
+    assert controls["max-frames"].maximum == types.MAX_FRAMES and controls["seed"].maximum == types.MAX_SEED
+    # Every value a slider offers is one SamplingParams accepts.
+    types.SamplingParams(temperature=temperature.maximum, top_p=top_p.minimum, top_k=int(top_k.maximum),
+                         max_frames=int(controls["max-frames"].maximum), seed=int(controls["seed"].maximum))
