@@ -12,9 +12,9 @@ which buffered about a second before the first sound (docs/PERFORMANCE.md, "Hear
         {"type": "error", "message": "a sentence"}
       and empty lines as a heartbeat while nothing else is due (a client that left is noticed by the next write).
 
-The page's Gradio `generate` event runs beside the stream with the same `live_id`: it claims the request this
-route registered and, once the take ends, fills the history, take player, downloads and recipe as before; Stop
-cancels it through the same registry.
+The page's Gradio `generate` event runs beside the stream with the same `live_id`: it claims the take's handle
+this route registered and, once the take ends, fills the history, take player, downloads and recipe as for a
+take played by Gradio's own player; Stop cancels it through the same registry.
 
 Why not WebRTC (the `fastrtc` library): a Space would need TURN credentials and another dependency, while a
 streamed `fetch` is plain HTTP that passes the Spaces proxy; PCM at 24 kHz is 48 kB/s (64 kB/s as base64).

@@ -186,11 +186,6 @@ class StudioService:
         """Requests waiting or running."""
         return self.line.depth
 
-    def queued(self, work: Callable[[Job], None], cancel: threading.Event, *, caller: Caller = OWNER,
-               positions: bool = False) -> Iterator[Any]:
-        """Run `work(job)` in a slot, in turn with every other request (studio/gpu_queue.py `GpuQueue.run`)."""
-        return self.line.run(work, cancel, caller=caller, positions=positions)
-
     def run_exclusive(self, fn: Callable[..., Any], *args, timeout: float | None = None, **kwargs) -> Any:
         """Run `fn(*args, **kwargs)` (e.g. encoding a voice) in a slot, in turn with generations."""
         return self.line.run_exclusive(fn, *args, timeout=timeout, **kwargs)
@@ -296,9 +291,8 @@ class StudioService:
         it; each gives the take its seed gives alone."""
         if isinstance(takes, bool) or not isinstance(takes, int) or not 1 <= takes <= MAX_TAKES:
             raise ValueError(f"Takes must be a whole number from 1 to {MAX_TAKES}.")
-        return [self.start(dataclasses.replace(handle.request, params=handle.params.with_seed((handle.seed + i)
-                                                                                              % SEED_LIMIT)))
-                for i in range(1, takes)]
+        seeds = [(handle.seed + i) % SEED_LIMIT for i in range(1, takes)]
+        return [self.start(dataclasses.replace(handle.request, params=handle.params.with_seed(seed))) for seed in seeds]
 
     def synthesize(self, request: SynthesisRequest) -> Take:
         """Generate to the end and return the recorded take."""

@@ -76,7 +76,7 @@ class ZeroGPUEngine:
     @property
     def info(self) -> dict:
         """The engine's facts, with `max_batch` 1: each decorated call may run in its own process, where
-        takes cannot share a batch, so the studio sends one take at a time (as before batching)."""
+        takes cannot share a batch, so the studio sends one take at a time."""
         return {**self._engine.info, "max_batch": 1}
 
     def generate_stream(self, text=None, *, voice=None, params: SamplingParams | None = None, cancel=None,
