@@ -137,9 +137,10 @@ class LivePlayer:
                 setattr(entry, key, value)
             self._cond.notify_all()
 
-    def claim(self, live_id: str, timeout: float = CLAIM_TIMEOUT_S) -> TakeHandle:
-        """The take the page's stream `live_id` is playing, once the route has it. Raises ValueError with the
-        route's sentence when the stream was refused, or when it never arrived."""
+    def claim(self, live_id: str, timeout: float = CLAIM_TIMEOUT_S) -> TakeHandle | None:
+        """The take the page's stream `live_id` is playing, once the route has it; None when the take failed
+        before it started (the stream told the page why). Raises ValueError with the route's sentence when the
+        stream was refused, or when it never arrived."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
@@ -149,6 +150,9 @@ class LivePlayer:
                     raise ValueError(entry.error)
                 if entry is not None and entry.handle is not None:
                     return entry.handle
+                if entry is not None and entry.closed.is_set():
+                    del self._entries[live_id]
+                    return None
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise ValueError("The live player's stream did not reach the server; reload the page, or "
@@ -208,12 +212,18 @@ class LivePlayer:
                         request.headers, request.client.host if request.client else None, fallback=token))
                 else:
                     synth = dataclasses.replace(synth, caller=OWNER)
-                handle = await run_in_threadpool(self.service.start, synth)  # reads the voice library
             except (ValueError, TypeError) as exc:
                 message = str(exc) if isinstance(exc, ValueError) else "A setting is missing or not a number."
                 self._update(entry, error=message)
                 entry.closed.set()
                 return JSONResponse({"error": message}, status_code=400)
+            try:
+                handle = await run_in_threadpool(self.service.start, synth)  # reads the voice library
+            except ValueError as exc:  # a voice or style this caller may not use: the take fails in the stream
+                entry.closed.set()
+                self._update(entry)
+                return StreamingResponse(iter([_line({"type": "error", "message": str(exc)})]),
+                                         media_type="application/x-ndjson", headers={"Cache-Control": "no-store"})
             self._update(entry, handle=handle)
             return StreamingResponse(self._lines(handle, entry), media_type="application/x-ndjson",
                                      headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})

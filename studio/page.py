@@ -19,8 +19,17 @@ import numpy as np
 
 from engine.audio import load_audio
 from engine.config import SAMPLE_RATE
-from engine.types import (DEFAULT_REPEAT_GUARD, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, MAX_FRAMES, MAX_SEED,
-                          MAX_TEMPERATURE, MAX_TOP_P, TOP_K_SLIDER_MAX)
+from engine.types import (
+    DEFAULT_REPEAT_GUARD,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
+    MAX_FRAMES,
+    MAX_SEED,
+    MAX_TEMPERATURE,
+    MAX_TOP_P,
+    TOP_K_SLIDER_MAX,
+)
 from studio import render
 from studio.access import Access
 from studio.admission import OWNER, Caller
@@ -118,6 +127,8 @@ class Page:
         try:
             if live_id:
                 handle = self.player.claim(live_id)
+                if handle is None:  # the take failed before it started; the live player says why
+                    return
             else:
                 asked = page_request(text=text, style=style, voice=voice, clip=self._clip(clip), clip_text=clip_text,
                                      temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,

@@ -121,7 +121,7 @@ class Take:
                 **self.settings}
 
 
-def settings_of(params: SamplingParams) -> dict[str, Any]:
+def _settings_of(params: SamplingParams) -> dict[str, Any]:
     """A take's settings as the history, the recipe and the page's "Use settings" read them (the seed apart)."""
     return {k: v for k, v in params.as_dict().items() if k != "seed"}
 
@@ -308,7 +308,7 @@ class StudioService:
         take = Take(
             id=next(self._take_ids), created=time.time(), text=request.text, prompt_text=prompt_text,
             voice_id=voice.id if voice is not None else None, voice_name=voice.name if voice is not None else None,
-            style=style, settings=settings_of(handle.params), seed=handle.seed, metrics=metrics,
+            style=style, settings=_settings_of(handle.params), seed=handle.seed, metrics=metrics,
             audio=np.concatenate(pieces) if pieces else np.zeros(0, np.float32), sample_rate=SAMPLE_RATE,
             warnings=list(handle.warnings), source=request.source)
         with self._history_lock:
@@ -394,4 +394,4 @@ def _check_unicode(what: str, value: str | None) -> None:
 
 
 __all__ = ["MAX_TAKES", "MAX_TEXT_CHARS", "Queued", "ServiceBusy", "ServiceClosed", "StudioService", "SynthesisRequest",
-           "Take", "TakeHandle", "TooManyTakes", "settings_of"]
+           "Take", "TakeHandle", "TooManyTakes"]

@@ -114,6 +114,19 @@ def test_bad_requests_are_sentences(page, client):
         assert r.status_code == 409
 
 
+def test_a_take_that_cannot_start_fails_in_the_stream_and_the_page_event_ends_quietly(page, client):
+    live_id = "no-library-1234"
+    with post(client, {TOKEN_HEADER: page.player.issue_token()}, live_id=live_id, voice="Ann") as r:
+        got = messages(r)
+    assert r.status_code == 200 and got == [{"type": "error", "message": got[0]["message"]}]
+    assert "No voice library" in got[0]["message"]
+    updates = page.generate(text="", style="", voice="", clip=None, clip_text="", temperature=0.8, top_p=0.8,
+                            top_k=30, seed=-1, max_frames=0, repeat_guard=32, takes_n=1, takes=[], live_id=live_id,
+                            request=None)
+    assert list(updates) == [] and page.service.history == []  # the page's event ends without a second message
+    assert live_id not in page.player._entries
+
+
 def test_a_one_off_clip_travels_in_the_form(page, client):
     import io
 
