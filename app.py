@@ -232,11 +232,12 @@ def main(argv: list[str] | None = None) -> None:
                                                          args.share)})
     except OSError as exc:
         sys.exit(f"Cannot listen on {args.host}:{args.port} ({exc}). Pick another port with --port or PORT.")
-    from studio import api  # routes go on the running app: launch() builds a new FastAPI app each time
+    from studio import api, assets  # routes go on the running app: launch() builds a new FastAPI app each time
     from studio.longform import MAX_LONG_INPUT_CHARS
     api.register(demo.app, service, access=access, max_input_chars=args.max_input_chars or MAX_LONG_INPUT_CHARS,
                  transcriber=asr)
     page.player.mount(demo.app, access=access)  # the page's WebAudio stream route (studio/live.py)
+    assets.mount(demo.app)  # the page's static files (studio/static/): the live player's AudioWorklet
     print(f"OpenAI-compatible API: POST {demo.local_url.rstrip('/')}/v1/audio/speech"
           + (" (Bearer key required)" if args.api_key else ""), flush=True)
     if not args.api_key and args.host not in ("127.0.0.1", "localhost", "::1"):

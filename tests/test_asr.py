@@ -72,7 +72,7 @@ def test_an_uploaded_clip_fills_an_empty_transcript_box(tiny_whisper, clip):
     made = []
     page = page_with(Transcriber("tiny", make_pipeline=lambda model, device: made.append(model) or recording))
     try:
-        text, note = page._transcribe(str(path), "")
+        text, note = page.studio._transcribe(str(path), "")
         assert made == ["tiny"] and len(calls) == 1
         (inputs,) = calls
         assert inputs["sampling_rate"] == ASR_RATE == 16_000
@@ -81,8 +81,8 @@ def test_an_uploaded_clip_fills_an_empty_transcript_box(tiny_whisper, clip):
         said = " ".join(tiny_whisper({"raw": expected_input, "sampling_rate": ASR_RATE})["text"].split())
         assert said and text == said and note == ""
         # A transcript the user typed is never replaced; the model is loaded once.
-        assert page._transcribe(str(path), "My own words.")[0] is not None and len(calls) == 1
-        assert page._transcribe(str(path), "")[0] == said and made == ["tiny"]
+        assert page.studio._transcribe(str(path), "My own words.")[0] is not None and len(calls) == 1
+        assert page.studio._transcribe(str(path), "")[0] == said and made == ["tiny"]
     finally:
         page.service.close()
 
@@ -95,7 +95,7 @@ def test_off_or_offline_leaves_the_box_empty_with_a_one_line_note(clip, tmp_path
         monkeypatch.setenv("HF_HOME", str(tmp_path / "hub"))
         page = page_with(transcriber)
         try:
-            text, note = page._transcribe(str(path), "")
+            text, note = page.studio._transcribe(str(path), "")
         finally:
             page.service.close()
         assert text is not None and not isinstance(text, str)  # gr.skip(): the box is left as it is (empty)

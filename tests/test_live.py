@@ -120,9 +120,9 @@ def test_a_take_that_cannot_start_fails_in_the_stream_and_the_page_event_ends_qu
         got = messages(r)
     assert r.status_code == 200 and got == [{"type": "error", "message": got[0]["message"]}]
     assert "No voice library" in got[0]["message"]
-    updates = page.generate(text="", style="", voice="", clip=None, clip_text="", temperature=0.8, top_p=0.8,
-                            top_k=30, seed=-1, max_frames=0, repeat_guard=32, takes_n=1, takes=[], live_id=live_id,
-                            request=None)
+    updates = page.takes.generate(text="", style="", voice="", clip=None, clip_text="", temperature=0.8, top_p=0.8,
+                                  top_k=30, seed=-1, max_frames=0, repeat_guard=32, takes_n=1, takes=[],
+                                  live_id=live_id, request=None)
     assert list(updates) == [] and page.service.history == []  # the page's event ends without a second message
     assert live_id not in page.player._entries
 
@@ -145,9 +145,9 @@ def test_the_gradio_event_follows_the_live_take_into_the_history(page, client):
     outputs = {}
 
     def gradio_event():  # the page's `generate` with the id CLICK_JS put in its last input
-        for update in page.generate(text="", style="", voice="", clip=None, clip_text="", temperature=0.8,
-                                    top_p=0.8, top_k=30, seed=-1, max_frames=0, repeat_guard=32, takes_n=1, takes=[],
-                                    live_id=live_id, request=None):
+        for update in page.takes.generate(text="", style="", voice="", clip=None, clip_text="", temperature=0.8,
+                                          top_p=0.8, top_k=30, seed=-1, max_frames=0, repeat_guard=32, takes_n=1,
+                                          takes=[], live_id=live_id, request=None):
             outputs.update(update)
 
     event = threading.Thread(target=gradio_event)
@@ -156,8 +156,8 @@ def test_the_gradio_event_follows_the_live_take_into_the_history(page, client):
     with post(client, {TOKEN_HEADER: page.player.issue_token()}, live_id=live_id) as r:
         take_id = messages(r)[-1]["take_id"]
     event.join(10)
-    assert outputs[page.result]["take_id"] == take_id and outputs[page.takes] == [take_id]
-    assert outputs[page.take_audio].endswith(".wav") and outputs[page.history][0][0] == take_id
+    assert outputs[page.takes.result]["take_id"] == take_id and outputs[page.takes.takes] == [take_id]
+    assert outputs[page.takes.take_audio].endswith(".wav") and outputs[page.takes.history][0][0] == take_id
 
 
 def test_stop_cancels_a_live_take_through_the_page(page, client):
@@ -171,14 +171,15 @@ def test_stop_cancels_a_live_take_through_the_page(page, client):
 
     streamer = threading.Thread(target=stream)
     streamer.start()
-    updates = page.generate(text="", style="", voice="", clip=None, clip_text="", temperature=0.8, top_p=0.8,
-                            top_k=30, seed=-1, max_frames=0, repeat_guard=32, takes_n=1, takes=[], live_id=live_id, request=None)
+    updates = page.takes.generate(text="", style="", voice="", clip=None, clip_text="", temperature=0.8,
+                                  top_p=0.8, top_k=30, seed=-1, max_frames=0, repeat_guard=32, takes_n=1, takes=[],
+                                  live_id=live_id, request=None)
     follower = threading.Thread(target=lambda: list(updates))
     follower.start()
-    while not page._active:
+    while not page.takes._active:
         time.sleep(0.01)
     time.sleep(0.2)
-    metrics, take_audio, *_ = page.stop([], None)
+    metrics, take_audio, *_ = page.takes.stop([], None)
     streamer.join(10)
     follower.join(10)
     assert "stopped" in metrics and take_audio.endswith(".wav")

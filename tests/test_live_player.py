@@ -291,13 +291,14 @@ def test_fallback_plays_through_the_gradio_player(browser, studio_url, how):
 
 def test_the_worklet_recovers_from_an_underrun_without_a_click(browser, studio_url):
     """The player's AudioWorklet rendered offline: a 0.5 DC level runs dry mid-take, then resumes. A player that
-    stops on a non-zero sample steps by 0.5 (a click); this one ramps. Every sample still plays exactly once."""
-    from studio.render import LIVE_WORKLET
+    stops on a non-zero sample steps by 0.5 (a click); this one ramps. Every sample still plays exactly once.
+    The module comes from the studio's static route, as the page's player loads it."""
+    from studio.assets import ROUTE
 
     pg = open_page(browser, studio_url)
-    result = pg.evaluate("""async (source) => {
+    result = pg.evaluate("""async (url) => {
       const rate = 24000, ctx = new OfflineAudioContext(1, rate, rate);
-      await ctx.audioWorklet.addModule(URL.createObjectURL(new Blob([source], {type: 'text/javascript'})));
+      await ctx.audioWorklet.addModule(url);
       const node = new AudioWorkletNode(ctx, 'hs-player', {numberOfInputs: 0, outputChannelCount: [1],
         processorOptions: {prebuffer: 1440, maxPrebuffer: 11520, fade: 120}});
       node.connect(ctx.destination);
@@ -320,7 +321,7 @@ def test_the_worklet_recovers_from_an_underrun_without_a_click(browser, studio_u
       for (let i = 1; i < out.length; i++) step = Math.max(step, Math.abs(out[i] - out[i - 1]));
       for (const v of out) if (Math.abs(v - 0.5) < 1e-6) loud++;
       return {step, loud, seen};
-    }""", LIVE_WORKLET)
+    }""", f"{ROUTE}/player-worklet.js")
     kinds = [m["type"] for m in result["seen"]]
     drained = [m for m in result["seen"] if m["type"] == "drained"]
     assert "underrun" in kinds and drained and drained[0]["played"] == 4800

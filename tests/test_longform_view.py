@@ -1,4 +1,4 @@
-"""The "Long form" tab (studio/longform_view.py) on the demo checkpoint: its handlers directly, then its
+"""The "Long form" tab (studio/views/longform.py) on the demo checkpoint: its handlers directly, then its
 events through gradio_client on a served Blocks: four paragraphs fill the segment table, one row is
 generated again, and the downloaded take has the new audio in that row only."""
 
@@ -10,8 +10,8 @@ import soundfile as sf
 
 from engine import Engine
 from engine.demo import demo_checkpoint
-from studio.longform_view import LongFormView, parse_voices_map
 from studio.service import StudioService
+from studio.views.longform import LongFormView, parse_voices_map
 
 PARAGRAPHS = "\n\n".join(
     f"Paragraph {n} begins here, calm and slow. It goes on for a while about the sea and the sky. "
@@ -34,12 +34,12 @@ def test_the_voices_map_reads_lines_and_says_what_is_wrong():
 
 def test_handlers_plan_generate_and_regenerate_one_row(service, tmp_path):
     view = LongFormView(service, tmp_path)
-    rows, spoken, summary = view.preview(PARAGRAPHS, "", "", True)
+    rows, _spoken, summary = view.preview(PARAGRAPHS, "", "", True)
     assert len(rows) >= 4 and all(r[5] == "planned" for r in rows) and "segments" in summary
     outputs = list(view.generate(PARAGRAPHS, "", "", "", True, 5))
     take, rows, progress, path = outputs[-1]
     assert len(rows) == len(take.segments) and all(r[5] != "waiting" for r in rows)
-    assert [o[2] for o in outputs[:-1]][0].startswith("1 of ") and progress.startswith("done")
+    assert next(o[2] for o in outputs[:-1]).startswith("1 of ") and progress.startswith("done")
     first = sf.read(path)[0]
     spans = take.spans()
     take, rows, _, path = view.regenerate(take, 3, 777, "")
@@ -57,9 +57,8 @@ def test_the_tab_through_gradio_client(service, tmp_path):
     gradio_client = pytest.importorskip("gradio_client")
     from tests.studio_server import free_port
 
-    with gr.Blocks() as blocks:
-        with gr.Tab("Long form"):
-            LongFormView(service, tmp_path).build("gpu")
+    with gr.Blocks() as blocks, gr.Tab("Long form"):
+        LongFormView(service, tmp_path).build("gpu")
     port = free_port()
     blocks.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
+import subprocess
 import threading
 import time
 
@@ -28,8 +30,8 @@ def page(tmp_path):
 
 
 def gen_args(text, **kw):
-    args = dict(text=text, style="", voice="", clip=None, clip_text="", temperature=0.8, top_p=0.8, top_k=30,
-                seed=5, max_frames=0, repeat_guard=32, takes_n=1, takes=[], request=None)
+    args = {"text": text, "style": "", "voice": "", "clip": None, "clip_text": "", "temperature": 0.8, "top_p": 0.8,
+            "top_k": 30, "seed": 5, "max_frames": 0, "repeat_guard": 32, "takes_n": 1, "takes": [], "request": None}
     args.update(kw)
     return args
 
@@ -40,15 +42,15 @@ def test_generate_reports_queue_position_then_streams(page):
     threading.Thread(target=lambda: list(holder.stream()), daemon=True).start()
     while holder.request.text not in page.service.engine.started:  # the holder is running on the GPU worker
         time.sleep(0.01)
-    updates = page.generate(**gen_args("Page take."))
+    updates = page.takes.generate(**gen_args("Page take."))
     notes = []
     for update in updates:
-        html = update.get(page.metrics, "")
+        html = update.get(page.takes.metrics, "")
         notes.append(html)
         if "queue position 2" in html:
             holder.cancel.set()  # the API take stops; the page's take runs next
-        if page.result in update:
-            result = update[page.result]
+        if page.takes.result in update:
+            result = update[page.takes.result]
     assert any("queue position 2" in n for n in notes)
     assert any("streaming" in n for n in notes)
     assert result["metrics"]["stop_reason"] == "eoc" and result["recipe"]["seed"] == 5
@@ -57,22 +59,22 @@ def test_generate_reports_queue_position_then_streams(page):
 
 def test_stop_cancels_the_sessions_take(page):
     page.service.engine.frames = 10_000
-    updates = page.generate(**gen_args("Long take."))
-    while "streaming" not in next(updates).get(page.metrics, ""):  # until the take is running
+    updates = page.takes.generate(**gen_args("Long take."))
+    while "streaming" not in next(updates).get(page.takes.metrics, ""):  # until the take is running
         pass
-    metrics, take_audio, *_ = page.stop([], None)
+    metrics, take_audio, *_ = page.takes.stop([], None)
     assert "stopped" in metrics and take_audio.endswith(".wav")
     assert page.service.history[-1].stop_reason == "cancelled"
     updates.close()
 
 
 def test_save_style_preset_and_use_settings(page):
-    update = page._save_preset("My calm", "<|emotion:contentment|>")
+    update = page.studio._save_preset("My calm", "<|emotion:contentment|>")
     assert update["value"] == "<|emotion:contentment|>"
     assert ("My calm", "<|emotion:contentment|>") in page.style_choices()
-    list(page.generate(**gen_args("Again.", style="<|emotion:contentment|>", temperature=0.5, seed=42)))
+    list(page.takes.generate(**gen_args("Again.", style="<|emotion:contentment|>", temperature=0.5, seed=42)))
     take = page.service.history[-1]
-    text, style, voice, temperature, top_p, top_k, seed, max_frames, guard = page._use_settings(take.id)
+    text, style, _voice, temperature, _top_p, _top_k, seed, _max_frames, _guard = page.takes._use_settings(take.id)
     assert (text, style, temperature, seed) == ("Again.", "<|emotion:contentment|>", 0.5, 42)
 
 
@@ -80,9 +82,9 @@ def test_handler_mistakes_become_warnings_not_errors(page):
     skip = {"__type__": "update"}
     # A plain-language "style" would be read aloud: refused with a warning, the outputs left as they were.
     with pytest.warns(UserWarning, match="Unknown style preset"):
-        assert page._save_preset("Bad", "speak slowly please") == skip
+        assert page.studio._save_preset("Bad", "speak slowly please") == skip
     with pytest.warns(UserWarning, match="Select a take"):
-        assert page._use_settings(None) == (skip,) * 9
+        assert page.takes._use_settings(None) == (skip,) * 9
 
 
 def test_take_files_follow_the_bounded_history(tmp_path):
@@ -90,15 +92,15 @@ def test_take_files_follow_the_bounded_history(tmp_path):
     page = Page(service)
     page.build()
     for i in range(4):
-        list(page.generate(**gen_args(f"Take {i}.", seed=i)))
-        page.take_file(service.history[-1], "flac")
+        list(page.takes.generate(**gen_args(f"Take {i}.", seed=i)))
+        page.takes.take_file(service.history[-1], "flac")
     names = sorted(p.name for p in page.out_dir.iterdir())
     assert names == ["take-3-seed2.flac", "take-3-seed2.wav", "take-4-seed3.flac", "take-4-seed3.wav"]
     service.close()
 
 
 def test_recipe_curl_reproduces_the_take_over_http(page):
-    list(page.generate(**gen_args("It's a test.", style="<|emotion:awe|>", seed=9, max_frames=5)))
+    list(page.takes.generate(**gen_args("It's a test.", style="<|emotion:awe|>", seed=9, max_frames=5)))
     cmd = render.recipe_curl(page.service.history[-1].recipe(), "http://host:1234/")
     words = shlex.split(cmd.replace("\\\n", " "))
     assert words[:3] == ["curl", "-s", "http://host:1234/v1/audio/speech"]
@@ -126,19 +128,19 @@ def test_render_palette_estimate_and_metrics():
 def test_stop_after_gradio_closed_the_generator_still_shows_the_partial_take(page):
     # Stop's `cancels=` may close the generator before Stop's own handler runs.
     page.service.engine.frames = 10_000
-    updates = page.generate(**gen_args("Long take."))
-    while "streaming" not in next(updates).get(page.metrics, ""):
+    updates = page.takes.generate(**gen_args("Long take."))
+    while "streaming" not in next(updates).get(page.takes.metrics, ""):
         pass
     updates.close()
-    metrics, take_audio, *_ = page.stop([], None)
+    metrics, take_audio, *_ = page.takes.stop([], None)
     assert "stopped" in metrics and take_audio.endswith(".wav")
-    assert page.stop([], None) == ({"__type__": "update"},) * 6  # nothing left to stop
+    assert page.takes.stop([], None) == ({"__type__": "update"},) * 6  # nothing left to stop
 
 
 def test_picking_a_preset_takes_its_suggested_temperature(page):
     whisper = page.service.presets.get("Whisper")
-    assert page._style_temperature(whisper.prefix) == whisper.temperature
-    assert page._style_temperature("<|emotion:awe|>") == {"__type__": "update"}  # typed tags: leave it
+    assert page.studio._style_temperature(whisper.prefix) == whisper.temperature
+    assert page.studio._style_temperature("<|emotion:awe|>") == {"__type__": "update"}  # typed tags: leave it
 
 
 def test_without_ffmpeg_takes_still_play(monkeypatch, tmp_path):
@@ -146,10 +148,10 @@ def test_without_ffmpeg_takes_still_play(monkeypatch, tmp_path):
     service = StudioService(FakeEngine(frames=30), None, None)
     page = Page(service)
     page.build()
-    assert page.streaming is False and page.live.streaming is False
-    updates = list(page.generate(**gen_args("No ffmpeg here.")))
-    assert all(page.live not in u or u[page.live] is None for u in updates)  # nothing streamed
-    assert updates[-1][page.take_audio].endswith(".wav")
+    assert page.streaming is False and page.takes.live.streaming is False
+    updates = list(page.takes.generate(**gen_args("No ffmpeg here.")))
+    assert all(page.takes.live not in u or u[page.takes.live] is None for u in updates)  # nothing streamed
+    assert updates[-1][page.takes.take_audio].endswith(".wav")
     service.close()
 
 
@@ -161,17 +163,46 @@ def test_three_takes_have_the_next_seeds_side_by_side_and_keep_puts_one_in_the_h
     service = StudioService(engine, None, None)
     page = Page(service)
     page.build()
-    final = list(page.generate(**gen_args("Three ways.", seed=41, takes_n=3)))[-1]
-    ids = final[page.variant_ids]
+    final = list(page.takes.generate(**gen_args("Three ways.", seed=41, takes_n=3)))[-1]
+    ids = final[page.takes.variant_ids]
     takes = [service.take(i) for i in ids]
     assert [t.seed for t in takes] == [41, 42, 43] and all(t.text == "Three ways." for t in takes)
-    assert final[page.variants_row]["visible"] and [final[c]["visible"] for c in page.variant_cols] == [True] * 3 + [False]
-    assert all(final[a].endswith(f"seed{t.seed}.wav") for a, t in zip(page.variant_audio, takes))
-    assert 'id="variant-seed-2">43<' in final[page.variant_info[2]]
-    assert final[page.takes] == [ids[0]]  # the first take (the one the live player played) is in the history
-    wav, _, rows, kept, last_seed = page._keep(2, ids, final[page.takes])
+    assert final[page.takes.variants_row]["visible"]
+    assert [final[c]["visible"] for c in page.takes.variant_cols] == [True] * 3 + [False]
+    assert all(final[a].endswith(f"seed{t.seed}.wav") for a, t in zip(page.takes.variant_audio, takes))
+    assert 'id="variant-seed-2">43<' in final[page.takes.variant_info[2]]
+    assert final[page.takes.takes] == [ids[0]]  # the first take (the one the live player played) is in the history
+    wav, _, rows, kept, last_seed = page.takes._keep(2, ids, final[page.takes.takes])
     assert kept == [ids[0], ids[2]] and last_seed == 43 and rows[0][0] == ids[2] and wav.endswith("seed43.wav")
     service.close()
+
+
+def test_the_page_scripts_and_stylesheet_are_the_static_files_the_app_serves(page):
+    """The palette's and the player's scripts are the files in studio/static/, the stylesheet goes to launch(),
+    and the worklet the player loads is served where live.js asks for it."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from studio import assets
+    from studio.page import launch_kwargs
+
+    assert page.takes.live_panel.js_on_load == assets.script("live.js")
+    assert ".hs-live" in launch_kwargs()["css_paths"][0].read_text()
+    assert f"'{assets.ROUTE}/player-worklet.js'" in assets.script("live.js")
+    app = FastAPI()
+    assets.mount(app)
+    r = TestClient(app).get(f"{assets.ROUTE}/player-worklet.js")
+    assert r.status_code == 200 and "javascript" in r.headers["content-type"]
+    assert "registerProcessor('hs-player'" in r.text
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed: the scripts' syntax is not checked")
+@pytest.mark.parametrize("name", ["live.js", "palette.js", "player-worklet.js"])
+def test_the_page_scripts_parse(name):
+    from studio.assets import STATIC_DIR
+
+    result = subprocess.run(["node", "--check", str(STATIC_DIR / name)], check=False, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
 
 
 def test_the_sliders_span_the_engines_limits_and_start_at_its_defaults(page):

@@ -143,8 +143,8 @@ def test_three_takes_from_the_page_all_arrive(remote):
         page = Page(service)
         page.build()
         before = len(fake.takes)
-        final = list(page.generate(**gen_args("Three ways.", seed=41, takes_n=3, max_frames=4)))[-1]
-        takes = [service.take(i) for i in final[page.variant_ids]]
+        final = list(page.takes.generate(**gen_args("Three ways.", seed=41, takes_n=3, max_frames=4)))[-1]
+        takes = [service.take(i) for i in final[page.takes.variant_ids]]
         assert [t.seed for t in takes] == [41, 42, 43]
         sent = {t.body["seed"]: pcm_of(t) for t in fake.takes[before:]}
         assert sorted(sent) == [41, 42, 43]
@@ -187,7 +187,7 @@ def test_a_refusal_reaches_the_page_as_the_servers_sentence():
             page = Page(service)
             page.build()
             with pytest.raises(gr.Error) as err:
-                list(page.generate(**gen_args("Refused.")))
+                list(page.takes.generate(**gen_args("Refused.")))
             assert f"The vLLM-Omni server at {fake.url} refused the take (404): The model `not-served` does not " \
                    "exist." in err.value.message
         finally:

@@ -1,5 +1,5 @@
-"""Voices for cloning: the model (`model.py`), the library on disk with its atomic writes (`store.py`), and
-voice bundles for export and import (`bundles.py`)."""
+"""Voices for cloning: the model (`model.py`), the library on disk (`store.py`) with its atomic writes
+(`disk.py`), and voice bundles for export and import (`bundles.py`)."""
 
 from studio.voices.bundles import ENTRY_LIMITS, MAX_IMPORT_BYTES, MAX_IMPORT_VOICES
 from studio.voices.model import (DEFAULT_CONSENT_STATEMENT, Consent, Voice, VoiceError, VoiceImportError,

@@ -32,7 +32,7 @@ import soundfile as sf
 from engine.config import SAMPLE_RATE
 from studio.voices.bundles import bundle_zip, stage_bundle
 from studio.voices.model import Staged, VoiceError, VoiceNotFound, VoiceRecord, check_codes, record_json
-from studio.voices.store import npy_bytes, wav_bytes
+from studio.voices.disk import npy_bytes, wav_bytes
 
 HANDLE_PREFIX = "pv_"
 BROWSER_KEY = "higgs-studio-private-voices"  # the localStorage key

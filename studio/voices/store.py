@@ -14,7 +14,7 @@ updates `content_hash` (so prompt caches keyed on it see new content) but keeps 
 holding it keep working) and keeps the codes, which depend on the audio alone. Names are free user
 text, unique case-insensitively, and never touch the file system.
 
-Durability. Every write goes to a temp directory or file inside `root`, is fsynced, then renamed into
+Durability (`disk.py`). Every write goes to a temp directory or file inside `root`, is fsynced, then renamed into
 place, so a crash leaves either the old state or the new one; leftovers are swept the next time a
 library opens. A write of several voices (an import) is staged whole and marked committed before the
 renames, so the next open after a crash completes it or removes it: all of the bundle or none.
@@ -25,16 +25,10 @@ renamed into place a reader may see some of them for a moment).
 
 from __future__ import annotations
 
-import fcntl
-import io
 import json
 import logging
 import os
-import shutil
-import threading
-import uuid
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -42,8 +36,9 @@ from typing import Any
 import numpy as np
 import soundfile as sf
 
-from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
+from engine.config import SAMPLES_PER_FRAME
 from studio.voices.bundles import bundle_zip, stage_zip
+from studio.voices.disk import npy_bytes, remove, replace_file, root_lock, sweep, wav_bytes, write_voices
 from studio.voices.model import (ID_RE, MAX_DESCRIPTION, MAX_TRANSCRIPT, Consent, Staged, Voice,
                                  VoiceError, VoiceImportError, VoiceNotFound, check_codes, clean_name, clean_seed,
                                  clean_style, clean_text, content_hash, record_json, stage_audio)
@@ -51,8 +46,6 @@ from studio.voices.model import (ID_RE, MAX_DESCRIPTION, MAX_TRANSCRIPT, Consent
 log = logging.getLogger(__name__)
 
 SPACES_DATA = Path("/data")  # Hugging Face Spaces persistent storage
-STAGE_PREFIX = ".stage-"  # a write in progress: one directory per voice, then COMMIT_MARK, then renames
-COMMIT_MARK = "COMMIT"
 
 
 def studio_dir(env: str, name: str, *, cache: bool = False) -> Path:
@@ -73,72 +66,6 @@ def default_voices_dir() -> Path:
     return studio_dir("HIGGS_VOICES_DIR", "voices")
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def wav_bytes(pcm: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    sf.write(buf, pcm, SAMPLE_RATE, format="WAV", subtype="PCM_16")
-    return buf.getvalue()
-
-
-def npy_bytes(codes: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, codes, allow_pickle=False)
-    return buf.getvalue()
-
-
-class _RootLock:
-    """Process-wide re-entrant lock for one library root, plus an `fcntl` lock for other processes."""
-
-    def __init__(self, root: Path):
-        self._lockfile = root / ".lock"
-        self._rlock = threading.RLock()
-        self._depth = 0
-        self._fd = -1
-
-    @contextmanager
-    def hold(self) -> Iterator[None]:
-        with self._rlock:
-            if self._depth == 0:
-                fd = os.open(self._lockfile, os.O_RDWR | os.O_CREAT, 0o644)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                except BaseException:
-                    os.close(fd)
-                    raise
-                self._fd = fd
-            self._depth += 1
-            try:
-                yield
-            finally:
-                self._depth -= 1
-                if self._depth == 0:
-                    os.close(self._fd)  # closing releases the flock
-                    self._fd = -1
-
-
-_ROOT_LOCKS: dict[Path, _RootLock] = {}
-_ROOT_LOCKS_GUARD = threading.Lock()
-
-
-def _root_lock(root: Path) -> _RootLock:
-    with _ROOT_LOCKS_GUARD:
-        return _ROOT_LOCKS.setdefault(root, _RootLock(root))
-
-
 _UNSET: Any = object()
 
 
@@ -149,9 +76,9 @@ class VoiceLibrary:
         self.root = Path(root).expanduser() if root is not None else default_voices_dir()
         self.root.mkdir(parents=True, exist_ok=True)
         self.root = self.root.resolve()
-        self._lock = _root_lock(self.root)
+        self._lock = root_lock(self.root)
         with self._lock.hold():
-            self._sweep()
+            sweep(self.root)
 
     # ------------------------------------------------------------------------------------ reading
 
@@ -248,13 +175,7 @@ class VoiceLibrary:
             if not voice.path.is_dir():
                 raise VoiceNotFound(f"The voice {voice.name!r} was deleted while it was being encoded.")
             if not voice.has_codes:
-                tmp = voice.path / f".codes-{uuid.uuid4().hex}.tmp"
-                try:
-                    _write_file(tmp, npy_bytes(codes))
-                    os.replace(tmp, voice.codes_path)
-                finally:
-                    tmp.unlink(missing_ok=True)
-                _fsync_dir(voice.path)
+                replace_file(voice.path, voice.codes_path.name, npy_bytes(codes))
         return self.get(voice.id).codes()
 
     def voice_ref(self, id_or_name: str, encode: Callable[[np.ndarray], Any]):
@@ -297,13 +218,7 @@ class VoiceLibrary:
                 if twin is not None and twin.id != voice.id:
                     raise VoiceError(f"The voice {twin.name!r} already has this audio and transcript.")
             updated = replace(voice, **changes)
-            tmp = voice.path / f".voice-{uuid.uuid4().hex}.tmp"
-            try:
-                _write_file(tmp, json.dumps(updated.to_json(), ensure_ascii=False, indent=1).encode("utf-8"))
-                os.replace(tmp, voice.path / "voice.json")
-            finally:
-                tmp.unlink(missing_ok=True)
-            _fsync_dir(voice.path)
+            replace_file(voice.path, "voice.json", _json_bytes(updated.to_json()))
             return self.get(voice.id)
 
     def rename(self, id_or_name: str, new_name: str) -> Voice:
@@ -312,11 +227,7 @@ class VoiceLibrary:
     def delete(self, id_or_name: str) -> None:
         """Remove a voice. It vanishes in one rename; its files are removed after."""
         with self._lock.hold():
-            voice = self.get(id_or_name)
-            trash = self.root / f".trash-{uuid.uuid4().hex}"
-            os.rename(voice.path, trash)
-            _fsync_dir(self.root)
-            shutil.rmtree(trash, ignore_errors=True)
+            remove(self.root, self.get(id_or_name).path)
 
     # ------------------------------------------------------------------------------------ exchange
 
@@ -363,7 +274,7 @@ class VoiceLibrary:
                 names[key] = voice_id
                 new[h] = (voice_id, s)
                 results.append(voice_id)
-            self._write_all(list(new.values()))
+            write_voices(self.root, [(voice_id, _files(voice_id, s)) for voice_id, s in new.values()])
             return [r if isinstance(r, Voice) else self._read(self.root / r) for r in results]
 
     def _free_id(self, digest: str) -> str:
@@ -374,48 +285,6 @@ class VoiceLibrary:
             if not (self.root / candidate).exists():
                 return candidate
         raise VoiceError("Every id for this content is taken; the library is damaged.")
-
-    def _write_all(self, items: list[tuple[str, Staged]]) -> None:
-        """Write voices all-or-nothing, even across a kill: every voice is written and fsynced into one staging
-        directory, then a `COMMIT` mark makes the set durable, then each voice is renamed into place. A
-        crash before the mark leaves a stage that the next open deletes; after it, the next open finishes
-        the renames (`_sweep`)."""
-        stage = self.root / f"{STAGE_PREFIX}{uuid.uuid4().hex}"
-        placed: list[Path] = []
-        committed = False
-        try:
-            stage.mkdir()
-            for voice_id, s in items:
-                tmp = stage / voice_id
-                tmp.mkdir()
-                record = record_json(voice_id, s.record)
-                _write_file(tmp / "audio.wav", wav_bytes(s.pcm))
-                if s.codes is not None:
-                    _write_file(tmp / "codes.npy", npy_bytes(s.codes))
-                _write_file(tmp / "voice.json", json.dumps(record, ensure_ascii=False, indent=1).encode("utf-8"))
-                _fsync_dir(tmp)
-            _write_file(stage / COMMIT_MARK, "\n".join(v for v, _ in items).encode())
-            _fsync_dir(stage)
-            committed = True
-            for voice_id, _ in items:
-                os.rename(stage / voice_id, self.root / voice_id)
-                placed.append(self.root / voice_id)
-            _fsync_dir(self.root)
-        except BaseException:
-            if committed:  # un-commit first, so a crash during the roll-back does not roll forward
-                (stage / COMMIT_MARK).unlink(missing_ok=True)
-                _fsync_dir(stage)
-            for path in placed:  # all or nothing: take back what was already renamed into place
-                trash = self.root / f".trash-{uuid.uuid4().hex}"
-                try:
-                    os.rename(path, trash)
-                except OSError:
-                    log.exception("could not roll back %s", path)
-                    continue
-                shutil.rmtree(trash, ignore_errors=True)
-            raise
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
 
     def _by_content(self, digest: str) -> Voice | None:
         return next((v for v in self.list() if v.content_hash == digest), None)
@@ -440,22 +309,15 @@ class VoiceLibrary:
             log.warning("skipping unreadable voice %s: %s", path, exc)
             return None
 
-    def _roll_forward(self, stage: Path) -> None:
-        """Finish a committed write that a crash interrupted: move the voices still staged into place."""
-        for voice_id in (stage / COMMIT_MARK).read_text().split():
-            staged = stage / voice_id
-            if ID_RE.fullmatch(voice_id) and staged.is_dir() and not (self.root / voice_id).exists():
-                os.rename(staged, self.root / voice_id)
-        _fsync_dir(self.root)
-        log.info("completed an interrupted write of voices (%s)", stage.name)
 
-    def _sweep(self) -> None:
-        """Remove what an interrupted write left behind (only ever names no reader looks at)."""
-        for entry in self.root.iterdir():
-            if entry.name.startswith(STAGE_PREFIX) and (entry / COMMIT_MARK).is_file():
-                self._roll_forward(entry)
-            if entry.name.startswith((".tmp-", ".trash-", STAGE_PREFIX)) and entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-            elif ID_RE.fullmatch(entry.name) and entry.is_dir():
-                for leftover in entry.glob(".*.tmp"):
-                    leftover.unlink(missing_ok=True)
+def _json_bytes(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, ensure_ascii=False, indent=1).encode("utf-8")
+
+
+def _files(voice_id: str, staged: Staged) -> dict[str, bytes]:
+    """A staged voice's bundle files (see the module docstring)."""
+    files = {"audio.wav": wav_bytes(staged.pcm)}
+    if staged.codes is not None:
+        files["codes.npy"] = npy_bytes(staged.codes)
+    files["voice.json"] = _json_bytes(record_json(voice_id, staged.record))
+    return files

@@ -1,15 +1,11 @@
 """The "Long form" tab: a chapter or a script → its segment table (text, speaker, seed, seconds, status),
 generated as one take through the GPU queue, any row generated again (new seed or edited text) and the
 whole take re-assembled for download. Thin over studio/longform.py.
-
-Wiring (studio/page.py, for the lead): inside `Page.build`'s `gr.Tabs()`, add
-`with gr.Tab("Long form", id="long"): LongFormView(self.service, self.out_dir).build(GPU_QUEUE)`.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import itertools
 import time
 from pathlib import Path
@@ -23,6 +19,7 @@ from studio.access import OWNER_ONLY_LONG, Access
 from studio.formats import write_audio
 from studio.longform import regenerate_segment, segment_rows, start_long
 from studio.service import ServiceBusy, SynthesisRequest
+from studio.views.toasts import warns
 
 HEADERS = ["#", "speaker", "text", "seed", "seconds", "status"]
 
@@ -138,37 +135,16 @@ class LongFormView:
             redo = gr.Button("Regenerate row", elem_id="long-regenerate")
         audio = gr.Audio(label="Long take", type="filepath", interactive=False, elem_id="long-take")
 
-        preview.click(_toasts(self.preview, 3), [text, style, voices_map, normalize], [table, spoken, progress],
+        preview.click(warns(3)(self.preview), [text, style, voices_map, normalize], [table, spoken, progress],
                       api_visibility="private")
         owner = functools.partial(self.access.owner_only, message=OWNER_ONLY_LONG)
         # Undocumented: callable by gradio_client (by position) but no MCP tool, like the Studio tab's generate.
-        go.click(owner(_toasts(self.generate, 4)), [text, voice, style, voices_map, normalize, seed],
+        go.click(owner(warns(4)(self.generate)), [text, voice, style, voices_map, normalize, seed],
                  [take, table, progress, audio], concurrency_id=concurrency_id, concurrency_limit=1,
                  api_name="long_generate", api_visibility="undocumented")
-        redo.click(owner(_toasts(self.regenerate, 4)), [take, row, row_seed, row_text], [take, table, progress, audio],
+        redo.click(owner(warns(4)(self.regenerate)), [take, row, row_seed, row_text], [take, table, progress, audio],
                    concurrency_id=concurrency_id, concurrency_limit=1, api_name="long_regenerate",
                    api_visibility="undocumented")
-
-
-def _toasts(fn, n_outputs: int):
-    """A handler whose ValueError (a mistake the user can fix) becomes a warning toast, outputs unchanged."""
-    if inspect.isgeneratorfunction(fn):
-        @functools.wraps(fn)
-        def stream(*args):
-            try:
-                yield from fn(*args)
-            except ValueError as exc:
-                gr.Warning(str(exc))
-        return stream
-
-    @functools.wraps(fn)
-    def call(*args):
-        try:
-            return fn(*args)
-        except ValueError as exc:
-            gr.Warning(str(exc))
-            return (gr.skip(),) * n_outputs
-    return call
 
 
 __all__ = ["LongFormView", "parse_voices_map"]

@@ -15,6 +15,8 @@ import gradio as gr
 import numpy as np
 
 from engine.audio import load_audio
+from studio.views import GPU_QUEUE
+from studio.views.toasts import warns
 from studio.voices import Consent, VoiceError
 from studio.voices.bundles import stage_zip
 from studio.voices.model import check_codes, stage_audio
@@ -60,20 +62,20 @@ class PrivateVoicesView:
                 export = gr.Button("Export my voices (.zip)", elem_id="private-export")
                 self.export_file = gr.File(label="Voice bundle", interactive=False, elem_id="private-export-file")
             bundle = gr.File(label="Import a voice bundle (.zip)", file_types=[".zip"], elem_id="private-import")
-        priv = dict(api_visibility="private")
-        outputs = [self.store, self.table, self.page.voice]
+        priv = {"api_visibility": "private"}
+        outputs = [self.store, self.table, self.page.studio.voice]
         self.table.select(self._pick, None, current, queue=False, **priv)
         delete.click(self._delete, [current, confirm, self.store], [*outputs, current, confirm], **priv)
         export.click(self._export, self.store, self.export_file, **priv)
         # Importing may encode (a bundle without codes): in turn with generation, on the page's GPU queue.
-        bundle.upload(self._import, [bundle, self.store], outputs, concurrency_id="gpu", concurrency_limit=1, **priv)
+        bundle.upload(self._import, [bundle, self.store], outputs, concurrency_id=GPU_QUEUE, concurrency_limit=1, **priv)
 
     def wire(self, demo: gr.Blocks):
-        p = self.page
-        p.save_voice.click(self._save, [p.clip, p.clip_text, p.voice_name, p.voice_desc, p.style, p.consent,
-                                        self.store], [self.store, self.table, p.voice],
-                           concurrency_id="gpu", concurrency_limit=1, api_visibility="private")
-        demo.load(self._load, self.store, [self.store, self.table, p.voice], queue=False, api_visibility="private")
+        s = self.page.studio
+        s.save_voice.click(self._save, [s.clip, s.clip_text, s.voice_name, s.voice_desc, s.style, s.consent,
+                                        self.store], [self.store, self.table, s.voice],
+                           concurrency_id=GPU_QUEUE, concurrency_limit=1, api_visibility="private")
+        demo.load(self._load, self.store, [self.store, self.table, s.voice], queue=False, api_visibility="private")
         demo.unload(self._unload)
 
     # ------------------------------------------------------------------ handlers
@@ -113,50 +115,42 @@ class PrivateVoicesView:
             staged.codes = check_codes(self._encode(staged.pcm.astype(np.float32) / 32768.0), staged.record["frames"])
         return staged
 
+    @warns(3)
     def _save(self, clip, transcript, name, description, style, consent, stored, request: gr.Request):
-        try:
-            if clip is None:
-                raise ValueError("Upload or record a reference clip first.")
-            if consent is not True:
-                raise ValueError("Confirm that you have the speaker's permission (tick the consent box) to save a "
-                                 "voice.")
-            samples, rate = load_audio(clip)
-            staged = stage_audio((int(rate), np.asarray(samples, dtype=np.float32)), name=name,
-                                 transcript=transcript or None, description=description or "",
-                                 style=self.service.resolve_style(style or None),
-                                 consent=Consent(asserted_by="a visitor of this studio"))
-            entries, added = add_entries(stored, [self._encoded(staged)])
-        except ValueError as exc:
-            gr.Warning(str(exc))
-            return gr.skip(), gr.skip(), gr.skip()
+        if clip is None:
+            raise ValueError("Upload or record a reference clip first.")
+        if consent is not True:
+            raise ValueError("Confirm that you have the speaker's permission (tick the consent box) to save a voice.")
+        samples, rate = load_audio(clip)
+        staged = stage_audio((int(rate), np.asarray(samples, dtype=np.float32)), name=name,
+                             transcript=transcript or None, description=description or "",
+                             style=self.service.resolve_style(style or None),
+                             consent=Consent(asserted_by="a visitor of this studio"))
+        entries, added = add_entries(stored, [self._encoded(staged)])
         gr.Info(f"Saved voice {staged.record['name']!r} in this browser." if added else "You already have this voice.")
         return self._outputs(entries, request, value=f"v_{staged.content_hash[:16]}")
 
+    @warns(5)
     def _delete(self, row, sure, stored, request: gr.Request):
         stored = list(stored or [])
         if row is None or not 0 <= row < len(stored):
-            gr.Warning("Select one of your voices in the table first.")
-            return (gr.skip(),) * 5
+            raise ValueError("Select one of your voices in the table first.")
         if not sure:
-            gr.Warning("Tick 'Yes, delete it' to confirm.")
-            return (gr.skip(),) * 5
+            raise ValueError("Tick 'Yes, delete it' to confirm.")
         del stored[row]
         return *self._outputs(stored, request), None, False
 
+    @warns(1)
     def _export(self, stored):
         if not stored:
-            gr.Warning("You have no voices to export yet.")
-            return gr.skip()
+            raise ValueError("You have no voices to export yet.")
         path = self.page.out_dir / f"my-voices-{os.urandom(6).hex()}.zip"
         path.write_bytes(export_bundle(stored))
         return str(path)
 
+    @warns(3)
     def _import(self, path, stored, request: gr.Request):
-        try:
-            entries, added = add_entries(stored, [self._encoded(s) for s in stage_zip(path)])
-        except ValueError as exc:
-            gr.Warning(str(exc))
-            return gr.skip(), gr.skip(), gr.skip()
+        entries, added = add_entries(stored, [self._encoded(s) for s in stage_zip(path)])
         gr.Info(f"Imported {len(added)} voice(s) into this browser.")
         return self._outputs(entries, request)
 

@@ -1,0 +1,189 @@
+// The live player (studio/live.py streams the take): runs once when the player panel mounts, as the gr.HTML
+// component's js_on_load. Generate's `js=` (CLICK_JS in studio/views/studio.py) hands the event's inputs to
+// `__hsLive.start`, which opens the stream and returns the inputs with the stream's live id in the last slot,
+// so the Gradio event follows the same take. Without AudioWorklet (an old browser, or plain http off
+// localhost, where browsers hide it) or with ?player=gradio in the address, `start` leaves the inputs as they
+// are and the Gradio streaming player plays the take; Heard is then its first `playing` event.
+
+const RATE = 24000, PREBUFFER_S = 0.06, MAX_PREBUFFER_S = 0.48, FADE_S = 0.005;
+const WORKLET_URL = '/studio/static/player-worklet.js';  // studio/assets.py serves this folder
+const forced = new URLSearchParams(location.search).get('player') === 'gradio';
+const supported = !forced && typeof AudioWorkletNode === 'function' && typeof AudioContext === 'function'
+  && typeof ReadableStream === 'function';
+const S = window.__hsLive = {supported, click: null, ctx: null, ready: null, take: null};
+const el = (id) => document.getElementById(id);
+const put = (id, text) => { const e = el(id); if (e) e.innerText = text; };
+const state = (name, note) => {
+  const e = el('live-state'); if (e) { e.innerText = name; e.className = 'hs-state ' + name; }
+  if (note !== undefined) put('live-note', note);
+};
+if (supported) document.body.classList.add('hs-webaudio');
+
+function context() {
+  if (!S.ctx) {  // made at load, suspended until the click resumes it, so the worklet is compiled by then
+    S.ctx = new AudioContext({sampleRate: RATE, latencyHint: 'interactive'});
+    S.ready = S.ctx.audioWorklet.addModule(WORKLET_URL);
+  }
+  return S.ctx;
+}
+if (supported) context();
+
+document.addEventListener('click', (ev) => {
+  if (!ev.target.closest) return;
+  if (ev.target.closest('#generate-btn')) {
+    S.click = performance.now();
+    put('m-heard', '…'); put('live-net', '—');
+    if (supported) context().resume();  // inside the gesture: browsers only let a click start audio
+  } else if (ev.target.closest('#stop-btn')) {
+    S.stop();
+  }
+}, true);
+
+document.addEventListener('playing', (ev) => {  // the Gradio player (fallback mode)
+  if (S.supported || !S.click || !ev.target.closest || !ev.target.closest('#live')) return;
+  put('m-heard', Math.round(performance.now() - S.click) + ' ms');
+  S.click = null;
+}, true);
+
+function pcm16(b64) {
+  const s = atob(b64), bytes = new Uint8Array(s.length);
+  for (let i = 0; i < s.length; i++) bytes[i] = s.charCodeAt(i);
+  return new Int16Array(bytes.buffer);
+}
+
+function showMetrics(t, m) {
+  if (m.ttfa_ms != null) { t.ttfa = m.ttfa_ms; put('live-ttfa', Math.round(m.ttfa_ms)); }
+  if (m.rtf != null) put('live-rtf', m.rtf.toFixed(3));
+  if (m.peak_mem_bytes) {
+    put('live-mem', (m.peak_mem_bytes / 2 ** 20).toFixed(0) + ' MiB ' + (m.mem_kind || '').toUpperCase());
+  }
+  if (t.heard != null && t.ttfa != null) put('live-net', Math.round(t.heard - t.ttfa));
+}
+
+function onMessage(t, m) {
+  if (m.type === 'queued') {
+    if (m.position > 1) state('waiting', 'queue position ' + m.position);
+  } else if (m.type === 'audio') {
+    const pcm = pcm16(m.pcm);
+    t.marks.audio ??= performance.now();
+    t.received += pcm.length;
+    if (!t.stopped) t.node.port.postMessage({pcm}, [pcm.buffer]);
+    if (t.state !== 'streaming') { t.state = 'streaming'; state('streaming', ''); }
+    showMetrics(t, m.metrics);
+  } else if (m.type === 'done') {
+    t.takeId = m.take_id; t.stopReason = m.stop_reason; t.doneAt = performance.now();
+    showMetrics(t, m.metrics);
+  } else if (m.type === 'error') {
+    fail(t, m.message);
+  }
+}
+
+function onWorklet(t, m) {
+  if (m.played !== undefined) t.played = m.played;
+  if (m.type === 'started') {
+    t.startedAt = performance.now();
+    t.heard = t.startedAt - t.click;
+    put('m-heard', Math.round(t.heard) + ' ms');
+    if (t.ttfa != null) put('live-net', Math.round(t.heard - t.ttfa));
+  } else if (m.type === 'underrun') {
+    put('live-underruns', m.underruns);
+  } else if (m.type === 'silent') {
+    t.silentMs = performance.now() - t.stopClick;
+    finish(t, 'stopped');
+  } else if (m.type === 'drained') {
+    finish(t, t.stopReason === 'cancelled' ? 'stopped' : 'done');
+  }
+}
+
+function finish(t, name) {
+  if (t.ended) return;
+  t.ended = true; t.state = name;
+  clearInterval(t.timer); tick(t);
+  if (S.take === t) state(name);
+  if (t.node) t.node.disconnect();
+}
+
+function fail(t, message) {
+  if (t.stopped) return;
+  t.error = message;
+  state('error', message);
+  finish(t, 'error');
+}
+
+function tick(t) {
+  const played = t.played / RATE, got = t.received / RATE;
+  put('live-pos', played.toFixed(1) + ' / ' + got.toFixed(1) + ' s');
+  put('live-elapsed', ((performance.now() - t.click) / 1000).toFixed(1) + ' s');
+  const bar = el('live-playhead'); if (bar) bar.style.width = (got ? 100 * played / got : 0) + '%';
+}
+
+async function play(t, fields, clip) {
+  const ctx = context();
+  await S.ready;
+  t.node = new AudioWorkletNode(ctx, 'hs-player', {numberOfInputs: 0, outputChannelCount: [1], processorOptions:
+    {prebuffer: Math.round(PREBUFFER_S * RATE), maxPrebuffer: Math.round(MAX_PREBUFFER_S * RATE),
+     fade: Math.round(FADE_S * RATE)}});
+  t.node.port.onmessage = (e) => onWorklet(t, e.data);
+  t.node.connect(ctx.destination);
+  const form = new FormData();
+  form.append('request', JSON.stringify({...fields, live_id: t.id}));
+  try {
+    if (fields.voice === '__clip__' && clip && clip.url) {
+      form.append('clip', await (await fetch(clip.url)).blob(), 'clip');
+    }
+    const token = document.querySelector('.hs-live')?.dataset.token || '';
+    t.marks.fetch = performance.now();
+    const res = await fetch('/studio/live', {method: 'POST', body: form, headers: {'X-Studio-Token': token},
+                                             signal: t.abort.signal});
+    t.marks.response = performance.now();
+    if (!res.ok) {
+      const why = (await res.json().catch(() => ({}))).error;
+      return fail(t, why || 'The live stream was refused (' + res.status + ').');
+    }
+    const reader = res.body.getReader(), text = new TextDecoder();
+    let buf = '';
+    for (;;) {
+      const {value, done} = await reader.read();
+      if (done) break;
+      buf += text.decode(value, {stream: true});
+      for (let nl = buf.indexOf('\n'); nl >= 0; nl = buf.indexOf('\n')) {
+        const line = buf.slice(0, nl); buf = buf.slice(nl + 1);
+        if (line) onMessage(t, JSON.parse(line));
+      }
+    }
+  } catch (e) {
+    return fail(t, 'The live stream broke off: ' + e.message);
+  }
+  t.node.port.postMessage({end: true});
+}
+
+S.start = (args) => {
+  if (!S.supported) return args;
+  if (S.take) S.stop();  // one take plays at a time in a tab
+  const [text, style, voice, clip, clip_text, temperature, top_p, top_k, , max_frames, repeat_guard, takes] = args;
+  // Several takes are consecutive seeds from the first one's: a random first seed is drawn here, so the
+  // stream and the page's event (which starts the other takes) share it.
+  let seed = args[8];
+  if (Number(takes) > 1 && !(Number(seed) >= 0)) seed = Math.floor(Math.random() * 2 ** 31);
+  const id = Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, '0')).join('');
+  // marks: when the stream was sent, answered and first carried audio (the Heard − TTFA breakdown).
+  const t = S.take = {id, click: S.click ?? performance.now(), marks: {start: performance.now()},
+                      abort: new AbortController(), received: 0, played: 0,
+                      heard: null, ttfa: null, state: 'waiting'};
+  state('waiting', 'waiting for the GPU');
+  put('live-underruns', 0);
+  t.timer = setInterval(() => tick(t), 100);
+  play(t, {text, style, voice, clip_text, temperature, top_p, top_k, seed, max_frames, repeat_guard}, clip)
+    .catch((e) => fail(t, 'The live player failed: ' + e.message));
+  const out = args.slice(); out[8] = seed; out[out.length - 1] = id;
+  return out;
+};
+
+S.stop = () => {
+  const t = S.take;
+  if (!t || t.stopped || t.ended) return;
+  t.stopped = true; t.stopClick = performance.now();
+  if (t.node) t.node.port.postMessage({stop: true}); else { t.silentMs = 0; finish(t, 'stopped'); }
+  t.abort.abort();
+  state('stopped');
+};

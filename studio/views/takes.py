@@ -1,0 +1,297 @@
+"""The session's takes: the output column (live audio, metrics, the WebAudio player, the take and its
+download), the side-by-side takes with their Keep buttons, and the history with each take's recipe.
+
+Generate streams a take here (or waits for the browser's own player to stream it) and shows it when it ends;
+Stop cancels the session's running take. Validation, queueing and recording live in the service.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import threading
+from collections.abc import Iterator
+
+import gradio as gr
+import numpy as np
+
+from engine.audio import load_audio
+from engine.config import SAMPLE_RATE
+from studio import assets, render
+from studio.formats import available_formats, to_pcm16, write_audio
+from studio.live import NO_VOICE, page_request
+from studio.service import MAX_TAKES, Queued, ServiceBusy, TakeHandle
+from studio.views.toasts import warns
+
+log = logging.getLogger("higgs.studio")
+
+STREAM_SECONDS = 1.0  # after the first chunk, stream in ~1 s pieces (Gradio's advice for smooth HLS playback)
+
+
+class TakesView:
+    """Shows a session's takes and holds its live requests (so Stop can cancel the right one)."""
+
+    def __init__(self, page):
+        self.page = page
+        self.service = page.service
+        self.access = page.access
+        self.player = page.player
+        self.streaming = page.streaming
+        self._active: dict[str, TakeHandle] = {}
+        self._variants: dict[str, list[TakeHandle]] = {}  # the other takes of a session's Generate
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ layout
+
+    def state(self):
+        """The session's take ids and last seed: built outside the tabs, beside the page's other states."""
+        self.takes, self.last_seed = gr.State([]), gr.State(None)
+
+    def output_column(self):
+        """The live audio, metrics, the WebAudio player, the finished take and its download."""
+        self.live = gr.Audio(label="Live" if self.streaming else "Live (off: install ffmpeg to stream)",
+                             streaming=self.streaming, autoplay=True, interactive=False, elem_id="live")
+        self.metrics = gr.HTML(render.metrics_html(), label="Metrics", elem_id="metrics")
+        # The WebAudio player (studio/live.py); its session token is issued at every page load (studio/page.py).
+        self.live_panel = gr.HTML(render.live_player_html(""), js_on_load=assets.script("live.js"),
+                                  elem_id="live-player")
+        self.live_id = gr.Textbox("", visible=False, elem_id="live-id")  # set by CLICK_JS in WebAudio mode
+        self.result = gr.JSON(label="Result", visible=False)  # the take's metrics and recipe, for API clients
+        self.take_audio = gr.Audio(label="Take", type="filepath", interactive=False, elem_id="take")
+        with gr.Row():
+            self.fmt = gr.Dropdown([f for f in available_formats() if f != "pcm"], value="wav",
+                                   label="Format", scale=1, min_width=90)
+            self.download = gr.DownloadButton("Download WAV", scale=2, elem_id="download")
+
+    def side_by_side_row(self):
+        """One hidden column per possible take of a Generate: seed and numbers, player, Keep."""
+        with gr.Row(visible=False, elem_id="variants") as self.variants_row:
+            self.variant_cols, self.variant_audio, self.variant_info, self.keep = [], [], [], []
+            for i in range(MAX_TAKES):
+                with gr.Column(visible=False, min_width=180) as column:
+                    self.variant_cols.append(column)
+                    self.variant_info.append(gr.HTML("", elem_id=f"variant-info-{i}"))
+                    self.variant_audio.append(gr.Audio(label=f"Take {i + 1}", type="filepath", interactive=False,
+                                                       elem_id=f"variant-{i}"))
+                    self.keep.append(gr.Button("Keep", size="sm", elem_id=f"keep-{i}"))
+        self.variant_ids = gr.State([])
+
+    def history_panel(self):
+        """The session's history table; a selected take shows its player, recipe and curl command."""
+        with gr.Accordion("History (this session)", open=True):
+            self.history = gr.Dataframe(headers=render.HISTORY_HEADERS, interactive=False, wrap=True, label="History",
+                                        elem_id="history")
+            with gr.Row(visible=False) as self.detail:  # shown once a take is selected
+                with gr.Column(scale=2):
+                    self.hist_audio = gr.Audio(label="Selected take", type="filepath", interactive=False)
+                    self.use_settings = gr.Button("Use these settings", elem_id="use-settings")
+                with gr.Column(scale=3):
+                    self.recipe = gr.Code(label="Recipe (settings + seed + voice id)", language="json", lines=4,
+                                          max_lines=14, elem_id="recipe")
+                    self.curl = gr.Code(label="Reproduce it over HTTP", language="shell", lines=2, max_lines=6,
+                                        wrap_lines=True, elem_id="recipe-curl")
+            self.selected = gr.State(None)
+
+    @property
+    def outputs(self) -> list:
+        """Generate's outputs, in the order its handler's updates name them."""
+        side_by_side = [self.variants_row, *self.variant_cols, *self.variant_audio, *self.variant_info,
+                        self.variant_ids]
+        return [self.live, self.metrics, self.take_audio, self.download, self.history, self.takes, self.last_seed,
+                self.result, *side_by_side]
+
+    def wire(self, gen_event) -> None:
+        """The events inside the panel: Keep, the download format, picking a take in the history."""
+        for i, button in enumerate(self.keep):
+            button.click(functools.partial(self._keep, i), [self.variant_ids, self.takes],
+                         [self.take_audio, self.download, self.history, self.takes, self.last_seed],
+                         api_visibility="private")
+        gen_event.success(self._download_as, [self.fmt, self.takes], self.download, api_visibility="private")
+        self.fmt.change(self._download_as, [self.fmt, self.takes], self.download, api_visibility="private")
+        self.history.select(self._select_take, self.takes,
+                            [self.selected, self.hist_audio, self.recipe, self.curl, self.detail],
+                            api_visibility="private")
+
+    # ------------------------------------------------------------------ files
+
+    def take_file(self, take, fmt: str = "wav") -> str:
+        """The take as a file in `fmt`, written once; files of takes the history has dropped are removed."""
+        out_dir = self.page.out_dir
+        path = out_dir / f"take-{take.id}-seed{take.seed}.{fmt}"
+        if not path.exists():
+            write_audio(path, take.audio, take.sample_rate)
+            kept = {f"take-{t.id}-" for t in self.service.history}
+            for old in out_dir.glob("take-*"):
+                if old.name[:old.name.index("-", 5) + 1] not in kept:
+                    old.unlink(missing_ok=True)
+        return str(path)
+
+    def take_outputs(self, take, takes: list[int]) -> tuple:
+        """(take player, download button, history table, takes state, last seed) for a finished take."""
+        takes = takes + [take.id] if take.id not in takes else takes
+        rows = render.history_rows(t for t in map(self.service.take, takes) if t is not None)
+        wav = self.take_file(take)
+        return wav, gr.update(value=wav, label="Download WAV"), rows, takes, take.seed
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, text, style, voice, clip, clip_text, temperature, top_p, top_k, seed, max_frames,
+                 repeat_guard, takes_n, takes, live_id="", request: gr.Request = None):
+        """Stream a take into the live player and the metrics panel, then show the full take. With `live_id` the
+        browser's own player streams the take (studio/live.py, which applies the public limits) and this handler
+        waits for it to end, so the take lands in the history, take player, downloads and recipe the same way.
+        With `takes_n` > 1 the other takes (the next seeds, same settings) run beside it in the engine's batch
+        and all of them are shown side by side once they end, each with a Keep button."""
+        key = request.session_hash if request else "local"
+        handle, others = None, []
+        try:
+            if live_id:
+                handle = self.player.claim(live_id)
+                if handle is None:  # the take failed before it started; the live player says why
+                    return
+            else:
+                asked = page_request(text=text, style=style, voice=voice, clip=self._clip(clip), clip_text=clip_text,
+                                     temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                                     max_frames=max_frames, repeat_guard=repeat_guard)
+                asked = dataclasses.replace(self.access.limit_public(asked, request),
+                                            caller=self.access.page_caller(request))
+                handle = self.service.start(asked)
+            others = self.service.variants(handle, int(takes_n or 1))
+            with self._lock:
+                self._active[key], self._variants[key] = handle, others
+            running = [self._run_variant(other) for other in others]
+            if live_id:
+                self.player.wait(live_id)
+            else:
+                yield from self._stream(handle)
+            for thread in running:
+                thread.join()
+        except ValueError as exc:  # bad request: text, settings, voice, style, reference clip
+            raise gr.Error(str(exc)) from None
+        except ServiceBusy as exc:
+            raise gr.Error(str(exc)) from None
+        except Exception as exc:
+            log.exception("generation failed")
+            raise gr.Error(f"Generation failed: {exc}") from None
+        finally:
+            if handle is not None and not handle.finished.is_set():
+                for h in (handle, *others):
+                    h.cancel.set()  # Gradio closed us (Stop, client cancel, tab closed): free the GPU now
+            elif handle is not None:
+                # A stopped take stays registered: Stop's handler may run after Gradio has closed us (its
+                # `cancels=` and the handler race) and still needs the partial take. The next take replaces it.
+                with self._lock:
+                    if self._active.get(key) is handle:
+                        del self._active[key]
+                        self._variants.pop(key, None)
+        if handle.take is None:
+            return
+        take = handle.take
+        state = "stopped" if take.stop_reason == "cancelled" else "done"
+        wav, dl, rows, takes, last_seed = self.take_outputs(take, takes or [])
+        yield {self.metrics: render.metrics_html(take.metrics, state=state, seconds=take.seconds,
+                                                 warnings=handle.warnings),
+               self.take_audio: wav, self.download: dl, self.history: rows, self.takes: takes,
+               self.last_seed: last_seed, self.result: render.result_json(take, handle.warnings),
+               **self._side_by_side([take] + [h.take for h in others if h.take is not None] if others else [])}
+
+    def _run_variant(self, handle: TakeHandle) -> threading.Thread:
+        """Generate one of the other takes to its end in a thread; the service records it (`handle.take`)."""
+        def run():
+            try:
+                for _ in handle.stream():
+                    pass
+            except Exception:  # the first take, run with the same settings, reports what went wrong
+                log.exception("a side-by-side take failed")
+        thread = threading.Thread(target=run, name="higgs-take", daemon=True)
+        thread.start()
+        return thread
+
+    def _side_by_side(self, takes: list) -> dict:
+        """The Takes panel's outputs: one column per take (seed, metrics, player, Keep), hidden for one take."""
+        out = {self.variants_row: gr.update(visible=len(takes) > 1), self.variant_ids: [t.id for t in takes]}
+        for i, (column, audio, info) in enumerate(zip(self.variant_cols, self.variant_audio, self.variant_info)):
+            take = takes[i] if i < len(takes) else None
+            out[column] = gr.update(visible=take is not None)
+            out[audio] = self.take_file(take) if take is not None else None
+            out[info] = render.variant_html(take, i) if take is not None else ""
+        return out
+
+    @warns(5)
+    def _keep(self, index: int, variant_ids, takes):
+        """Put the side-by-side take in place `index` in the session's history and the take player."""
+        take = self.service.take(variant_ids[index]) if index < len(variant_ids or []) else None
+        if take is None:
+            raise ValueError("That take has left the studio's history (it keeps the latest takes only); "
+                             "generate again.")
+        return self.take_outputs(take, takes or [])
+
+    def _stream(self, handle: TakeHandle) -> Iterator[dict]:
+        """Gradio's own streaming path (the fallback player): queue positions, then the audio in ~1 s pieces."""
+        yield {self.live: None, self.metrics: render.metrics_html(state="waiting", note="waiting for the GPU")}
+        buffer, sent = [], 0
+        for item in handle.stream(positions=True):
+            if isinstance(item, Queued):
+                if item.position > 1:  # something is ahead of us (1 = next up: the worker takes it at once)
+                    yield {self.metrics: render.metrics_html(state="waiting", note=f"queue position {item.position}")}
+                continue
+            if len(item.audio):
+                buffer.append(item.audio)
+            samples = sum(len(b) for b in buffer)
+            if buffer and (item.final or sent == 0 or samples >= STREAM_SECONDS * SAMPLE_RATE):
+                piece = np.concatenate(buffer)
+                buffer, sent = [], sent + len(piece)
+                yield {**({self.live: (SAMPLE_RATE, to_pcm16(piece))} if self.streaming else {}),
+                       self.metrics: render.metrics_html(item.metrics, state="streaming", seconds=sent / SAMPLE_RATE,
+                                                         warnings=handle.warnings)}
+
+    def stop(self, takes, request: gr.Request):
+        """Cancel this session's running take; show what was generated before the stop."""
+        key = request.session_hash if request else "local"
+        with self._lock:
+            handle, others = self._active.pop(key, None), self._variants.pop(key, [])
+        if handle is None:  # nothing running (the take had already finished on its own)
+            return (gr.skip(),) * 6
+        for h in (handle, *others):
+            h.cancel.set()
+        if not handle.finished.wait(5.0) or handle.take is None:  # stopped before the first frame
+            return render.metrics_html(state="stopped"), *(gr.skip(),) * 5
+        take = handle.take
+        return (render.metrics_html(take.metrics, state="stopped", seconds=take.seconds),
+                *self.take_outputs(take, takes or []))
+
+    @staticmethod
+    def _clip(clip) -> tuple[np.ndarray, int] | None:
+        """The clip component's file → (samples, rate), through the bounded decoder (engine/audio.py)."""
+        return None if clip is None else load_audio(clip)
+
+    # ------------------------------------------------------------------ history
+
+    @warns(1)
+    def _download_as(self, fmt, takes):
+        take = self.service.take(takes[-1]) if takes else None
+        if take is None:
+            return gr.update(label=f"Download {fmt.upper()}")
+        return gr.update(value=self.take_file(take, fmt), label=f"Download {fmt.upper()}")
+
+    @warns(5)
+    def _select_take(self, takes, evt: gr.SelectData, request: gr.Request):
+        rows = list(reversed(takes or []))
+        if evt.index is None or evt.index[0] >= len(rows):
+            return (gr.skip(),) * 5
+        take = self.service.take(rows[evt.index[0]])
+        if take is None:
+            raise ValueError("That take has left the history (it keeps the latest takes only).")
+        base = f"http://{request.headers.get('host', '127.0.0.1:7860')}" if request else "http://127.0.0.1:7860"
+        curl = render.recipe_curl(take.recipe(), base, f"take-{take.id}.wav")
+        return take.id, self.take_file(take), render.recipe_json(take), curl, gr.update(visible=True)
+
+    @warns(9)
+    def _use_settings(self, take_id):
+        take = self.service.take(take_id) if take_id is not None else None
+        if take is None:
+            raise ValueError("Select a take in the history first.")
+        s = take.settings
+        return (take.text, take.style or "", take.voice_id or NO_VOICE, s["temperature"], s["top_p"], s["top_k"],
+                take.seed, s["max_frames"] or 0, s["repeat_guard"] or 0)
