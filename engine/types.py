@@ -30,7 +30,7 @@ DEFAULT_REPEAT_GUARD = 32
 MAX_TEMPERATURE = 2.0  # 0 is greedy
 MAX_TOP_P = 1.0  # top_p is in (0, MAX_TOP_P]; 1 turns it off
 MAX_FRAMES = 8192  # the backbone's context: no take can be longer than this many frames (~327 s)
-MIN_REPEAT_GUARD = 2  # frames: one repeated frame is ordinary speech
+MIN_REPEAT_GUARD = 2  # frames: "the last frame equals itself" would end every take at once
 # top_k is open above (one at or past the vocabulary keeps every candidate, as 0 does); the page's slider
 # stops here.
 TOP_K_SLIDER_MAX = 200
