@@ -162,6 +162,15 @@ class Metrics:
     batch: int = 1  # most takes decoded together in one step while this take ran (1 = alone)
     queued_ms: float = 0.0  # call → a batch slot was free for this take
 
+    @classmethod
+    def blank(cls, **values) -> Metrics:
+        """Metrics with a neutral value in every field (no audio yet, nothing measured), `values` overriding
+        them: what a test's scripted engine reports."""
+        neutral = {"ttfa_ms": None, "rtf": 0.0, "frames": 0, "rows": 0, "ms_per_frame": 0.0, "prefill_ms": 0.0,
+                   "prompt_tokens": 0, "reused_tokens": 0, "peak_mem_bytes": 0, "mem_kind": "rss", "precision": "",
+                   "backend": "", "device": "", "seed": None, "stop_reason": None}
+        return cls(**{**neutral, **values})
+
 
 @dataclass(frozen=True)
 class Chunk:

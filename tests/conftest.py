@@ -71,3 +71,73 @@ def interp_take(parity_dir) -> dict:
     from tests.interp_step import greedy_take
 
     return greedy_take(parity_dir)
+
+
+# ------------------------------------------------------------------------------------------ shared studios
+
+# Started once per test process for the files that only need one running. Files share a studio's voice
+# library: a test counts only the voices it saved.
+
+@pytest.fixture(scope="session")
+def demo_studio(tmp_path_factory):
+    """`app.py --demo`, no key: the owner's page as a local user sees it."""
+    from tests.studio_server import shared_studio
+
+    yield from shared_studio(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def keyed_studio(tmp_path_factory):
+    """`app.py --demo --mcp --api-key SECRET`: the owner's API, page (behind a login) and MCP tools."""
+    from tests.studio_server import KEY, shared_studio
+
+    yield from shared_studio(tmp_path_factory, "--mcp", "--api-key", KEY)
+
+
+@pytest.fixture(scope="session")
+def public_studio(tmp_path_factory):
+    """`app.py --demo --api-key SECRET --public-page`: a Space's public page."""
+    from tests.studio_server import KEY, shared_studio
+
+    yield from shared_studio(tmp_path_factory, "--api-key", KEY, "--public-page")
+
+
+# ------------------------------------------------------------------------------------------ two workers
+# `--dist loadgroup` (pyproject.toml) hands each worker whole groups. A file is a group of its own, so its
+# module-scoped servers and models are built once; the files that use one of these session fixtures join one
+# group, so it is built once in all.
+SHARED_FIXTURES = ("demo_studio", "keyed_studio", "public_studio", "interp_take")
+# The files (or groups, named by one file) that ran longest on the 2-core CI machine (`--durations`), longest
+# first. They are handed out first: a long file handed out last keeps one worker busy while the other has
+# nothing left to do.
+LONGEST_FIRST = ("test_self_check.py", "test_cubin_batch.py", "test_security.py", "test_cubin_backend.py",
+                 "test_live_player.py", "test_kernels_v2_step.py", "test_kernels_build.py", "test_quant.py",
+                 "test_kernels_step.py", "test_studio_browser.py", "test_torch_graph.py", "test_gpu_check.py",
+                 "test_codec.py", "test_engine.py", "test_batch.py", "test_remote_servers.py",
+                 "test_spaces_browser.py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
+def pytest_collection_modifyitems(config, items):
+    if not config.getoption("loadgroup", default=False):  # set in the workers of `--dist loadgroup`
+        return
+    links: dict[str, str] = {}  # union-find over file names and shared fixture names
+
+    def root(name: str) -> str:
+        while links.get(name, name) != name:
+            name = links[name]
+        return name
+
+    for item in items:
+        for fixture in SHARED_FIXTURES:
+            if fixture in item.fixturenames:
+                a, b = root(item.path.name), root(fixture)
+                links[max(a, b)] = min(a, b)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    first: dict[str, int] = {}  # a group's place: that of its longest file
+    for n, item in enumerate(items):
+        group = root(item.path.name)
+        first[group] = min(first.get(group, len(rank) + n), rank.get(item.path.name, len(rank) + n))
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(root(item.path.name)))
+    items.sort(key=lambda item: first[root(item.path.name)])  # stable: a file keeps its order

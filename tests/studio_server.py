@@ -1,4 +1,8 @@
-"""Start `python app.py --demo` on a free localhost port for the client and browser tests."""
+"""Start `python app.py --demo` on a free localhost port for the client and browser tests.
+
+`running_studio` starts one for a block of code. The studios that many files only need running are started
+once per test process instead (`shared_studio`, behind tests/conftest.py's `demo_studio`, `keyed_studio` and
+`public_studio`)."""
 
 from __future__ import annotations
 
@@ -10,11 +14,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+KEY = "SECRET"  # the owner's API key of the shared studios
 START_TIMEOUT_S = 240  # load + warm-up of the tiny demo model, on a busy 2-core CI machine
 
 
@@ -63,3 +69,18 @@ def running_studio(tmp: Path, *args: str, env: dict[str, str] | None = None):
             proc.kill()
             proc.wait()
         log.close()
+
+
+@dataclass(frozen=True)
+class Studio:
+    """A running studio: its base URL and its voice library's folder."""
+
+    url: str
+    voices: Path
+
+
+def shared_studio(tmp_path_factory, *args: str):
+    """The body of a session fixture: yields the `Studio` started with `args`, stops it at the session's end."""
+    root = tmp_path_factory.mktemp("studio")
+    with running_studio(root, *args) as url:
+        yield Studio(url, root / "voices")

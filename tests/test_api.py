@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP API: pure helpers on the CPU, then the official `openai` SDK and raw HTTP
-against `python app.py --demo --api-key ...` in a subprocess (the real engine on the tiny checkpoint).
+against `python app.py --demo --api-key ...` in a subprocess (the shared `keyed_studio`: the real engine on the
+tiny checkpoint).
 
 Greedy takes (temperature 0) with a fixed seed are deterministic, so the same request answered as wav,
 pcm, flac, a chunked stream or SSE must give the same samples: that is what most tests compare."""
@@ -16,7 +17,6 @@ import socket
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -28,11 +28,11 @@ from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from studio.api.model import ApiError, check_instructions, decode_ref_audio, speed_tag
 from studio.api.speech import streaming_wav_header
 from studio.formats import MIME, StreamEncoder
-from tests.studio_server import running_studio
+from tests.fakes import LONG_FRAMES, ScriptedEngine
+from tests.studio_server import KEY
 
 openai = pytest.importorskip("openai")
 
-KEY = "test-key-123"
 GREEDY = {"temperature": 0, "seed": 11, "max_frames": 30}
 TEXT = "The quick brown fox jumps over the lazy dog."
 
@@ -81,49 +81,6 @@ def test_streaming_wav_header_reads_as_the_stream_that_follows():
 
 
 # ------------------------------------------------------------------------------------------ scripted engine
-
-LONG_FRAMES = 120
-
-
-@dataclass
-class FakeMetrics:
-    frames: int
-    seed: int | None
-    ttfa_ms: float = 1.0
-    rtf: float = 0.5
-    stop_reason: str | None = None
-    batch: int = 1
-    prompt_tokens: int = 0
-
-
-class ScriptedEngine:
-    """`text` picks the behaviour: "crash" raises inside the engine, "slow" takes 0.1 s per frame for 100
-    frames, "long" 0.02 s per frame for 120 frames; anything else is 3 quick frames."""
-
-    info = {"checkpoint": "scripted", "device": "cpu", "precision": "fp32", "backend": "torch", "demo": True}
-    is_remote = False
-
-    def generate_stream(self, text, *, voice=None, params=None, cancel=None):
-        seed = params.seed
-        if "crash" in text:
-            raise RuntimeError("the engine fell over")
-        frames, delay = (100, 0.1) if "slow" in text else (LONG_FRAMES, 0.02) if "long" in text else (3, 0.0)
-        for i in range(frames):
-            if cancel is not None and cancel.is_set():
-                yield FakeChunk(np.zeros(0, np.float32), FakeMetrics(i, seed, stop_reason="cancelled"), True)
-                return
-            time.sleep(delay)
-            yield FakeChunk(np.full(SAMPLES_PER_FRAME, 0.25, np.float32), FakeMetrics(i + 1, seed), False)
-        yield FakeChunk(np.zeros(0, np.float32), FakeMetrics(frames, seed, stop_reason="eoc"), True)
-
-
-@dataclass
-class FakeChunk:
-    audio: np.ndarray
-    metrics: FakeMetrics
-    final: bool
-    codes: None = None
-
 
 @pytest.fixture()
 def scripted():
@@ -332,9 +289,8 @@ def test_sse_mp3_sends_deltas_as_it_encodes(scripted_server):
 # ------------------------------------------------------------------------------------------ live server
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    with running_studio(tmp_path_factory.mktemp("api"), "--api-key", KEY) as url:
-        yield url
+def base(keyed_studio):
+    return keyed_studio.url
 
 
 @pytest.fixture()

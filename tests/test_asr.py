@@ -15,7 +15,7 @@ import torch
 from studio.asr import ASR_RATE, Transcriber
 from studio.page import Page
 from studio.service import StudioService
-from tests.test_service import FakeEngine
+from tests.fakes import FakeEngine
 
 SPECIAL = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|translate|>",
            "<|notimestamps|>", "<|nocaptions|>", "<|startofprev|>", "<|startoflm|>"]
@@ -93,6 +93,9 @@ def test_off_or_offline_leaves_the_box_empty_with_a_one_line_note(clip, tmp_path
                              (Transcriber("openai/whisper-base"), "unavailable")]:
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # offline, and no cached copy in this empty hub cache
         monkeypatch.setenv("HF_HOME", str(tmp_path / "hub"))
+        # huggingface_hub reads HF_HUB_OFFLINE once, when imported (Gradio imported it already): without this
+        # the load asks the network and retries for ~23 s before it gives up.
+        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
         page = page_with(transcriber)
         try:
             text, note = page.studio._transcribe(str(path), "")

@@ -1,5 +1,6 @@
 """CI never passes with the parity tier silently skipped: HIGGS_REQUIRE_PARITY=1 (set by .ci/run) turns a
-missing fixture into a failure, while a user's fresh clone (variable unset) still skips with the reason."""
+missing fixture into a failure, while a user's fresh clone (variable unset) still skips with the reason. The
+two workers' schedule (tests/conftest.py) names only files and fixtures that exist."""
 
 from __future__ import annotations
 
@@ -33,3 +34,11 @@ def test_missing_parity_fixture_fails_under_ci(tmp_path):
 
 def test_ci_script_requires_parity():
     assert "export HIGGS_REQUIRE_PARITY=1" in (REPO / ".ci" / "run").read_text()
+
+
+def test_the_schedule_names_files_and_fixtures_that_exist():
+    """tests/conftest.py orders the two workers' files by name: a renamed file would silently lose its place."""
+    from tests import conftest
+
+    assert all((REPO / "tests" / name).is_file() for name in conftest.LONGEST_FIRST), conftest.LONGEST_FIRST
+    assert all(callable(getattr(conftest, name, None)) for name in conftest.SHARED_FIXTURES)

@@ -17,7 +17,8 @@ from studio.admission import OWNER, Caller
 from studio.live import ROUTE, TOKEN_HEADER
 from studio.page import Page
 from studio.service import Queued, StudioService, TooManyTakes
-from tests.test_service import FakeEngine, request
+from tests.fakes import FakeEngine
+from tests.test_service import request
 
 KEY = "SECRET"
 A, B, C = Caller.visitor("10.0.0.1"), Caller.visitor("10.0.0.2"), Caller.visitor("10.0.0.3")
@@ -27,8 +28,7 @@ class CountingEngine(FakeEngine):
     """A FakeEngine with `max_batch` slots that records the most takes running at once."""
 
     def __init__(self, max_batch: int, **kw):
-        super().__init__(**kw)
-        self.info = {**self.info, "max_batch": max_batch}
+        super().__init__(max_batch=max_batch, **kw)
         self.running = self.most = 0
         self._lock = threading.Lock()
 
@@ -59,7 +59,7 @@ def test_three_visitors_and_the_keyed_caller_are_admitted_by_the_rule():
     last: dict[str, int] = {}
 
     def submit(name: str, caller: Caller) -> None:
-        req = request(text=name, seed=1, caller=caller)
+        req = request(text=name, seed=1, max_frames=4, caller=caller)  # quick once the holder stops
         depth = svc.queue_depth
 
         def run():
@@ -180,7 +180,7 @@ def test_a_long_takes_segments_take_turns_with_another_caller():
     svc = StudioService(Engine.load(demo_checkpoint(), device="cpu", max_batch=1), None, None)
     assert svc.slots == 1
     text = " ".join(f"Sentence number {i} of a chapter that is long enough to be planned in several "
-                    "segments of speech, one after another." for i in range(12))
+                    "segments of speech, one after another." for i in range(6))  # four segments
     long = request(text=text, seed=3, max_frames=12, caller=A)
     events: list[str] = []
     chunks = stream_long(svc, long)

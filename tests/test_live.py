@@ -20,7 +20,7 @@ from studio.formats import to_pcm16
 from studio.live import CLIP_VOICE, ROUTE, TOKEN_HEADER, TOKEN_TTL_S, LivePlayer
 from studio.page import Page
 from studio.service import StudioService, SynthesisRequest
-from tests.test_service import FakeEngine
+from tests.fakes import FakeEngine
 
 KEY = "SECRET"
 FIELDS = dict(text="Hello there.", style="", voice="", clip_text="", temperature=0.8, top_p=0.8, top_k=30,

@@ -79,14 +79,22 @@ def studio_url(tmp_path_factory):
         yield url
 
 
-@pytest.fixture
-def browser(studio_url):
+@pytest.fixture(scope="module")
+def chromium(studio_url):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         yield browser
         browser.close()
+
+
+@pytest.fixture
+def browser(chromium):
+    """One Chromium for the file; each test's pages (a context each) are closed after it, players and all."""
+    yield chromium
+    for context in chromium.contexts:
+        context.close()
 
 
 def open_page(browser, url, *, init: str = ""):
@@ -199,10 +207,11 @@ def test_stop_silences_at_once_cancels_the_take_and_keeps_it(browser, studio_url
 
 
 def test_two_tabs_each_play_their_own_take(browser, studio_url):
-    """The second tab's take starts beside the first (the engine batches them, issue 13) and each tab
-    plays its own take, whole."""
+    """The second tab's take starts while the first is still being made (the engine batches them) and each tab
+    plays its own take, whole. The first is up to 30 s of audio, made in a few seconds on the CPU and played in
+    real time."""
     first, second = open_page(browser, studio_url), open_page(browser, studio_url)
-    generate(first, "First tab, a long take.", 1500)
+    generate(first, "First tab, a long take.", 750)
     first.wait_for_function("() => window.__hsLive.take?.received > 0", timeout=180_000)
     generate(second, "Second tab, a short take.", 50)
     for pg, text in ((first, "First tab"), (second, "Second tab")):

@@ -16,7 +16,7 @@ import pytest
 import soundfile as sf
 
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
-from tests.studio_server import free_port, running_studio
+from tests.studio_server import free_port
 
 gr = pytest.importorskip("gradio")
 mcp_client = pytest.importorskip("mcp.client.streamable_http")
@@ -138,7 +138,6 @@ def test_tool_errors_are_messages(served):
     assert err2 and "not a known control tag" in text2
 
 
-def test_app_serves_the_tools_with_mcp_flag(tmp_path):
-    with running_studio(tmp_path, "--mcp") as url:
-        names = {t["name"] for t in httpx.get(f"{url}/gradio_api/mcp/schema", timeout=30).json()}
+def test_app_serves_the_tools_with_mcp_flag(keyed_studio):
+    names = {t["name"] for t in httpx.get(f"{keyed_studio.url}/gradio_api/mcp/schema", timeout=30).json()}
     assert TOOLS <= names

@@ -12,12 +12,12 @@ import time
 
 import pytest
 
-from engine.types import SamplingParams
+from engine.types import Metrics, SamplingParams
 from studio import render
 from studio.page import Page
 from studio.presets import PresetStore
 from studio.service import StudioService, SynthesisRequest
-from tests.test_service import FakeEngine
+from tests.fakes import FakeEngine
 
 
 @pytest.fixture
@@ -117,8 +117,7 @@ def test_render_palette_estimate_and_metrics():
     assert "auto" in render.estimate_html("Hello there.")
     empty = render.metrics_html()
     assert 'id="m-ttfa">—<' in empty and 'id="m-state">idle<' in empty
-    from tests.test_service import FakeMetrics
-    html = render.metrics_html(FakeMetrics(frames=50, seed=3, stop_reason="eoc"), state="done", seconds=2.0)
+    html = render.metrics_html(Metrics.blank(frames=50, seed=3, stop_reason="eoc"), state="done", seconds=2.0)
     assert 'id="m-frames">50<' in html and 'id="m-stop">eoc<' in html
     demo = render.header_html({"checkpoint": "/x/demo-checkpoint-v1", "device": "cpu", "demo": True})
     assert "demo-checkpoint-v1" in demo and 'id="demo-banner"' in demo
@@ -156,10 +155,7 @@ def test_without_ffmpeg_takes_still_play(monkeypatch, tmp_path):
 
 
 def test_three_takes_have_the_next_seeds_side_by_side_and_keep_puts_one_in_the_history(tmp_path):
-    from tests.test_service import batched_engine
-
-    engine = batched_engine(frames=20, delay=0.01)
-    engine.info["max_batch"] = 4
+    engine = FakeEngine(frames=20, delay=0.01, max_batch=4)
     service = StudioService(engine, None, None)
     page = Page(service)
     page.build()

@@ -22,9 +22,8 @@ from engine.remote import (SGLANG_OMNI, STUDIO, VLLM_OMNI, OPENAI, RemoteEngine,
                            detect_dialect, parse_voices, server_voice_name)
 from studio.formats import to_pcm16
 from tests.remote_fakes import MODEL, SglangOmniFake, VllmOmniFake, pcm_of, serve, wav_clip
-from tests.studio_server import running_studio
+from tests.studio_server import KEY, running_studio
 
-KEY = "remote-key"
 
 # What each kind answers at /health and /v1/models (tests/remote_fakes.py names the sources).
 STUDIO_FACTS = {"/health": {"status": "ok", "engine_loaded": True, "formats": ["wav", "pcm"], "max_batch": 6,
@@ -340,9 +339,8 @@ def test_voice_routes_of_the_omni_servers_are_keyed_by_name(make):
 # ------------------------------------------------------------------------------------------ against a studio
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with running_studio(tmp_path_factory.mktemp("remote-server"), "--api-key", KEY) as url:
-        yield url
+def server(keyed_studio):
+    return keyed_studio.url
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The hostile probe of issue 10, replayed: every refusal that docs/SECURITY.md promises, against real servers.
+"""The hostile probe, replayed: every refusal that docs/SECURITY.md promises, against real servers.
 
 * `app.py --demo --mcp --api-key SECRET` (the page behind the owner's login): every Gradio event by
   `fn_index` (queue/join, run/predict, call/<api_name>) without the login; MCP tools without the key; decode
@@ -36,12 +36,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from tests.studio_server import REPO, free_port, running_studio
-from tests.test_api import ScriptedEngine, ffmpeg_children, wait_for
+from tests.fakes import ScriptedEngine
+from tests.studio_server import KEY, REPO, free_port, running_studio
+from tests.test_api import ffmpeg_children, wait_for
 
 pytestmark = pytest.mark.slow
 
-KEY = "SECRET"
 BEARER = {"Authorization": f"Bearer {KEY}"}
 OWNER_EVENTS = ("_save_voice", "_save_preset", "_edit_voice", "_delete_voice", "_export_all", "_pick_voice",
                 "_import", "_voice_rows")
@@ -133,21 +133,17 @@ def post_voice(url: str, name: str, consent: str, headers: dict | None = None, a
 # ---------------------------------------------------------------------------------------------- servers
 
 @pytest.fixture(scope="module")
-def keyed(tmp_path_factory):
-    """`app.py --demo --mcp --api-key SECRET` with one saved voice; yields (url, voices dir)."""
-    tmp = tmp_path_factory.mktemp("keyed")
-    with running_studio(tmp, "--mcp", "--api-key", KEY) as url:
-        assert post_voice(url, "Owner Voice", "true", BEARER).status_code == 201
-        yield url, tmp / "voices"
+def keyed(keyed_studio):
+    """`app.py --demo --mcp --api-key SECRET` with one saved voice; (url, voices dir)."""
+    assert post_voice(keyed_studio.url, "Owner Voice", "true", BEARER).status_code == 201
+    return keyed_studio.url, keyed_studio.voices
 
 
 @pytest.fixture(scope="module")
-def public(tmp_path_factory):
-    """`--api-key SECRET --public-page` with one saved voice; yields (url, voices dir)."""
-    tmp = tmp_path_factory.mktemp("public")
-    with running_studio(tmp, "--api-key", KEY, "--public-page") as url:
-        assert post_voice(url, "Owner Voice", "true", BEARER).status_code == 201
-        yield url, tmp / "voices"
+def public(public_studio):
+    """`--api-key SECRET --public-page` with one saved voice; (url, voices dir)."""
+    assert post_voice(public_studio.url, "Owner Voice", "true", BEARER).status_code == 201
+    return public_studio.url, public_studio.voices
 
 
 # ---------------------------------------------------------------------------------------------- the key

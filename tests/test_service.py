@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pytest
 
-from engine.types import SamplingParams
+from engine.types import SamplingParams, SpeechEngine
 from studio.service import Queued, ServiceBusy, StudioService, SynthesisRequest
+from tests.fakes import FakeEngine
 
 SAMPLING = {f.name for f in fields(SamplingParams)}
 
@@ -20,54 +21,6 @@ def request(**kw) -> SynthesisRequest:
     """A request from flat keywords: the sampling ones go into its `params`."""
     params = SamplingParams.of(**{k: kw.pop(k) for k in list(kw) if k in SAMPLING})
     return SynthesisRequest(params=params, **kw)
-
-
-@dataclass
-class FakeMetrics:
-    frames: int = 0
-    seed: int | None = None
-    stop_reason: str = ""
-    batch: int = 1
-
-
-@dataclass
-class FakeChunk:
-    audio: np.ndarray
-    metrics: FakeMetrics
-    final: bool
-
-
-@dataclass
-class FakeEngine:
-    """Yields `frames` chunks of 960 samples, `delay` seconds apart; logs the order texts start in."""
-
-    frames: int = 3
-    delay: float = 0.0
-    started: list = field(default_factory=list)
-    closed: list = field(default_factory=list)
-    calls: list = field(default_factory=list)
-    info: dict = field(default_factory=lambda: {"checkpoint": "tiny", "device": "cpu", "precision": "fp32",
-                                                "backend": "torch", "demo": True})
-    is_remote = False
-
-    def generate_stream(self, text, *, voice=None, params=None, cancel=None):
-        seed, max_frames = params.seed, params.max_frames
-        self.started.append(text)
-        self.calls.append(dict(text=text, voice=voice, params=params))
-        n = max_frames or self.frames
-        try:
-            for i in range(n):
-                time.sleep(self.delay)
-                if cancel is not None and cancel.is_set():  # the real engine checks every frame
-                    yield FakeChunk(np.zeros(0, np.float32), FakeMetrics(i, seed, "cancelled"), True)
-                    return
-                yield FakeChunk(np.full(960, 0.1, np.float32), FakeMetrics(i + 1, seed), False)
-            yield FakeChunk(np.zeros(0, np.float32), FakeMetrics(n, seed, "eoc"), True)
-        finally:
-            self.closed.append(text)
-
-    def encode_voice(self, audio, sample_rate, transcript=None):
-        return ("ref", len(audio), sample_rate, transcript)
 
 
 @dataclass
@@ -114,6 +67,20 @@ def run(svc, **kw):
     return handle, chunks
 
 
+def test_the_fake_engine_is_a_speech_engine_streaming_the_real_types():
+    from engine.types import Chunk, Metrics
+    from tests.fakes import ScriptedEngine
+
+    for engine in (FakeEngine(), ScriptedEngine()):
+        assert isinstance(engine, SpeechEngine)
+        chunks = list(engine.generate_stream("Hi.", seed=3, temperature=0))
+        assert all(type(c) is Chunk and type(c.metrics) is Metrics for c in chunks)
+        assert [c.final for c in chunks] == [False, False, False, True] and chunks[-1].metrics.stop_reason == "eoc"
+        assert engine.calls[-1]["seed"] == 3 and engine.calls[-1]["temperature"] == 0
+    with pytest.raises(ValueError, match="temperature"):  # settings are checked as the real engine checks them
+        list(FakeEngine().generate_stream("Hi.", temperature=-1))
+
+
 def test_stream_yields_chunks_and_records_take(svc):
     handle, chunks = run(svc, text="Hello there.", seed=5)
     assert [c.final for c in chunks] == [False, False, False, True]
@@ -127,13 +94,14 @@ def test_stream_yields_chunks_and_records_take(svc):
 def test_random_seed_is_drawn_and_recorded(svc):
     handle, _ = run(svc, text="Hi.")
     assert handle.request.params.seed is None  # the request stays as asked; the handle holds the seed drawn
-    assert 0 <= handle.seed < 2 ** 31 and svc.history[-1].seed == handle.seed == svc.engine.calls[-1]["params"].seed
+    assert 0 <= handle.seed < 2 ** 31 and svc.history[-1].seed == handle.seed == svc.engine.calls[-1]["seed"]
 
 
 def test_stream_takes_a_request_and_passes_the_params_whole(svc):
     params = SamplingParams(temperature=0.3, top_k=5, top_p=0.9, seed=7, max_frames=2, repeat_guard=None)
     chunks = list(svc.stream(SynthesisRequest(text="Hi.", params=params)))
-    assert chunks[-1].final and svc.engine.calls[-1]["params"] == params
+    assert chunks[-1].final and {k: v for k, v in svc.engine.calls[-1].items() if k not in ("text", "voice")} == \
+        params.as_dict()
     assert svc.history[-1].settings == {"temperature": 0.3, "top_k": 5, "top_p": 0.9, "max_frames": 2,
                                         "repeat_guard": None}
 
@@ -233,16 +201,10 @@ def test_cancel_running_stops_promptly_and_next_starts():
     svc.close()
 
 
-def batched_engine(**kw) -> FakeEngine:
-    engine = FakeEngine(**kw)
-    engine.info = {**engine.info, "max_batch": 2}
-    return engine
-
-
 def test_requests_run_together_up_to_the_engines_batch_slots():
     """Two slots: two requests start at once and a visitor waits only once both are busy; its position
     counts the requests ahead of it plus one for the busy slots."""
-    svc = StudioService(batched_engine(frames=40, delay=0.01), None, None)
+    svc = StudioService(FakeEngine(frames=40, delay=0.01, max_batch=2), None, None)
     assert svc.slots == 2 and svc.status()["max_batch"] == 2
     positions: dict[int, list[int]] = {i: [] for i in range(4)}
     threads = []
@@ -275,7 +237,7 @@ def test_a_remote_engine_runs_as_many_requests_as_it_sends_the_server_at_once():
 
 
 def test_stop_cancels_one_take_and_the_take_beside_it_goes_on():
-    svc = StudioService(batched_engine(frames=60, delay=0.01), None, None)
+    svc = StudioService(FakeEngine(frames=60, delay=0.01, max_batch=2), None, None)
     stopped, kept = svc.start(request(text="stopped.", seed=1)), svc.start(request(text="kept.", seed=2))
     got: dict[str, list] = {"stopped.": [], "kept.": []}
     threads = [threading.Thread(target=lambda h=h: got[h.request.text].extend(h.stream())) for h in (stopped, kept)]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.studio_server import need_ffmpeg, running_studio
+from tests.studio_server import need_ffmpeg
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -27,26 +27,32 @@ NUMBER = re.compile(r"^\d+(\.\d+)?$")
 
 
 @pytest.fixture(scope="module")
-def studio_url(tmp_path_factory):
+def studio_url(demo_studio):
     need_ffmpeg()
     if not CHROMIUM.exists():
         pytest.skip("Debian chromium is not installed at /usr/bin/chromium (apt-get install chromium)")
     pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
-    with running_studio(tmp_path_factory.mktemp("studio-browser")) as url:
-        yield url
+    return demo_studio.url
 
 
-@pytest.fixture
-def page(studio_url):
+@pytest.fixture(scope="module")
+def chromium(studio_url):
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        pg = browser.new_page(viewport={"width": 1400, "height": 1200})
-        pg.goto(studio_url)
-        pg.wait_for_selector("#generate-btn", timeout=60_000)
-        yield pg
+        yield browser
         browser.close()
+
+
+@pytest.fixture
+def page(chromium, studio_url):
+    """A fresh page (in a context of its own) of the file's one Chromium."""
+    pg = chromium.new_page(viewport={"width": 1400, "height": 1200})
+    pg.goto(studio_url)
+    pg.wait_for_selector("#generate-btn", timeout=60_000)
+    yield pg
+    pg.context.close()
 
 
 def wait_take_done(pg, timeout_ms=180_000):

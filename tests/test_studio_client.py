@@ -14,7 +14,7 @@ import pytest
 import soundfile as sf
 
 from studio import render
-from tests.studio_server import need_ffmpeg, running_studio
+from tests.studio_server import need_ffmpeg
 
 gradio_client = pytest.importorskip("gradio_client")
 
@@ -22,10 +22,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def studio_url(tmp_path_factory):
+def studio_url(demo_studio):
     need_ffmpeg()
-    with running_studio(tmp_path_factory.mktemp("studio-client")) as url:
-        yield url
+    return demo_studio.url
 
 
 def generate_args(text, **kw) -> list:
