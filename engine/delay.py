@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from .config import FRAME_RATE
-from .types import DEFAULT_REPEAT_GUARD
 from .tokenizer import estimate_seconds
+from .types import DEFAULT_REPEAT_GUARD, check_max_frames, check_repeat_guard
 
 # Length cap when the caller gives none (SPEC D5): never more rows than the references allow
 # (SG `max_new_tokens` 2048 ≈ 81.6 s), never less than a few seconds.
@@ -90,10 +90,9 @@ class StopRule:
     _rows: list = field(default_factory=list, repr=False)
 
     def __post_init__(self):
-        if self.max_frames is not None and self.max_frames < 1:
-            raise ValueError(f"max_frames must be at least 1 (got {self.max_frames})")
-        if self.repeat_guard is not None and self.repeat_guard < 2:
-            raise ValueError(f"repeat_guard must be at least 2 frames, or None to disable it (got {self.repeat_guard})")
+        # The same checks as SamplingParams', without its MAX_FRAMES: a long take's row budget may pass it.
+        self.max_frames = check_max_frames(self.max_frames, limit=None)
+        self.repeat_guard = check_repeat_guard(self.repeat_guard)
 
     @property
     def delay(self) -> int:

@@ -1,5 +1,5 @@
 """The engine's value types: the sampling settings of a take (`SamplingParams`, with the one set of
-defaults and the one validation), what a take streams (`Chunk`, `Metrics`), and the interface every
+defaults and limits, and the one validation), what a take streams (`Chunk`, `Metrics`), and the interface every
 engine offers (`SpeechEngine`, implemented by the local `Engine` and the HTTP `RemoteEngine`).
 
 No torch import: the remote client, the studio and the API read these without loading the model code.
@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from .config import FRAME_RATE
+
 if TYPE_CHECKING:
     import numpy as np
     import torch
@@ -23,37 +25,77 @@ DEFAULT_TEMPERATURE = 0.8
 DEFAULT_TOP_K = 30
 DEFAULT_TOP_P = 0.8
 DEFAULT_REPEAT_GUARD = 32
+
+# The one set of limits: `SamplingParams` refuses anything outside them, and the page's controls span them.
+MAX_TEMPERATURE = 2.0  # 0 is greedy
+MAX_TOP_P = 1.0  # top_p is in (0, MAX_TOP_P]; 1 turns it off
+MAX_FRAMES = 8192  # the backbone's context: no take can be longer than this many frames (~327 s)
+MIN_REPEAT_GUARD = 2  # frames: "the last frame equals itself" would end every take at once
+# top_k is open above (one at or past the vocabulary keeps every candidate, as 0 does); the page's slider
+# stops here.
+TOP_K_SLIDER_MAX = 200
+# What a visitor of a public page (a key set, no login) may generate: a minute of speech from a short text.
+PUBLIC_MAX_FRAMES = 60 * FRAME_RATE
+
 # Seeds are 63-bit (SPEC D6): they fit a signed 64-bit integer everywhere they travel (JSON, SQLite, the
 # kernels' i64 arguments), so the studio, the API, the voice library and the engine accept the same range.
 SEED_LIMIT = 2 ** 63
 MAX_SEED = SEED_LIMIT - 1
+# A drawn seed stays below 2**31, so the browser's 32-bit integer arithmetic and any JSON reader hold it
+# exactly; a given one may use the whole 63-bit range.
+DRAWN_SEED_BITS = 31
 
 
 def new_seed() -> int:
-    """A random 63-bit seed (reported with the take so it can be reproduced)."""
-    return secrets.randbits(63)
+    """A random seed for a take that was given none (reported with the take so it can be reproduced)."""
+    return secrets.randbits(DRAWN_SEED_BITS)
 
 
 def _whole(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)  # numpy integers count
 
 
+def _number(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def check_seed(seed) -> int:
     """`seed` as a Python int, or ValueError when it is not a whole number in [0, 2**63)."""
     if not _whole(seed) or not 0 <= int(seed) < SEED_LIMIT:
-        raise ValueError(f"seed must be a whole number from 0 to 2**63 - 1 (63-bit); got {seed!r}")
+        raise ValueError("seed must be a whole number from 0 to 2**63 - 1 (63-bit), or empty for a random one; "
+                         f"got {seed!r}")
     return int(seed)
 
 
 def check_options(temperature: float, top_k: int, top_p: float) -> None:
     """Raise ValueError with a sentence the user can act on."""
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
-            or temperature < 0:
-        raise ValueError(f"temperature must be a number ≥ 0 (0 = greedy); got {temperature!r}")
-    if not _whole(top_k):
-        raise ValueError(f"top_k must be an integer (0 or less disables it); got {top_k!r}")
-    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1] (1 disables it); got {top_p!r}")
+    if not _number(temperature) or not 0 <= temperature <= MAX_TEMPERATURE:
+        raise ValueError(f"temperature must be a number from 0 (greedy) to {MAX_TEMPERATURE:g}; got {temperature!r}")
+    if not _whole(top_k) or top_k < 0:
+        raise ValueError(f"top_k must be 0 (off) or a whole number of candidates; got {top_k!r}")
+    if not _number(top_p) or not 0 < top_p <= MAX_TOP_P:
+        raise ValueError(f"top_p must be in (0, {MAX_TOP_P:g}] ({MAX_TOP_P:g} turns it off); got {top_p!r}")
+
+
+def check_max_frames(max_frames, limit: int | None = MAX_FRAMES) -> int | None:
+    """`max_frames` as an int (None: from the text), or ValueError outside [1, limit]."""
+    if max_frames is None:
+        return None
+    if not _whole(max_frames) or max_frames < 1 or (limit is not None and max_frames > limit):
+        most = f" to {limit} ({limit // FRAME_RATE} s)" if limit is not None else ""
+        raise ValueError(f"max_frames must be a whole number of frames ({FRAME_RATE} per second) from 1{most}; "
+                         f"got {max_frames!r}")
+    return int(max_frames)
+
+
+def check_repeat_guard(repeat_guard) -> int | None:
+    """`repeat_guard` as an int (None: off), or ValueError below MIN_REPEAT_GUARD."""
+    if repeat_guard is None:
+        return None
+    if not _whole(repeat_guard) or repeat_guard < MIN_REPEAT_GUARD:
+        raise ValueError(f"repeat_guard must be a number of frames ≥ {MIN_REPEAT_GUARD}, or None (0 on the page) to "
+                         f"disable it; got {repeat_guard!r}")
+    return int(repeat_guard)
 
 
 @dataclass(frozen=True)
@@ -74,19 +116,11 @@ class SamplingParams:
         check_options(self.temperature, self.top_k, self.top_p)
         if self.seed is not None:
             object.__setattr__(self, "seed", check_seed(self.seed))
-        if self.max_frames is not None:
-            if not _whole(self.max_frames) or self.max_frames < 1:
-                raise ValueError("max_frames must be a positive whole number of frames (25 per second); "
-                                 f"got {self.max_frames!r}")
-            object.__setattr__(self, "max_frames", int(self.max_frames))
-        if self.repeat_guard is not None:
-            if not _whole(self.repeat_guard) or self.repeat_guard < 2:
-                raise ValueError("repeat_guard must be a number of frames ≥ 2, or None to disable it; "
-                                 f"got {self.repeat_guard!r}")
-            object.__setattr__(self, "repeat_guard", int(self.repeat_guard))
+        object.__setattr__(self, "max_frames", check_max_frames(self.max_frames))
+        object.__setattr__(self, "repeat_guard", check_repeat_guard(self.repeat_guard))
 
     @classmethod
-    def of(cls, params: "SamplingParams | None" = None, **options) -> "SamplingParams":
+    def of(cls, params: SamplingParams | None = None, **options) -> SamplingParams:
         """`params` (default: the defaults) with the given keyword options replacing its fields: how the
         engines turn `temperature=…, seed=…` keywords and `params=` into one validated value."""
         unknown = set(options) - {f.name for f in fields(cls)}
@@ -95,11 +129,11 @@ class SamplingParams:
         base = params if params is not None else cls()
         return replace(base, **options) if options else base
 
-    def resolved(self) -> "SamplingParams":
+    def resolved(self) -> SamplingParams:
         """These settings with a seed: the given one, else a fresh random one."""
         return self if self.seed is not None else replace(self, seed=new_seed())
 
-    def with_seed(self, seed: int) -> "SamplingParams":
+    def with_seed(self, seed: int) -> SamplingParams:
         return replace(self, seed=seed)
 
     def as_dict(self) -> dict[str, Any]:
@@ -140,10 +174,10 @@ class Metrics:
 
 @dataclass(frozen=True)
 class Chunk:
-    audio: "np.ndarray"  # float32 mono 24 kHz samples of this chunk
+    audio: np.ndarray  # float32 mono 24 kHz samples of this chunk
     metrics: Metrics
     final: bool
-    codes: "torch.Tensor | None" = None  # the take's frames [T, 8] (0..1023), on the final chunk only
+    codes: torch.Tensor | None = None  # the take's frames [T, 8] (0..1023), on the final chunk only
 
 
 @runtime_checkable
@@ -158,7 +192,7 @@ class SpeechEngine(Protocol):
     def generate_stream(self, text: str, *, voice=None, params: SamplingParams | None = None,
                         cancel: threading.Event | None = None, **options) -> Iterator[Chunk]: ...
 
-    def generate(self, text: str, **options) -> "np.ndarray": ...
+    def generate(self, text: str, **options) -> np.ndarray: ...
 
     def encode_voice(self, wav, sample_rate: int | None, transcript: str | None = None): ...
 

@@ -4,7 +4,8 @@
     access.bearer_ok(request.headers.get("authorization"))   # /v1 routes and MCP tools
     access.launch_kwargs()                                   # Gradio's login, when the page needs one
     @access.owner_only                                       # a page handler that changes the shared library
-    access.limit_public(synthesis_request, gr_request)       # the public page's generation limits
+    request = access.limit_public(synthesis_request, gr_request)  # the public page's generation limits
+    params = check_limits(params, access, text)              # the same, on a visitor's settings alone
     access.page_caller(gr_request)                           # whose turn a page event's take is (admission)
     access.cross_site_refusal(origin, host)                  # a keyless server refuses other sites' writes
     host_guard(bind_host, api_key, allowed_hosts, share)     # a keyless local server answers local names only
@@ -20,6 +21,7 @@ whatever the page shows.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import inspect
 import ipaddress
@@ -33,11 +35,10 @@ import gradio as gr
 
 from engine.config import FRAME_RATE
 from engine.delay import default_max_frames
+from engine.types import PUBLIC_MAX_FRAMES, SamplingParams
 from studio.admission import OWNER, Caller
 
-# What a visitor of a public page (a key set, no login) may generate: a minute of speech from a short text.
-PUBLIC_MAX_FRAMES = 1500  # 60 s at 25 frames per second
-PUBLIC_MAX_TEXT_CHARS = 1000
+PUBLIC_MAX_TEXT_CHARS = 1000  # with PUBLIC_MAX_FRAMES (engine/types.py): a visitor's take
 DEFAULT_QUEUE_SIZE = 64  # takes waiting in Gradio's queue (--queue-size); each holds a browser connection
 QUEUE_FULL = ("The studio is busy: {size} requests are already waiting for the GPU. Try again in a minute.")
 OWNER_ONLY = ("Only the studio's owner can see the voice library's details, change or export it, and save style "
@@ -133,17 +134,12 @@ class Access:
         return visitor(getattr(request, "headers", None) or {}, getattr(client, "host", None),
                        fallback=getattr(request, "session_hash", None) or "anonymous")
 
-    def limit_public(self, req, request: gr.Request | None) -> None:
-        """Hold a visitor's take to the public limits (ValueError with the limit); the owner has none."""
+    def limit_public(self, req, request: gr.Request | None):
+        """`req` (a `studio.service.SynthesisRequest`) held to the public limits unless `request` is the owner's:
+        ValueError with the limit, else the request with its length capped (`check_limits`)."""
         if self.is_owner(request):
-            return
-        if len(req.text or "") > self.public_max_chars:
-            raise ValueError(f"The public page speaks up to {self.public_max_chars} characters at a time (this text "
-                             f"has {len(req.text)}). Split it.")
-        if req.max_frames is not None and req.max_frames > self.public_max_frames:
-            raise ValueError(f"The public page makes takes of up to {self.public_max_frames} frames "
-                             f"({self.public_max_frames // FRAME_RATE} s). Lower the max length.")
-        req.max_frames = min(req.max_frames or default_max_frames(req.text), self.public_max_frames)
+            return req
+        return dataclasses.replace(req, params=check_limits(req.params, self, req.text or ""))
 
     def cross_site_refusal(self, origin: str | None, host: str | None) -> str | None:
         """Why a state-changing request from another site is refused, or None. Only a keyless server needs
@@ -257,3 +253,17 @@ def friendly_queue_full(demo: gr.Blocks) -> None:
         return ok, result, status
 
     queue.push = friendly_push
+
+
+def check_limits(params: SamplingParams, access: Access, text: str) -> SamplingParams:
+    """A visitor's settings for `text` held to the public page's limits, the studio's only limits past
+    SamplingParams' own: ValueError past the text or length limit, else `params` with its length capped (an
+    automatic length is capped too)."""
+    if len(text) > access.public_max_chars:
+        raise ValueError(f"The public page speaks up to {access.public_max_chars} characters at a time (this text "
+                         f"has {len(text)}). Split it.")
+    most = access.public_max_frames
+    if params.max_frames is not None and params.max_frames > most:
+        raise ValueError(f"The public page makes takes of up to {most} frames ({most // FRAME_RATE} s). Lower the "
+                         "max length.")
+    return SamplingParams.of(params, max_frames=min(params.max_frames or default_max_frames(text), most))

@@ -12,9 +12,9 @@ which buffered about a second before the first sound (docs/PERFORMANCE.md, "Hear
         {"type": "error", "message": "a sentence"}
       and empty lines as a heartbeat while nothing else is due (a client that left is noticed by the next write).
 
-The page's Gradio `generate` event runs beside the stream with the same `live_id`: it claims the request this
-route registered and, once the take ends, fills the history, take player, downloads and recipe as before; Stop
-cancels it through the same registry.
+The page's Gradio `generate` event runs beside the stream with the same `live_id`: it claims the take's handle
+this route registered and, once the take ends, fills the history, take player, downloads and recipe as for a
+take played by Gradio's own player; Stop cancels it through the same registry.
 
 Why not WebRTC (the `fastrtc` library): a Space would need TURN credentials and another dependency, while a
 streamed `fetch` is plain HTTP that passes the Spaces proxy; PCM at 24 kHz is 48 kB/s (64 kB/s as base64).
@@ -47,11 +47,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from engine.audio import load_audio
+from engine.types import SamplingParams
 from studio.access import Access, visitor
 from studio.admission import OWNER
-from studio.api import FORM_OVERHEAD, MAX_UPLOAD_BYTES, MB
+from studio.api.model import FORM_OVERHEAD, MAX_UPLOAD_BYTES, MB
 from studio.formats import to_pcm16
-from studio.service import Queued, ServiceBusy, ServiceClosed, StudioService, SynthesisRequest
+from studio.gpu_queue import Queued, ServiceBusy, ServiceClosed
+from studio.service import StudioService, SynthesisRequest, TakeHandle
 
 ROUTE = "/studio/live"
 TOKEN_HEADER = "X-Studio-Token"
@@ -72,11 +74,12 @@ def page_request(*, text, style, voice, clip, clip_text, temperature, top_p, top
         if clip is None:
             raise ValueError("Voice is set to the reference clip, but no clip is loaded. Upload or record one.")
         ref = clip
-    return SynthesisRequest(
-        text=text or "", voice_id=voice if voice not in (NO_VOICE, CLIP_VOICE) else None, style=style or None,
+    params = SamplingParams.of(
         temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
         seed=None if seed is None or int(seed) < 0 else int(seed), max_frames=int(max_frames or 0) or None,
-        repeat_guard=int(repeat_guard or 0) or None, ref_audio=ref, ref_text=clip_text or None, source="ui")
+        repeat_guard=int(repeat_guard or 0) or None)
+    return SynthesisRequest(text=text or "", voice_id=voice if voice not in (NO_VOICE, CLIP_VOICE) else None,
+                            style=style or None, params=params, ref_audio=ref, ref_text=clip_text or None, source="ui")
 
 
 class BodyTooLarge(ValueError):
@@ -85,7 +88,7 @@ class BodyTooLarge(ValueError):
 
 @dataclasses.dataclass
 class _Entry:
-    request: SynthesisRequest | None = None
+    handle: TakeHandle | None = None
     error: str | None = None
     closed: threading.Event = dataclasses.field(default_factory=threading.Event)
     created: float = dataclasses.field(default_factory=time.monotonic)
@@ -134,9 +137,10 @@ class LivePlayer:
                 setattr(entry, key, value)
             self._cond.notify_all()
 
-    def claim(self, live_id: str, timeout: float = CLAIM_TIMEOUT_S) -> SynthesisRequest:
-        """The request the page's stream `live_id` is playing, once the route has it. Raises ValueError with the
-        route's sentence when the stream was refused, or when it never arrived."""
+    def claim(self, live_id: str, timeout: float = CLAIM_TIMEOUT_S) -> TakeHandle | None:
+        """The take the page's stream `live_id` is playing, once the route has it; None when the take failed
+        before it started (the stream told the page why). Raises ValueError with the route's sentence when the
+        stream was refused, or when it never arrived."""
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
@@ -144,8 +148,11 @@ class LivePlayer:
                 if entry is not None and entry.error is not None:
                     del self._entries[live_id]
                     raise ValueError(entry.error)
-                if entry is not None and entry.request is not None:
-                    return entry.request
+                if entry is not None and entry.handle is not None:
+                    return entry.handle
+                if entry is not None and entry.closed.is_set():
+                    del self._entries[live_id]
+                    return None
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise ValueError("The live player's stream did not reach the server; reload the page, or "
@@ -159,9 +166,9 @@ class LivePlayer:
         if entry is None:
             return
         entry.closed.wait()
-        request = entry.request
-        if request is not None and request.cancel.is_set():
-            request.finished.wait(10.0)  # the worker records a stopped take within a frame
+        handle = entry.handle
+        if handle is not None and handle.cancel.is_set():
+            handle.finished.wait(10.0)  # the worker records a stopped take within a frame
         with self._cond:
             self._entries.pop(live_id, None)
 
@@ -201,18 +208,24 @@ class LivePlayer:
                 # A page token proves the page was loaded, not who loaded it: on a public page that is any
                 # visitor, so only the key (or a page behind the owner's login) lifts the public limits.
                 if access.api_key is not None and access.public_page and not owner:
-                    access.limit_public(synth, None)
-                    synth.caller = visitor(request.headers, request.client.host if request.client else None,
-                                           fallback=token)
+                    synth = dataclasses.replace(access.limit_public(synth, None), caller=visitor(
+                        request.headers, request.client.host if request.client else None, fallback=token))
                 else:
-                    synth.caller = OWNER
+                    synth = dataclasses.replace(synth, caller=OWNER)
             except (ValueError, TypeError) as exc:
                 message = str(exc) if isinstance(exc, ValueError) else "A setting is missing or not a number."
                 self._update(entry, error=message)
                 entry.closed.set()
                 return JSONResponse({"error": message}, status_code=400)
-            self._update(entry, request=synth)
-            return StreamingResponse(self._lines(synth, entry), media_type="application/x-ndjson",
+            try:
+                handle = await run_in_threadpool(self.service.start, synth)  # reads the voice library
+            except ValueError as exc:  # a voice or style this caller may not use: the take fails in the stream
+                entry.closed.set()
+                self._update(entry)
+                return StreamingResponse(iter([_line({"type": "error", "message": str(exc)})]),
+                                         media_type="application/x-ndjson", headers={"Cache-Control": "no-store"})
+            self._update(entry, handle=handle)
+            return StreamingResponse(self._lines(handle, entry), media_type="application/x-ndjson",
                                      headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
         app.add_api_route(ROUTE, live, methods=["POST"], include_in_schema=False)
@@ -248,10 +261,11 @@ class LivePlayer:
             clip = load_audio(await upload.read())  # (samples, sample_rate); ReferenceAudioError is a ValueError
         return fields, clip
 
-    async def _lines(self, synth: SynthesisRequest, entry: _Entry) -> AsyncIterator[bytes]:
+    @staticmethod
+    async def _lines(handle: TakeHandle, entry: _Entry) -> AsyncIterator[bytes]:
         """The take as NDJSON lines. However the stream ends (the take ends, Stop, the tab closes), the take is
         cancelled unless finished, and the entry is closed so the page's Gradio event can show the take."""
-        stream = self.service.stream(synth, positions=True)
+        stream = handle.stream(positions=True)
         end = object()
         pending: asyncio.Future | None = None
         try:
@@ -275,22 +289,18 @@ class LivePlayer:
                     continue
                 if len(item.audio):
                     pcm = base64.b64encode(to_pcm16(item.audio).tobytes()).decode()
-                    yield _line({"type": "audio", "pcm": pcm, "metrics": _metrics(item.metrics)})
-            take = synth.take
+                    yield _line({"type": "audio", "pcm": pcm, "metrics": dataclasses.asdict(item.metrics)})
+            take = handle.take
             if take is not None:
                 yield _line({"type": "done", "take_id": take.id, "seconds": round(take.seconds, 3),
-                             "stop_reason": take.stop_reason, "metrics": _metrics(take.metrics),
-                             "warnings": list(synth.warnings)})
+                             "stop_reason": take.stop_reason, "metrics": dataclasses.asdict(take.metrics),
+                             "warnings": list(handle.warnings)})
         except Exception as exc:  # an engine failure: tell the page in-band, the status line is long gone
             yield _line({"type": "error", "message": f"Generation failed: {exc}"})
         finally:
-            if not synth.finished.is_set():
-                synth.cancel.set()
+            if not handle.finished.is_set():
+                handle.cancel.set()
             entry.closed.set()
-
-
-def _metrics(metrics: Any) -> dict[str, Any]:
-    return dataclasses.asdict(metrics) if dataclasses.is_dataclass(metrics) else dict(vars(metrics))
 
 
 def _line(message: dict[str, Any]) -> bytes:

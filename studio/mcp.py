@@ -29,6 +29,7 @@ import numpy as np
 from gradio.data_classes import FileData
 
 from engine.audio import load_audio
+from engine.types import SamplingParams
 from studio.access import Access
 from studio.admission import OWNER, Caller
 from studio.formats import write_audio
@@ -99,11 +100,11 @@ def register(blocks: gr.Blocks, service, *, api_key: str | None = None, access: 
             seed: Seed for sampling; empty for a random one (the one used is reported so it can be reused).
         """
         who = caller(authorization, request)
-        synth = SynthesisRequest(text=text, voice_id=voice.strip() or None, style=style.strip() or None,
-                                 seed=seed, source="api", caller=who)
         try:
+            synth = SynthesisRequest(text=text, voice_id=voice.strip() or None, style=style.strip() or None,
+                                     params=SamplingParams.of(seed=seed), source="api", caller=who)
             if not who.owner:
-                access.limit_public(synth, None)
+                synth = access.limit_public(synth, None)
             take = service.synthesize(synth)
         except (ValueError, TimeoutError, RuntimeError) as exc:
             raise gr.Error(str(exc)) from None

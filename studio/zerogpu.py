@@ -25,6 +25,8 @@ import math
 import os
 from collections.abc import Callable, Iterator
 
+from engine.types import SamplingParams
+
 # The start cost of a call (moving the weights onto the slice, first-step warm-up) and the per-frame cost on
 # the slice. The torch path runs far faster than real time on an H200 slice; 40 ms/frame (1 s of speech
 # per second) leaves room for a busy slice. Both are flags: HIGGS_ZEROGPU_START_S, HIGGS_ZEROGPU_MS_PER_FRAME.
@@ -61,24 +63,25 @@ class ZeroGPUEngine:
     def __init__(self, engine, gpu: Callable):
         self._engine = engine
 
-        def stream(text=None, *, max_frames=None, **options) -> Iterator:
+        def stream(text=None, *, params: SamplingParams, **options) -> Iterator:
             # The decorated call may run in another process, which a threading.Event cannot reach: the
             # service's cancel closes this generator instead, which ends the call.
-            yield from engine.generate_stream(text, max_frames=max_frames, **options)
+            yield from engine.generate_stream(text, params=params, **options)
 
-        self._stream = gpu(stream, duration=lambda text=None, *, max_frames=None, **_: generation_seconds(
-            text, max_frames))
+        self._stream = gpu(stream, duration=lambda text=None, *, params, **_: generation_seconds(
+            text, params.max_frames))
         self.encode_codes = gpu(engine.encode_codes, duration=lambda *_, **__: ENCODE_S)
         self.encode_voice = gpu(engine.encode_voice, duration=lambda *_, **__: ENCODE_S)
 
     @property
     def info(self) -> dict:
         """The engine's facts, with `max_batch` 1: each decorated call may run in its own process, where
-        takes cannot share a batch, so the studio sends one take at a time (as before batching)."""
+        takes cannot share a batch, so the studio sends one take at a time."""
         return {**self._engine.info, "max_batch": 1}
 
-    def generate_stream(self, text=None, *, cancel=None, **options) -> Iterator:
-        for chunk in self._stream(text, **options):
+    def generate_stream(self, text=None, *, voice=None, params: SamplingParams | None = None, cancel=None,
+                        **options) -> Iterator:
+        for chunk in self._stream(text, voice=voice, params=SamplingParams.of(params, **options)):
             yield chunk
             if cancel is not None and cancel.is_set():
                 return  # closing the decorated generator releases the GPU
@@ -93,7 +96,7 @@ class ZeroGPUEngine:
 
 def wrap(engine):
     """`engine` with its GPU work decorated for ZeroGPU when `active()`, else `engine` itself."""
-    if not active() or getattr(engine, "is_remote", False):
+    if not active() or engine.is_remote:
         return engine
     import spaces
 

@@ -25,7 +25,8 @@ import pytest
 import soundfile as sf
 
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
-from studio.api import ApiError, check_instructions, decode_ref_audio, speed_tag, streaming_wav_header
+from studio.api.model import ApiError, check_instructions, decode_ref_audio, speed_tag
+from studio.api.speech import streaming_wav_header
 from studio.formats import MIME, StreamEncoder
 from tests.fakes import LONG_FRAMES, ScriptedEngine
 from tests.studio_server import KEY
@@ -261,7 +262,7 @@ class FailingEncoder(StreamEncoder):
 def test_an_ffmpeg_failure_mid_stream_ends_the_body_or_reports_in_band(scripted_server, monkeypatch):
     base_url, service = scripted_server
     baseline = ffmpeg_children()
-    monkeypatch.setattr("studio.api.StreamEncoder", FailingEncoder)
+    monkeypatch.setattr("studio.api.speech.StreamEncoder", FailingEncoder)
     r = httpx.post(f"{base_url}/v1/audio/speech", json={"input": "long take", "response_format": "mp3"}, timeout=60)
     assert r.status_code == 200  # the headers had left; the body just ends
     assert len(r.content) < 128_000 / 8 * LONG_FRAMES / 25 / 2  # well short of the 4.8 s take at 128 kb/s

@@ -16,8 +16,9 @@ from studio.access import Access, client_address, visitor
 from studio.admission import OWNER, Caller
 from studio.live import ROUTE, TOKEN_HEADER
 from studio.page import Page
-from studio.service import Queued, StudioService, SynthesisRequest, TooManyTakes
+from studio.service import Queued, StudioService, TooManyTakes
 from tests.fakes import FakeEngine
+from tests.test_service import request
 
 KEY = "SECRET"
 A, B, C = Caller.visitor("10.0.0.1"), Caller.visitor("10.0.0.2"), Caller.visitor("10.0.0.3")
@@ -51,14 +52,14 @@ def wait_for(condition, timeout: float = 10.0) -> None:
 
 def test_three_visitors_and_the_keyed_caller_are_admitted_by_the_rule():
     svc = StudioService(FakeEngine(frames=400, delay=0.005), None, None)  # one slot
-    holder = SynthesisRequest(text="holder", seed=1)
-    threads = [threading.Thread(target=lambda: list(svc.stream(holder)))]
+    holder = svc.start(request(text="holder", seed=1))
+    threads = [threading.Thread(target=lambda: list(holder.stream()))]
     threads[0].start()
     wait_for(lambda: svc.engine.started == ["holder"])
     last: dict[str, int] = {}
 
     def submit(name: str, caller: Caller) -> None:
-        req = SynthesisRequest(text=name, seed=1, max_frames=4, caller=caller)  # quick once the holder stops
+        req = request(text=name, seed=1, max_frames=4, caller=caller)  # quick once the holder stops
         depth = svc.queue_depth
 
         def run():
@@ -83,7 +84,7 @@ def test_three_visitors_and_the_keyed_caller_are_admitted_by_the_rule():
 
 def test_a_visitor_alone_still_batches_up_to_its_share_and_the_api_up_to_every_slot():
     svc = StudioService(CountingEngine(16, frames=30, delay=0.01), None, None, visitor_concurrency=3)
-    requests = [SynthesisRequest(text=f"v{i}", seed=i, caller=A) for i in range(4)]
+    requests = [request(text=f"v{i}", seed=i, caller=A) for i in range(4)]
     threads = [threading.Thread(target=lambda r=r: list(svc.stream(r))) for r in requests]
     for thread in threads:
         thread.start()
@@ -91,7 +92,7 @@ def test_a_visitor_alone_still_batches_up_to_its_share_and_the_api_up_to_every_s
         thread.join(20)
     assert svc.engine.most == 3  # the visitor's three decode together, the fourth waits for one of them
     svc.engine.most = 0
-    requests = [SynthesisRequest(text=f"o{i}", seed=i) for i in range(8)]  # the keyed API: the owner
+    requests = [request(text=f"o{i}", seed=i) for i in range(8)]  # the keyed API: the owner
     threads = [threading.Thread(target=lambda r=r: list(svc.stream(r))) for r in requests]
     for thread in threads:
         thread.start()
@@ -104,16 +105,16 @@ def test_a_visitor_alone_still_batches_up_to_its_share_and_the_api_up_to_every_s
 def test_a_visitor_past_its_share_gets_the_sentence_and_the_studio_stays_open_to_others():
     svc = StudioService(CountingEngine(2, frames=10_000, delay=0.005), None, None, visitor_concurrency=1,
                         visitor_queue=1)
-    running = SynthesisRequest(text="a-running", caller=A)
-    waiting = SynthesisRequest(text="a-waiting", caller=A)
-    streams = [svc.stream(running, positions=True), svc.stream(waiting, positions=True)]
+    running = svc.start(request(text="a-running", caller=A))
+    waiting = svc.start(request(text="a-waiting", caller=A))
+    streams = [running.stream(positions=True), waiting.stream(positions=True)]
     first = [threading.Thread(target=lambda s=s: next(s, None)) for s in streams]
     for thread in first:
         thread.start()
         thread.join(10)
     with pytest.raises(TooManyTakes, match="You already have 1 take waiting"):
-        next(svc.stream(SynthesisRequest(text="a-more", caller=A)))
-    b = SynthesisRequest(text="b", caller=B, max_frames=3)
+        next(svc.stream(request(text="a-more", caller=A)))
+    b = request(text="b", caller=B, max_frames=3)
     assert list(svc.stream(b))[-1].final  # B's share is its own: it runs in the slot A may not take
     for req, stream in zip((running, waiting), streams):
         req.cancel.set()
@@ -156,8 +157,8 @@ def live(client, page, live_id: str, headers: dict | None = None) -> list[dict]:
 def test_the_live_route_gives_each_client_address_one_share(public_page, monkeypatch):
     page, client = public_page
     monkeypatch.setenv("SPACE_ID", "someone/studio")
-    holder = SynthesisRequest(text="held", caller=Caller.visitor("1.2.3.4"), max_frames=8000)
-    threading.Thread(target=lambda: list(page.service.stream(holder)), daemon=True).start()
+    holder = page.service.start(request(text="held", caller=Caller.visitor("1.2.3.4"), max_frames=8000))
+    threading.Thread(target=lambda: list(holder.stream()), daemon=True).start()
     wait_for(lambda: "held" in page.service.engine.started)
     # A new token from the same address is the same visitor: its one running take is all its share.
     refused = live(client, page, "same-address-1", {"X-Forwarded-For": "1.2.3.4"})
@@ -180,11 +181,11 @@ def test_a_long_takes_segments_take_turns_with_another_caller():
     assert svc.slots == 1
     text = " ".join(f"Sentence number {i} of a chapter that is long enough to be planned in several "
                     "segments of speech, one after another." for i in range(6))  # four segments
-    long = SynthesisRequest(text=text, seed=3, max_frames=12, caller=A)
+    long = request(text=text, seed=3, max_frames=12, caller=A)
     events: list[str] = []
     chunks = stream_long(svc, long)
     next(chunks)  # the first segment is running
-    short = SynthesisRequest(text="A short take.", seed=4, max_frames=6, caller=B)
+    short = request(text="A short take.", seed=4, max_frames=6, caller=B)
     done = threading.Thread(target=lambda: (list(svc.stream(short)), events.append("short done")))
     done.start()
     for chunk in chunks:

@@ -11,7 +11,9 @@ import urllib.request
 import gradio as gr
 import pytest
 
-from studio.access import QUEUE_FULL, Access, friendly_queue_full
+from engine.delay import default_max_frames
+from engine.types import SamplingParams
+from studio.access import QUEUE_FULL, Access, check_limits, friendly_queue_full
 from studio.service import MAX_TEXT_CHARS, SynthesisRequest
 from tests.studio_server import free_port
 
@@ -31,13 +33,13 @@ def test_text_and_length_limits_differ_for_visitors_and_the_key():
     with pytest.raises(ValueError, match="up to 200 characters at a time"):
         access.limit_public(SynthesisRequest(text="a" * 201), Visitor())
     with pytest.raises(ValueError, match=r"up to 250 frames \(10 s\)"):
-        access.limit_public(SynthesisRequest(text="Hi.", max_frames=251), Visitor())
-    capped = SynthesisRequest(text="word " * 40)
-    access.limit_public(capped, Visitor())
-    assert capped.max_frames == 250
-    owners = SynthesisRequest(text="a" * MAX_TEXT_CHARS, max_frames=3000)
-    access.limit_public(owners, Owner())  # the key: only the service's own limits
-    assert owners.max_frames == 3000
+        access.limit_public(SynthesisRequest(text="Hi.", params=SamplingParams(max_frames=251)), Visitor())
+    capped = access.limit_public(SynthesisRequest(text="word " * 40), Visitor())
+    assert capped.params.max_frames == 250
+    owners = SynthesisRequest(text="a" * MAX_TEXT_CHARS, params=SamplingParams(max_frames=3000))
+    assert access.limit_public(owners, Owner()) is owners  # the key: only the service's own limits
+    held = check_limits(SamplingParams(seed=3), access, "Hi.")  # the settings alone: "auto" becomes its length
+    assert held == SamplingParams(seed=3, max_frames=min(default_max_frames("Hi."), 250))
     with pytest.raises(ValueError, match=f"the limit is {MAX_TEXT_CHARS}"):
         SynthesisRequest(text="a" * (MAX_TEXT_CHARS + 1)).validate()
 

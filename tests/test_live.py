@@ -14,6 +14,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from engine.types import SamplingParams
 from studio.access import PUBLIC_MAX_TEXT_CHARS, Access
 from studio.formats import to_pcm16
 from studio.live import CLIP_VOICE, ROUTE, TOKEN_HEADER, TOKEN_TTL_S, LivePlayer
@@ -73,9 +74,10 @@ def test_without_the_page_token_or_the_key_the_route_answers_401(page, client):
 
 
 def test_stream_carries_positions_the_takes_pcm_and_its_id(page, client):
-    holder = SynthesisRequest(text="API take holding the GPU.", seed=1, max_frames=400)
-    threading.Thread(target=lambda: list(page.service.stream(holder)), daemon=True).start()
-    while holder.text not in page.service.engine.started:
+    holder = page.service.start(SynthesisRequest(text="API take holding the GPU.",
+                                                 params=SamplingParams(seed=1, max_frames=400)))
+    threading.Thread(target=lambda: list(holder.stream()), daemon=True).start()
+    while holder.request.text not in page.service.engine.started:
         time.sleep(0.01)
     threading.Timer(0.5, holder.cancel.set).start()  # the page's take waits its turn, then runs
     with post(client, {TOKEN_HEADER: page.player.issue_token()}) as r:
@@ -110,6 +112,19 @@ def test_bad_requests_are_sentences(page, client):
     with post(client, token, live_id="no-clip-123") as r:  # ids are single-use
         r.read()
         assert r.status_code == 409
+
+
+def test_a_take_that_cannot_start_fails_in_the_stream_and_the_page_event_ends_quietly(page, client):
+    live_id = "no-library-1234"
+    with post(client, {TOKEN_HEADER: page.player.issue_token()}, live_id=live_id, voice="Ann") as r:
+        got = messages(r)
+    assert r.status_code == 200 and got == [{"type": "error", "message": got[0]["message"]}]
+    assert "No voice library" in got[0]["message"]
+    updates = page.takes.generate(text="", style="", voice="", clip=None, clip_text="", temperature=0.8, top_p=0.8,
+                                  top_k=30, seed=-1, max_frames=0, repeat_guard=32, takes_n=1, takes=[],
+                                  live_id=live_id, request=None)
+    assert list(updates) == [] and page.service.history == []  # the page's event ends without a second message
+    assert live_id not in page.player._entries
 
 
 def test_a_one_off_clip_travels_in_the_form(page, client):

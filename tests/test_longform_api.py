@@ -13,7 +13,8 @@ from engine.delay import apply_delay
 from engine.longform import plan
 from engine.longtake import LongTake
 from engine.demo import demo_checkpoint
-from studio.longform import (MAX_LONG_INPUT_CHARS, generate_long, regenerate_segment, segment_rows, stream_long,
+from engine.types import SamplingParams
+from studio.longform import (MAX_LONG_INPUT_CHARS, regenerate_segment, segment_rows, start_long, stream_long,
                             wants_long_form)
 from studio.service import StudioService, SynthesisRequest
 from studio.voices import Consent, VoiceLibrary
@@ -38,7 +39,7 @@ def service(tmp_path_factory):
 def test_a_20k_character_input_streams_as_one_long_take(service):
     text = (SENTENCE * 300)[:20_000]
     assert wants_long_form(text) and not wants_long_form("Hello there.")
-    request = SynthesisRequest(text=text, seed=77, max_frames=12)
+    request = SynthesisRequest(text=text, params=SamplingParams(seed=77, max_frames=12))
     chunks = list(stream_long(service, request))
     assert chunks[-1].final and not any(c.final for c in chunks[:-1])
     assert chunks[-1].metrics.seed == 77 and chunks[0].metrics.ttfa_ms is not None
@@ -59,7 +60,7 @@ def test_a_script_uses_each_speakers_voice(service, monkeypatch):
 
     monkeypatch.setattr(service.engine, "build_prompt", recording)
     script = "Host: Welcome back to the show.\n[S2] Thanks for having me.\nHost: Let us begin."
-    request = SynthesisRequest(text=script, seed=5, max_frames=10)
+    request = SynthesisRequest(text=script, params=SamplingParams(seed=5, max_frames=10))
     chunks = list(stream_long(service, request, voices={"Host": "Narrator", "S2": "Guest"}))
     assert chunks[-1].final
     codes = {name: service.voices.voice_ref(name, encode=service.encode_codes).codes for name in ("Narrator", "Guest")}
@@ -77,15 +78,17 @@ def test_long_requests_are_checked_before_they_queue(service):
     assert "'Bob'" in str(info.value)
     with pytest.raises(ValueError, match=f"limit for one long take is {MAX_LONG_INPUT_CHARS}"):
         next(stream_long(service, SynthesisRequest(text="a" * (MAX_LONG_INPUT_CHARS + 1))))
-    with pytest.raises(ValueError, match="Temperature"):
-        next(stream_long(service, SynthesisRequest(text=SENTENCE * 30, temperature=5)))
+    with pytest.raises(ValueError, match="^temperature"):
+        SamplingParams(temperature=5)  # a long take's settings are checked where they are built, as a short one's
     assert service.queue_depth == 0
 
 
 def test_the_page_helpers_fill_the_table_and_regenerate_one_row(service):
     text = "\n\n".join([SENTENCE * 3] * 4)
-    request = SynthesisRequest(text=text, seed=9, max_frames=10, source="ui")
-    pieces = list(generate_long(service, request))
+    request = SynthesisRequest(text=text, params=SamplingParams(seed=9, max_frames=10), source="ui")
+    handle = start_long(service, request, pieces=True)
+    pieces = list(handle.stream())
+    assert handle.finished.is_set() and handle.take is pieces[-1][0] and handle.seed == 9
     take = pieces[-1][0]
     assert all(t is take for t, _ in pieces) and pieces[-1][1].done == len(take.segments)
     rows = segment_rows(take)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from engine.types import Metrics
+from engine.types import Metrics, SamplingParams
 from studio import render
 from studio.page import Page
 from studio.presets import PresetStore
@@ -37,9 +37,10 @@ def gen_args(text, **kw):
 
 
 def test_generate_reports_queue_position_then_streams(page):
-    holder = SynthesisRequest(text="API take holding the GPU.", seed=1, max_frames=10_000 // 10)
-    threading.Thread(target=lambda: list(page.service.stream(holder)), daemon=True).start()
-    while holder.text not in page.service.engine.started:  # the holder is running on the GPU worker
+    holder = page.service.start(SynthesisRequest(text="API take holding the GPU.",
+                                                 params=SamplingParams(seed=1, max_frames=10_000 // 10)))
+    threading.Thread(target=lambda: list(holder.stream()), daemon=True).start()
+    while holder.request.text not in page.service.engine.started:  # the holder is running on the GPU worker
         time.sleep(0.01)
     updates = page.takes.generate(**gen_args("Page take."))
     notes = []
@@ -198,3 +199,23 @@ def test_the_page_scripts_parse(name):
 
     result = subprocess.run(["node", "--check", str(STATIC_DIR / name)], check=False, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_sliders_span_the_engines_limits_and_start_at_its_defaults(page):
+    import gradio as gr
+
+    from engine import types
+
+    controls = {c.elem_id or c.label: c for c in page.build().blocks.values() if isinstance(c, (gr.Slider, gr.Number))}
+    temperature, top_p, top_k = controls["temperature"], controls["top-p"], controls["top-k (0 = off)"]
+    assert (temperature.minimum, temperature.maximum, temperature.value) == (0, types.MAX_TEMPERATURE,
+                                                                             types.DEFAULT_TEMPERATURE)
+    assert (top_p.maximum, top_p.value) == (types.MAX_TOP_P, types.DEFAULT_TOP_P)
+    assert 0 < top_p.minimum <= top_p.step  # top_p's range is open at 0: the slider starts one step up
+    assert (top_k.minimum, top_k.maximum, top_k.value) == (0, types.TOP_K_SLIDER_MAX, types.DEFAULT_TOP_K)
+    assert controls["repeat-guard"].value == types.DEFAULT_REPEAT_GUARD
+    assert controls["repeat-guard"].minimum == 0 < types.MIN_REPEAT_GUARD  # 0 is "off" on the page
+    assert controls["max-frames"].maximum == types.MAX_FRAMES and controls["seed"].maximum == types.MAX_SEED
+    # Every value a slider offers is one SamplingParams accepts.
+    types.SamplingParams(temperature=temperature.maximum, top_p=top_p.minimum, top_k=int(top_k.maximum),
+                         max_frames=int(controls["max-frames"].maximum), seed=int(controls["seed"].maximum))

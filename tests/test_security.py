@@ -273,6 +273,7 @@ def test_the_public_page_generates_within_limits_and_cannot_touch_the_library(pu
 
 
 def test_public_limits_hold_visitors_only():
+    from engine.types import SamplingParams
     from studio.access import PUBLIC_MAX_FRAMES, Access
     from studio.service import SynthesisRequest
 
@@ -282,21 +283,18 @@ def test_public_limits_hold_visitors_only():
     from engine.delay import default_max_frames
 
     access = Access(KEY, public_page=True)
-    short, long = SynthesisRequest(text="Hello."), SynthesisRequest(text="Words and more words. " * 45)
-    access.limit_public(short, Visitor())
-    access.limit_public(long, Visitor())
-    assert short.max_frames == default_max_frames("Hello.") < PUBLIC_MAX_FRAMES  # "auto" as for the owner...
-    assert default_max_frames(long.text) > PUBLIC_MAX_FRAMES == long.max_frames  # ...capped to the public limit
+    short = access.limit_public(SynthesisRequest(text="Hello."), Visitor())
+    long = access.limit_public(SynthesisRequest(text="Words and more words. " * 45), Visitor())
+    assert short.params.max_frames == default_max_frames("Hello.") < PUBLIC_MAX_FRAMES  # "auto" as for the owner...
+    assert default_max_frames(long.text) > PUBLIC_MAX_FRAMES == long.params.max_frames  # ...capped to the limit
     with pytest.raises(ValueError, match="up to 1000 characters"):
         access.limit_public(SynthesisRequest(text="a" * 1001), Visitor())
     owner = Visitor()
     owner.headers = {"authorization": BEARER["Authorization"]}  # as gr.Request gives them: lower case
-    unlimited = SynthesisRequest(text="a" * 4000, max_frames=8000)
-    access.limit_public(unlimited, owner)
-    assert unlimited.max_frames == 8000
+    unlimited = SynthesisRequest(text="a" * 4000, params=SamplingParams(max_frames=8000))
+    assert access.limit_public(unlimited, owner).params.max_frames == 8000
     keyless = SynthesisRequest(text="a" * 4000)
-    Access(None).limit_public(keyless, Visitor())  # no key: every visitor is the owner
-    assert keyless.max_frames is None
+    assert Access(None).limit_public(keyless, Visitor()).params.max_frames is None  # no key: all are the owner
 
 
 def test_the_page_needs_a_login_unless_it_is_public(monkeypatch):
@@ -551,7 +549,7 @@ def test_a_failing_header_cancels_the_take_and_frees_the_queue(monkeypatch):
         assert wait_for(lambda: server.started)
         baseline = ffmpeg_children()
         # A header value the HTTP layer refuses (what an unsanitised tag did): sending the response fails.
-        monkeypatch.setattr(api, "header_value", lambda value: f"{value}\r\nbroken")
+        monkeypatch.setattr(api.speech, "header_value", lambda value: f"{value}\r\nbroken")
         with pytest.raises(httpx.HTTPError):
             httpx.post(f"http://127.0.0.1:{port}/v1/audio/speech", timeout=30,
                        json={"input": "slow take", "response_format": "mp3"})  # 100 frames × 0.1 s

@@ -1,18 +1,26 @@
-"""StudioService policy on a scripted fake engine: FIFO order and positions, cancel, validation,
-style/voice resolution, history bound. (The real engine runs in the client and browser tests.)"""
+"""StudioService policy on a scripted fake engine: FIFO order and positions, cancel through the take's handle,
+validation, style/voice resolution, history bound. (The real engine runs in the client and browser tests.)"""
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import pytest
 
-from engine.types import SpeechEngine
+from engine.types import SamplingParams, SpeechEngine
 from studio.service import Queued, ServiceBusy, StudioService, SynthesisRequest
 from tests.fakes import FakeEngine
+
+SAMPLING = {f.name for f in fields(SamplingParams)}
+
+
+def request(**kw) -> SynthesisRequest:
+    """A request from flat keywords: the sampling ones go into its `params`."""
+    params = SamplingParams.of(**{k: kw.pop(k) for k in list(kw) if k in SAMPLING})
+    return SynthesisRequest(params=params, **kw)
 
 
 @dataclass
@@ -54,9 +62,9 @@ def svc():
 
 
 def run(svc, **kw):
-    req = SynthesisRequest(**kw)
-    chunks = list(svc.stream(req))
-    return req, chunks
+    handle = svc.start(request(**kw))
+    chunks = list(handle.stream())
+    return handle, chunks
 
 
 def test_the_fake_engine_is_a_speech_engine_streaming_the_real_types():
@@ -74,28 +82,39 @@ def test_the_fake_engine_is_a_speech_engine_streaming_the_real_types():
 
 
 def test_stream_yields_chunks_and_records_take(svc):
-    req, chunks = run(svc, text="Hello there.", seed=5)
+    handle, chunks = run(svc, text="Hello there.", seed=5)
     assert [c.final for c in chunks] == [False, False, False, True]
     take = svc.history[-1]
-    assert req.take is take and req.finished.is_set()
+    assert handle.take is take and handle.finished.is_set()
     assert take.seed == 5 and take.stop_reason == "eoc" and len(take.audio) == 3 * 960
     assert take.recipe() == {"text": "Hello there.", "voice_id": None, "style": None, "seed": 5, "temperature": 0.8,
                              "top_k": 30, "top_p": 0.8, "max_frames": None, "repeat_guard": 32}
 
 
 def test_random_seed_is_drawn_and_recorded(svc):
-    req, _ = run(svc, text="Hi.")
-    assert isinstance(req.seed, int) and svc.history[-1].seed == req.seed == svc.engine.calls[-1]["seed"]
+    handle, _ = run(svc, text="Hi.")
+    assert handle.request.params.seed is None  # the request stays as asked; the handle holds the seed drawn
+    assert 0 <= handle.seed < 2 ** 31 and svc.history[-1].seed == handle.seed == svc.engine.calls[-1]["seed"]
+
+
+def test_stream_takes_a_request_and_passes_the_params_whole(svc):
+    params = SamplingParams(temperature=0.3, top_k=5, top_p=0.9, seed=7, max_frames=2, repeat_guard=None)
+    chunks = list(svc.stream(SynthesisRequest(text="Hi.", params=params)))
+    assert chunks[-1].final and {k: v for k, v in svc.engine.calls[-1].items() if k not in ("text", "voice")} == \
+        params.as_dict()
+    assert svc.history[-1].settings == {"temperature": 0.3, "top_k": 5, "top_p": 0.9, "max_frames": 2,
+                                        "repeat_guard": None}
 
 
 @pytest.mark.parametrize("kw, match", [
     (dict(text="  "), "empty"),
     (dict(text="x" * 5000), "limit"),
-    (dict(text="a", temperature=3), "Temperature"),
-    (dict(text="a", top_p=0), "top-p"),
-    (dict(text="a", top_k=-1), "top-k"),
-    (dict(text="a", seed=-4), "Seed"),
-    (dict(text="a", max_frames=0), "Max length"),
+    (dict(text="a", temperature=3), "temperature"),
+    (dict(text="a", top_p=0), "top_p"),
+    (dict(text="a", top_k=-1), "top_k"),
+    (dict(text="a", seed=-4), "seed"),
+    (dict(text="a", max_frames=0), "max_frames"),
+    (dict(text="a", max_frames=8193), "max_frames"),
     (dict(text="a", voice_id="Ann", ref_audio=(np.ones(10), 24000)), "not both"),
     (dict(text="a", ref_audio=(np.zeros(0), 24000)), "reference clip"),
     (dict(text="a", style="nonexistent"), "Unknown style"),
@@ -110,9 +129,10 @@ def test_validation_errors(svc, kw, match):
 def test_style_preset_and_raw_prefix_and_lint(svc):
     req, _ = run(svc, text="Good night.", style="calm")
     assert svc.engine.started[-1] == "<|emotion:contentment|><|prosody:speed_slow|>Good night."
-    req, _ = run(svc, text="Hi <|emotion:bogus|> there.", style="<|style:whispering|>")
+    handle = svc.start(request(text="Hi <|emotion:bogus|> there.", style="<|style:whispering|>"))
+    assert any("bogus" in w for w in handle.warnings)  # known before the take is queued
+    list(handle.stream())
     assert svc.engine.started[-1].startswith("<|style:whispering|>Hi")
-    assert any("bogus" in w for w in req.warnings)
 
 
 def test_saved_voice_by_name_uses_cached_ref_and_default_style(svc):
@@ -140,7 +160,7 @@ def test_fifo_order_and_positions():
     positions: dict[int, list[int]] = {i: [] for i in range(4)}
     threads = []
     for i in range(4):
-        req = SynthesisRequest(text=f"r{i}.", seed=1)
+        req = request(text=f"r{i}.", seed=1)
         threads.append(threading.Thread(target=lambda r=req, i=i: positions[i].extend(
             q.position for q in svc.stream(r, positions=True) if isinstance(q, Queued))))
         threads[-1].start()
@@ -157,12 +177,12 @@ def test_fifo_order_and_positions():
 
 def test_cancel_running_stops_promptly_and_next_starts():
     svc = StudioService(FakeEngine(frames=1000, delay=0.01), None, None)
-    long = SynthesisRequest(text="long.", seed=1)
-    nxt = SynthesisRequest(text="next.", seed=2, max_frames=2)
+    long = svc.start(request(text="long.", seed=1))
+    nxt = request(text="next.", seed=2, max_frames=2)
     got = []
 
     def consume():
-        for c in svc.stream(long):
+        for c in long.stream():
             got.append(c)
 
     t = threading.Thread(target=consume)
@@ -189,7 +209,7 @@ def test_requests_run_together_up_to_the_engines_batch_slots():
     positions: dict[int, list[int]] = {i: [] for i in range(4)}
     threads = []
     for i in range(4):
-        req = SynthesisRequest(text=f"r{i}.", seed=1)
+        req = request(text=f"r{i}.", seed=1)
         threads.append(threading.Thread(target=lambda r=req, i=i: positions[i].extend(
             q.position for q in svc.stream(r, positions=True) if isinstance(q, Queued))))
         threads[-1].start()
@@ -218,9 +238,9 @@ def test_a_remote_engine_runs_as_many_requests_as_it_sends_the_server_at_once():
 
 def test_stop_cancels_one_take_and_the_take_beside_it_goes_on():
     svc = StudioService(FakeEngine(frames=60, delay=0.01, max_batch=2), None, None)
-    stopped, kept = SynthesisRequest(text="stopped.", seed=1), SynthesisRequest(text="kept.", seed=2)
+    stopped, kept = svc.start(request(text="stopped.", seed=1)), svc.start(request(text="kept.", seed=2))
     got: dict[str, list] = {"stopped.": [], "kept.": []}
-    threads = [threading.Thread(target=lambda r=r: got[r.text].extend(svc.stream(r))) for r in (stopped, kept)]
+    threads = [threading.Thread(target=lambda h=h: got[h.request.text].extend(h.stream())) for h in (stopped, kept)]
     for t in threads:
         t.start()
     while len(got["stopped."]) < 3 or len(got["kept."]) < 3:
@@ -236,12 +256,12 @@ def test_stop_cancels_one_take_and_the_take_beside_it_goes_on():
 
 def test_cancel_while_waiting_leaves_queue():
     svc = StudioService(FakeEngine(frames=30, delay=0.01), None, None)
-    first = threading.Thread(target=lambda: list(svc.stream(SynthesisRequest(text="a.", seed=1))))
+    first = threading.Thread(target=lambda: list(svc.stream(request(text="a.", seed=1))))
     first.start()
     time.sleep(0.05)
-    req = SynthesisRequest(text="b.", seed=1)
-    threading.Timer(0.05, req.cancel.set).start()
-    assert list(svc.stream(req)) == []
+    handle = svc.start(request(text="b.", seed=1))
+    threading.Timer(0.05, handle.cancel.set).start()
+    assert list(handle.stream()) == []
     first.join(5)
     assert svc.engine.started == ["a."]
     svc.close()
@@ -249,25 +269,25 @@ def test_cancel_while_waiting_leaves_queue():
 
 def test_abandoned_consumer_frees_the_worker():
     svc = StudioService(FakeEngine(frames=1000, delay=0.01), None, None)
-    req = SynthesisRequest(text="a.", seed=1)
-    gen = svc.stream(req)
+    handle = svc.start(request(text="a.", seed=1))
+    gen = handle.stream()
     next(gen)
     gen.close()
     t0 = time.monotonic()
-    list(svc.stream(SynthesisRequest(text="b.", seed=1, max_frames=1)))
+    list(svc.stream(request(text="b.", seed=1, max_frames=1)))
     assert time.monotonic() - t0 < 1.0
     # The abandoned take is still recorded on the worker side, marked as stopped.
-    assert req.finished.wait(2) and req.take.stop_reason == "cancelled" and len(req.take.audio) >= 960
+    assert handle.finished.wait(2) and handle.take.stop_reason == "cancelled" and len(handle.take.audio) >= 960
     svc.close()
 
 
 def test_queue_timeout():
     svc = StudioService(FakeEngine(frames=100, delay=0.01), None, None, queue_timeout=0.1)
-    first = threading.Thread(target=lambda: list(svc.stream(SynthesisRequest(text="a.", seed=1))))
+    first = threading.Thread(target=lambda: list(svc.stream(request(text="a.", seed=1))))
     first.start()
     time.sleep(0.05)
     with pytest.raises(ServiceBusy):
-        list(svc.stream(SynthesisRequest(text="b.", seed=1)))
+        list(svc.stream(request(text="b.", seed=1)))
     first.join(5)
     svc.close()
 
@@ -291,3 +311,14 @@ def test_run_exclusive_and_status(svc):
     st = svc.status()
     assert st["device"] == "cpu" and st["demo"] is True and st["queue_depth"] == 0 and st["control_tags"] == 43
     assert svc.estimate("Hello world, this is thirty chars.")["frames"] > 0
+
+
+def test_variants_take_the_seeds_after_the_takes_own(svc):
+    first = svc.start(request(text="Hi.", temperature=0.5))
+    others = svc.variants(first, 3)
+    assert [h.seed for h in others] == [first.seed + 1, first.seed + 2]
+    assert all(h.params.temperature == 0.5 and h.request.text == "Hi." for h in others)
+    assert svc.variants(svc.start(request(text="Hi.", seed=2 ** 63 - 1)), 2)[0].seed == 0  # wraps in 63 bits
+    for bad in (0, 5, True):
+        with pytest.raises(ValueError, match="Takes"):
+            svc.variants(first, bad)

@@ -101,6 +101,7 @@ def test_a_preset_voice_generates_and_the_api_lists_it(preset_folder, tmp_path):
     from engine.generate import Engine
     from engine.demo import demo_checkpoint
     from studio import api
+    from engine.types import SamplingParams
     from studio.service import StudioService, SynthesisRequest
 
     engine = Engine.load(demo_checkpoint(), device="cpu", precision="fp32")
@@ -109,7 +110,7 @@ def test_a_preset_voice_generates_and_the_api_lists_it(preset_folder, tmp_path):
                            presets=PresetVoices(preset_folder, encode=encode, cache_root=tmp_path / "cache"))
     service = StudioService(engine, catalog)
     try:
-        take = service.synthesize(SynthesisRequest(text="Hi.", voice_id="Ann", seed=1, max_frames=6))
+        take = service.synthesize(SynthesisRequest(text="Hi.", voice_id="Ann", params=SamplingParams(seed=1, max_frames=6)))
         assert take.voice_name == "Ann" and take.audio.size > 0
         assert encode.calls == 2  # generation used the cached codes
         app = FastAPI()

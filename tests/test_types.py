@@ -1,5 +1,5 @@
-"""engine/types.py: one set of sampling defaults, one validation, 63-bit seeds everywhere, and the
-`SpeechEngine` interface both engines implement."""
+"""engine/types.py: one set of sampling defaults and limits, one validation, 63-bit seeds everywhere (drawn
+ones below 2**31), and the `SpeechEngine` interface both engines implement."""
 
 import json
 import subprocess
@@ -9,8 +9,8 @@ import httpx
 import numpy as np
 import pytest
 
-from engine.types import (DEFAULT_REPEAT_GUARD, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, MAX_SEED,
-                          SEED_LIMIT, SamplingParams, SpeechEngine)
+from engine.types import (DEFAULT_REPEAT_GUARD, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, MAX_FRAMES,
+                          MAX_SEED, MAX_TEMPERATURE, SEED_LIMIT, SamplingParams, SpeechEngine)
 from tests.conftest import REPO
 
 
@@ -22,9 +22,9 @@ def test_defaults_are_the_products():
 
 
 @pytest.mark.parametrize("bad", [dict(seed=2 ** 63), dict(seed=-1), dict(seed=1.5), dict(temperature=-0.1),
-                                 dict(temperature=float("nan")), dict(top_k=2.5), dict(top_k=True),
+                                 dict(temperature=float("nan")), dict(temperature=2.5), dict(top_k=-1), dict(top_k=2.5), dict(top_k=True),
                                  dict(top_p=0), dict(top_p=1.5), dict(max_frames=0), dict(max_frames=2.0),
-                                 dict(repeat_guard=1)])
+                                 dict(max_frames=MAX_FRAMES + 1), dict(repeat_guard=1)])
 def test_one_validation_with_sentences(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SamplingParams(**bad)
@@ -34,17 +34,20 @@ def test_seeds_are_63_bit_and_options_merge():
     assert SamplingParams(seed=MAX_SEED).seed == 2 ** 63 - 1 == SEED_LIMIT - 1
     assert SamplingParams(seed=np.int64(5)).seed == 5 and type(SamplingParams(seed=np.int64(5)).seed) is int
     drawn = SamplingParams().resolved()
-    assert 0 <= drawn.seed < 2 ** 63 and drawn.resolved() is drawn
+    assert 0 <= drawn.seed < 2 ** 31 and drawn.resolved() is drawn  # drawn seeds stay exact in the browser
     merged = SamplingParams.of(SamplingParams(temperature=0.5, seed=3), top_k=5)
     assert (merged.temperature, merged.top_k, merged.seed) == (0.5, 5, 3)
     with pytest.raises(TypeError, match="tempreature"):
         SamplingParams.of(tempreature=1.0)
 
 
+def test_the_limits_are_inclusive():
+    edge = SamplingParams(temperature=MAX_TEMPERATURE, top_k=0, top_p=1.0, max_frames=MAX_FRAMES, repeat_guard=2)
+    assert (edge.temperature, edge.max_frames) == (2.0, 8192)
+
+
 def test_studio_and_voice_library_accept_the_same_seeds():
-    from studio import service
     from studio.voices.model import VoiceError, clean_seed
-    assert service.MAX_SEED == MAX_SEED
     assert clean_seed(MAX_SEED) == MAX_SEED
     with pytest.raises(VoiceError, match="2\\*\\*63"):
         clean_seed(SEED_LIMIT)

@@ -14,9 +14,10 @@ import gradio as gr
 
 from engine.config import SAMPLE_RATE
 from engine.longform import plan
+from engine.types import SamplingParams
 from studio.access import OWNER_ONLY_LONG, Access
 from studio.formats import write_audio
-from studio.longform import generate_long, regenerate_segment, segment_rows
+from studio.longform import regenerate_segment, segment_rows, start_long
 from studio.service import ServiceBusy, SynthesisRequest
 from studio.views.toasts import warns
 
@@ -63,19 +64,20 @@ class LongFormView:
 
     def generate(self, text, voice, style, voices_map, normalize, seed):
         """Generate the take; yields (take, rows, progress, file) as segments finish, the file at the end."""
-        request = SynthesisRequest(text=text or "", voice_id=voice or None, style=style or None,
-                                   seed=None if seed is None or seed < 0 else int(seed), source="ui")
+        request = SynthesisRequest(text=text or "", voice_id=voice or None, style=style or None, source="ui",
+                                   params=SamplingParams.of(seed=None if seed is None or seed < 0 else int(seed)))
         take, started = None, time.perf_counter()
+        handle = start_long(self.service, request, voices=parse_voices_map(voices_map), normalize=bool(normalize),
+                            pieces=True)
         try:
-            for take, piece in generate_long(self.service, request, voices=parse_voices_map(voices_map),
-                                             normalize=bool(normalize)):
+            for take, piece in handle.stream():
                 if piece.done > piece.segment:
                     yield take, segment_rows(take), self._progress(take, piece.done, started), gr.skip()
         except ServiceBusy as exc:
             raise ValueError(str(exc)) from None
         if take is None:
             return
-        note = "; ".join(request.warnings)
+        note = "; ".join(handle.warnings)
         yield take, segment_rows(take), f"done: {len(take.segments)} segments. {note}".strip(), self._write(take)
 
     def regenerate(self, take, row, seed, text):

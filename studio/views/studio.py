@@ -5,9 +5,20 @@ from __future__ import annotations
 
 import gradio as gr
 
+from engine.types import (
+    DEFAULT_REPEAT_GUARD,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_K,
+    DEFAULT_TOP_P,
+    MAX_FRAMES,
+    MAX_SEED,
+    MAX_TEMPERATURE,
+    MAX_TOP_P,
+    TOP_K_SLIDER_MAX,
+)
 from studio import assets, render
 from studio.live import CLIP_VOICE, NO_VOICE
-from studio.service import MAX_FRAMES, MAX_SEED, MAX_TAKES
+from studio.service import MAX_TAKES
 from studio.views import TAKES_QUEUE
 from studio.views.takes import TakesView
 from studio.views.toasts import warns
@@ -92,7 +103,8 @@ class StudioView:
         # A remote server that sets sampling itself would ignore these: shown, but not offered.
         ignored = self.service.status().get("sampling_note")
         with gr.Row():
-            temperature = gr.Slider(0, 1.5, value=0.8, step=0.05, label="Temperature", scale=3,
+            temperature = gr.Slider(0, MAX_TEMPERATURE, value=DEFAULT_TEMPERATURE, step=0.05, label="Temperature",
+                                    scale=3,
                                     info=ignored or "0 = greedy (can loop); ~0.8-1.0 is lively and stable",
                                     interactive=not ignored, elem_id="temperature")
             seed = gr.Number(-1, label="Seed (-1 = random)", precision=0, minimum=-1, maximum=MAX_SEED,
@@ -104,15 +116,15 @@ class StudioView:
                 self.reuse_seed = gr.Button("Reuse last", size="sm")
         with gr.Accordion("Advanced", open=False):
             with gr.Row():
-                top_p = gr.Slider(0.05, 1.0, value=0.8, step=0.05, label="top-p", info=ignored,
+                top_p = gr.Slider(0.05, MAX_TOP_P, value=DEFAULT_TOP_P, step=0.05, label="top-p", info=ignored,
                                   interactive=not ignored)
-                top_k = gr.Slider(0, 200, value=30, step=1, label="top-k (0 = off)", info=ignored,
-                                  interactive=not ignored)
+                top_k = gr.Slider(0, TOP_K_SLIDER_MAX, value=DEFAULT_TOP_K, step=1, label="top-k (0 = off)",
+                                  info=ignored, interactive=not ignored)
             with gr.Row():
                 max_frames = gr.Number(0, label=f"Max length, frames (0 = auto; 25 = 1 s; ≤ {MAX_FRAMES})",
                                        precision=0, minimum=0, maximum=MAX_FRAMES, elem_id="max-frames")
-                repeat_guard = gr.Number(32, label="Repeat guard, frames (0 = off)", precision=0, minimum=0,
-                                         elem_id="repeat-guard")
+                repeat_guard = gr.Number(DEFAULT_REPEAT_GUARD, label="Repeat guard, frames (0 = off)", precision=0,
+                                         minimum=0, elem_id="repeat-guard")
         self.temperature, self.top_p, self.top_k, self.seed = temperature, top_p, top_k, seed
         self.max_frames, self.repeat_guard, self.takes_n = max_frames, repeat_guard, takes_n
 

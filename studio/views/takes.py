@@ -7,6 +7,7 @@ Stop cancels the session's running take. Validation, queueing and recording live
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
@@ -20,7 +21,7 @@ from engine.config import SAMPLE_RATE
 from studio import assets, render
 from studio.formats import available_formats, to_pcm16, write_audio
 from studio.live import NO_VOICE, page_request
-from studio.service import MAX_TAKES, Queued, ServiceBusy, SynthesisRequest
+from studio.service import MAX_TAKES, Queued, ServiceBusy, TakeHandle
 from studio.views.toasts import warns
 
 log = logging.getLogger("higgs.studio")
@@ -37,8 +38,8 @@ class TakesView:
         self.access = page.access
         self.player = page.player
         self.streaming = page.streaming
-        self._active: dict[str, SynthesisRequest] = {}
-        self._variants: dict[str, list[SynthesisRequest]] = {}  # the other takes of a session's Generate
+        self._active: dict[str, TakeHandle] = {}
+        self._variants: dict[str, list[TakeHandle]] = {}  # the other takes of a session's Generate
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ layout
@@ -143,24 +144,27 @@ class TakesView:
         With `takes_n` > 1 the other takes (the next seeds, same settings) run beside it in the engine's batch
         and all of them are shown side by side once they end, each with a Keep button."""
         key = request.session_hash if request else "local"
-        req, others = None, []
+        handle, others = None, []
         try:
             if live_id:
-                req = self.player.claim(live_id)
+                handle = self.player.claim(live_id)
+                if handle is None:  # the take failed before it started; the live player says why
+                    return
             else:
-                req = page_request(text=text, style=style, voice=voice, clip=self._clip(clip), clip_text=clip_text,
-                                   temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                                   max_frames=max_frames, repeat_guard=repeat_guard)
-                self.access.limit_public(req, request)
-                req.caller = self.access.page_caller(request)
-            others = self.service.variants(req, int(takes_n or 1))
+                asked = page_request(text=text, style=style, voice=voice, clip=self._clip(clip), clip_text=clip_text,
+                                     temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                                     max_frames=max_frames, repeat_guard=repeat_guard)
+                asked = dataclasses.replace(self.access.limit_public(asked, request),
+                                            caller=self.access.page_caller(request))
+                handle = self.service.start(asked)
+            others = self.service.variants(handle, int(takes_n or 1))
             with self._lock:
-                self._active[key], self._variants[key] = req, others
+                self._active[key], self._variants[key] = handle, others
             running = [self._run_variant(other) for other in others]
             if live_id:
                 self.player.wait(live_id)
             else:
-                yield from self._stream(req)
+                yield from self._stream(handle)
             for thread in running:
                 thread.join()
         except ValueError as exc:  # bad request: text, settings, voice, style, reference clip
@@ -171,32 +175,32 @@ class TakesView:
             log.exception("generation failed")
             raise gr.Error(f"Generation failed: {exc}") from None
         finally:
-            if req is not None and not req.finished.is_set():
-                for r in (req, *others):
-                    r.cancel.set()  # Gradio closed us (Stop, client cancel, tab closed): free the GPU now
-            elif req is not None:
-                # A stopped request stays registered: Stop's handler may run after Gradio has closed us (its
+            if handle is not None and not handle.finished.is_set():
+                for h in (handle, *others):
+                    h.cancel.set()  # Gradio closed us (Stop, client cancel, tab closed): free the GPU now
+            elif handle is not None:
+                # A stopped take stays registered: Stop's handler may run after Gradio has closed us (its
                 # `cancels=` and the handler race) and still needs the partial take. The next take replaces it.
                 with self._lock:
-                    if self._active.get(key) is req:
+                    if self._active.get(key) is handle:
                         del self._active[key]
                         self._variants.pop(key, None)
-        if req.take is None:
+        if handle.take is None:
             return
-        take = req.take
+        take = handle.take
         state = "stopped" if take.stop_reason == "cancelled" else "done"
         wav, dl, rows, takes, last_seed = self.take_outputs(take, takes or [])
         yield {self.metrics: render.metrics_html(take.metrics, state=state, seconds=take.seconds,
-                                                 warnings=req.warnings),
+                                                 warnings=handle.warnings),
                self.take_audio: wav, self.download: dl, self.history: rows, self.takes: takes,
-               self.last_seed: last_seed, self.result: render.result_json(take, req.warnings),
-               **self._side_by_side([take] + [r.take for r in others if r.take is not None] if others else [])}
+               self.last_seed: last_seed, self.result: render.result_json(take, handle.warnings),
+               **self._side_by_side([take] + [h.take for h in others if h.take is not None] if others else [])}
 
-    def _run_variant(self, req: SynthesisRequest) -> threading.Thread:
-        """Generate one of the other takes to its end in a thread; the service records it (`req.take`)."""
+    def _run_variant(self, handle: TakeHandle) -> threading.Thread:
+        """Generate one of the other takes to its end in a thread; the service records it (`handle.take`)."""
         def run():
             try:
-                for _ in self.service.stream(req):
+                for _ in handle.stream():
                     pass
             except Exception:  # the first take, run with the same settings, reports what went wrong
                 log.exception("a side-by-side take failed")
@@ -223,11 +227,11 @@ class TakesView:
                              "generate again.")
         return self.take_outputs(take, takes or [])
 
-    def _stream(self, req: SynthesisRequest) -> Iterator[dict]:
+    def _stream(self, handle: TakeHandle) -> Iterator[dict]:
         """Gradio's own streaming path (the fallback player): queue positions, then the audio in ~1 s pieces."""
         yield {self.live: None, self.metrics: render.metrics_html(state="waiting", note="waiting for the GPU")}
         buffer, sent = [], 0
-        for item in self.service.stream(req, positions=True):
+        for item in handle.stream(positions=True):
             if isinstance(item, Queued):
                 if item.position > 1:  # something is ahead of us (1 = next up: the worker takes it at once)
                     yield {self.metrics: render.metrics_html(state="waiting", note=f"queue position {item.position}")}
@@ -240,20 +244,20 @@ class TakesView:
                 buffer, sent = [], sent + len(piece)
                 yield {**({self.live: (SAMPLE_RATE, to_pcm16(piece))} if self.streaming else {}),
                        self.metrics: render.metrics_html(item.metrics, state="streaming", seconds=sent / SAMPLE_RATE,
-                                                         warnings=req.warnings)}
+                                                         warnings=handle.warnings)}
 
     def stop(self, takes, request: gr.Request):
         """Cancel this session's running take; show what was generated before the stop."""
         key = request.session_hash if request else "local"
         with self._lock:
-            req, others = self._active.pop(key, None), self._variants.pop(key, [])
-        if req is None:  # nothing running (the take had already finished on its own)
+            handle, others = self._active.pop(key, None), self._variants.pop(key, [])
+        if handle is None:  # nothing running (the take had already finished on its own)
             return (gr.skip(),) * 6
-        for r in (req, *others):
-            r.cancel.set()
-        if not req.finished.wait(5.0) or req.take is None:  # stopped before the first frame
+        for h in (handle, *others):
+            h.cancel.set()
+        if not handle.finished.wait(5.0) or handle.take is None:  # stopped before the first frame
             return render.metrics_html(state="stopped"), *(gr.skip(),) * 5
-        take = req.take
+        take = handle.take
         return (render.metrics_html(take.metrics, state="stopped", seconds=take.seconds),
                 *self.take_outputs(take, takes or []))
 

@@ -1,0 +1,109 @@
+"""OpenAI-compatible HTTP routes on the studio's own FastAPI app: same process, same engine, same line.
+
+    studio.api.register(app, service, api_key=None)
+
+adds `POST /v1/audio/speech`, the voice routes `GET|POST /v1/audio/voices`, `GET|PATCH|DELETE
+/v1/audio/voices/{id}`, `GET /v1/audio/styles`, `GET /v1/models` and `GET /health` (docs/API.md has the
+fields and examples). Routes only: they validate, translate the request into a `SynthesisRequest`, and format
+what `StudioService` yields. Generation, queueing and voice storage happen in the service and the library.
+
+| module | what it holds |
+|---|---|
+| `model.py` | the limits, the error body, `SpeechRequest` and its checks, the plumbing every route shares |
+| `speech.py` | `POST /v1/audio/speech`: the request resolved, the take streamed (audio, SSE, buffered) |
+| `voices.py` | the voice library's and the style presets' routes |
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.routing import Mount
+
+from studio.access import Access
+from studio.api.model import MAX_UPLOAD_BYTES, MODEL_IDS, REQUEST_TIMEOUT_S, ApiError, Routes
+from studio.api.speech import SpeechRoutes
+from studio.api.voices import VoiceRoutes
+from studio.formats import available_formats
+from studio.longform import MAX_LONG_INPUT_CHARS
+
+log = logging.getLogger("higgs.api")
+
+
+class _InfoRoutes(Routes):
+    """`GET /v1/models` and the open `GET /health`."""
+
+    async def models(self, request: Request) -> JSONResponse:
+        self.check_auth(request)
+        return JSONResponse({"object": "list", "data": [{"id": m, "object": "model", "owned_by": "bosonai"}
+                                                        for m in MODEL_IDS]})
+
+    async def health(self, request: Request) -> JSONResponse:
+        status = dict(self.service.status())
+        return JSONResponse({"status": "ok", "engine_loaded": self.service.engine is not None, "model": MODEL_IDS[0],
+                             "device": status.get("device"), "precision": status.get("precision"),
+                             "precision_reason": status.get("precision_reason"),
+                             "backend": status.get("backend"), "queue_depth": status.get("queue_depth"),
+                             "batch_size": status.get("batch_size"), "max_batch": status.get("max_batch"),
+                             "memory_plan": status.get("memory_plan"),
+                             "demo": status.get("demo"), "formats": list(available_formats()),
+                             "auth": self.access.api_key is not None,
+                             **{k: status[k] for k in ("remote_kind", "sampling_note") if status.get(k)}})
+
+
+def register(app: FastAPI, service, *, api_key: str | None = None, access: Access | None = None,
+             request_timeout: float = REQUEST_TIMEOUT_S, max_input_chars: int = MAX_LONG_INPUT_CHARS,
+             transcriber=None) -> None:
+    """Add the HTTP API to `app` (the FastAPI app that serves the Gradio studio). With `api_key` (or an
+    `access` that holds it), every `/v1/*` route needs `Authorization: Bearer <api_key>`; `/health` stays
+    open for load balancers. Without a key, writes from other sites are refused (`Access.cross_site_refusal`)."""
+    access = access or Access(api_key)
+    limiter = anyio.CapacityLimiter(max(8, service.max_queue + 4))  # a thread for every request the line holds
+    speech = SpeechRoutes(service, access, limiter, request_timeout=request_timeout, max_input_chars=max_input_chars)
+    voices = VoiceRoutes(service, access, limiter, transcriber=transcriber)
+    info = _InfoRoutes(service, access, limiter)
+
+    def guarded(handler):
+        async def endpoint(request: Request):
+            try:
+                return await handler(request)
+            except ApiError as exc:
+                return exc.response()
+            except Exception as exc:  # one bad request never takes the server down
+                log.exception("%s %s failed", request.method, request.url.path)
+                return ApiError(500, f"Internal error: {type(exc).__name__}: {exc}").response()
+        endpoint.__name__ = handler.__name__
+        endpoint.__doc__ = handler.__doc__
+        return endpoint
+
+    routes = [
+        ("/v1/audio/speech", speech.speech, ["POST"]),
+        ("/v1/audio/voices", voices.list_voices, ["GET"]),
+        ("/v1/audio/voices", voices.create_voice, ["POST"]),
+        ("/v1/audio/voices/{voice_id}", voices.get_voice, ["GET"]),
+        ("/v1/audio/voices/{voice_id}", voices.update_voice, ["PATCH"]),
+        ("/v1/audio/voices/{voice_id}", voices.delete_voice, ["DELETE"]),
+        ("/v1/audio/styles", voices.styles, ["GET"]),
+        ("/v1/models", info.models, ["GET"]),
+        ("/health", info.health, ["GET"]),
+    ]
+    for path, handler, methods in routes:
+        app.add_api_route(path, guarded(handler), methods=methods, include_in_schema=True)
+    # Gradio's app may already hold routes; ours are specific paths, so order only matters against a
+    # catch-all mount at "/" (mount_gradio_app): move ours in front of anything mounted.
+    _routes_first(app, len(routes))
+
+
+def _routes_first(app: FastAPI, n: int) -> None:
+    routes = app.router.routes
+    ours, rest = routes[-n:], routes[:-n]
+    mounts = [r for r in rest if isinstance(r, Mount)]
+    if mounts:
+        app.router.routes[:] = [r for r in rest if not isinstance(r, Mount)] + ours + mounts
+
+
+# The limit a client's upload must respect, for the app's own upload cap (app.py).
+__all__ = ["MAX_UPLOAD_BYTES", "register"]

@@ -1,0 +1,391 @@
+"""`POST /v1/audio/speech`: a speech request in, a take out, streamed as it is decoded.
+
+**Streaming is the default** (OpenAI's `stream_format="audio"`): `pcm` and `wav` go out as frames are decoded
+(`wav` with a streaming header whose sizes are 0xFFFFFFFF); mp3/opus/aac go through one ffmpeg per response
+(`StreamEncoder`) and out as it encodes; flac is encoded once the take is complete (a piped FLAC has no length,
+and soundfile cannot read it). A request never takes the server down: every failure becomes a JSON error, an
+in-band SSE error, or the end of an audio body whose headers are gone. A long input or a script goes through
+the long form (studio/longform.py) and streams the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import json
+import logging
+import struct
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
+from typing import Any
+
+import anyio
+import numpy as np
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import ValidationError
+
+from engine.audio import load_audio
+from engine.config import SAMPLE_RATE
+from engine.generate import codes_sha256
+from engine.remote import RemoteError
+from engine.types import Metrics, SamplingParams
+from studio.api.model import (
+    MAX_JSON_BYTES,
+    MODEL_IDS,
+    SPEED_TAGS,
+    ApiError,
+    Routes,
+    SpeechRequest,
+    decode_ref_audio,
+    header_value,
+    resolve_voice,
+    speed_tag,
+    validation_message,
+)
+from studio.formats import MIME, STREAM_FORMATS, FormatError, StreamEncoder, available_formats, encode_audio, to_pcm16
+from studio.gpu_queue import ServiceBusy, ServiceClosed
+from studio.longform import MAX_LONG_INPUT_CHARS, start_long, wants_long_form
+from studio.service import MAX_TEXT_CHARS, SynthesisRequest, TakeHandle
+
+log = logging.getLogger("higgs.api")
+
+STREAMED_FORMATS = ("pcm", "wav", *STREAM_FORMATS)  # sent as the take is decoded; flac waits for the whole take
+
+
+def streaming_wav_header(sample_rate: int = SAMPLE_RATE) -> bytes:
+    """A 16-bit mono WAV header for a stream of unknown length: RIFF and data sizes are 0xFFFFFFFF, the
+    convention libsndfile, ffmpeg and browsers read as 'until the end of the stream'."""
+    unknown = 0xFFFFFFFF
+    fmt = struct.pack("<HHIIHH", 1, 1, sample_rate, sample_rate * 2, 2, 16)
+    return b"RIFF" + struct.pack("<I", unknown) + b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + \
+        b"data" + struct.pack("<I", unknown)
+
+
+def metric_headers(metrics: Metrics | None, seed: int, *, final: bool, codes=None) -> dict[str, str]:
+    headers = {"x-sample-rate": str(SAMPLE_RATE), "X-Seed": str(seed)}
+    if metrics is not None and metrics.ttfa_ms is not None:
+        headers["X-TTFA-ms"] = f"{float(metrics.ttfa_ms):.1f}"
+    if final and metrics is not None:
+        headers["X-RTF"] = f"{metrics.rtf:.4f}"
+        headers["X-Frames"] = str(int(metrics.frames))
+        if metrics.stop_reason:
+            headers["X-Stop-Reason"] = metrics.stop_reason
+        headers["X-Batch-Size"] = str(int(metrics.batch))  # the most takes decoded together while it ran (1 = alone)
+        if codes is not None:  # lets a client check that two servers produced the same codes
+            headers["X-Codes-SHA256"] = codes_sha256(codes)
+    return headers
+
+
+def _errors(exc: Exception) -> ApiError | None:
+    """What a failure of the service or the engine answers, or None for an unexpected one."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, (ServiceBusy, ServiceClosed)):
+        return ApiError(503, str(exc), headers={"Retry-After": "5"})
+    if isinstance(exc, ValueError):  # VoiceNotFound, ReferenceAudioError, engine limits: sentences for the user
+        return ApiError(400, str(exc))
+    if isinstance(exc, RemoteError):  # the --remote server refused or failed: its answer, as a 400 or a 502/503
+        status = exc.client_status
+        return ApiError(status, str(exc), headers={"Retry-After": "5"} if status == 503 else None)
+    return None
+
+
+class SpeechRoutes(Routes):
+    """The speech route: the request checked and resolved, the take queued, the answer streamed."""
+
+    def __init__(self, service, access, limiter, *, request_timeout: float,
+                 max_input_chars: int = MAX_LONG_INPUT_CHARS):
+        super().__init__(service, access, limiter)
+        self.request_timeout = request_timeout
+        self.max_input_chars = max_input_chars  # a long input (or a script); one prompt takes MAX_TEXT_CHARS
+
+    async def speech(self, request: Request) -> Response:
+        self.check_auth(request)
+        self.check_site(request)
+        if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+            raise ApiError(415, "Send the speech request as JSON with the header `Content-Type: application/json`.")
+        body = await self.read_body(request, MAX_JSON_BYTES)
+        try:
+            payload = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"Request body is not valid JSON ({exc}). Send a JSON object like "
+                                f'{{"model": "{MODEL_IDS[0]}", "input": "Hello", "voice": "default"}}.') from None
+        except RecursionError:
+            raise ApiError(400, "Request body is nested too deeply to be a speech request. Send a flat JSON object "
+                                "of the documented fields.") from None
+        if not isinstance(payload, dict):
+            raise ApiError(400, "Request body must be a JSON object.")
+        try:
+            req = SpeechRequest.model_validate(payload)
+        except ValidationError as exc:
+            raise ApiError(422, validation_message(exc)) from None
+
+        synth, notes = await self.build_request(req)
+        started = time.perf_counter()
+        try:
+            handle = await self.in_thread(self._start, synth, req.voices)
+        except Exception as exc:
+            raise _errors(exc) or exc from None
+        run = _Run(self, handle)
+        first = await run.first(request)
+        headers = metric_headers(first.metrics, handle.seed, final=first.final)
+        warnings = [*notes, *handle.warnings]
+        if warnings:
+            headers["X-Warnings"] = "; ".join(warnings)
+        headers = {name: header_value(value) for name, value in headers.items()}
+        fmt = req.response_format
+        streamable = fmt in STREAMED_FORMATS and req.stream is not False
+        if req.stream_format == "sse":
+            return _TakeResponse(run, self._sse(run, first, fmt, len(req.input), started),
+                                 media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
+        if streamable:
+            return _TakeResponse(run, self._audio_stream(run, first, fmt), media_type=MIME[fmt], headers=headers)
+        audio, last = await run.collect(first)
+        data, mime = await self.in_thread(encode_audio, audio, SAMPLE_RATE, fmt)
+        final = metric_headers(last.metrics, handle.seed, final=True, codes=last.codes)
+        headers.update({name: header_value(value) for name, value in final.items()})
+        return Response(data, media_type=mime, headers=headers)
+
+    def _start(self, synth: SynthesisRequest, voices: dict | None) -> TakeHandle:
+        """The take's handle: a long input or a script (`voices`: its speakers' voices) goes through the long
+        form, generated segment by segment (studio/longform.py)."""
+        if wants_long_form(synth.text, voices):
+            return start_long(self.service, synth, voices=voices or None, max_chars=self.max_input_chars)
+        return self.service.start(synth)
+
+    async def build_request(self, req: SpeechRequest) -> tuple[SynthesisRequest, list[str]]:
+        if not req.input.strip():
+            raise ApiError(400, "`input` is empty: send the text to speak.", param="input")
+        long = wants_long_form(req.input, req.voices)
+        limit = self.max_input_chars if long else MAX_TEXT_CHARS
+        if len(req.input) > limit:
+            raise ApiError(400, f"`input` is {len(req.input)} characters; the limit is {limit}. Split the text into "
+                                f"several requests.", param="input", code="string_above_max_length")
+        if req.response_format not in available_formats():
+            raise ApiError(400, f"response_format {req.response_format!r} needs ffmpeg, which this server does not "
+                                f"have; ask for one of {', '.join(available_formats())}.", param="response_format")
+        notes: list[str] = []
+        resolved = resolve_voice(self.service, req.voice)
+        if resolved.note:
+            notes.append(resolved.note)
+        if resolved.voice is not None and req.ref_audio:
+            raise ApiError(400, "Send either `voice` (a saved voice) or `ref_audio` (a one-off clone), not both.",
+                           param="ref_audio")
+        style = self.instructions_style(req.instructions)
+        if style is None and resolved.voice is not None:  # the saved voice's default style, as in the studio
+            style = resolved.voice.style or None
+        preset = self.service.presets.get(style) if style and self.service.presets is not None else None
+        try:
+            tag = speed_tag(float(req.speed))
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="speed") from None
+        if tag:
+            try:
+                prefix = self.service.resolve_style(style)
+            except ValueError as exc:
+                raise ApiError(400, str(exc), param="instructions") from None
+            replaced = [t for t in SPEED_TAGS if t in prefix]
+            for t in replaced:  # an explicit `speed` wins over the style's own speed tag
+                prefix = prefix.replace(t, "")
+            style = prefix + tag
+            notes.append(f"speed {req.speed:g} -> {tag}" + (f" (instead of {replaced[0]})" if replaced else ""))
+        ref_audio = None
+        if req.ref_audio:
+            data = decode_ref_audio(req.ref_audio)
+            try:
+                ref_audio = await self.in_thread(load_audio, data)
+            except ValueError as exc:
+                raise ApiError(400, f"`ref_audio` could not be read as audio: {exc}", param="ref_audio") from None
+        temperature = req.temperature
+        if temperature is None and preset is not None:
+            temperature = preset.temperature  # the preset's suggestion (None: none), as the studio page applies it
+        options = {"temperature": temperature, "top_p": req.top_p, "top_k": req.top_k}
+        try:
+            params = SamplingParams.of(seed=req.seed, repeat_guard=req.repeat_guard,
+                                       max_frames=req.max_frames if req.max_frames is not None else req.max_new_tokens,
+                                       **{name: value for name, value in options.items() if value is not None})
+            synth = SynthesisRequest(text=req.input, voice_id=resolved.voice.id if resolved.voice else None,
+                                     style=style, params=params, ref_audio=ref_audio, ref_text=req.ref_text,
+                                     source="api")
+            # A long input is checked segment by segment when it is planned; here only its settings are.
+            (dataclasses.replace(synth, text="x") if long else synth).validate()
+            if style is not None:
+                self.service.resolve_style(style)
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        return synth, notes
+
+    async def _encoded(self, run: _Run, first, fmt: str) -> AsyncIterator[tuple[bytes, Any]]:
+        """`(bytes of fmt, the chunk they came from)` as the take is decoded (one of STREAMED_FORMATS); the
+        encoder's tail comes last with chunk None. Raises FormatError if ffmpeg fails; the take and its ffmpeg
+        are stopped however this ends (the client left, the take failed, the encoder failed)."""
+        encoder = None
+        try:
+            if fmt == "wav":
+                yield streaming_wav_header(), None
+            if fmt in STREAM_FORMATS:
+                encoder = await self.in_thread(StreamEncoder, fmt, SAMPLE_RATE)
+            async with aclosing(run.chunks(first)) as chunks:
+                async for chunk in chunks:
+                    data = to_pcm16(chunk.audio).tobytes() if len(chunk.audio) else b""
+                    if encoder is not None and data:
+                        data = await self.in_thread(encoder.feed, data)
+                    yield data, chunk
+            if encoder is not None:
+                yield await self.in_thread(encoder.close), None
+        finally:
+            with anyio.CancelScope(shield=True):
+                await run.close()  # a no-op when `chunks` ran: it closes the take itself
+                if encoder is not None:
+                    await self.in_thread(encoder.kill)
+
+    async def _audio_stream(self, run: _Run, first, fmt: str) -> AsyncIterator[bytes]:
+        try:
+            async with aclosing(self._encoded(run, first, fmt)) as stream:
+                async for data, _ in stream:
+                    if data:
+                        yield data
+        except FormatError:  # the status line is gone: end the body, keep the server up
+            log.exception("encoding the %s stream failed", fmt)
+
+    async def _sse(self, run: _Run, first, fmt: str, input_chars: int, started: float) -> AsyncIterator[bytes]:
+        def event(obj) -> bytes:
+            return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+        def delta(data: bytes) -> bytes:
+            return event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+
+        last = None
+        try:
+            if fmt in STREAMED_FORMATS:
+                async with aclosing(self._encoded(run, first, fmt)) as stream:
+                    async for data, chunk in stream:
+                        if chunk is not None:
+                            last = chunk
+                        if data:
+                            yield delta(data)
+            else:
+                audio, last = await run.collect(first)
+                data, _ = await self.in_thread(encode_audio, audio, SAMPLE_RATE, fmt)
+                yield delta(data)
+        except ApiError as exc:
+            yield event({"type": "error", "error": {"message": exc.message, "code": exc.code}})
+            return
+        except Exception as exc:  # the headers are gone: report in-band, keep the server up
+            log.exception("speech SSE stream failed")
+            yield event({"type": "error", "error": {"message": f"{type(exc).__name__}: {exc}"}})
+            return
+        numbers: dict[str, Any] = dataclasses.asdict(last.metrics) if last is not None else {}
+        frames = int(numbers.get("frames", 0))
+        prompt_tokens = int(numbers.get("prompt_tokens", 0) or input_chars)
+        yield event({"type": "speech.audio.done",
+                     "usage": {"input_tokens": prompt_tokens, "output_tokens": frames,
+                               "total_tokens": prompt_tokens + frames},
+                     "metrics": {"ttfa_ms": numbers.get("ttfa_ms"), "rtf": numbers.get("rtf"),
+                                 "frames": frames, "seed": run.handle.seed,
+                                 "stop_reason": numbers.get("stop_reason"), "batch": numbers.get("batch"),
+                                 "codes_sha256": codes_sha256(last.codes) if last is not None and last.codes is not None
+                                 else None,
+                                 "wall_ms": round((time.perf_counter() - started) * 1000, 1)}})
+
+
+class _TakeResponse(StreamingResponse):
+    """A streamed take that is cancelled however sending ends. The body's own `finally` stops the take
+    once the body has started; this also covers a failure before it starts (the server refusing a header,
+    the client gone before the first byte), which would otherwise leave the take running on the GPU."""
+
+    def __init__(self, run: _Run, content, **kwargs):
+        super().__init__(content, **kwargs)
+        self.run = run
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.run.close()
+
+
+class _Run:
+    """One take driven from async code: pulls `handle.stream()` in a worker thread, enforces the request
+    timeout, and cancels the take (and frees the GPU) however the client goes away."""
+
+    _END = object()
+
+    def __init__(self, api: SpeechRoutes, handle: TakeHandle):
+        self.api, self.handle = api, handle
+        self.timed_out = False
+        self._gen: Iterator | None = None
+        self._timer = threading.Timer(api.request_timeout, self._timeout)
+        self._timer.daemon = True
+
+    def _timeout(self) -> None:
+        self.timed_out = True
+        self.handle.cancel.set()
+
+    def _next(self):
+        if self._gen is None:
+            self._gen = self.handle.stream()
+        return next(self._gen, self._END)
+
+    async def _pull(self):
+        try:
+            item = await self.api.in_thread(self._next)
+        except Exception as exc:
+            raise _errors(exc) or exc from None
+        if self.timed_out:
+            raise ApiError(504, f"The request took longer than {self.api.request_timeout:g} s (queue wait and "
+                                f"generation) and was stopped.")
+        return None if item is self._END else item
+
+    async def first(self, request: Request):
+        """The first chunk, while watching for the client leaving (a queued request then leaves the queue)."""
+        self._timer.start()
+        task = asyncio.ensure_future(self._pull())
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.25)
+                if done:
+                    break
+                if await request.is_disconnected():
+                    self.handle.cancel.set()
+            chunk = task.result()
+        except BaseException:
+            await self.close()
+            raise
+        if chunk is None:
+            await self.close()
+            raise ApiError(500, "The generation ended without producing audio.")
+        return chunk
+
+    async def chunks(self, first) -> AsyncIterator[Any]:
+        """`first` and every chunk after it; always closes the generation."""
+        try:
+            chunk = first
+            while chunk is not None:
+                yield chunk
+                if chunk.final:
+                    break
+                chunk = await self._pull()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.close()
+
+    async def collect(self, first) -> tuple[np.ndarray, Any]:
+        pieces, last = [], None
+        async for chunk in self.chunks(first):
+            last = chunk
+            if len(chunk.audio):
+                pieces.append(np.asarray(chunk.audio, dtype=np.float32))
+        return (np.concatenate(pieces) if pieces else np.zeros(0, np.float32)), last
+
+    async def close(self) -> None:
+        self._timer.cancel()
+        gen, self._gen = self._gen, None
+        if gen is not None:
+            self.handle.cancel.set()
+            await self.api.in_thread(gen.close)
