@@ -7,7 +7,8 @@
    the ratio, achieved weight bandwidth against a large copy measured in the same run (the physical
    floor), and RTF at 25 frames/s.
 2. Codec: one-shot decode RTF for 10 s of codes at full codec size (random weights), the streaming
-   decoder's overhead over one-shot with the engine's push schedule, and encode RTF for a 10 s clip.
+   decoder's overhead over one-shot with the engine's push schedule (engine/streaming.py: the codec's
+   right look-ahead + 2 frames first, then 4, 8, 16, 25), and encode RTF for a 10 s clip.
 3. End to end on the demo checkpoint: time to first audio and RTF of `Engine.generate_stream`, with the
    prefill / first-frames / first-codec-window breakdown.
 4. Batched takes (`--only batch`): c = 1, 2, 4, 8 takes decoded together by the engine's scheduler on
@@ -149,7 +150,7 @@ def bench_backbone(dims: Dims, dtype: torch.dtype, frames: int, label: str, floo
 def bench_codec(size: str, seconds: float, repeat: int) -> Table:
     from engine.codec import Codec
     from engine.codec.random import random_codec_state_dict, tiny_codec_config
-    from engine.generate import FIRST_PUSH_FRAMES, MAX_PUSH_FRAMES
+    from engine.streaming import decode_streamed, push_sizes
 
     codec = Codec.from_state_dict(random_codec_state_dict(seed=0, size=size),
                                   tiny_codec_config() if size == "tiny" else None)
@@ -157,22 +158,15 @@ def bench_codec(size: str, seconds: float, repeat: int) -> Table:
     codes = torch.randint(0, 1024, (frames, 8), generator=torch.Generator().manual_seed(3))
     one_shot = median_ms(lambda: codec.decode(codes), repeat=repeat)
 
-    def streamed():
-        dec, pushed, n = codec.stream(), 0, FIRST_PUSH_FRAMES
-        while pushed < frames:
-            dec.push(codes[pushed:pushed + n])
-            pushed += n
-            n = min(2 * n, MAX_PUSH_FRAMES)
-        dec.flush()
-
-    stream_ms = median_ms(streamed, repeat=repeat)
+    sizes = push_sizes(frames, codec.stream().right)
+    stream_ms = median_ms(lambda: decode_streamed(codec.stream(), codes), repeat=repeat)
     wav = (0.3 * np.sin(np.linspace(0, 2000, int(seconds * SAMPLE_RATE)))).astype(np.float32)
     encode_ms = median_ms(lambda: codec.encode(wav), repeat=repeat)
     audio_ms = seconds * 1e3
     return Table(f"Codec ({size} size, random weights, {seconds:g} s of audio)",
                  ["operation", "ms (median)", "RTF", "vs one-shot decode"],
                  [["decode, one shot", one_shot, one_shot / audio_ms, "1.00×"],
-                  [f"decode, streamed (pushes {FIRST_PUSH_FRAMES}…{MAX_PUSH_FRAMES} frames)", stream_ms,
+                  [f"decode, streamed ({len(sizes)} pushes: {', '.join(map(str, sizes[:5]))}…)", stream_ms,
                    stream_ms / audio_ms, f"{stream_ms / one_shot:.2f}× (+{100 * (stream_ms / one_shot - 1):.0f}%)"],
                   ["encode (HuBERT + DAC + RVQ)", encode_ms, encode_ms / audio_ms, ""]])
 

@@ -267,6 +267,7 @@ class HiggsModel(nn.Module):
     is ever resident."""
 
     prefill_chunk = PREFILL_CHUNK
+    stream = None  # torch's current stream
 
     def __init__(self, dims: Dims, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
         super().__init__()
@@ -360,6 +361,14 @@ class HiggsModel(nn.Module):
             layer.self_attn.cache = cache
         self.max_len = max_len
         self.cos, self.sin = cos[:, None], signed_sin(sin)[:, None]  # [max_len, 1 (heads), d]
+
+    @property
+    def info(self) -> dict[str, str]:
+        """The backend's own facts for engine.info: the reference path adds none."""
+        return {}
+
+    def setup_slots(self, slots: int) -> None:
+        """Nothing to preallocate: a KV slot is allocated the first time a take uses it."""
 
     def calibrate_rows(self, max_rows: int) -> int:
         """The smallest row count m such that every M in [m, max_rows] gives bit-identical rows in every

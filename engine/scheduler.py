@@ -1,7 +1,8 @@
 """Continuous batching: takes from any number of threads decode together, one row each per step.
 
-The engine hands each take to a `Scheduler` (when its backend can batch: `decode_rows`). One worker
-thread, started on demand and gone when idle, repeats:
+The engine hands each take to a `Scheduler` (when its backend can batch: `BatchedBackend`). The scheduler
+keeps the books (who waits, who runs, which KV slot holds whose prefix); the device work goes through the
+engine's `Runner` (engine/runner.py). One worker thread, started on demand and gone when idle, repeats:
 
 1. at the step boundary, takes that finished or were cancelled leave and free their KV slot, and waiting
    takes are admitted while slots are free (`max_batch`; the overflow waits in arrival order);
@@ -41,7 +42,8 @@ from collections import deque
 
 import torch
 
-from .sampling import sample, uniforms
+from .runner import Runner, prefix_key
+from .sampling import sample_row, uniforms
 
 
 def to_host(logits: torch.Tensor, stream=None) -> torch.Tensor:
@@ -118,9 +120,9 @@ class Take:
 
 
 class Scheduler:
-    def __init__(self, engine, max_batch: int):
-        self.engine, self.max_batch = engine, max_batch
-        self.stream = getattr(engine.model, "stream", None)  # where the backend launches (None: torch's current)
+    def __init__(self, runner: Runner, max_batch: int):
+        self.runner, self.max_batch = runner, max_batch
+        self.stream = runner.model.stream  # where the backend launches (None: torch's current)
         self.cond = threading.Condition()
         self.waiting: deque[Take] = deque()
         self.active: list[Take] = []
@@ -215,7 +217,7 @@ class Scheduler:
             # The backend's stream current: its launches then wait for nothing queued on torch's default
             # stream by the listeners' codec pushes (`_on_stream` orders after the caller's stream).
             on_stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
-            with self.engine._lock, on_stream:
+            with self.runner.lock, on_stream:
                 try:
                     self._step(active)
                 except BaseException as exc:  # a device failure ends every take in the step with it
@@ -223,14 +225,14 @@ class Scheduler:
                         take.finish(exc)
 
     def _admit(self, take: Take) -> None:
-        slot, hit = self._pick(self.engine._prefix_cache_key(take.prompt))
+        slot, hit = self._pick(prefix_key(take.prompt))
         take.slot, take.admitted = slot, time.perf_counter()
         take.queued_s = take.admitted - take.started
-        take.segments, take.reused = self.engine._prefill_plan(take.prompt, hit)
+        take.segments, take.reused = self.runner.plan(take.prompt, hit)
         self.active.append(take)
 
     def _step(self, active: list[Take]) -> None:
-        engine = self.engine
+        runner = self.runner
         prefilling = [t for t in active if t.segments and not t.finished]
         if prefilling:
             take = prefilling[0]
@@ -251,7 +253,7 @@ class Scheduler:
                 take.finish()
                 continue
             p = take.params
-            row = take.rule.push(sample(take.logits, take.u[take.rule.step], p.temperature, p.top_k, p.top_p).tolist())
+            row = sample_row(take.logits, take.u, take.rule, p.temperature, p.top_k, p.top_p)
             if take.rule.done:
                 take.finish()
                 continue
@@ -260,7 +262,7 @@ class Scheduler:
             positions.append(take.pos)
             stepping.append(take)
         if stepping:
-            logits = to_host(engine.model.decode_rows(torch.tensor(rows, device=engine.device), slots, positions),
+            logits = to_host(runner.model.decode_rows(torch.tensor(rows, device=runner.device), slots, positions),
                              self.stream)
             for take, out in zip(stepping, logits):
                 take.logits, take.pos = out, take.pos + 1
@@ -273,10 +275,9 @@ class Scheduler:
             take.notify()
 
     def _prefill_chunk(self, take: Take) -> None:
-        engine = self.engine
         ids, ref_rows, start, key = take.segments.pop(0)
-        engine._ensure_room(len(take.prompt.ids) + take.rule.max_rows)
-        take.logits = to_host(engine.model.prefill(ids, ref_rows, start, slot=take.slot), self.stream)
+        self.runner.ensure_room(len(take.prompt.ids) + take.rule.max_rows)
+        take.logits = to_host(self.runner.model.prefill(ids, ref_rows, start, slot=take.slot), self.stream)
         if key is not None:  # the prefix is complete in this slot
             self.mark(take.slot, key)
         take.prefill_s = time.perf_counter() - take.admitted

@@ -142,7 +142,7 @@ def test_more_than_16_takes_run_as_steps_of_at_most_16(parity):
 def test_self_check_covers_the_batched_step(parity, monkeypatch):
     """The load-time self-check runs its last steps through decode_rows too: a skinny GEMM that writes
     nothing (the single-stream GEMVs untouched) fails it."""
-    from engine.backends.cubin import SELF_CHECK_IDS, SELF_CHECK_MIN_COSINE, SELF_CHECK_STEPS, self_check
+    from engine.backends.self_check import SELF_CHECK_IDS, SELF_CHECK_MIN_COSINE, SELF_CHECK_STEPS, self_check
     from tests.test_self_check import BrokenJit
 
     ckpt, _ = parity

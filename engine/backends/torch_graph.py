@@ -123,6 +123,9 @@ class CudaCapture:
 class TorchGraphBackend:
     """`HiggsModel` behind the step interface, with the decode step and the sampler replayed as graphs."""
 
+    prefill_chunk = None  # a prompt's prefill is one eager pass
+    stream = None  # torch's current stream
+
     def __init__(self, model: HiggsModel, *, capture: Callable | None = None, min_bucket: int = MIN_BUCKET):
         self.model, self.dims, self.device = model, model.dims, model.device
         self.precision = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[model.dtype]
@@ -169,6 +172,9 @@ class TorchGraphBackend:
 
     def calibrate_rows(self, max_rows: int) -> int:
         return self.model.calibrate_rows(max_rows)
+
+    def setup_slots(self, slots: int) -> None:
+        self.model.setup_slots(slots)
 
     @property
     def min_rows(self) -> int:
@@ -318,12 +324,3 @@ def load(checkpoint, *, device, dtype=None, max_len: int = 4096, precision: str 
     backend = TorchGraphBackend(model)
     backend.warm_up()
     return backend
-
-
-def _register() -> None:
-    from engine.generate import register_backend
-
-    register_backend("torch-graph", load)
-
-
-_register()
