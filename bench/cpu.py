@@ -109,7 +109,8 @@ def bench_backbone(dims: Dims, dtype: torch.dtype, frames: int, label: str, floo
     del state
     twin = TwinRunner(model, transformers_twin(model))
     prompt = torch.arange(100, 116)
-    rows = torch.randint(0, dims.codebook_vocab, (frames + 2, dims.codebooks), generator=torch.Generator().manual_seed(2))
+    rows = torch.randint(0, dims.codebook_vocab, (frames + 2, dims.codebooks),
+                         generator=torch.Generator().manual_seed(2))
 
     # Precheck: the same logits for the prompt and two teacher-forced rows.
     errs = [rel_error(model.prefill(prompt, None, 0), twin.prefill(prompt))]
@@ -188,7 +189,8 @@ def bench_e2e(runs: int) -> Table:
                 first = chunk.metrics
             last = chunk.metrics
         wall = (time.perf_counter() - t0) * 1e3
-        rows.append((first.ttfa_ms, last.rtf, last.prefill_ms, last.ms_per_frame, last.frames, wall, last.reused_tokens))
+        rows.append((first.ttfa_ms, last.rtf, last.prefill_ms, last.ms_per_frame, last.frames, wall,
+                     last.reused_tokens))
     med = [float(np.median([r[k] for r in rows])) for k in range(7)]
     return Table(f"End to end, demo checkpoint (random tiny weights), {runs} takes of ≤ 100 frames",
                  ["TTFA ms", "RTF", "prefill ms", "ms/frame (decode)", "frames", "wall ms", "reused prompt tokens"],
@@ -285,7 +287,8 @@ def main(argv=None) -> int:
                      "% of floor", "RTF @25 fps"], rows).markdown())
         print("\nprecheck: " + "; ".join(checks) + "\n")
     if "codec" in sections:
-        print(bench_codec("tiny" if args.smoke else "full", 2.0 if args.smoke else 10.0, 1 if not args.smoke else 2).markdown())
+        print(bench_codec("tiny" if args.smoke else "full", 2.0 if args.smoke else 10.0,
+                          2 if args.smoke else 1).markdown())
         print()
     if "batch" in sections:
         # Quarter size by default: full size (--batch-full-frames) needs ~8 GB of weights.
@@ -307,7 +310,8 @@ def main(argv=None) -> int:
               f"native bf16 {facts['native_bf16']}, {facts['threads']} threads")
         floor_bps = copy_bandwidth(1 << 24 if args.smoke else 1 << 30)
         dims = SMOKE if args.smoke else FULL_SIZE
-        root = Path(args.precision_dir) if args.precision_dir else cache_dir() / f"bench-{dims.layers}x{dims.hidden}-bf16"
+        root = (Path(args.precision_dir) if args.precision_dir
+                else cache_dir() / f"bench-{dims.layers}x{dims.hidden}-bf16")
         tables = precision.bench_precision(precision.checkpoint(root, dims), floor_bps,
                                            frames=2 if args.smoke else args.precision_frames,
                                            rounds=1 if args.smoke else 3,
