@@ -23,7 +23,7 @@ prompt: their time to first audio and their row rate stay close to alone, and th
 batch at the first step boundary after its last chunk.
 
 KV slots: each take gets a slot, a preallocated contiguous [kv_heads, max_len, head_dim] cache per layer
-(engine/model.py `KVCache`, allocated on first use). Contiguous slots keep the batch-1 decode attention
+(engine/layers.py `KVCache`, allocated on first use). Contiguous slots keep the batch-1 decode attention
 unchanged per sequence (bit-identical to alone) and keep the shared-prefix reuse what it was: a slot
 remembers whose prompt prefix sits in its first positions, and a take whose prefix matches a free slot's
 gets that slot and skips those positions. Paging would save memory for short takes but needs a gather

@@ -42,7 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.delay import MAX_ROWS
-from engine.model import HiggsModel, apply_rope, rms_norm
+from engine.layers import apply_rope, rms_norm
+from engine.model import HiggsModel
 from engine.sampling import GOLDEN, MIX1, MIX2, sample, splitmix64
 from engine.types import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 
@@ -206,7 +207,7 @@ class TorchGraphBackend:
         self.logits.copy_(m.head(m.norm(x[-1])))
 
     def _attention(self, attn, x, cos, sin, length: int, hidden: torch.Tensor) -> torch.Tensor:
-        """`engine.model.Attention.forward` at one query, with the K/V write and the window static."""
+        """`engine.layers.Attention.forward` at one query, with the K/V write and the window static."""
         heads, kv_heads, d = attn.heads, attn.kv_heads, attn.head_dim
         qkv = F.linear(x, attn.wqkv).view(1, heads + 2 * kv_heads, d)
         qk = apply_rope(rms_norm(qkv[:, :heads + kv_heads], attn.qk_norm, attn.eps), cos, sin)
