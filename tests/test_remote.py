@@ -17,9 +17,11 @@ import pytest
 import soundfile as sf
 
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
+from engine.dialects import OPENAI, SGLANG_OMNI, STUDIO, VLLM_OMNI, detect_dialect, server_voice_name
 from engine.generate import codes_sha256
-from engine.remote import (SGLANG_OMNI, STUDIO, VLLM_OMNI, OPENAI, RemoteEngine, RemoteError, RemoteVoice,
-                           detect_dialect, parse_voices, server_voice_name)
+from engine.remote import RemoteEngine
+from engine.types import SamplingParams
+from engine.wire import RemoteError, RemoteVoice, parse_voices
 from studio.formats import to_pcm16
 from tests.remote_fakes import MODEL, SglangOmniFake, VllmOmniFake, pcm_of, serve, wav_clip
 from tests.studio_server import running_studio
@@ -128,6 +130,27 @@ def test_speech_body_speaks_each_servers_dialect():
         ours.speech_body("  ")
     with pytest.raises(ValueError, match="http"):
         RemoteEngine("server:8000")
+
+
+def test_keywords_win_over_params_and_only_given_settings_travel():
+    """As for the local engine (`SamplingParams.of`): a keyword replaces that field of `params`; without
+    `params` only the keywords given are sent, and an invalid one is refused before anything is sent."""
+    seen = []
+
+    def handler(request):
+        if request.url.path != "/v1/audio/speech":
+            return httpx.Response(404)
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, content=b"\0\0" * 960, headers={"content-type": "audio/pcm"})
+
+    remote = RemoteEngine("http://s", transport=httpx.MockTransport(handler))
+    list(remote.generate_stream("Hi.", params=SamplingParams(temperature=0.3, seed=9), temperature=0.5, top_k=None))
+    assert (seen[0]["temperature"], seen[0]["top_k"], seen[0]["seed"]) == (0.5, 30, 9)
+    list(remote.generate_stream("Hi.", seed=4))
+    assert seen[1]["seed"] == 4 and not {"temperature", "top_k", "top_p"} & set(seen[1])
+    with pytest.raises(ValueError, match="temperature"):
+        remote.generate_stream("Hi.", temperature=-1)
+    assert len(seen) == 2
 
 
 def test_voice_names_are_mapped_or_refused_before_upload():
