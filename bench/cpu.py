@@ -202,12 +202,12 @@ def bench_batch(dims: Dims, dtype: torch.dtype, frames: int, label: str, concurr
                 rounds: int = 3) -> Table:
     from engine.generate import Engine
     from engine.prompt import Prompt
-    from engine.types import SamplingParams
+    from engine.types import EngineInfo, SamplingParams
 
     model = HiggsModel.from_state_dict(dims, random_backbone(dims, seed=1, dtype=dtype, names="internal"),
                                        dtype=dtype, max_len=512, max_rows=max(concurrency))
     precision = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
-    engine = Engine(model, None, None, dims, {"device": "cpu", "precision": precision, "backend": "torch"},
+    engine = Engine(model, None, None, dims, EngineInfo(device="cpu", precision=precision, backend="torch"),
                     max_batch=max(concurrency))
     gen = torch.Generator().manual_seed(0)
     prompt = Prompt(ids=torch.randint(0, dims.vocab, (24,), generator=gen).tolist())

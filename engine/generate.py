@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -36,7 +37,7 @@ from .device import peak_memory
 from .runner import Runner, SerialRun, prefix_key
 from .scheduler import Scheduler, Take
 from .streaming import drain
-from .types import Chunk, Metrics, SamplingParams
+from .types import Chunk, EngineInfo, Metrics, SamplingParams
 
 # KV positions preallocated at load; grown on demand for long prompts + long takes.
 DEFAULT_CACHE_LEN = 4096
@@ -55,9 +56,11 @@ def codes_sha256(codes: torch.Tensor) -> str:
 class Engine:
     """One loaded checkpoint on one device. Build with `Engine.load`."""
 
-    def __init__(self, model, codec, tokenizer, dims: Dims, info: dict, max_batch: int = DEFAULT_MAX_BATCH):
+    is_remote = False
+
+    def __init__(self, model, codec, tokenizer, dims: Dims, info: EngineInfo, max_batch: int = DEFAULT_MAX_BATCH):
         self.model, self.codec, self.tokenizer, self.dims = model, codec, tokenizer, dims
-        self.device = torch.device(info["device"])
+        self.device = torch.device(info.device)
         # The scheduler samples on the host. A backend with its own fused device decode keeps it for
         # max_batch 1 (the fastest single listener) and batches every take otherwise; the torch path
         # always goes through the scheduler (module docstring).
@@ -72,8 +75,7 @@ class Engine:
                 model.calibrate_rows(rows)
         # With batching, the scheduler owns the KV slots; without it, takes run one at a time in slot 0.
         self.scheduler = Scheduler(self.runner, max_batch) if batched else None
-        self.info = {**info, "max_batch": max_batch if batched else 1,
-                     "min_rows": model.min_rows if batched else 1}
+        self.info = replace(info, max_batch=max_batch if batched else 1, min_rows=model.min_rows if batched else 1)
 
     # ---------------------------------------------------------------- loading
     @classmethod
@@ -82,10 +84,10 @@ class Engine:
         """`checkpoint` is a directory, a hub id or a loaded `Checkpoint`. Device "auto" → CUDA when
         present; precision "auto" → bf16 on CUDA (fp8 W8A8 on the cubin backend); on the CPU fp32 for small
         models and weight-only int8 above 1B parameters, bf16 only where the CPU has native bf16 and it
-        measures faster (engine/cpu.py; `info["precision_reason"]` says which and why); backend "auto" → the
-        fastest backend that can run here, else "torch" (the reason is kept in `engine.info["backend_reason"]`).
+        measures faster (engine/cpu.py; `info.precision_reason` says which and why); backend "auto" → the
+        fastest backend that can run here, else "torch" (the reason is kept in `engine.info.backend_reason`).
         `max_batch`: the most takes decoded together (a backend that cannot batch runs one at a time;
-        `info["max_batch"]` says which)."""
+        `info.max_batch` says which)."""
         from .loading import load_parts
 
         return cls(*load_parts(checkpoint, device=device, precision=precision, backend=backend, max_batch=max_batch,
@@ -254,8 +256,8 @@ class Engine:
                            frames=frames, rows=len(rule.rows),
                            ms_per_frame=1e3 * run.decode_s / max(len(rule.rows), 1), prefill_ms=1e3 * run.prefill_s,
                            prompt_tokens=run.prompt_tokens, reused_tokens=run.reused, peak_mem_bytes=mem,
-                           mem_kind=kind, precision=self.info["precision"], backend=self.info["backend"],
-                           device=self.info["device"], seed=params.seed, stop_reason=reason, batch=run.batch,
+                           mem_kind=kind, precision=self.info.precision, backend=self.info.backend,
+                           device=self.info.device, seed=params.seed, stop_reason=reason, batch=run.batch,
                            queued_ms=1e3 * run.queued_s)
 
         return drain(run, rule, stream, codebook_size=self.dims.codebook_size, cancel=cancel, started=started,
@@ -268,7 +270,8 @@ def tune_threads(engine) -> None:
     parallel regions then cost more than they save, and on a loaded 2-core machine waiting for a
     descheduled thread made the demo 7× slower (10.4 vs 1.5 ms/row, docs/PERFORMANCE.md). Big models keep
     every core for their matmuls."""
-    if engine.device.type == "cpu" and engine.info.get("params", SINGLE_THREAD_PARAMS) < SINGLE_THREAD_PARAMS:
+    if engine.device.type == "cpu" and engine.info.params is not None \
+            and engine.info.params < SINGLE_THREAD_PARAMS:
         torch.set_num_threads(1)
 
 

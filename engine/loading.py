@@ -9,6 +9,7 @@ from . import backends
 from .device import plan_memory, resolve_device
 from .model import DTYPES, param_count
 from .quant import QUANTIZED
+from .types import EngineInfo
 
 
 def load_parts(checkpoint, *, device: str, precision: str, backend: str, max_batch: int, cache_len: int):
@@ -56,12 +57,10 @@ def load_parts(checkpoint, *, device: str, precision: str, backend: str, max_bat
 
     tokenizer, tokenizer_note = _tokenizer(ckpt)
     demo = _is_demo(ckpt.root)
-    info = {"checkpoint": str(ckpt.source), "root": str(ckpt.root), "device": str(dev),
-            "precision": precision, "precision_reason": precision_reason, "backend": name,
-            "backend_reason": reason, "demo": demo,
-            "params": param_count(dims), "tokenizer": tokenizer_note, "codec": codec is not None,
-            "memory_plan": memory_plan}
-    info.update(model.info)  # a backend's own facts (e.g. kernel_arch, kernel_loader)
+    info = EngineInfo(checkpoint=str(ckpt.source), root=str(ckpt.root), device=str(dev), precision=precision,
+                      precision_reason=precision_reason, backend=name, backend_reason=reason, demo=demo,
+                      params=param_count(dims), tokenizer=tokenizer_note, codec=codec is not None,
+                      memory_plan=memory_plan, extra=dict(model.info))  # a backend's own facts (kernel_arch, …)
     return model, codec, tokenizer, dims, info, max_batch
 
 

@@ -5,7 +5,7 @@ instead of a local checkpoint (another Higgs Studio, vLLM-Omni, SGLang-Omni, or 
     for chunk in engine.generate_stream("Hello.", temperature=0, seed=7):   # engine.types.Chunk
         play(chunk.audio)                                                    # float32 mono 24 kHz
     chunk.metrics.ttfa_ms, chunk.metrics.rtf                                 # measured here, at the client
-    engine.info["remote_kind"], engine.info["max_batch"]                     # "vLLM-Omni", takes sent at once
+    engine.info.remote_kind, engine.info.max_batch                           # "vLLM-Omni", takes sent at once
 
 The servers accept different requests, so the client first learns which kind it talks to (`Dialect`, from
 `GET /health`, `GET /v1/models`' `owned_by` and the voices listing) and then sends each what it takes:
@@ -16,11 +16,11 @@ The servers accept different requests, so the client first learns which kind it 
   for raw PCM. Whatever a server sends, raw 16-bit PCM or SSE audio events, is read as what it is;
 * length: vLLM-/SGLang-Omni count `max_new_tokens` in model steps, our frames + the 7-step delay tail;
 * sampling: vLLM-Omni's request schema has no temperature / top-k / top-p (its deploy config sets them), so
-  `info["sampling_note"]` says so and the studio shows those controls as not honoured;
+  `info.sampling_note` says so and the studio shows those controls as not honoured;
 * style: the Higgs paths of every server ignore `instructions`, so a style leads `input` as inline tags.
 The dialects live in engine/dialects.py, what travels on the wire (clips, voice lists, PCM, SSE) in
 engine/wire.py. No studio imports: the studio's service drives this exactly as it drives a local `Engine`, with as many
-takes at once as `info["max_batch"]` (`concurrency`, or what the server reports, or 16).
+takes at once as `info.max_batch` (`concurrency`, or what the server reports, or 16).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import numpy as np
 
 from .config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from .dialects import OPENAI, STUDIO, Dialect, detect_dialect, server_voice_name
-from .types import DEFAULT_REPEAT_GUARD, Chunk, Metrics, SamplingParams
+from .types import DEFAULT_REPEAT_GUARD, Chunk, EngineInfo, Metrics, SamplingParams
 from .wire import (
     MAX_CLIP_BYTES,
     RemoteError,
@@ -147,21 +147,19 @@ class RemoteEngine:
         return self._learn()["health"]
 
     @property
-    def info(self) -> dict[str, Any]:
+    def info(self) -> EngineInfo:
         """What the studio's status panel shows. `max_batch`: how many takes the studio sends at once (the
         server batches them); `sampling_note`: set when the server ignores temperature / top-k / top-p."""
         facts = self._learn()
         dialect, server = facts["dialect"], facts["health"]
         reported = server.get("max_batch") if dialect is STUDIO else None
         batch = self._concurrency or (reported if isinstance(reported, int) and reported > 0 else DEFAULT_CONCURRENCY)
-        info = {"checkpoint": self.model, "device": self.shown_url, "precision": server.get("precision") or "remote",
-                "backend": "remote", "demo": False, "remote": self.shown_url, "max_batch": batch,
-                "remote_kind": dialect.name if facts["reached"] else "unreachable",
-                "server_device": server.get("device"), "server_backend": server.get("backend")}
-        if not dialect.sampling:
-            info["sampling_note"] = (f"The {dialect.name} server ignores temperature, top-k and top-p (its deploy "
-                                     f"config sets sampling); the seed is still sent.")
-        return info
+        note = None if dialect.sampling else (f"The {dialect.name} server ignores temperature, top-k and top-p (its "
+                                              f"deploy config sets sampling); the seed is still sent.")
+        return EngineInfo(checkpoint=self.model, device=self.shown_url, precision=server.get("precision") or "remote",
+                          backend="remote", demo=False, remote=self.shown_url, max_batch=batch,
+                          remote_kind=dialect.name if facts["reached"] else "unreachable",
+                          server_device=server.get("device"), server_backend=server.get("backend"), sampling_note=note)
 
     def close(self) -> None:
         self._http.close()

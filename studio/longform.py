@@ -65,7 +65,7 @@ def _prepare(service, request, voices, max_chars: int, normalize: bool) -> _Prep
         raise ValueError("A script takes its voices from the `voices` map; a one-off reference clip cannot be "
                          "combined with it.")
     dataclasses.replace(request, text="x").validate()  # the sampling options, checked by the one validator
-    if getattr(service.engine, "is_remote", False):
+    if service.engine.is_remote:
         raise ValueError("Long texts and scripts are generated in process; this studio drives a remote server.")
     default = service.resolve_voice(request.voice_id, request.caller)
     style = request.style

@@ -3,7 +3,7 @@
 `StudioService` owns policy only: request validation, voice and style resolution, fair admission to the
 engine's batch slots, cancellation, and a bounded history of takes. The engine does the work.
 
-Slots: as many requests run at once as the engine decodes together (`engine.info["max_batch"]`, one thread
+Slots: as many requests run at once as the engine decodes together (`engine.info.max_batch`, one thread
 each while it runs); the engine's scheduler batches their steps (engine/scheduler.py). Which waiting request
 gets a free slot is `studio/admission.py`'s rule: each request carries a `Caller`; the owner's go first, the
 rest round robin across callers, and a visitor has at most `visitor_concurrency` running and `visitor_queue`
@@ -208,7 +208,7 @@ class StudioService:
         self.presets = presets
         self.queue_timeout = queue_timeout
         self.max_queue = max_queue
-        self.slots = max(1, int(engine.info.get("max_batch", 1)))
+        self.slots = max(1, engine.info.max_batch)
         self.admission = Admission(self.slots, visitor_running=visitor_concurrency, visitor_waiting=visitor_queue,
                                    max_waiting=max_queue)
         self._history: collections.deque[Take] = collections.deque(maxlen=history_size)
@@ -365,7 +365,7 @@ class StudioService:
         prompt_text = apply_preset(request.text.strip(), self.resolve_style(style))
         clone = voice is not None or request.ref_audio is not None
         request.warnings.extend(f"{w.tag}: {w.message}" for w in lint_tags(prompt_text, clone=clone))
-        sampling_note = (getattr(self.engine, "info", None) or {}).get("sampling_note")
+        sampling_note = self.engine.info.sampling_note
         if sampling_note:  # a remote server that sets sampling itself: say so rather than pretend
             request.warnings.append(sampling_note)
         if request.seed is None:
@@ -404,7 +404,7 @@ class StudioService:
 
     def _generate(self, job: _Job, request: SynthesisRequest, prompt_text: str, voice, style) -> None:
         engine = self.engine
-        if voice is not None and getattr(engine, "is_remote", False):
+        if voice is not None and engine.is_remote:
             ref = engine.encode_voice(voice.wav(), SAMPLE_RATE, transcript=voice.transcript or None)  # the clip travels
         elif voice is not None:
             ref = self.voices.voice_ref(voice.id, encode=self.encode_codes)  # codes cached in the library
@@ -498,7 +498,7 @@ class StudioService:
             raise ValueError("Confirm that you have the speaker's permission (tick the consent box) to save a voice.")
         # Encode now, in turn on the GPU worker, so the first take with this voice starts at full speed. A remote
         # engine has no codec here: its voices travel as clips.
-        encode = None if getattr(self.engine, "is_remote", False) else \
+        encode = None if self.engine.is_remote else \
             (lambda wav: self.run_exclusive(self.encode_codes, wav))
         return self.voices.add((int(sample_rate), np.asarray(audio, dtype=np.float32)), name=name,
                                transcript=transcript or None, description=description or "",
@@ -523,7 +523,7 @@ class StudioService:
 
     def status(self) -> dict[str, Any]:
         """Engine facts for the status panel and `/health`-style routes."""
-        info = dict(getattr(self.engine, "info", None) or {})
+        info = self.engine.info.as_dict()
         keys = ("checkpoint", "device", "precision", "backend", "kernel_arch", "kernel_loader", "demo")
         status = {k: info.get(k) for k in keys}
         status.update({k: v for k, v in info.items() if k not in status})

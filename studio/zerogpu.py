@@ -24,6 +24,9 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+from engine.types import EngineInfo
 
 # The start cost of a call (moving the weights onto the slice, first-step warm-up) and the per-frame cost on
 # the slice. The torch path runs far faster than real time on an H200 slice; 40 ms/frame (1 s of speech
@@ -72,10 +75,10 @@ class ZeroGPUEngine:
         self.encode_voice = gpu(engine.encode_voice, duration=lambda *_, **__: ENCODE_S)
 
     @property
-    def info(self) -> dict:
+    def info(self) -> EngineInfo:
         """The engine's facts, with `max_batch` 1: each decorated call may run in its own process, where
-        takes cannot share a batch, so the studio sends one take at a time (as before batching)."""
-        return {**self._engine.info, "max_batch": 1}
+        takes cannot share a batch, so the studio sends one take at a time."""
+        return replace(self._engine.info, max_batch=1)
 
     def generate_stream(self, text=None, *, cancel=None, **options) -> Iterator:
         for chunk in self._stream(text, **options):
@@ -93,7 +96,7 @@ class ZeroGPUEngine:
 
 def wrap(engine):
     """`engine` with its GPU work decorated for ZeroGPU when `active()`, else `engine` itself."""
-    if not active() or getattr(engine, "is_remote", False):
+    if not active() or engine.is_remote:
         return engine
     import spaces
 

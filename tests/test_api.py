@@ -25,6 +25,7 @@ import pytest
 import soundfile as sf
 
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
+from engine.types import EngineInfo
 from studio.api import ApiError, check_instructions, decode_ref_audio, speed_tag, streaming_wav_header
 from studio.formats import MIME, StreamEncoder
 from tests.studio_server import running_studio
@@ -98,7 +99,8 @@ class ScriptedEngine:
     """`text` picks the behaviour: "crash" raises inside the engine, "slow" takes 0.1 s per frame for 100
     frames, "long" 0.02 s per frame for 120 frames; anything else is 3 quick frames."""
 
-    info = {"checkpoint": "scripted", "device": "cpu", "precision": "fp32", "backend": "torch", "demo": True}
+    info = EngineInfo(checkpoint="scripted", device="cpu", precision="fp32", backend="torch", demo=True)
+    is_remote = False
 
     def generate_stream(self, text, *, seed=None, cancel=None, max_frames=None, **kw):
         if "crash" in text:

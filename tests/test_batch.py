@@ -61,7 +61,7 @@ def test_min_rows_makes_every_row_count_alike(engines):
     for engine in engines.values():
         model = engine.model
         low = model.min_rows
-        assert engine.info["min_rows"] == low and 1 <= low <= model.max_rows == 16
+        assert engine.info.min_rows == low and 1 <= low <= model.max_rows == 16
         for w in (model.layers[0].self_attn.wqkv, model.layers[0].mlp.w_down, model.audio_embedding.weight):
             x = torch.randn(16, w.shape[1]).to(model.dtype)
             want = linear(x, w)

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from engine.generate import Engine
-from engine.streaming import FIRST_PUSH_FRAMES
-from engine.types import Chunk, Metrics
 from engine.model import rel_error
 from engine.prompt import Prompt, VoiceRef
+from engine.streaming import FIRST_PUSH_FRAMES
+from engine.types import Chunk, Metrics
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +27,8 @@ def fixture(parity_dir, name):
 
 def test_load_info(engine):
     info = engine.info
-    assert info["device"] == "cpu" and info["precision"] == "fp32" and info["backend"] == "torch"
-    assert info["backend_reason"] and not info["demo"]
+    assert info.device == "cpu" and info.precision == "fp32" and info.backend == "torch"
+    assert info.backend_reason and not info.demo and not engine.is_remote
 
 
 @pytest.mark.parametrize("name", ["zero_shot", "voice_clone"])
@@ -136,7 +136,7 @@ def test_two_threads_do_not_interleave(engine, parity_dir):
 
 def test_bf16_runs_close(parity_dir):
     engine = Engine.load(parity_dir / "tiny_checkpoint", device="cpu", precision="bf16")
-    assert engine.info["precision"] == "bf16"
+    assert engine.info.precision == "bf16"
     _, prompt, ref = fixture(parity_dir, "zero_shot")
     assert rel_error(engine.prefill(prompt), ref) < 5e-2
     frames = engine.predict(prompt=prompt, temperature=0, max_frames=10, repeat_guard=None)
@@ -194,7 +194,7 @@ def test_backend_registry(parity_dir, monkeypatch):
 
     monkeypatch.setitem(backends.BACKENDS, "fake", fake)
     engine = Engine.load(parity_dir / "tiny_checkpoint", backend="fake")
-    assert engine.info["backend"] == "fake" and built == [("cpu", torch.float32, 4096)]
+    assert engine.info.backend == "fake" and built == [("cpu", torch.float32, 4096)]
     with pytest.raises(ValueError, match="unknown backend"):
         Engine.load(parity_dir / "tiny_checkpoint", backend="nope")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 from fastapi import FastAPI
@@ -28,7 +29,7 @@ class CountingEngine(FakeEngine):
 
     def __init__(self, max_batch: int, **kw):
         super().__init__(**kw)
-        self.info = {**self.info, "max_batch": max_batch}
+        self.info = replace(self.info, max_batch=max_batch)
         self.running = self.most = 0
         self._lock = threading.Lock()
 

@@ -7,6 +7,7 @@ import json
 import shlex
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -155,7 +156,7 @@ def test_three_takes_have_the_next_seeds_side_by_side_and_keep_puts_one_in_the_h
     from tests.test_service import batched_engine
 
     engine = batched_engine(frames=20, delay=0.01)
-    engine.info["max_batch"] = 4
+    engine.info = replace(engine.info, max_batch=4)
     service = StudioService(engine, None, None)
     page = Page(service)
     page.build()

@@ -83,12 +83,12 @@ def test_detects_each_server_kind():
 
 def test_info_reports_kind_model_and_how_many_takes_go_at_once():
     ours = scripted(lambda r: httpx.Response(404), STUDIO_FACTS)
-    assert ours.info["remote_kind"] == "Higgs Studio" and ours.info["max_batch"] == 6  # what the studio reports
-    assert ours.model == "higgs-audio-v3-tts" and "sampling_note" not in ours.info
+    assert ours.info.remote_kind == "Higgs Studio" and ours.info.max_batch == 6  # what the studio reports
+    assert ours.model == "higgs-audio-v3-tts" and ours.info.sampling_note is None
     vllm = scripted(lambda r: httpx.Response(404), VLLM_FACTS)
-    assert vllm.info["remote_kind"] == "vLLM-Omni" and vllm.info["max_batch"] == 16 and vllm.model == MODEL
-    assert "ignores temperature, top-k and top-p" in vllm.info["sampling_note"]
-    assert scripted(lambda r: httpx.Response(404), SGLANG_FACTS, concurrency=3).info["max_batch"] == 3
+    assert vllm.info.remote_kind == "vLLM-Omni" and vllm.info.max_batch == 16 and vllm.model == MODEL
+    assert "ignores temperature, top-k and top-p" in vllm.info.sampling_note
+    assert scripted(lambda r: httpx.Response(404), SGLANG_FACTS, concurrency=3).info.max_batch == 3
     assert scripted(lambda r: httpx.Response(404), VLLM_FACTS, model="mine").model == "mine"
     with pytest.raises(ValueError, match="concurrency"):
         RemoteEngine("http://s", concurrency=0)
@@ -293,7 +293,7 @@ def test_errors_name_the_server_and_say_what_it_answered():
     with pytest.raises(RemoteError, match=r"^Could not reach the speech server at http://gpu-box:8000: ") as err:
         unreachable.generate("Hi.")
     assert err.value.status is None and "pw" not in str(err.value)
-    assert unreachable.info["backend"] == "remote" and unreachable.info["remote_kind"] == "unreachable"
+    assert unreachable.info.backend == "remote" and unreachable.info.remote_kind == "unreachable"
 
 
 def test_a_server_that_is_down_is_not_asked_again_on_every_look(monkeypatch):
@@ -307,7 +307,7 @@ def test_a_server_that_is_down_is_not_asked_again_on_every_look(monkeypatch):
 
     engine_ = RemoteEngine("http://s", transport=httpx.MockTransport(down))
     for _ in range(3):
-        assert engine_.info["remote_kind"] == "unreachable"
+        assert engine_.info.remote_kind == "unreachable"
     assert asked == ["/health", "/v1/models"]
     monkeypatch.setattr(engine.remote, "RECONTACT_S", 0.0)
     engine_.info
@@ -416,7 +416,7 @@ def test_greedy_take_over_http_equals_the_in_process_take(server, local):
     local_codes = local.predict(style + text, **options)
     assert remote_codes_sha256(server, {"input": text, "instructions": style, **options}) == codes_sha256(local_codes)
     assert chunks[-1].final and chunks[-1].metrics.seed == 1234 and chunks[-1].metrics.ttfa_ms > 0
-    assert remote.info["precision"] == local.info["precision"]
+    assert remote.info.precision == local.info.precision
 
     # Sampled (not greedy) takes are reproducible across the wire too: the seed fixes the draws.
     sampled = dict(temperature=0.9, top_k=40, top_p=0.9, seed=99, max_frames=25)
@@ -498,7 +498,7 @@ def test_engine_remote_builds_the_remote_client():
     from engine import Engine
 
     remote = Engine.remote("http://127.0.0.1:9/v1", api_key="k")
-    assert isinstance(remote, RemoteEngine) and remote.is_remote
+    assert isinstance(remote, RemoteEngine) and remote.is_remote and remote.info.remote is not None
     # no model given: the server is asked (nothing answers at port 9, so the default name stands in)
     assert remote.model == "bosonai/higgs-audio-v3-tts-4b"
     assert Engine.remote("http://127.0.0.1:9", model="higgs-tts-3").model == "higgs-tts-3"

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pytest
 
+from engine.types import EngineInfo
 from studio.service import Queued, ServiceBusy, StudioService, SynthesisRequest
 
 
@@ -37,8 +38,9 @@ class FakeEngine:
     started: list = field(default_factory=list)
     closed: list = field(default_factory=list)
     calls: list = field(default_factory=list)
-    info: dict = field(default_factory=lambda: {"checkpoint": "tiny", "device": "cpu", "precision": "fp32",
-                                                "backend": "torch", "demo": True})
+    info: EngineInfo = field(default_factory=lambda: EngineInfo(checkpoint="tiny", device="cpu", precision="fp32",
+                                                                backend="torch", demo=True))
+    is_remote: bool = False
 
     def generate_stream(self, text, *, voice=None, seed=None, max_frames=None, cancel=None, **kw):
         self.started.append(text)
@@ -213,7 +215,7 @@ def test_cancel_running_stops_promptly_and_next_starts():
 
 def batched_engine(**kw) -> FakeEngine:
     engine = FakeEngine(**kw)
-    engine.info = {**engine.info, "max_batch": 2}
+    engine.info = replace(engine.info, max_batch=2)
     return engine
 
 

@@ -202,8 +202,8 @@ def test_greedy_take_equals_the_parity_codes(parity_dir, name):
     # max_batch 1: the fused single-stream path (graphs, device sampling); larger engines batch eagerly
     engine = Engine.load(parity_dir / "tiny_checkpoint", device="cpu", precision="fp32", backend="torch-graph",
                          max_batch=1)
-    assert engine.info["backend"] == "torch-graph" and "stand-in" in engine.info["graphs"]
-    assert engine.scheduler is None and engine.info["max_batch"] == 1
+    assert engine.info.backend == "torch-graph" and "stand-in" in engine.info.extra["graphs"]
+    assert engine.scheduler is None and engine.info.max_batch == 1
     # load captured every window and the default-settings sampler (a failing capture fails the load)
     assert list(engine.model.sampler_graphs) == [(0.8, 30, 0.8)]
     assert sorted(engine.model.step_graphs) == engine.model.windows() == [256, 512, 1024, 2048, 4096]
@@ -220,7 +220,7 @@ def test_sampled_take_equals_the_eager_engine(parity_dir):
 
 def test_auto_on_the_cpu_is_still_the_eager_torch_path(parity_dir):
     engine = Engine.load(parity_dir / "tiny_checkpoint", device="cpu")
-    assert engine.info["backend"] == "torch" and type(engine.model) is HiggsModel
+    assert engine.info.backend == "torch" and type(engine.model) is HiggsModel
 
 
 def test_auto_choice_on_a_cuda_device_without_cubins(monkeypatch):
@@ -286,7 +286,7 @@ def test_cuda_graphs_give_the_eager_engines_takes(parity_dir):
     d, prompt = fixture(parity_dir, "voice_clone")
     engines = [Engine.load(parity_dir / "tiny_checkpoint", device="cuda", precision="fp32", backend=b)
                for b in ("torch", "torch-graph")]
-    assert engines[1].info["graphs"] == "CUDA graphs"
+    assert engines[1].info.extra["graphs"] == "CUDA graphs"
     for options in (dict(temperature=0, max_frames=d["predict_max_frames"], repeat_guard=None),
                     dict(seed=11, max_frames=120)):
         eager, graphed = (e.predict(prompt=prompt, **options) for e in engines)
