@@ -33,7 +33,7 @@ MAX_SEGMENT_SECONDS = 20.0
 
 # The silence put at a join, after trimming each side's own silence (engine/longtake.py). The join keeps
 # up to 40 ms of each segment's own decay on both sides, so 0.2 s inserted is heard as ~0.2–0.28 s: the
-# middle of the 150–250 ms the issue asks between sentences, leaving room for the decay. Paragraphs get
+# middle of the 150–250 ms pause wanted between sentences, leaving room for the decay. Paragraphs get
 # 0.5 s, speaker turns a step between the two. Not yet tuned by ear: the only weights on our machines are
 # random. Within one segment the model makes its own pauses; these only need to sound like them.
 SENTENCE_PAUSE = 0.2

@@ -11,7 +11,7 @@ from engine.generate import Engine
 from engine.model import rel_error
 from engine.prompt import Prompt, VoiceRef
 from engine.streaming import FIRST_PUSH_FRAMES
-from engine.types import Chunk, Metrics
+from engine.types import Chunk, Metrics, SpeechEngine
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +29,11 @@ def test_load_info(engine):
     info = engine.info
     assert info.device == "cpu" and info.precision == "fp32" and info.backend == "torch"
     assert info.backend_reason and not info.demo and not engine.is_remote
+    assert isinstance(engine, SpeechEngine)
+    # the flat form the status panel and /health read: the local engine's facts, then the backend's
+    assert set(info.as_dict()) == {"checkpoint", "root", "device", "precision", "precision_reason", "backend",
+                                   "backend_reason", "demo", "params", "tokenizer", "codec", "memory_plan",
+                                   "max_batch", "min_rows"}
 
 
 @pytest.mark.parametrize("name", ["zero_shot", "voice_clone"])

@@ -20,7 +20,7 @@ from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from engine.dialects import OPENAI, SGLANG_OMNI, STUDIO, VLLM_OMNI, detect_dialect, server_voice_name
 from engine.generate import codes_sha256
 from engine.remote import RemoteEngine
-from engine.types import SamplingParams
+from engine.types import SamplingParams, SpeechEngine
 from engine.wire import RemoteError, RemoteVoice, parse_voices
 from studio.formats import to_pcm16
 from tests.remote_fakes import MODEL, SglangOmniFake, VllmOmniFake, pcm_of, serve, wav_clip
@@ -88,6 +88,10 @@ def test_info_reports_kind_model_and_how_many_takes_go_at_once():
     vllm = scripted(lambda r: httpx.Response(404), VLLM_FACTS)
     assert vllm.info.remote_kind == "vLLM-Omni" and vllm.info.max_batch == 16 and vllm.model == MODEL
     assert "ignores temperature, top-k and top-p" in vllm.info.sampling_note
+    common = {"checkpoint", "device", "precision", "backend", "demo", "max_batch", "remote", "remote_kind",
+              "server_device", "server_backend"}
+    assert set(ours.info.as_dict()) == common and set(vllm.info.as_dict()) == common | {"sampling_note"}
+    assert isinstance(ours, SpeechEngine) and ours.is_remote
     assert scripted(lambda r: httpx.Response(404), SGLANG_FACTS, concurrency=3).info.max_batch == 3
     assert scripted(lambda r: httpx.Response(404), VLLM_FACTS, model="mine").model == "mine"
     with pytest.raises(ValueError, match="concurrency"):
