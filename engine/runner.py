@@ -21,6 +21,23 @@ from .sampling import sample_row, uniforms
 from .types import SamplingParams
 
 
+def to_host(logits: torch.Tensor, stream=None) -> torch.Tensor:
+    """`logits` copied to a new host tensor in ONE transfer: on CUDA into pinned memory, queued on `stream`
+    (else the current one), then a wait on an event recorded after it on that stream."""
+    if logits.device.type != "cuda":
+        host = torch.empty(logits.shape, dtype=logits.dtype)
+        host.copy_(logits)
+        return host
+    stream = stream or torch.cuda.current_stream(logits.device)
+    host = torch.empty(logits.shape, dtype=logits.dtype, pin_memory=True)
+    done = torch.cuda.Event()
+    with torch.cuda.stream(stream):
+        host.copy_(logits, non_blocking=True)
+        done.record(stream)
+    done.synchronize()
+    return host
+
+
 def prefix_key(prompt):
     """What identifies a prompt's reusable prefix KV (None when it has none to reuse)."""
     split = min(prompt.prefix_len, len(prompt.ids) - 1)
@@ -48,6 +65,14 @@ class Runner:
             self.model.setup_cache(min(self.dims.max_positions, max(positions, 2 * self.model.max_len)))
             if not self.batched:  # a batching backend's cache keeps its contents as it grows
                 self.prefix = None
+
+    def decode_rows(self, rows: list[list[int]], slots: list[int], positions: list[int], stream=None) -> torch.Tensor:
+        """One batched step (the scheduler's), its logits [B, 8, 1026] on the host in one transfer."""
+        return to_host(self.model.decode_rows(torch.tensor(rows, device=self.device), slots, positions), stream)
+
+    def prefill_segment(self, ids, ref_rows, start: int, slot: int, stream=None) -> torch.Tensor:
+        """One prefill segment into KV slot `slot`, its logits on the host."""
+        return to_host(self.model.prefill(ids, ref_rows, start, slot=slot), stream)
 
     def plan(self, prompt, hit: bool) -> tuple[list, int]:
         """The prefill as segments (ids, ref_rows, start, key), run in order: [0, prefix_len) unless its KV

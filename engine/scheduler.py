@@ -12,11 +12,11 @@ engine's `Runner` (engine/runner.py). One worker thread, started on demand and g
    when it ends, and the surviving rows go through `model.decode_rows` together.
 
 One host transfer per step: the step's logits for every take come back in one device-to-host copy
-(`to_host`), queued on the backend's own stream where it has one (the cubin kernels') and waited for on an
-event of that stream — not a device-wide sync. The whole step runs with that stream current, so neither
-its launches nor the copy queue behind the codec's work, which the listeners' threads put on torch's
-default stream. Sampling then runs on host tensors (a few microseconds a take,
-no launches), and a take's rows depend only on its own logits, so batch invariance is untouched.
+(engine/runner.py `to_host`), queued on the backend's own stream where it has one (the cubin kernels')
+and waited for on an event of that stream — not a device-wide sync. The whole step runs with that stream
+current, so neither its launches nor the copy queue behind the codec's work, which the listeners' threads
+put on torch's default stream. Sampling then runs on host tensors (a few microseconds a take, no launches),
+and a take's rows depend only on its own logits, so batch invariance is untouched.
 
 A newcomer's prefill therefore costs the takes already decoding at most one chunk per step, not a whole
 prompt: their time to first audio and their row rate stay close to alone, and the newcomer joins the
@@ -44,23 +44,6 @@ import torch
 
 from .runner import Runner, prefix_key
 from .sampling import sample_row, uniforms
-
-
-def to_host(logits: torch.Tensor, stream=None) -> torch.Tensor:
-    """`logits` copied to a new host tensor in ONE transfer: on CUDA into pinned memory, queued on `stream`
-    (else the current one), then a wait on an event recorded after it on that stream."""
-    if logits.device.type != "cuda":
-        host = torch.empty(logits.shape, dtype=logits.dtype)
-        host.copy_(logits)
-        return host
-    stream = stream or torch.cuda.current_stream(logits.device)
-    host = torch.empty(logits.shape, dtype=logits.dtype, pin_memory=True)
-    done = torch.cuda.Event()
-    with torch.cuda.stream(stream):
-        host.copy_(logits, non_blocking=True)
-        done.record(stream)
-    done.synchronize()
-    return host
 
 
 class Take:
@@ -262,8 +245,7 @@ class Scheduler:
             positions.append(take.pos)
             stepping.append(take)
         if stepping:
-            logits = to_host(runner.model.decode_rows(torch.tensor(rows, device=runner.device), slots, positions),
-                             self.stream)
+            logits = runner.decode_rows(rows, slots, positions, self.stream)
             for take, out in zip(stepping, logits):
                 take.logits, take.pos = out, take.pos + 1
         self.steps += 1
@@ -277,7 +259,7 @@ class Scheduler:
     def _prefill_chunk(self, take: Take) -> None:
         ids, ref_rows, start, key = take.segments.pop(0)
         self.runner.ensure_room(len(take.prompt.ids) + take.rule.max_rows)
-        take.logits = to_host(self.runner.model.prefill(ids, ref_rows, start, slot=take.slot), self.stream)
+        take.logits = self.runner.prefill_segment(ids, ref_rows, start, take.slot, self.stream)
         if key is not None:  # the prefix is complete in this slot
             self.mark(take.slot, key)
         take.prefill_s = time.perf_counter() - take.admitted

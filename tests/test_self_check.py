@@ -143,6 +143,11 @@ def test_thresholds_and_nan():
     assert self_check._cosine(torch.zeros(8, 4), x) == pytest.approx(0.0)
 
 
+def test_the_check_prompt_starts_with_the_calibration_prompt():
+    ids = self_check.SELF_CHECK_IDS
+    assert len(ids) == 32 and ids[:len(cubin.CALIBRATION_IDS)] == cubin.CALIBRATION_IDS
+
+
 def test_failed_check_falls_back_under_auto_and_raises_when_explicit(monkeypatch):
     """The engine's start policy with the cubin factory's failure: auto → torch with the figures as the
     reason; backend="cubin" → BackendUnavailable carrying them."""
@@ -183,7 +188,8 @@ def test_load_runs_the_check_and_reports_it(monkeypatch):
     monkeypatch.setattr(cubin, "run_self_check",
                         lambda backend, checkpoint: self_check.SelfCheck("bf16", 0.9999, 72, 72, 0.3, 10, 10))
     be = cubin.load(ckpt, device="cpu", precision="bf16")
-    assert be.info["self_check"].startswith("passed: ") and be.info["kernel_loader"] == "cuda.core (PyCUDA is not installed)"
+    assert be.info["self_check"].startswith("passed: ")
+    assert be.info["kernel_loader"] == "cuda.core (PyCUDA is not installed)"
     monkeypatch.setattr(cubin, "run_self_check",
                         lambda backend, checkpoint: self_check.SelfCheck("bf16", 0.2, 10, 72, 0.3, 10, 10))
     with pytest.raises(self_check.SelfCheckFailed, match="FAILED: bf16 logits vs the torch path, cosine min 0.2000"):

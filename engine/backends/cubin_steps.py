@@ -27,7 +27,6 @@ not the bits of the single-stream step (`decode` / `rows`: GEMVs, another reduct
 with max_batch 1 runs that fused path, one with max_batch > 1 runs every take, a lone one included,
 through `decode_rows`, so the same seed gives codes that differ by float rounding between the two.
 
-
 Fused decode. `begin` sets the sampler state from the take's seed and settings; `rows(n)` replays one CUDA
 graph per step (sample row `step` on the device, embed it, run the GEMV step at its position) and syncs
 once at the end. Off CUDA the same step runs eagerly (the CPU tests).
