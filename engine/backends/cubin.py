@@ -1,6 +1,7 @@
 """The fast GPU step: the Triton kernels, loaded from the committed cubins, composed behind the step
-interface of docs/ARCHITECTURE.md (`prefill`, `decode`, `setup_cache`, `max_len`), plus a fused decode
-that samples on the device and replays the whole step as one CUDA graph.
+interface of engine/backends/base.py (`prefill`, `decode`, `setup_cache`, `max_len`), plus the batched step
+and a fused decode that samples on the device and replays the whole step as one CUDA graph (both in
+engine/backends/cubin_steps.py).
 
 One decode step of variant "v1", per layer (10 launches), then the head and the sampler:
 
