@@ -63,6 +63,7 @@ def say(args) -> int:
         return _fail("give either a text or --file, not both")
     if args.file:
         from pathlib import Path
+
         from .longform import plan
         segments = plan(Path(args.file).read_text(encoding="utf-8"), normalize=not args.no_normalize)
     elif not (args.text or "").strip():

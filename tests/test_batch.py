@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from engine.generate import Engine
-from engine.runner import prefix_key
 from engine.prompt import Prompt
 from engine.quant import linear
+from engine.runner import prefix_key
 from engine.types import SamplingParams
 
 

@@ -181,8 +181,8 @@ def test_a_sticky_fault_in_the_probe_process_falls_back_with_the_reason(parity_d
         return factory(ckpt, device="cpu", dtype=torch.bfloat16, max_len=64, precision=None)
 
     for _ in range(2):
-        model, name, reason = backends.start("cubin", backends.resolve(backends.BACKENDS["cubin"]), auto=True, reason=None,
-                                                      fallback="torch-graph", make=make)
+        model, name, reason = backends.start("cubin", backends.resolve(backends.BACKENDS["cubin"]), auto=True,
+                                             reason=None, fallback="torch-graph", make=make)
         assert (model, name) == ("torch-graph model", "torch-graph")
         assert "not trusted" in reason and "illegal memory access" in reason and "using the torch-graph path" in reason
     assert calls == [1] and "(cached)" in reason  # the second start read the verdict

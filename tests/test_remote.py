@@ -374,8 +374,8 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def local():
-    from engine.generate import Engine
     from engine.demo import demo_checkpoint
+    from engine.generate import Engine
 
     return Engine.load(demo_checkpoint())
 
