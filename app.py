@@ -109,7 +109,7 @@ def load_voices(args: argparse.Namespace, engine):
     presets = None
     if args.voices_presets:
         # A remote engine has no codec here: its voices travel as clips, so there is nothing to encode.
-        encode = None if getattr(engine, "is_remote", False) else engine.encode_codes
+        encode = None if engine.is_remote else engine.encode_codes
         try:
             presets = PresetVoices(args.voices_presets, encode=encode)
         except (VoiceError, OSError) as exc:
@@ -135,8 +135,8 @@ def load_engine(args: argparse.Namespace):
         except ValueError as exc:
             sys.exit(f"Cannot use --remote: {exc}")
         info = engine.info
-        print(f"Remote: {info['remote_kind']} at {engine.shown_url}, model {info['checkpoint']}, "
-              f"{info['max_batch']} takes at once", flush=True)
+        print(f"Remote: {info.remote_kind} at {engine.shown_url}, model {info.checkpoint}, "
+              f"{info.max_batch} takes at once", flush=True)
         return engine
 
     from engine.checkpoint import CheckpointError
@@ -162,9 +162,9 @@ def load_engine(args: argparse.Namespace):
     except (ValueError, RuntimeError) as exc:  # device / precision / backend not available here
         sys.exit(f"\nCannot start the engine: {exc}")
     tune_threads(engine)
-    print(f"Loaded in {time.perf_counter() - t0:.1f} s: {engine.info.get('device')} · {engine.info.get('precision')}"
-          f" · {engine.info.get('backend')}" + (" · DEMO (random weights, the audio is noise)"
-                                                  if engine.info.get("demo") else ""), flush=True)
+    print(f"Loaded in {time.perf_counter() - t0:.1f} s: {engine.info.device} · {engine.info.precision}"
+          f" · {engine.info.backend}" + (" · DEMO (random weights, the audio is noise)"
+                                         if engine.info.demo else ""), flush=True)
     return zerogpu.wrap(engine)
 
 
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     from studio import zerogpu
     zerogpu.active()  # on ZeroGPU, `spaces` is imported before anything can initialise CUDA
     engine = load_engine(args)
-    if not getattr(engine, "is_remote", False) and not zerogpu.active():  # on ZeroGPU the GPU is not ours yet
+    if not engine.is_remote and not zerogpu.active():  # on ZeroGPU the GPU is not ours yet
         warm_up(engine)
 
     from engine.config import FRAME_RATE

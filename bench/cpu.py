@@ -7,7 +7,8 @@
    the ratio, achieved weight bandwidth against a large copy measured in the same run (the physical
    floor), and RTF at 25 frames/s.
 2. Codec: one-shot decode RTF for 10 s of codes at full codec size (random weights), the streaming
-   decoder's overhead over one-shot with the engine's push schedule, and encode RTF for a 10 s clip.
+   decoder's overhead over one-shot with the engine's push schedule (engine/streaming.py: the codec's
+   right look-ahead + 2 frames first, then 4, 8, 16, 25), and encode RTF for a 10 s clip.
 3. End to end on the demo checkpoint: time to first audio and RTF of `Engine.generate_stream`, with the
    prefill / first-frames / first-codec-window breakdown.
 4. Batched takes (`--only batch`): c = 1, 2, 4, 8 takes decoded together by the engine's scheduler on
@@ -108,7 +109,8 @@ def bench_backbone(dims: Dims, dtype: torch.dtype, frames: int, label: str, floo
     del state
     twin = TwinRunner(model, transformers_twin(model))
     prompt = torch.arange(100, 116)
-    rows = torch.randint(0, dims.codebook_vocab, (frames + 2, dims.codebooks), generator=torch.Generator().manual_seed(2))
+    rows = torch.randint(0, dims.codebook_vocab, (frames + 2, dims.codebooks),
+                         generator=torch.Generator().manual_seed(2))
 
     # Precheck: the same logits for the prompt and two teacher-forced rows.
     errs = [rel_error(model.prefill(prompt, None, 0), twin.prefill(prompt))]
@@ -149,7 +151,7 @@ def bench_backbone(dims: Dims, dtype: torch.dtype, frames: int, label: str, floo
 def bench_codec(size: str, seconds: float, repeat: int) -> Table:
     from engine.codec import Codec
     from engine.codec.random import random_codec_state_dict, tiny_codec_config
-    from engine.generate import FIRST_PUSH_FRAMES, MAX_PUSH_FRAMES
+    from engine.streaming import decode_streamed, push_sizes
 
     codec = Codec.from_state_dict(random_codec_state_dict(seed=0, size=size),
                                   tiny_codec_config() if size == "tiny" else None)
@@ -157,22 +159,15 @@ def bench_codec(size: str, seconds: float, repeat: int) -> Table:
     codes = torch.randint(0, 1024, (frames, 8), generator=torch.Generator().manual_seed(3))
     one_shot = median_ms(lambda: codec.decode(codes), repeat=repeat)
 
-    def streamed():
-        dec, pushed, n = codec.stream(), 0, FIRST_PUSH_FRAMES
-        while pushed < frames:
-            dec.push(codes[pushed:pushed + n])
-            pushed += n
-            n = min(2 * n, MAX_PUSH_FRAMES)
-        dec.flush()
-
-    stream_ms = median_ms(streamed, repeat=repeat)
+    sizes = push_sizes(frames, codec.stream().right)
+    stream_ms = median_ms(lambda: decode_streamed(codec.stream(), codes), repeat=repeat)
     wav = (0.3 * np.sin(np.linspace(0, 2000, int(seconds * SAMPLE_RATE)))).astype(np.float32)
     encode_ms = median_ms(lambda: codec.encode(wav), repeat=repeat)
     audio_ms = seconds * 1e3
     return Table(f"Codec ({size} size, random weights, {seconds:g} s of audio)",
                  ["operation", "ms (median)", "RTF", "vs one-shot decode"],
                  [["decode, one shot", one_shot, one_shot / audio_ms, "1.00×"],
-                  [f"decode, streamed (pushes {FIRST_PUSH_FRAMES}…{MAX_PUSH_FRAMES} frames)", stream_ms,
+                  [f"decode, streamed ({len(sizes)} pushes: {', '.join(map(str, sizes[:5]))}…)", stream_ms,
                    stream_ms / audio_ms, f"{stream_ms / one_shot:.2f}× (+{100 * (stream_ms / one_shot - 1):.0f}%)"],
                   ["encode (HuBERT + DAC + RVQ)", encode_ms, encode_ms / audio_ms, ""]])
 
@@ -194,7 +189,8 @@ def bench_e2e(runs: int) -> Table:
                 first = chunk.metrics
             last = chunk.metrics
         wall = (time.perf_counter() - t0) * 1e3
-        rows.append((first.ttfa_ms, last.rtf, last.prefill_ms, last.ms_per_frame, last.frames, wall, last.reused_tokens))
+        rows.append((first.ttfa_ms, last.rtf, last.prefill_ms, last.ms_per_frame, last.frames, wall,
+                     last.reused_tokens))
     med = [float(np.median([r[k] for r in rows])) for k in range(7)]
     return Table(f"End to end, demo checkpoint (random tiny weights), {runs} takes of ≤ 100 frames",
                  ["TTFA ms", "RTF", "prefill ms", "ms/frame (decode)", "frames", "wall ms", "reused prompt tokens"],
@@ -206,12 +202,12 @@ def bench_batch(dims: Dims, dtype: torch.dtype, frames: int, label: str, concurr
                 rounds: int = 3) -> Table:
     from engine.generate import Engine
     from engine.prompt import Prompt
-    from engine.types import SamplingParams
+    from engine.types import EngineInfo, SamplingParams
 
     model = HiggsModel.from_state_dict(dims, random_backbone(dims, seed=1, dtype=dtype, names="internal"),
                                        dtype=dtype, max_len=512, max_rows=max(concurrency))
     precision = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
-    engine = Engine(model, None, None, dims, {"device": "cpu", "precision": precision, "backend": "torch"},
+    engine = Engine(model, None, None, dims, EngineInfo(device="cpu", precision=precision, backend="torch"),
                     max_batch=max(concurrency))
     gen = torch.Generator().manual_seed(0)
     prompt = Prompt(ids=torch.randint(0, dims.vocab, (24,), generator=gen).tolist())
@@ -291,7 +287,8 @@ def main(argv=None) -> int:
                      "% of floor", "RTF @25 fps"], rows).markdown())
         print("\nprecheck: " + "; ".join(checks) + "\n")
     if "codec" in sections:
-        print(bench_codec("tiny" if args.smoke else "full", 2.0 if args.smoke else 10.0, 1 if not args.smoke else 2).markdown())
+        print(bench_codec("tiny" if args.smoke else "full", 2.0 if args.smoke else 10.0,
+                          2 if args.smoke else 1).markdown())
         print()
     if "batch" in sections:
         # Quarter size by default: full size (--batch-full-frames) needs ~8 GB of weights.
@@ -313,7 +310,8 @@ def main(argv=None) -> int:
               f"native bf16 {facts['native_bf16']}, {facts['threads']} threads")
         floor_bps = copy_bandwidth(1 << 24 if args.smoke else 1 << 30)
         dims = SMOKE if args.smoke else FULL_SIZE
-        root = Path(args.precision_dir) if args.precision_dir else cache_dir() / f"bench-{dims.layers}x{dims.hidden}-bf16"
+        root = (Path(args.precision_dir) if args.precision_dir
+                else cache_dir() / f"bench-{dims.layers}x{dims.hidden}-bf16")
         tables = precision.bench_precision(precision.checkpoint(root, dims), floor_bps,
                                            frames=2 if args.smoke else args.precision_frames,
                                            rounds=1 if args.smoke else 3,

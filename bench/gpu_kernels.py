@@ -93,7 +93,7 @@ def microbench_rows(ops, dims: Dims, device: torch.device, stream=None, floor: f
         vc = torch.randn(dims.kv_heads, ctx, dims.head_dim, generator=gen).to(dev, torch.bfloat16)
         pos = torch.tensor([ctx - 1], dtype=torch.int32, device=dev)
         us = per_step[f"attention {ctx}"] = replay_us(
-            lambda: ops.decode_attention(q, kc, vc, pos, out=attn_out, scratch=scratch), dev, stream, replays)
+            lambda kc=kc, vc=vc, pos=pos: ops.decode_attention(q, kc, vc, pos, out=attn_out, scratch=scratch), dev, stream, replays)
         yield row(f"decode attention at context {ctx} ({dims.heads}/{dims.kv_heads} heads x {dims.head_dim})", us,
                   2 * kc.numel() * 2)
         del kc, vc

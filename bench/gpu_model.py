@@ -16,10 +16,9 @@ from engine.backends.cubin import CubinBackend
 from engine.config import FRAME_RATE, Dims
 from engine.demo import random_backbone
 from engine.model import HiggsModel
+from engine.streaming import FIRST_PUSH_FRAMES
 from kernels.check import Row
 from kernels.timing import seconds_per_call
-
-FIRST_CHUNK_FRAMES = 2  # engine.generate.FIRST_PUSH_FRAMES: the first streamed chunk
 
 
 def cuda_ms(fn, repeat: int = 5, warmup: int = 1) -> float:
@@ -31,7 +30,7 @@ def copy_floor(nbytes: int = 1 << 30) -> float:
     """Device-to-device copy bandwidth (read + write), bytes/s: the floor for a weight-streaming step."""
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(1)
     dst = torch.empty_like(src)
-    ms = cuda_ms(lambda: dst.copy_(src), repeat=7)
+    ms = cuda_ms(lambda d=dst, s=src: d.copy_(s), repeat=7)
     del src, dst
     return 2 * nbytes / (ms / 1e3)
 
@@ -120,9 +119,9 @@ def model_rows(dims: Dims, steps: int, floor: float, results: dict | None = None
             be.rows(50)
             done += 50
         ms_frame = 1e3 * (time.perf_counter() - t0) / max(done, 1)
-        prefill = {n: cuda_ms(lambda ids=ids: be.prefill(ids, None, 0), repeat=3) / len(ids)
+        prefill = {n: cuda_ms(lambda ids=ids, be=be: be.prefill(ids, None, 0), repeat=3) / len(ids)
                    for n, ids in ((13, ids13), (300, ids300))}
-        ttfa = prefill[13] * 13 + ms_frame * (FIRST_CHUNK_FRAMES + dims.delay)
+        ttfa = prefill[13] * 13 + ms_frame * (FIRST_PUSH_FRAMES + dims.delay)
         bw = decode_weight_bytes(dims, 1 if precision == "fp8" else 2, head_bytes_per_weight=2) / (ms_frame / 1e3)
         results[precision] = ms_frame
         rows += [
@@ -245,7 +244,7 @@ def torch_graph_rows(dims: Dims, steps: int, device: torch.device, contexts=(64,
                   "INFO")
         if ctx == contexts[0]:
             graph_ms = ms
-    eager_ms = device_ms(lambda: model.decode(want_rows[0], len(ids)), device, repeat=9)
+    eager_ms = device_ms(lambda m=model: m.decode(want_rows[0], len(ids)), device, repeat=9)
     yield Row("torch-graph", f"eager decode ms/step at context {len(ids)} (host sampling excluded)",
               f"{eager_ms:.2f} ms = {eager_ms / graph_ms:.2f}x the graphed step", "", "INFO")
     if cuda:

@@ -75,7 +75,7 @@ def rss_probe(root: Path, kind: str) -> dict:
     code = ("import json, time; t = time.perf_counter(); from engine.generate import Engine; "
             f"e = Engine.load({str(root)!r}, device='cpu', precision={kind!r}); "
             "hwm = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM')); "
-            "print(json.dumps({'load_s': time.perf_counter() - t, 'precision': e.info['precision'], "
+            "print(json.dumps({'load_s': time.perf_counter() - t, 'precision': e.info.precision, "
             "'peak_rss': hwm * 1024}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parent.parent)

@@ -5,7 +5,8 @@ lazily so `import engine.config` (and the kernels' build tools) do not pay for t
 """
 
 _EXPORTS = {"Engine": "generate", "Chunk": "types", "Metrics": "types", "SamplingParams": "types",
-            "SpeechEngine": "types", "Prompt": "prompt", "VoiceRef": "prompt", "load_checkpoint": "checkpoint"}
+            "EngineInfo": "types", "SpeechEngine": "types", "Prompt": "prompt", "VoiceRef": "prompt",
+            "load_checkpoint": "checkpoint"}
 
 __all__ = sorted(_EXPORTS)
 

@@ -63,6 +63,7 @@ def say(args) -> int:
         return _fail("give either a text or --file, not both")
     if args.file:
         from pathlib import Path
+
         from .longform import plan
         segments = plan(Path(args.file).read_text(encoding="utf-8"), normalize=not args.no_normalize)
     elif not (args.text or "").strip():
@@ -79,9 +80,9 @@ def say(args) -> int:
     engine = Engine.load(source, device=args.device, precision=args.precision, backend=args.backend)
     tune_threads(engine)
     info = engine.info
-    print(f"loaded {info['checkpoint']} in {time.perf_counter() - started:.1f} s: "
-          f"{info['device']}, {info['precision']}, backend {info['backend']}"
-          + (f" ({info['backend_reason']})" if info.get("backend_reason") else ""))
+    print(f"loaded {info.checkpoint} in {time.perf_counter() - started:.1f} s: "
+          f"{info.device}, {info.precision}, backend {info.backend}"
+          + (f" ({info.backend_reason})" if info.backend_reason else ""))
     if args.file:
         return _say_long(engine, segments, args)
     chunks = engine.generate_stream(args.text, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from .normalize import AUTO, looks_english, normalize_text
-from .tokenizer import TAG_RE, CONTROL_TAGS, estimate_seconds, strip_tags
+from .tokenizer import CONTROL_TAGS, TAG_RE, estimate_seconds, strip_tags
 
 # Segment length in seconds of speech (the speaking-rate estimate). One prompt is capped at 2048 rows
 # (~81 s, SPEC D5) and the cap allows 3× the estimate, so a segment of at most 20 s always fits under it;
@@ -33,7 +33,7 @@ MAX_SEGMENT_SECONDS = 20.0
 
 # The silence put at a join, after trimming each side's own silence (engine/longtake.py). The join keeps
 # up to 40 ms of each segment's own decay on both sides, so 0.2 s inserted is heard as ~0.2–0.28 s: the
-# middle of the 150–250 ms the issue asks between sentences, leaving room for the decay. Paragraphs get
+# middle of the 150–250 ms pause wanted between sentences, leaving room for the decay. Paragraphs get
 # 0.5 s, speaker turns a step between the two. Not yet tuned by ear: the only weights on our machines are
 # random. Within one segment the model makes its own pauses; these only need to sound like them.
 SENTENCE_PAUSE = 0.2
@@ -168,8 +168,9 @@ def plan(text: str, *, style: str = "", normalize: bool = True, language: str = 
     `style` is a tag prefix put before every segment (a style preset's prefix, already checked by the
     caller). `normalize` writes numbers, dates, units … out as words (English only; see
     engine/normalize.py). `language` is a code such as "en" or "fr", or "auto": English rules for the
-    sentences, and normalisation of the paragraphs that read as English. With `voices` (speaker → voice name, or None for zero-shot) the text is read as
-    a script: each line is spoken by the voice of its speaker, and segments never span two lines."""
+    sentences, and normalisation of the paragraphs that read as English. With `voices` (speaker → voice
+    name, or None for zero-shot) the text is read as a script: each line is spoken by the voice of its
+    speaker, and segments never span two lines."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError("there is no text to speak; paste a paragraph or a script first")
     if not 0 < min_seconds <= max_seconds:

@@ -5,7 +5,7 @@ instead of a local checkpoint (another Higgs Studio, vLLM-Omni, SGLang-Omni, or 
     for chunk in engine.generate_stream("Hello.", temperature=0, seed=7):   # engine.types.Chunk
         play(chunk.audio)                                                    # float32 mono 24 kHz
     chunk.metrics.ttfa_ms, chunk.metrics.rtf                                 # measured here, at the client
-    engine.info["remote_kind"], engine.info["max_batch"]                     # "vLLM-Omni", takes sent at once
+    engine.info.remote_kind, engine.info.max_batch                           # "vLLM-Omni", takes sent at once
 
 The servers accept different requests, so the client first learns which kind it talks to (`Dialect`, from
 `GET /health`, `GET /v1/models`' `owned_by` and the voices listing) and then sends each what it takes:
@@ -16,33 +16,43 @@ The servers accept different requests, so the client first learns which kind it 
   for raw PCM. Whatever a server sends, raw 16-bit PCM or SSE audio events, is read as what it is;
 * length: vLLM-/SGLang-Omni count `max_new_tokens` in model steps, our frames + the 7-step delay tail;
 * sampling: vLLM-Omni's request schema has no temperature / top-k / top-p (its deploy config sets them), so
-  `info["sampling_note"]` says so and the studio shows those controls as not honoured;
+  `info.sampling_note` says so and the studio shows those controls as not honoured;
 * style: the Higgs paths of every server ignore `instructions`, so a style leads `input` as inline tags.
-No studio imports: the studio's service drives this exactly as it drives a local `Engine`, with as many
-takes at once as `info["max_batch"]` (`concurrency`, or what the server reports, or 16).
+The dialects live in engine/dialects.py, what travels on the wire (clips, voice lists, PCM, SSE) in
+engine/wire.py. No studio imports: the studio's service drives this exactly as it drives a local `Engine`, with as many
+takes at once as `info.max_batch` (`concurrency`, or what the server reports, or 16).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import io
-import json
-import re
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import httpx
 import numpy as np
-import soundfile as sf
 
-from .config import CODEBOOKS, SAMPLE_RATE, SAMPLES_PER_FRAME
-from .types import DEFAULT_REPEAT_GUARD, Chunk, Metrics, SamplingParams
+from .config import SAMPLE_RATE, SAMPLES_PER_FRAME
+from .dialects import OPENAI, STUDIO, Dialect, detect_dialect, server_voice_name
+from .types import DEFAULT_REPEAT_GUARD, Chunk, EngineInfo, Metrics, SamplingParams
+from .wire import (
+    MAX_CLIP_BYTES,
+    RemoteError,
+    RemoteVoice,
+    RemoteVoiceInfo,
+    clip_bytes,
+    error_message,
+    from_pcm16,
+    parse_voices,
+    redact_url,
+    sse_events,
+    strip_wav_header,
+    wav_bytes,
+)
 
 DEFAULT_MODEL = "bosonai/higgs-audio-v3-tts-4b"  # when the server lists no model (vLLM-Omni's default name)
 DEFAULT_CONCURRENCY = 16  # takes sent at once when the server does not say how many it batches
@@ -52,191 +62,6 @@ RECONTACT_S = 30.0
 # A take streams in pieces of at least this many samples (one codec frame, 40 ms): small enough to keep
 # time-to-first-audio honest, large enough not to hand the player one network read at a time.
 MIN_CHUNK_SAMPLES = SAMPLES_PER_FRAME
-MAX_CLIP_BYTES = 10 * 1024 * 1024  # what the servers accept for a reference clip
-# The delayed codebooks end CODEBOOKS - 1 steps after the last frame starts (engine/delay.py's StopRule.delay):
-# a server counting model steps needs that many more than our frame budget.
-DELAY_TAIL = CODEBOOKS - 1
-SGLANG_VOICE_NAME = re.compile(r"^(?=.*[A-Za-z0-9])[A-Za-z0-9_.-]+$")
-
-
-class RemoteError(RuntimeError):
-    """The server could not be reached or refused the request; `status` is its HTTP status (None when it
-    could not be reached) and the message names the server and says what it answered."""
-
-    def __init__(self, message: str, status: int | None = None):
-        super().__init__(message)
-        self.status = status
-
-    @property
-    def client_status(self) -> int:
-        """The status to answer our own caller with: the server refusing the request's content is the
-        caller's 400; a server that is down, broken, busy or refuses our key is a gateway failure."""
-        if self.status in (400, 404, 413, 422):
-            return 400
-        if self.status in (429, 503):
-            return 503
-        return 502
-
-
-@dataclass(frozen=True)
-class Dialect:
-    """What one kind of server accepts. `zero_shot_voice`: the `voice` that means "no voice" (None: send no
-    `voice`); `stream`: the fields that ask for raw PCM as it is made; `sampling`: whether temperature /
-    top-k / top-p are in its request schema; `length_field` and `length_tail`: how a frame budget is
-    spelled and what it adds (model steps = frames + the delay tail)."""
-
-    key: str
-    name: str
-    zero_shot_voice: str | None
-    stream: dict[str, Any]
-    sampling: bool
-    length_field: str
-    length_tail: int
-
-
-# Each kind's facts, read from the servers' code (tests/remote_fakes.py names the files and commits).
-STUDIO = Dialect("higgs-studio", "Higgs Studio", None, {"stream": True}, True, "max_frames", 0)
-VLLM_OMNI = Dialect("vllm-omni", "vLLM-Omni", None, {"stream": True, "stream_format": "audio"}, False,
-                    "max_new_tokens", DELAY_TAIL)
-SGLANG_OMNI = Dialect("sglang-omni", "SGLang-Omni", "default", {"stream": True, "stream_format": "audio"}, True,
-                      "max_new_tokens", DELAY_TAIL)
-OPENAI = Dialect("openai", "OpenAI-compatible", None, {"stream": True, "stream_format": "audio"}, True,
-                 "max_new_tokens", DELAY_TAIL)
-DIALECTS = {d.key: d for d in (STUDIO, VLLM_OMNI, SGLANG_OMNI, OPENAI)}
-
-
-@dataclass(frozen=True)
-class RemoteVoice:
-    """A reference clip to send with each request (`ref_audio` + `ref_text`): what `encode_voice` returns in
-    place of codec codes, since the server encodes the clip itself."""
-
-    wav_bytes: bytes
-    transcript: str | None = None
-
-    def data_url(self) -> str:
-        return "data:audio/wav;base64," + base64.b64encode(self.wav_bytes).decode()
-
-
-@dataclass(frozen=True)
-class RemoteVoiceInfo:
-    """One voice as a server lists it. `kind` is "saved" (uploaded / cloned) or "builtin"."""
-
-    id: str
-    name: str
-    kind: str = "saved"
-    ref_text: str | None = None
-    raw: Any = field(default=None, compare=False)
-
-
-def parse_voices(payload: Any) -> list[RemoteVoiceInfo]:
-    """Any of the four voices-list shapes → voices, built-ins first, one per name case-insensitively (the
-    Omni servers key voices by lowercased name and list the lowercased key beside the uploaded record).
-
-    ours / Kokoro / Open WebUI: `{"voices": [{"id", "name", ...}]}`;
-    OpenAI / Boson:            `{"object": "list", "data": [{"id" | "voice", "name"?, ...}]}`;
-    vLLM-Omni / SGLang-Omni:   `{"voices": ["default"?, "alice", ...], "uploaded_voices": [{"name", ...}]}`;
-    Chatterbox-TTS-Server:     `{"status": "ok", "voices": ["file.wav", ...]}`.
-    """
-    if isinstance(payload, list):
-        items = [("voices", v) for v in payload]
-    elif isinstance(payload, dict):
-        items = [("data", v) for v in payload.get("data") or []]
-        items += [("voices", v) for v in payload.get("voices") or []]
-        items += [("uploaded", v) for v in payload.get("uploaded_voices") or []]
-    else:
-        raise RemoteError(f"The server's voice list is not JSON object or list (got {type(payload).__name__}).")
-    omni = isinstance(payload, dict) and "uploaded_voices" in payload  # their names, bar "default", are uploads
-    out: dict[str, RemoteVoiceInfo] = {}
-    for where, item in items:
-        if isinstance(item, str):
-            name = item.rsplit(".", 1)[0] if item.lower().endswith((".wav", ".mp3", ".flac", ".ogg")) else item
-            kind = "saved" if where == "uploaded" or omni and item.lower() != "default" else "builtin"
-            voice = RemoteVoiceInfo(id=item, name=name, kind=kind, raw=item)
-        elif isinstance(item, dict):
-            vid = item.get("id") or item.get("voice") or item.get("name") or item.get("voice_id")
-            if not vid:
-                continue
-            kind = "builtin" if item.get("kind") == "builtin" or vid == "default" else "saved"
-            voice = RemoteVoiceInfo(id=str(vid), name=str(item.get("name") or vid), kind=kind,
-                                    ref_text=item.get("ref_text") or item.get("transcript"), raw=item)
-        else:
-            continue
-        key = voice.id.casefold()
-        if key not in out or where == "uploaded":
-            out[key] = voice
-    return sorted(out.values(), key=lambda v: v.kind != "builtin")
-
-
-def _clip_bytes(audio, sample_rate: int | None) -> tuple[bytes, str]:
-    """A clip in any of the forms the studio holds (path, encoded bytes, `(sr, ndarray)`, ndarray + rate)
-    → encoded bytes and a filename to upload them as."""
-    if isinstance(audio, (str, Path)):
-        path = Path(audio)
-        return path.read_bytes(), path.name
-    if isinstance(audio, (bytes, bytearray, memoryview)):
-        return bytes(audio), "clip.wav"
-    if isinstance(audio, tuple) and len(audio) == 2:
-        sample_rate, audio = audio
-    if sample_rate is None:
-        raise ValueError("a clip given as samples needs its sample_rate")
-    return _wav_bytes(np.asarray(audio), int(sample_rate)), "clip.wav"
-
-
-def _wav_bytes(samples: np.ndarray, sample_rate: int) -> bytes:
-    """Float WAV keeps the samples exactly as the studio holds them (the server then prepares the clip
-    just as a local engine would); a clip too big for that goes as 16-bit."""
-    samples = np.asarray(samples)
-    if samples.dtype.kind in "iu":
-        samples = samples.astype(np.float32) / float(np.iinfo(samples.dtype).max)
-    samples = samples.astype(np.float32)
-    subtype = "FLOAT" if samples.size * 4 + 1024 <= MAX_CLIP_BYTES * 3 // 4 else "PCM_16"
-    buf = io.BytesIO()
-    sf.write(buf, samples, sample_rate, format="WAV", subtype=subtype)
-    return buf.getvalue()
-
-
-def redact_url(url: str) -> str:
-    """`url` without its user name, password and query string, which may hold secrets."""
-    parts = urlsplit(url)
-    host = f"[{parts.hostname}]" if parts.hostname and ":" in parts.hostname else parts.hostname or ""
-    return parts._replace(netloc=host + (f":{parts.port}" if parts.port else ""), query="", fragment="").geturl()
-
-
-def detect_dialect(health: Any, models: Any, voices: Any) -> Dialect:
-    """Which kind of server answered: our studio's `/health` has `engine_loaded` and `formats`; vLLM lists
-    its models as `owned_by: "vllm"`, SGLang-Omni as `"sglang-omni"`; failing those, the Omni voices listing
-    tells them apart (SGLang-Omni lists the preset `"default"`, vLLM-Omni only uploads)."""
-    if isinstance(health, dict) and "engine_loaded" in health and "formats" in health:
-        return STUDIO
-    cards = models.get("data") if isinstance(models, dict) else None
-    owners = {str(c.get("owned_by", "")).lower() for c in cards or [] if isinstance(c, dict)}
-    if "vllm" in owners or "vllm-omni" in owners:
-        return VLLM_OMNI
-    if any(o.startswith("sglang") for o in owners):
-        return SGLANG_OMNI
-    if isinstance(voices, dict) and "uploaded_voices" in voices:
-        return SGLANG_OMNI if "default" in (voices.get("voices") or []) else VLLM_OMNI
-    return OPENAI
-
-
-def server_voice_name(dialect: Dialect, name: str) -> str:
-    """Our voice name → the name `dialect`'s server stores it under, or ValueError saying why it would refuse
-    it. Our names may hold spaces; SGLang-Omni's may not, so spaces become underscores there."""
-    name = (name or "").strip()
-    if not name:
-        raise ValueError("The voice needs a name.")
-    if dialect is SGLANG_OMNI:
-        mapped = re.sub(r"\s+", "_", name)
-        if not SGLANG_VOICE_NAME.fullmatch(mapped):
-            raise ValueError(f"The SGLang-Omni server takes voice names of letters, digits, '.', '_' and '-' only "
-                             f"(spaces become '_'); {name!r} would be refused. Rename the voice.")
-        if mapped.lower() == "default":
-            raise ValueError("The SGLang-Omni server reserves the voice name 'default' for zero-shot; pick another.")
-        return mapped
-    if dialect is VLLM_OMNI and (name in (".", "..") or any(c in name for c in "/\\\x00")):
-        raise ValueError(f"The vLLM-Omni server refuses voice names with '/', '\\' or NUL, and '.' or '..'; "
-                         f"{name!r} would be refused. Rename the voice.")
-    return name
 
 
 class RemoteEngine:
@@ -322,21 +147,19 @@ class RemoteEngine:
         return self._learn()["health"]
 
     @property
-    def info(self) -> dict[str, Any]:
+    def info(self) -> EngineInfo:
         """What the studio's status panel shows. `max_batch`: how many takes the studio sends at once (the
         server batches them); `sampling_note`: set when the server ignores temperature / top-k / top-p."""
         facts = self._learn()
         dialect, server = facts["dialect"], facts["health"]
         reported = server.get("max_batch") if dialect is STUDIO else None
         batch = self._concurrency or (reported if isinstance(reported, int) and reported > 0 else DEFAULT_CONCURRENCY)
-        info = {"checkpoint": self.model, "device": self.shown_url, "precision": server.get("precision") or "remote",
-                "backend": "remote", "demo": False, "remote": self.shown_url, "max_batch": batch,
-                "remote_kind": dialect.name if facts["reached"] else "unreachable",
-                "server_device": server.get("device"), "server_backend": server.get("backend")}
-        if not dialect.sampling:
-            info["sampling_note"] = (f"The {dialect.name} server ignores temperature, top-k and top-p (its deploy "
-                                     f"config sets sampling); the seed is still sent.")
-        return info
+        note = None if dialect.sampling else (f"The {dialect.name} server ignores temperature, top-k and top-p (its "
+                                              f"deploy config sets sampling); the seed is still sent.")
+        return EngineInfo(checkpoint=self.model, device=self.shown_url, precision=server.get("precision") or "remote",
+                          backend="remote", demo=False, remote=self.shown_url, max_batch=batch,
+                          remote_kind=dialect.name if facts["reached"] else "unreachable",
+                          server_device=server.get("device"), server_backend=server.get("backend"), sampling_note=note)
 
     def close(self) -> None:
         self._http.close()
@@ -376,21 +199,19 @@ class RemoteEngine:
             body["repeat_guard"] = repeat_guard
         return body
 
-    def generate_stream(self, text: str, *, voice=None, style: str | None = None, temperature: float | None = None,
-                        top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                        max_frames: int | None = None, repeat_guard: int | None = DEFAULT_REPEAT_GUARD,
-                        cancel: threading.Event | None = None, params: SamplingParams | None = None
-                        ) -> Iterator[Chunk]:
+    def generate_stream(self, text: str, *, voice=None, style: str | None = None,
+                        cancel: threading.Event | None = None, params: SamplingParams | None = None,
+                        **options) -> Iterator[Chunk]:
         """Yield `Chunk`s of float32 24 kHz audio as the server streams it; the last has `final=True`. TTFA and
         RTF are measured here (request sent → first audio received; wall / audio). Closing the generator or
         setting `cancel` closes the connection, which stops a streaming server.
-        `params` (a `SamplingParams`) gives every sampling setting at once, in place of the keywords."""
-        if params is not None:
-            temperature, top_k, top_p = params.temperature, params.top_k, params.top_p
-            seed, max_frames, repeat_guard = params.seed, params.max_frames, params.repeat_guard
-        body = self.speech_body(text, voice=voice, style=style, temperature=temperature, top_k=top_k, top_p=top_p,
-                                seed=seed, max_frames=max_frames, repeat_guard=repeat_guard)
-        return self._stream(body, seed, cancel)
+        Sampling settings as for `Engine.generate_stream`: `params` and/or keyword options, the keywords
+        winning (`SamplingParams.of`). Only the settings given are sent; the server's defaults hold the rest
+        (a keyword given as None counts as not given, except `repeat_guard=None`, which disables it)."""
+        options = {k: v for k, v in options.items() if v is not None or k == "repeat_guard"}
+        sampling = SamplingParams.of(params, **options)
+        sent = {k: v for k, v in sampling.as_dict().items() if params is not None or k in options}
+        return self._stream(self.speech_body(text, voice=voice, style=style, **sent), sampling.seed, cancel)
 
     def generate(self, text: str, **options) -> np.ndarray:
         """The whole take (float32 mono 24 kHz); takes the options of `generate_stream`."""
@@ -410,7 +231,7 @@ class RemoteEngine:
             response.read()
             response.close()
             raise RemoteError(f"The {self._named()} refused the take "
-                              f"({response.status_code}): {_error_message(response)}", response.status_code)
+                              f"({response.status_code}): {error_message(response)}", response.status_code)
         return response
 
     def _check_format(self, response: httpx.Response) -> None:
@@ -435,7 +256,7 @@ class RemoteEngine:
         if "text/event-stream" not in response.headers.get("content-type", ""):
             yield from response.iter_bytes()
             return
-        for event, payload in _sse_events(response.iter_lines()):
+        for event, payload in sse_events(response.iter_lines()):
             kind = payload.get("type") if isinstance(payload, dict) else None
             kind = kind or event
             if kind in ("speech.audio.error", "error"):
@@ -465,7 +286,7 @@ class RemoteEngine:
         if data is None or fmt not in ("pcm", "wav"):
             raise RemoteError(f"The {self._named()} sent a stream event this studio "
                               f"cannot read as 16-bit PCM: {str(payload)[:200]}", 502)
-        return _strip_wav_header(data) if fmt == "wav" else data
+        return strip_wav_header(data) if fmt == "wav" else data
 
     def _stream(self, body: dict, seed: int | None, cancel: threading.Event | None) -> Iterator[Chunk]:
         started = time.perf_counter()
@@ -497,7 +318,7 @@ class RemoteEngine:
                 usable = len(pending) // 2 * 2
                 if usable // 2 < MIN_CHUNK_SAMPLES:
                     continue
-                audio = _from_pcm16(pending[:usable])
+                audio = from_pcm16(pending[:usable])
                 pending = pending[usable:]
                 state["samples"] += len(audio)
                 if state["ttfa"] is None:
@@ -507,7 +328,7 @@ class RemoteEngine:
             raise RemoteError(f"The speech stream from the {self._named()} broke off: {exc}", 502) from None
         finally:
             response.close()
-        tail = _from_pcm16(pending[:len(pending) // 2 * 2])
+        tail = from_pcm16(pending[:len(pending) // 2 * 2])
         state["samples"] += len(tail)
         if state["ttfa"] is None and len(tail):
             state["ttfa"] = 1e3 * (time.perf_counter() - started)
@@ -520,7 +341,7 @@ class RemoteEngine:
         wav = np.asarray(wav)
         if wav.size == 0:
             raise ValueError("the reference clip is empty; upload or record it again")
-        data = _wav_bytes(wav, int(sample_rate))
+        data = wav_bytes(wav, int(sample_rate))
         if len(data) > MAX_CLIP_BYTES * 3 // 4:
             raise ValueError("the reference clip is too long to send; use 3-15 s of speech")
         return RemoteVoice(wav_bytes=data, transcript=transcript or None)
@@ -536,7 +357,7 @@ class RemoteEngine:
         with an `id`: ours gives one; the Omni servers key voices by name, so there the name is the id. A name
         the server would refuse is a ValueError before anything is sent."""
         name = server_voice_name(self.dialect, name)
-        data, filename = _clip_bytes(audio, sample_rate)
+        data, filename = clip_bytes(audio, sample_rate)
         fields = {"name": name, "consent": consent}
         if ref_text:
             fields["ref_text"] = ref_text
@@ -560,60 +381,9 @@ class RemoteEngine:
             raise RemoteError(f"Could not reach the speech server at {self.shown_url}: {exc}") from None
         if response.status_code >= 400:
             raise RemoteError(f"The {self._named()} answered {response.status_code} to "
-                              f"{method} {path}: {_error_message(response)}", response.status_code)
+                              f"{method} {path}: {error_message(response)}", response.status_code)
         try:
             return response.json()
         except ValueError:
             raise RemoteError(f"The {self._named()} answered {method} {path} with "
                               f"something other than JSON.", 502) from None
-
-
-def _sse_events(lines: Iterator[str]) -> Iterator[tuple[str | None, Any]]:
-    """Server-sent events → (event name, its data parsed as JSON, or the text for `[DONE]`)."""
-    event, data = None, []
-    for line in (*lines, ""):
-        if not line:
-            if data:
-                text = "\n".join(data)
-                try:
-                    payload = json.loads(text)
-                except ValueError:
-                    payload = text
-                yield (text if text == "[DONE]" else event), payload
-            event, data = None, []
-        elif line.startswith("event:"):
-            event = line[6:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:].lstrip())
-
-
-def _from_pcm16(data: bytes) -> np.ndarray:
-    """PCM16 little-endian → float32; /32767 undoes studio.formats.to_pcm16's ×32767 exactly."""
-    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32767.0
-
-
-def _strip_wav_header(data: bytes) -> bytes:
-    """A WAV piece → its PCM: the first piece of a streamed WAV carries the header, later ones none."""
-    if data[:4] != b"RIFF":
-        return data
-    at = data.find(b"data", 12)
-    return data[at + 8:] if at >= 0 else b""
-
-
-def _error_message(response: httpx.Response) -> str:
-    """OpenAI's `{"error": {"message"}}`, FastAPI's `{"detail"}`, or the text itself."""
-    try:
-        data = response.json()
-    except ValueError:
-        return response.text.strip()[:500] or response.reason_phrase
-    if isinstance(data, dict):
-        err = data.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-        if isinstance(err, str):
-            return err
-        if data.get("detail"):
-            return str(data["detail"])
-        if data.get("message"):
-            return str(data["message"])
-    return str(data)[:500]

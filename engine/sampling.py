@@ -105,3 +105,11 @@ def sample(logits: torch.Tensor, u: torch.Tensor, temperature: float, top_k: int
     # nothing) and ends at exactly 1.0 (x / x) > u, so the first index with running > u always exists
     # and is a kept entry: `sum(running <= u)` is that index, with no data-dependent branch.
     return (running <= u.to(running.device, running.dtype)[:, None]).sum(-1)
+
+
+def sample_row(logits: torch.Tensor, u: torch.Tensor, rule, temperature: float, top_k: int,
+               top_p: float) -> list[int]:
+    """A take's next row on the host: sampled from `logits` with its uniforms `u` [steps, 8] at the rule's
+    step, then pushed to its stop rule (engine/delay.py `StopRule`, which forces the delay window);
+    returns the row as the rule kept it, the one to feed back."""
+    return rule.push(sample(logits, u[rule.step], temperature, top_k, top_p).tolist())

@@ -1,7 +1,8 @@
 """Continuous batching: takes from any number of threads decode together, one row each per step.
 
-The engine hands each take to a `Scheduler` (when its backend can batch: `decode_rows`). One worker
-thread, started on demand and gone when idle, repeats:
+The engine hands each take to a `Scheduler` (when its backend can batch: `BatchedBackend`). The scheduler
+keeps the books (who waits, who runs, which KV slot holds whose prefix); the device work goes through the
+engine's `Runner` (engine/runner.py). One worker thread, started on demand and gone when idle, repeats:
 
 1. at the step boundary, takes that finished or were cancelled leave and free their KV slot, and waiting
    takes are admitted while slots are free (`max_batch`; the overflow waits in arrival order);
@@ -11,18 +12,18 @@ thread, started on demand and gone when idle, repeats:
    when it ends, and the surviving rows go through `model.decode_rows` together.
 
 One host transfer per step: the step's logits for every take come back in one device-to-host copy
-(`to_host`), queued on the backend's own stream where it has one (the cubin kernels') and waited for on an
-event of that stream — not a device-wide sync. The whole step runs with that stream current, so neither
-its launches nor the copy queue behind the codec's work, which the listeners' threads put on torch's
-default stream. Sampling then runs on host tensors (a few microseconds a take,
-no launches), and a take's rows depend only on its own logits, so batch invariance is untouched.
+(engine/runner.py `to_host`), queued on the backend's own stream where it has one (the cubin kernels')
+and waited for on an event of that stream — not a device-wide sync. The whole step runs with that stream
+current, so neither its launches nor the copy queue behind the codec's work, which the listeners' threads
+put on torch's default stream. Sampling then runs on host tensors (a few microseconds a take, no launches),
+and a take's rows depend only on its own logits, so batch invariance is untouched.
 
 A newcomer's prefill therefore costs the takes already decoding at most one chunk per step, not a whole
 prompt: their time to first audio and their row rate stay close to alone, and the newcomer joins the
 batch at the first step boundary after its last chunk.
 
 KV slots: each take gets a slot, a preallocated contiguous [kv_heads, max_len, head_dim] cache per layer
-(engine/model.py `KVCache`, allocated on first use). Contiguous slots keep the batch-1 decode attention
+(engine/layers.py `KVCache`, allocated on first use). Contiguous slots keep the batch-1 decode attention
 unchanged per sequence (bit-identical to alone) and keep the shared-prefix reuse what it was: a slot
 remembers whose prompt prefix sits in its first positions, and a take whose prefix matches a free slot's
 gets that slot and skips those positions. Paging would save memory for short takes but needs a gather
@@ -41,24 +42,8 @@ from collections import deque
 
 import torch
 
-from .sampling import sample, uniforms
-
-
-def to_host(logits: torch.Tensor, stream=None) -> torch.Tensor:
-    """`logits` copied to a new host tensor in ONE transfer: on CUDA into pinned memory, queued on `stream`
-    (else the current one), then a wait on an event recorded after it on that stream."""
-    if logits.device.type != "cuda":
-        host = torch.empty(logits.shape, dtype=logits.dtype)
-        host.copy_(logits)
-        return host
-    stream = stream or torch.cuda.current_stream(logits.device)
-    host = torch.empty(logits.shape, dtype=logits.dtype, pin_memory=True)
-    done = torch.cuda.Event()
-    with torch.cuda.stream(stream):
-        host.copy_(logits, non_blocking=True)
-        done.record(stream)
-    done.synchronize()
-    return host
+from .runner import Runner, prefix_key
+from .sampling import sample_row, uniforms
 
 
 class Take:
@@ -118,9 +103,9 @@ class Take:
 
 
 class Scheduler:
-    def __init__(self, engine, max_batch: int):
-        self.engine, self.max_batch = engine, max_batch
-        self.stream = getattr(engine.model, "stream", None)  # where the backend launches (None: torch's current)
+    def __init__(self, runner: Runner, max_batch: int):
+        self.runner, self.max_batch = runner, max_batch
+        self.stream = runner.model.stream  # where the backend launches (None: torch's current)
         self.cond = threading.Condition()
         self.waiting: deque[Take] = deque()
         self.active: list[Take] = []
@@ -215,7 +200,7 @@ class Scheduler:
             # The backend's stream current: its launches then wait for nothing queued on torch's default
             # stream by the listeners' codec pushes (`_on_stream` orders after the caller's stream).
             on_stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
-            with self.engine._lock, on_stream:
+            with self.runner.lock, on_stream:
                 try:
                     self._step(active)
                 except BaseException as exc:  # a device failure ends every take in the step with it
@@ -223,14 +208,14 @@ class Scheduler:
                         take.finish(exc)
 
     def _admit(self, take: Take) -> None:
-        slot, hit = self._pick(self.engine._prefix_cache_key(take.prompt))
+        slot, hit = self._pick(prefix_key(take.prompt))
         take.slot, take.admitted = slot, time.perf_counter()
         take.queued_s = take.admitted - take.started
-        take.segments, take.reused = self.engine._prefill_plan(take.prompt, hit)
+        take.segments, take.reused = self.runner.plan(take.prompt, hit)
         self.active.append(take)
 
     def _step(self, active: list[Take]) -> None:
-        engine = self.engine
+        runner = self.runner
         prefilling = [t for t in active if t.segments and not t.finished]
         if prefilling:
             take = prefilling[0]
@@ -251,7 +236,7 @@ class Scheduler:
                 take.finish()
                 continue
             p = take.params
-            row = take.rule.push(sample(take.logits, take.u[take.rule.step], p.temperature, p.top_k, p.top_p).tolist())
+            row = sample_row(take.logits, take.u, take.rule, p.temperature, p.top_k, p.top_p)
             if take.rule.done:
                 take.finish()
                 continue
@@ -260,8 +245,7 @@ class Scheduler:
             positions.append(take.pos)
             stepping.append(take)
         if stepping:
-            logits = to_host(engine.model.decode_rows(torch.tensor(rows, device=engine.device), slots, positions),
-                             self.stream)
+            logits = runner.decode_rows(rows, slots, positions, self.stream)
             for take, out in zip(stepping, logits):
                 take.logits, take.pos = out, take.pos + 1
         self.steps += 1
@@ -273,10 +257,9 @@ class Scheduler:
             take.notify()
 
     def _prefill_chunk(self, take: Take) -> None:
-        engine = self.engine
         ids, ref_rows, start, key = take.segments.pop(0)
-        engine._ensure_room(len(take.prompt.ids) + take.rule.max_rows)
-        take.logits = to_host(engine.model.prefill(ids, ref_rows, start, slot=take.slot), self.stream)
+        self.runner.ensure_room(len(take.prompt.ids) + take.rule.max_rows)
+        take.logits = self.runner.prefill_segment(ids, ref_rows, start, take.slot, self.stream)
         if key is not None:  # the prefix is complete in this slot
             self.mark(take.slot, key)
         take.prefill_s = time.perf_counter() - take.admitted

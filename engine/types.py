@@ -1,5 +1,5 @@
 """The engine's value types: the sampling settings of a take (`SamplingParams`, with the one set of
-defaults and limits, and the one validation), what a take streams (`Chunk`, `Metrics`), and the interface every
+defaults and limits, and the one validation), what a take streams (`Chunk`, `Metrics`), what an engine runs (`EngineInfo`), and the interface every
 engine offers (`SpeechEngine`, implemented by the local `Engine` and the HTTP `RemoteEngine`).
 
 No torch import: the remote client, the studio and the API read these without loading the model code.
@@ -12,7 +12,7 @@ import numbers
 import secrets
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .config import FRAME_RATE
@@ -180,14 +180,62 @@ class Chunk:
     codes: torch.Tensor | None = None  # the take's frames [T, 8] (0..1023), on the final chunk only
 
 
+_LOCAL = {"kind": "local"}
+_REMOTE = {"kind": "remote"}
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What an engine runs, for status panels, `/health` and logs: the facts every engine has, then a local
+    engine's (`Engine.load` fills them) or a remote one's (`RemoteEngine.info`). `extra` holds a backend's
+    own facts (kernel target and loader, self-check, graphs). `as_dict()` is the flat JSON form."""
+
+    device: str
+    precision: str
+    backend: str
+    checkpoint: str = ""
+    demo: bool = False
+    max_batch: int = 1  # takes decoded (or sent) together
+    root: str | None = field(default=None, metadata=_LOCAL)
+    precision_reason: str | None = field(default=None, metadata=_LOCAL)
+    backend_reason: str | None = field(default=None, metadata=_LOCAL)
+    params: int | None = field(default=None, metadata=_LOCAL)
+    tokenizer: str | None = field(default=None, metadata=_LOCAL)
+    codec: bool = field(default=False, metadata=_LOCAL)
+    memory_plan: str | None = field(default=None, metadata=_LOCAL)
+    min_rows: int = field(default=1, metadata=_LOCAL)  # a batched step's rows are padded to this many
+    remote: str | None = field(default=None, metadata=_REMOTE)  # the server's URL, redacted
+    remote_kind: str | None = field(default=None, metadata=_REMOTE)
+    server_device: str | None = field(default=None, metadata=_REMOTE)
+    server_backend: str | None = field(default=None, metadata=_REMOTE)
+    sampling_note: str | None = field(default=None, metadata=_REMOTE)  # the server ignores some settings
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The facts as one flat dict: the common ones, this kind's (local or remote; a remote engine's
+        `sampling_note` only when set), then `extra`."""
+        kind = "remote" if self.remote is not None else "local"
+        out = {}
+        for f in fields(self):
+            where = f.metadata.get("kind")
+            unset_note = f.name == "sampling_note" and self.sampling_note is None
+            if f.name == "extra" or where not in (None, kind) or unset_note:
+                continue
+            out[f.name] = getattr(self, f.name)
+        return {**out, **self.extra}
+
+
 @runtime_checkable
 class SpeechEngine(Protocol):
     """What the studio drives: a local `engine.generate.Engine` or an `engine.remote.RemoteEngine`.
     Sampling settings come as keyword options (temperature=, top_k=, top_p=, seed=, max_frames=,
-    repeat_guard=) or as `params=SamplingParams(...)`."""
+    repeat_guard=) or as `params=SamplingParams(...)`. `is_remote`: the engine has no local codec, so a
+    saved voice travels as its clip (`encode_voice`), never as codes."""
+
+    is_remote: bool
 
     @property
-    def info(self) -> dict[str, Any]: ...
+    def info(self) -> EngineInfo: ...
 
     def generate_stream(self, text: str, *, voice=None, params: SamplingParams | None = None,
                         cancel: threading.Event | None = None, **options) -> Iterator[Chunk]: ...
@@ -197,6 +245,7 @@ class SpeechEngine(Protocol):
     def encode_voice(self, wav, sample_rate: int | None, transcript: str | None = None): ...
 
 
-__all__ = ["SamplingParams", "Metrics", "Chunk", "SpeechEngine", "DEFAULT_TEMPERATURE", "DEFAULT_TOP_K",
-           "DEFAULT_TOP_P", "DEFAULT_REPEAT_GUARD", "SEED_LIMIT", "MAX_SEED", "new_seed", "check_seed",
-           "check_options"]
+__all__ = ["SamplingParams", "Metrics", "Chunk", "EngineInfo", "SpeechEngine", "DEFAULT_TEMPERATURE", "DEFAULT_TOP_K",
+           "DEFAULT_TOP_P", "DEFAULT_REPEAT_GUARD", "MAX_TEMPERATURE", "MAX_TOP_P", "MAX_FRAMES", "MIN_REPEAT_GUARD",
+           "TOP_K_SLIDER_MAX", "PUBLIC_MAX_FRAMES", "SEED_LIMIT", "MAX_SEED", "DRAWN_SEED_BITS", "new_seed",
+           "check_seed", "check_options", "check_max_frames", "check_repeat_guard"]

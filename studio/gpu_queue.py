@@ -1,6 +1,6 @@
 """The studio's one line for the GPU: fair admission (studio/admission.py) in front of the engine's batch.
 
-    queue = GpuQueue(slots=engine.info["max_batch"], visitor_running=2, visitor_waiting=4, max_waiting=64)
+    queue = GpuQueue(slots=engine.info.max_batch, visitor_running=2, visitor_waiting=4, max_waiting=64)
     for item in queue.run(work, cancel, caller=caller, positions=True):   # Queued(position), then work's output
         ...
     queue.run_exclusive(fn, *args)                                         # other device work, in turn

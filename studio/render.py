@@ -13,6 +13,7 @@ from typing import Any
 from engine.config import FRAME_RATE
 from engine.delay import default_max_frames
 from engine.tokenizer import CONTROL_TAGS, estimate_seconds, lint_tags
+from engine.types import Metrics
 
 PALETTE_GROUPS = (("emotion", "Emotion"), ("style", "Style"), ("sfx", "Sounds"), ("prosody", "Prosody"))
 
@@ -99,10 +100,10 @@ def _bytes(n) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-def metrics_html(metrics: Any = None, *, state: str = "idle", seconds: float = 0.0,
+def metrics_html(metrics: Metrics | None = None, *, state: str = "idle", seconds: float = 0.0,
                  warnings: list[str] | None = None, note: str = "") -> str:
     """The live metrics panel. Each value sits in an element with a stable id (`m-ttfa`, `m-rtf`, …)."""
-    g = (lambda name: getattr(metrics, name, None)) if metrics is not None else (lambda name: None)
+    g = (dataclasses.asdict(metrics) if metrics is not None else {}).get  # None: nothing measured yet
     mem_kind = (g("mem_kind") or "").upper() or "memory"
     reused, prompt = g("reused_tokens"), g("prompt_tokens")
     tiles = [
@@ -137,8 +138,8 @@ def history_rows(takes) -> list[list[Any]]:
     for t in reversed(list(takes)):
         m = t.metrics
         rows.append([t.id, t.text[:60] + ("…" if len(t.text) > 60 else ""), t.voice_name or "zero-shot",
-                     t.style or "", t.seed, round(t.seconds, 1), _num(getattr(m, "ttfa_ms", None), ".0f"),
-                     _num(getattr(m, "rtf", None), ".3f"), t.stop_reason])
+                     t.style or "", t.seed, round(t.seconds, 1), _num(m.ttfa_ms if m else None, ".0f"),
+                     _num(m.rtf if m else None, ".3f"), t.stop_reason])
     return rows
 
 
@@ -146,8 +147,8 @@ def variant_html(take, index: int) -> str:
     """One side-by-side take's caption: its place, seed and numbers (the seed in `variant-seed-<index>`)."""
     m = take.metrics
     return (f'<div class="hs-variant"><b>Take {index + 1}</b> · seed <b id="variant-seed-{index}">{take.seed}</b>'
-            f'<br>{take.seconds:.1f} s · RTF {_num(getattr(m, "rtf", None), ".3f")} · '
-            f'stop {_esc(take.stop_reason or "—")} · batch {_num(getattr(m, "batch", None), "d")}</div>')
+            f'<br>{take.seconds:.1f} s · RTF {_num(m.rtf if m else None, ".3f")} · '
+            f'stop {_esc(take.stop_reason or "—")} · batch {_num(m.batch if m else None, "d")}</div>')
 
 
 HISTORY_HEADERS = ["#", "text", "voice", "style", "seed", "seconds", "TTFA ms", "RTF", "stop"]

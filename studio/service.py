@@ -168,7 +168,7 @@ class StudioService:
         self.voices = voices
         self.presets = presets
         self.max_queue = max_queue
-        self.line = GpuQueue(max(1, int(engine.info.get("max_batch", 1))), timeout=queue_timeout,
+        self.line = GpuQueue(max(1, engine.info.max_batch), timeout=queue_timeout,
                              visitor_running=visitor_concurrency, visitor_waiting=visitor_queue, max_waiting=max_queue)
         self._history: collections.deque[Take] = collections.deque(maxlen=history_size)
         self._history_lock = threading.Lock()  # workers append while page/API threads read
@@ -239,7 +239,7 @@ class StudioService:
         prompt_text = apply_preset(request.text.strip(), self.resolve_style(style))
         clone = voice is not None or request.ref_audio is not None
         warnings = [f"{w.tag}: {w.message}" for w in lint_tags(prompt_text, clone=clone)]
-        sampling_note = self.engine.info.get("sampling_note")
+        sampling_note = self.engine.info.sampling_note
         if sampling_note:  # a remote server that sets sampling itself: say so rather than pretend
             warnings.append(sampling_note)
         return self.handle(request, request.params.resolved(), warnings,
@@ -368,7 +368,7 @@ class StudioService:
 
     def status(self) -> dict[str, Any]:
         """Engine facts for the status panel and `/health`-style routes."""
-        info = dict(self.engine.info)
+        info = self.engine.info.as_dict()
         keys = ("checkpoint", "device", "precision", "backend", "kernel_arch", "kernel_loader", "demo")
         status = {k: info.get(k) for k in keys}
         status.update({k: v for k, v in info.items() if k not in status})

@@ -24,8 +24,9 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
-from engine.types import SamplingParams
+from engine.types import EngineInfo, SamplingParams
 
 # The start cost of a call (moving the weights onto the slice, first-step warm-up) and the per-frame cost on
 # the slice. The torch path runs far faster than real time on an H200 slice; 40 ms/frame (1 s of speech
@@ -60,6 +61,8 @@ def generation_seconds(text: str | None, max_frames: int | None = None, *, takes
 class ZeroGPUEngine:
     """The engine with its GPU entry points decorated by `spaces.GPU`; everything else is the engine's own."""
 
+    is_remote = False  # `wrap` leaves a remote engine as it is
+
     def __init__(self, engine, gpu: Callable):
         self._engine = engine
 
@@ -74,10 +77,10 @@ class ZeroGPUEngine:
         self.encode_voice = gpu(engine.encode_voice, duration=lambda *_, **__: ENCODE_S)
 
     @property
-    def info(self) -> dict:
+    def info(self) -> EngineInfo:
         """The engine's facts, with `max_batch` 1: each decorated call may run in its own process, where
         takes cannot share a batch, so the studio sends one take at a time."""
-        return {**self._engine.info, "max_batch": 1}
+        return replace(self._engine.info, max_batch=1)
 
     def generate_stream(self, text=None, *, voice=None, params: SamplingParams | None = None, cancel=None,
                         **options) -> Iterator:

@@ -13,17 +13,17 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from engine.config import SAMPLES_PER_FRAME
-from engine.types import Chunk, Metrics, SamplingParams
+from engine.types import Chunk, EngineInfo, Metrics, SamplingParams
 
 
-def fake_info(**facts) -> dict[str, Any]:
+def fake_info(**facts) -> EngineInfo:
     """What a fake engine says about itself: a tiny CPU checkpoint, `facts` overriding."""
-    return {"checkpoint": "tiny", "device": "cpu", "precision": "fp32", "backend": "torch", "demo": True, **facts}
+    return EngineInfo(**{"checkpoint": "tiny", "device": "cpu", "precision": "fp32", "backend": "torch", "demo": True,
+                         **facts})
 
 
 @dataclass
@@ -44,7 +44,7 @@ class FakeEngine:
     is_remote = False
 
     @property
-    def info(self) -> dict[str, Any]:
+    def info(self) -> EngineInfo:
         return fake_info(max_batch=self.max_batch)
 
     def script(self, text: str, params: SamplingParams) -> tuple[int, float]:

@@ -43,7 +43,7 @@ def test_eight_concurrent_requests_run_as_one_batch_with_the_codes_they_give_alo
     alone = [speech(client, i) for i in range(N)]
     assert all(h["x-batch-size"] == "1" for h in alone)
     health = client.get("/health").json()
-    assert health["max_batch"] == service.engine.info["max_batch"] >= N and health["batch_size"] == 1
+    assert health["max_batch"] == service.engine.info.max_batch >= N and health["batch_size"] == 1
 
     together: dict[int, dict] = {}
     scheduler = service.engine.scheduler

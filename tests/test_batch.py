@@ -11,6 +11,7 @@ import torch
 from engine.generate import Engine
 from engine.prompt import Prompt
 from engine.quant import linear
+from engine.runner import prefix_key
 from engine.types import SamplingParams
 
 
@@ -60,7 +61,7 @@ def test_min_rows_makes_every_row_count_alike(engines):
     for engine in engines.values():
         model = engine.model
         low = model.min_rows
-        assert engine.info["min_rows"] == low and 1 <= low <= model.max_rows == 16
+        assert engine.info.min_rows == low and 1 <= low <= model.max_rows == 16
         for w in (model.layers[0].self_attn.wqkv, model.layers[0].mlp.w_down, model.audio_embedding.weight):
             x = torch.randn(16, w.shape[1]).to(model.dtype)
             want = linear(x, w)
@@ -205,7 +206,7 @@ def test_prefix_reused_per_slot_and_bit_identical_to_cold(parity_dir):
     assert [c.metrics.reused_tokens for c in warm] == [zero.prefix_len, voice.prefix_len]
     assert torch.equal(warm[0].codes, cold[1].codes) and torch.equal(warm[1].codes, cold[0].codes)
     # which take got slot 0 depends on which thread submitted first; each prefix sits in one slot
-    assert set(engine.scheduler.keys[:2]) == {engine._prefix_cache_key(voice), engine._prefix_cache_key(zero)}
+    assert set(engine.scheduler.keys[:2]) == {prefix_key(voice), prefix_key(zero)}
 
 
 def test_streamed_chunks_do_not_depend_on_company(fp32, parity_dir):

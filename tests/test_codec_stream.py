@@ -1,7 +1,7 @@
 """The stateful streaming decoder (engine/codec/stream.py): equals the one-shot decode for any push pattern,
 returns each frame's audio as soon as its look-ahead is complete, ends with exactly 960 samples per frame,
 and does exactly the one-shot decode's conv and Snake work (the noise-free form of "streaming costs no
-more than one-shot"; the wall-clock figures are in the module docstring)."""
+more than one-shot"; the wall-clock figures are in docs/PERFORMANCE.md)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from engine.codec import Codec, random_codec_state_dict, tiny_codec_config
 from engine.codec.dac import Snake
 from engine.codec.streaming_layers import StreamingConv1d, StreamingConvTranspose1d
 from engine.config import SAMPLES_PER_FRAME
-from engine.generate import FIRST_PUSH_FRAMES, MAX_PUSH_FRAMES
+from engine.streaming import decode_streamed, push_sizes
 from tests.helpers import random_codes
 
 CODEC_PREFIX = "tied.embedding.modality_embeddings.0.model."
@@ -27,15 +27,6 @@ DECODE_ONLY = ("quantizer.", "fc2.", "acoustic_decoder.")
 @pytest.fixture(scope="module")
 def tiny():
     return Codec.from_state_dict(random_codec_state_dict(seed=0), tiny_codec_config())
-
-
-def engine_schedule(frames: int, right: int) -> list[int]:
-    """Push sizes as engine/generate.py makes them: look-ahead + 2 frames first, then 4, 8, 16, 25, 25, …"""
-    sizes, n = [min(frames, right + FIRST_PUSH_FRAMES)], FIRST_PUSH_FRAMES
-    while sum(sizes) < frames:
-        n = min(2 * n, MAX_PUSH_FRAMES)
-        sizes.append(min(n, frames - sum(sizes)))
-    return sizes
 
 
 def stream_all(codec: Codec, codes: torch.Tensor, sizes) -> np.ndarray:
@@ -58,7 +49,7 @@ def stream_all(codec: Codec, codes: torch.Tensor, sizes) -> np.ndarray:
 @pytest.mark.parametrize("pattern", [[1], [3], [7], [25], [2, 1, 9, 4, 13, 1, 30, 5], [0, 4, 0, 11], "engine"])
 def test_stream_equals_one_shot(tiny, pattern):
     codes = random_codes(25 if pattern == [1] else 71, seed=2)
-    sizes = engine_schedule(len(codes), tiny.stream().right) if pattern == "engine" else pattern
+    sizes = push_sizes(len(codes), tiny.stream().right) if pattern == "engine" else pattern
     got, want = stream_all(tiny, codes, sizes), tiny.decode(codes)
     assert got.shape == want.shape == (len(codes) * SAMPLES_PER_FRAME,)
     assert np.abs(got - want).max() < 1e-5  # measured ~1e-6 (conv blocking rounding)
@@ -88,7 +79,7 @@ def test_stream_matches_reference(parity_dir):
         {k[len(CODEC_PREFIX):]: v for k, v in tensors.items() if k.startswith(CODEC_PREFIX)}, config)
     codes = torch.from_numpy(np.load(parity_dir / "decode_codes.npy"))
     ref = np.load(parity_dir / "decode_wav.npy").reshape(-1)
-    for sizes in (engine_schedule(len(codes), codec.stream().right), [1], [7, 2, 30]):
+    for sizes in (push_sizes(len(codes), codec.stream().right), [1], [7, 2, 30]):
         got = stream_all(codec, codes, sizes)
         assert got.shape == ref.shape
         assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-4
@@ -110,6 +101,14 @@ def test_right_is_the_receptive_field_and_tight(tiny):
     stream = tiny.stream()
     assert stream.right == tiny.receptive_field_frames[1] == 10
     assert (stream.right - 1) * SAMPLES_PER_FRAME < stream.layers.lag <= stream.right * SAMPLES_PER_FRAME
+
+
+def test_push_sizes_are_the_engines_schedule():
+    """Look-ahead + 2 frames first, then 4, 8, 16 and one second (25 frames) at a time; the last push holds
+    what is left."""
+    assert push_sizes(100, 10) == [12, 4, 8, 16, 25, 25, 10]
+    assert push_sizes(12, 10) == [12] and push_sizes(5, 10) == [5] and push_sizes(0, 10) == []
+    assert push_sizes(13, 10) == [12, 1]
 
 
 def test_push_after_flush_raises(tiny):
@@ -160,12 +159,9 @@ def test_streaming_does_exactly_the_one_shot_work(tiny):
     snake: dict = {}
     handles = [m.register_forward_hook(lambda m, i, o: snake.__setitem__(m, snake.get(m, 0) + i[0].numel()))
                for m in tiny.acoustic_decoder.modules() if isinstance(m, Snake)]
-    stream, i = tiny.stream(), 0
+    stream = tiny.stream()
     try:
-        for n in engine_schedule(len(codes), stream.right):
-            stream.push(codes[i:i + n])
-            i += n
-        stream.flush()
+        decode_streamed(stream, codes)
     finally:
         for h in handles:
             h.remove()

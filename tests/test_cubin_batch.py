@@ -24,7 +24,7 @@ from engine.checkpoint import load_checkpoint
 from engine.generate import Engine
 from engine.model import HiggsModel, rel_error
 from engine.prompt import Prompt, zero_shot_ids
-from engine.types import SamplingParams
+from engine.types import EngineInfo, SamplingParams
 from kernels import manifest as mf
 from kernels import ops
 from kernels.runtime import InterpretedKernels, cubin_ops
@@ -139,7 +139,7 @@ def test_more_than_16_takes_run_as_steps_of_at_most_16(parity):
 def test_self_check_covers_the_batched_step(parity, monkeypatch):
     """The load-time self-check runs its last steps through decode_rows too: a skinny GEMM that writes
     nothing (the single-stream GEMVs untouched) fails it."""
-    from engine.backends.cubin import SELF_CHECK_IDS, SELF_CHECK_MIN_COSINE, SELF_CHECK_STEPS, self_check
+    from engine.backends.self_check import SELF_CHECK_IDS, SELF_CHECK_MIN_COSINE, SELF_CHECK_STEPS, self_check
     from tests.test_self_check import BrokenJit
 
     ckpt, _ = parity
@@ -201,18 +201,18 @@ def engine(tiny_checkpoint):
     ckpt = load_checkpoint(tiny_checkpoint, progress=False)
     codec = Codec.from_state_dict(ckpt.codec, ckpt.codec_config)
     be = CubinBackend(ckpt.dims, ckpt.backbone, ops=ops, device="cpu", precision="bf16", max_len=MAX_LEN)
-    return Engine(be, codec, None, ckpt.dims, {"device": "cpu", "precision": "bf16", "backend": "cubin"}, max_batch=3)
+    return Engine(be, codec, None, ckpt.dims, EngineInfo(device="cpu", precision="bf16", backend="cubin"), max_batch=3)
 
 
 def test_max_batch_picks_the_path(tiny_checkpoint):
     """max_batch 1 keeps the fused single-stream path (begin / rows, one slot); above 1 every take batches."""
     ckpt = load_checkpoint(tiny_checkpoint, progress=False)
     be = CubinBackend(ckpt.dims, ckpt.backbone, ops=ops, device="cpu", precision="bf16", max_len=MAX_LEN)
-    info = {"device": "cpu", "precision": "bf16", "backend": "cubin"}
+    info = EngineInfo(device="cpu", precision="bf16", backend="cubin")
     one = Engine(be, None, None, ckpt.dims, info, max_batch=1)
-    assert one.scheduler is None and one.info["max_batch"] == 1 and be.slots == 1
+    assert one.scheduler is None and one.info.max_batch == 1 and be.slots == 1
     many = Engine(be, None, None, ckpt.dims, info, max_batch=5)
-    assert many.scheduler is not None and many.info["max_batch"] == 5 and many.info["min_rows"] == 1
+    assert many.scheduler is not None and many.info.max_batch == 5 and many.info.min_rows == 1
     assert be.slots == 5 and be.layers[0].kc.shape[0] == 5
 
 
@@ -247,7 +247,7 @@ def test_engine_codes_alone_equal_codes_in_a_batch_with_a_joiner_and_a_cancel(en
     short = SamplingParams(temperature=0.8, seed=8, max_frames=3, repeat_guard=None)
     cut = SamplingParams(temperature=0.8, seed=9, max_frames=16, repeat_guard=None)
     want_long, want_late = engine.predict(prompt=first, params=long), engine.predict(prompt=late, params=short)
-    assert engine.scheduler.largest == 1 and engine.info["max_batch"] == 3
+    assert engine.scheduler.largest == 1 and engine.info.max_batch == 3
     out, cancel = {}, threading.Event()
 
     def run(name, p, params, stop=None):
@@ -283,7 +283,7 @@ def test_torch_graph_engine_batches_above_max_batch_one(parity_dir):
                         max_batch=4)
     eager = Engine.load(parity_dir / "tiny_checkpoint", device="cpu", precision="fp32", max_batch=4)
     assert isinstance(graph.model, TorchGraphBackend) and graph.scheduler is not None
-    assert graph.info["max_batch"] == 4 and graph.info["min_rows"] == graph.model.min_rows == eager.info["min_rows"]
+    assert graph.info.max_batch == 4 and graph.info.min_rows == graph.model.min_rows == eager.info.min_rows
     prompts = [prompt(9707, 11, 419), prompt(2805, 22636, 11652)]
     params = [SamplingParams(temperature=0.8, seed=3 + i, max_frames=12, repeat_guard=None) for i in range(2)]
     batch = graph.generate_batch(prompts, params)

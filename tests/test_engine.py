@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.generate import FIRST_PUSH_FRAMES, Chunk, Engine, Metrics
+from engine.generate import Engine
 from engine.model import rel_error
 from engine.prompt import Prompt, VoiceRef
+from engine.streaming import FIRST_PUSH_FRAMES
+from engine.types import Chunk, Metrics, SpeechEngine
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +27,13 @@ def fixture(parity_dir, name):
 
 def test_load_info(engine):
     info = engine.info
-    assert info["device"] == "cpu" and info["precision"] == "fp32" and info["backend"] == "torch"
-    assert info["backend_reason"] and not info["demo"]
+    assert info.device == "cpu" and info.precision == "fp32" and info.backend == "torch"
+    assert info.backend_reason and not info.demo and not engine.is_remote
+    assert isinstance(engine, SpeechEngine)
+    # the flat form the status panel and /health read: the local engine's facts, then the backend's
+    assert set(info.as_dict()) == {"checkpoint", "root", "device", "precision", "precision_reason", "backend",
+                                   "backend_reason", "demo", "params", "tokenizer", "codec", "memory_plan",
+                                   "max_batch", "min_rows"}
 
 
 @pytest.mark.parametrize("name", ["zero_shot", "voice_clone"])
@@ -113,8 +120,8 @@ def test_cancel_and_close(engine, parity_dir):
     stream = engine.generate_stream(prompt=prompt, max_frames=200)
     next(stream)
     stream.close()  # GeneratorExit: releases the engine
-    assert engine._lock.acquire(timeout=1)
-    engine._lock.release()
+    assert engine.runner.lock.acquire(timeout=1)
+    engine.runner.lock.release()
 
 
 def test_two_threads_do_not_interleave(engine, parity_dir):
@@ -134,7 +141,7 @@ def test_two_threads_do_not_interleave(engine, parity_dir):
 
 def test_bf16_runs_close(parity_dir):
     engine = Engine.load(parity_dir / "tiny_checkpoint", device="cpu", precision="bf16")
-    assert engine.info["precision"] == "bf16"
+    assert engine.info.precision == "bf16"
     _, prompt, ref = fixture(parity_dir, "zero_shot")
     assert rel_error(engine.prefill(prompt), ref) < 5e-2
     frames = engine.predict(prompt=prompt, temperature=0, max_frames=10, repeat_guard=None)
@@ -180,21 +187,19 @@ def test_bad_arguments(engine, parity_dir):
             Engine.load(parity_dir / "tiny_checkpoint", device="cuda")
 
 
-def test_backend_registry(parity_dir):
-    from engine import generate
+def test_backend_registry(parity_dir, monkeypatch):
+    from engine import backends
+    from engine.backends import eager
 
     built = []
 
     def fake(checkpoint, *, device, dtype, max_len, precision=None):
         built.append((device.type, dtype, max_len))
-        return generate._torch_backend(checkpoint, device=device, dtype=dtype, max_len=max_len, precision=precision)
+        return eager.load(checkpoint, device=device, dtype=dtype, max_len=max_len, precision=precision)
 
-    generate.register_backend("fake", fake)
-    try:
-        engine = Engine.load(parity_dir / "tiny_checkpoint", backend="fake")
-    finally:
-        del generate.BACKENDS["fake"]
-    assert engine.info["backend"] == "fake" and built == [("cpu", torch.float32, 4096)]
+    monkeypatch.setitem(backends.BACKENDS, "fake", fake)
+    engine = Engine.load(parity_dir / "tiny_checkpoint", backend="fake")
+    assert engine.info.backend == "fake" and built == [("cpu", torch.float32, 4096)]
     with pytest.raises(ValueError, match="unknown backend"):
         Engine.load(parity_dir / "tiny_checkpoint", backend="nope")
 
@@ -230,18 +235,16 @@ class FusedTorch:
         return torch.tensor(out, dtype=torch.long).view(-1, 8), self.rule.done
 
 
-def test_fused_decode_protocol_matches_per_step(engine, parity_dir):
-    from engine import generate
+def test_fused_decode_protocol_matches_per_step(engine, parity_dir, monkeypatch):
+    from engine import backends
+    from engine.backends import eager
 
     def fused(checkpoint, *, device, dtype, max_len, precision=None):
-        return FusedTorch(generate._torch_backend(checkpoint, device=device, dtype=dtype, max_len=max_len))
+        return FusedTorch(eager.load(checkpoint, device=device, dtype=dtype, max_len=max_len))
 
-    generate.register_backend("fused-torch", fused)
-    try:
-        # max_batch 1: a backend with the fused protocol batches (and skips it) only when max_batch > 1
-        other = Engine.load(parity_dir / "tiny_checkpoint", backend="fused-torch", precision="fp32", max_batch=1)
-    finally:
-        del generate.BACKENDS["fused-torch"]
+    monkeypatch.setitem(backends.BACKENDS, "fused-torch", fused)
+    # max_batch 1: a backend with the fused protocol batches (and skips it) only when max_batch > 1
+    other = Engine.load(parity_dir / "tiny_checkpoint", backend="fused-torch", precision="fp32", max_batch=1)
     d, prompt, _ = fixture(parity_dir, "voice_clone")
     frames = other.predict(prompt=prompt, temperature=0, max_frames=143, repeat_guard=None)
     assert frames.tolist() == d["frames"]
@@ -257,7 +260,7 @@ def test_fused_decode_protocol_matches_per_step(engine, parity_dir):
 
 
 def test_a_backend_that_fails_to_start_falls_back_only_under_auto():
-    from engine.generate import BACKENDS, BackendUnavailable, _start_backend
+    from engine.backends import BACKENDS, BackendUnavailable, resolve, start
 
     def broken(**_):
         raise RuntimeError("cuInit failed")
@@ -267,8 +270,8 @@ def test_a_backend_that_fails_to_start_falls_back_only_under_auto():
         made.append(factory)
         return factory() if factory is broken else "torch-model"
 
-    model, name, reason = _start_backend("cubin", broken, auto=True, reason=None, make=make)
-    assert (model, name) == ("torch-model", "torch") and made[-1] is BACKENDS["torch"]
+    model, name, reason = start("cubin", broken, auto=True, reason=None, make=make)
+    assert (model, name) == ("torch-model", "torch") and made[-1] is resolve(BACKENDS["torch"])
     assert "cubin" in reason and "cuInit failed" in reason and "torch path" in reason
     with pytest.raises(BackendUnavailable, match="failed to start.*cuInit failed"):
-        _start_backend("cubin", broken, auto=False, reason=None, make=make)
+        start("cubin", broken, auto=False, reason=None, make=make)

@@ -36,7 +36,7 @@ def test_engine_cubin_backend_matches_torch_on_parity(parity_dir):
     fast = Engine.load(parity_dir / "tiny_checkpoint", device="cuda", backend="cubin", precision="bf16")
     ref = Engine.load(parity_dir / "tiny_checkpoint", device="cuda", backend="torch", precision="bf16")
     prompt = Prompt(ids=ids)
-    assert fast.info["backend"] == "cubin"
+    assert fast.info.backend == "cubin"
     assert rel_error(fast.prefill(prompt), ref.prefill(prompt)) < 3e-2
     audio = fast.generate(prompt=prompt, seed=1, max_frames=40)
     assert len(audio) > 0 and len(audio) % 960 == 0
@@ -51,8 +51,8 @@ def test_default_path_fp8_graph_replay_and_device_sampling(parity_dir):
     ids = torch.tensor(json.loads((parity_dir / "zero_shot.json").read_text())["prompt_ids"])
     engine = Engine.load(parity_dir / "tiny_checkpoint")
     info = engine.info
-    assert (info["device"], info["backend"], info["precision"]) == ("cuda", "cubin", "fp8"), info
-    assert info["self_check"].startswith("passed: fp8"), info["self_check"]
+    assert (info.device, info.backend, info.precision) == ("cuda", "cubin", "fp8"), info
+    assert info.extra["self_check"].startswith("passed: fp8"), info.extra["self_check"]
     be = engine.model
     logits = be.prefill(ids, None, 0)
     be.begin(logits, len(ids), seed=1, temperature=0.0, top_k=0, top_p=1.0, max_rows=8)

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine import generate
+from engine import device as engine_device
 from kernels import compat, runtime
 
 REPO = Path(__file__).resolve().parents[1]
@@ -73,20 +73,20 @@ def gpu_but_cpu_torch(monkeypatch):
 
 @pytest.mark.parametrize("device", ["auto", "cuda"])
 def test_engine_stops_auto_and_cuda_with_the_paragraph(gpu_but_cpu_torch, device):
-    with pytest.raises(generate.GpuUnusable) as exc:
-        generate._device(device)
+    with pytest.raises(engine_device.GpuUnusable) as exc:
+        engine_device.resolve_device(device)
     assert "NVIDIA H200" in str(exc.value) and "--device cpu" in str(exc.value)
     assert "\n" not in str(exc.value)  # one paragraph: the CLI prints it whole on one line
 
 
 def test_device_cpu_goes_ahead(gpu_but_cpu_torch):
-    assert generate._device("cpu") == torch.device("cpu")
+    assert engine_device.resolve_device("cpu") == torch.device("cpu")
 
 
 def test_no_gpu_auto_is_cpu_without_message(monkeypatch):
     monkeypatch.setattr(runtime, "probe_driver", lambda device=0: NO_GPU)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert generate._device("auto") == torch.device("cpu")
+    assert engine_device.resolve_device("auto") == torch.device("cpu")
 
 
 def test_engine_say_prints_the_paragraph_and_cpu_override_runs(gpu_but_cpu_torch, capsys, tmp_path):

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from bench import gpu_check, gpu_run
-from engine import generate
+from engine import backends
+from engine import device as engine_device
 from engine.backends import memory, trust
 from engine.config import FULL_SIZE
 from kernels import manifest as mf
@@ -68,12 +69,12 @@ def test_engine_applies_the_plan_to_max_batch_and_the_cache(monkeypatch):
     than the plan's positions is cut to them."""
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (int(5.0 * GB), int(16 * GB)))
     model = SimpleNamespace(max_len=4096, setup_cache=lambda n: setattr(model, "max_len", n))
-    slots, summary = generate._plan_memory(model, FULL_SIZE, torch.device("cuda"), 16, itemsize=2)
+    slots, summary = engine_device.plan_memory(model, FULL_SIZE, torch.device("cuda"), 16, itemsize=2)
     assert slots == 4 and model.max_len == 4096 and summary.startswith("4 slots × 4096 positions")  # 3 GB / 0.6
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (int(2.4 * GB), int(16 * GB)))
-    slots, summary = generate._plan_memory(model, FULL_SIZE, torch.device("cuda"), 16, itemsize=2)
+    slots, summary = engine_device.plan_memory(model, FULL_SIZE, torch.device("cuda"), 16, itemsize=2)
     assert slots == 1 and model.max_len == 2560 and summary.startswith("1 slots × 2560 positions")
-    assert generate._plan_memory(model, FULL_SIZE, torch.device("cpu"), 16, itemsize=2) == (16, None)
+    assert engine_device.plan_memory(model, FULL_SIZE, torch.device("cpu"), 16, itemsize=2) == (16, None)
 
 
 def test_torch_cache_growth_that_runs_out_of_memory_keeps_the_old_cache(parity_dir, monkeypatch):
@@ -126,13 +127,13 @@ def test_the_fallback_is_built_after_the_failed_backend_is_freed(monkeypatch):
         seen.append(refs[0]() is None)
         return "torch-graph model"
 
-    monkeypatch.setitem(generate.BACKENDS, "torch-graph", torch_graph_factory)
-    model, name, reason = generate._start_backend("cubin", cubin_factory, auto=True, reason=None,
+    monkeypatch.setitem(backends.BACKENDS, "torch-graph", torch_graph_factory)
+    model, name, reason = backends.start("cubin", cubin_factory, auto=True, reason=None,
                                                   fallback="torch-graph", make=lambda f: f())
     assert (model, name) == ("torch-graph model", "torch-graph") and seen == [True]
     assert "illegal memory access" in reason and reason.endswith("using the torch-graph path")
-    with pytest.raises(generate.BackendUnavailable, match="illegal memory access.*restart with backend='torch'$"):
-        generate._start_backend("cubin", cubin_factory, auto=False, reason=None, make=lambda f: f())
+    with pytest.raises(backends.BackendUnavailable, match="illegal memory access.*restart with backend='torch'$"):
+        backends.start("cubin", cubin_factory, auto=False, reason=None, make=lambda f: f())
 
 
 STICKY_CHILD = """
@@ -169,15 +170,15 @@ def test_a_sticky_fault_in_the_probe_process_falls_back_with_the_reason(parity_d
     real_probe = trust.probe
     monkeypatch.setattr(trust, "probe", lambda *a, **k: calls.append(1) or real_probe(*a, **{**k, "command": child}))
     monkeypatch.setattr(cubin, "load", lambda *a, **k: pytest.fail("the cubin backend was built in the studio"))
-    monkeypatch.setitem(generate.BACKENDS, "torch-graph", lambda checkpoint, **kw: "torch-graph model")
+    monkeypatch.setitem(backends.BACKENDS, "torch-graph", lambda checkpoint, **kw: "torch-graph model")
     ckpt = load_checkpoint(parity_dir / "tiny_checkpoint", progress=False)
 
     def make(factory):
         return factory(ckpt, device="cpu", dtype=torch.bfloat16, max_len=64, precision=None)
 
     for _ in range(2):
-        model, name, reason = generate._start_backend("cubin", generate.BACKENDS["cubin"], auto=True, reason=None,
-                                                      fallback="torch-graph", make=make)
+        model, name, reason = backends.start("cubin", backends.resolve(backends.BACKENDS["cubin"]), auto=True,
+                                             reason=None, fallback="torch-graph", make=make)
         assert (model, name) == ("torch-graph model", "torch-graph")
         assert "not trusted" in reason and "illegal memory access" in reason and "using the torch-graph path" in reason
     assert calls == [1] and "(cached)" in reason  # the second start read the verdict
@@ -198,7 +199,7 @@ def test_a_passing_probe_lets_auto_load_the_cubins_with_the_verdict(parity_dir, 
     monkeypatch.setattr(trust, "probe", lambda root, device, precision, variant, ident, **k: trust.Verdict(
         True, "passed: fp8 logits vs the torch path", ident, 12.0))
     monkeypatch.setattr(cubin, "load", lambda checkpoint, **kw: built)
-    be = cubin.load_trusted(SimpleNamespace(root=parity_dir), device="cuda:0")
+    be = trust.load_trusted(SimpleNamespace(root=parity_dir), device="cuda:0")
     assert be is built and be.info["kernel_trust"].startswith("trusted (probed in a separate process in 12 s)")
 
 

@@ -141,7 +141,7 @@ def test_a_refused_cubin_names_the_kernel_and_the_driver_error(tmp_path):
 def test_auto_falls_back_to_torch_with_the_kernels_sentence(tmp_path):
     """Under backend="auto" the engine's start policy turns the refusal into the torch path plus the reason;
     asked for by name it raises with the same sentence."""
-    from engine import generate
+    from engine import backends
 
     write_manifest(tmp_path, ["alpha", "beta"])
 
@@ -149,18 +149,22 @@ def test_auto_falls_back_to_torch_with_the_kernels_sentence(tmp_path):
         runtime.CubinKernels(loader=RefusingLoader("beta"), root=tmp_path, cc=120)
 
     torch_model = object()
-    make = {cubin_factory: cubin_factory, "torch": lambda: torch_model}
-    orig = generate.BACKENDS["torch"]
-    generate.BACKENDS["torch"] = "torch"
+
+    def torch_factory():
+        return torch_model
+
+    make = {cubin_factory: cubin_factory, torch_factory: torch_factory}
+    orig = backends.BACKENDS["torch"]
+    backends.BACKENDS["torch"] = torch_factory
     try:
-        model, name, reason = generate._start_backend("cubin", cubin_factory, auto=True, reason=None,
+        model, name, reason = backends.start("cubin", cubin_factory, auto=True, reason=None,
                                                       make=lambda f: make[f]())
         assert model is torch_model and name == "torch"
         assert "kernel beta" in reason and "CUDA_ERROR_INVALID_IMAGE" in reason and "torch path" in reason
-        with pytest.raises(generate.BackendUnavailable, match="kernel beta"):
-            generate._start_backend("cubin", cubin_factory, auto=False, reason=None, make=lambda f: make[f]())
+        with pytest.raises(backends.BackendUnavailable, match="kernel beta"):
+            backends.start("cubin", cubin_factory, auto=False, reason=None, make=lambda f: make[f]())
     finally:
-        generate.BACKENDS["torch"] = orig
+        backends.BACKENDS["torch"] = orig
 
 
 # ---------------------------------------------------------------------------------------------

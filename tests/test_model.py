@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from engine.config import Dims
-from engine.model import HiggsModel, apply_rope, param_count, rel_error, rope_table, signed_sin
+from engine.layers import apply_rope, rope_table, signed_sin
+from engine.model import HiggsModel, param_count, rel_error
 
 STORED = {"tied.embedding.text_embedding.weight": "text_embedding.weight",
           "tied.embedding.modality_embeddings.0.embedding.weight": "audio_embedding.weight",

@@ -153,7 +153,7 @@ def test_parity_checkpoint_in_int8_against_the_reference_logits(parity_dir, name
     from engine.prompt import Prompt
 
     engine = Engine.load(parity_dir / "tiny_checkpoint", device="cpu", precision="int8")
-    assert engine.info["precision"] == "int8"
+    assert engine.info.precision == "int8"
     fixture = json.loads((parity_dir / f"{name}.json").read_text())
     prompt = Prompt(ids=fixture["prompt_ids"], ref_rows=fixture["ref_rows"])
     want = torch.from_numpy(np.load(parity_dir / f"{name}_prefill_logits.npy"))
@@ -196,7 +196,7 @@ def test_engine_auto_on_the_demo_is_fp32_and_says_why():
     from engine.demo import demo_checkpoint
 
     engine = Engine.load(demo_checkpoint(), device="cpu")
-    assert engine.info["precision"] == "fp32" and "small model" in engine.info["precision_reason"]
+    assert engine.info.precision == "fp32" and "small model" in engine.info.precision_reason
 
 
 def test_int8_on_a_gpu_is_refused_with_a_sentence():

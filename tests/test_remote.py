@@ -17,9 +17,11 @@ import pytest
 import soundfile as sf
 
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
+from engine.dialects import OPENAI, SGLANG_OMNI, STUDIO, VLLM_OMNI, detect_dialect, server_voice_name
 from engine.generate import codes_sha256
-from engine.remote import (SGLANG_OMNI, STUDIO, VLLM_OMNI, OPENAI, RemoteEngine, RemoteError, RemoteVoice,
-                           detect_dialect, parse_voices, server_voice_name)
+from engine.remote import RemoteEngine
+from engine.types import SamplingParams, SpeechEngine
+from engine.wire import RemoteError, RemoteVoice, parse_voices
 from studio.formats import to_pcm16
 from tests.remote_fakes import MODEL, SglangOmniFake, VllmOmniFake, pcm_of, serve, wav_clip
 from tests.studio_server import KEY, running_studio
@@ -80,12 +82,16 @@ def test_detects_each_server_kind():
 
 def test_info_reports_kind_model_and_how_many_takes_go_at_once():
     ours = scripted(lambda r: httpx.Response(404), STUDIO_FACTS)
-    assert ours.info["remote_kind"] == "Higgs Studio" and ours.info["max_batch"] == 6  # what the studio reports
-    assert ours.model == "higgs-audio-v3-tts" and "sampling_note" not in ours.info
+    assert ours.info.remote_kind == "Higgs Studio" and ours.info.max_batch == 6  # what the studio reports
+    assert ours.model == "higgs-audio-v3-tts" and ours.info.sampling_note is None
     vllm = scripted(lambda r: httpx.Response(404), VLLM_FACTS)
-    assert vllm.info["remote_kind"] == "vLLM-Omni" and vllm.info["max_batch"] == 16 and vllm.model == MODEL
-    assert "ignores temperature, top-k and top-p" in vllm.info["sampling_note"]
-    assert scripted(lambda r: httpx.Response(404), SGLANG_FACTS, concurrency=3).info["max_batch"] == 3
+    assert vllm.info.remote_kind == "vLLM-Omni" and vllm.info.max_batch == 16 and vllm.model == MODEL
+    assert "ignores temperature, top-k and top-p" in vllm.info.sampling_note
+    common = {"checkpoint", "device", "precision", "backend", "demo", "max_batch", "remote", "remote_kind",
+              "server_device", "server_backend"}
+    assert set(ours.info.as_dict()) == common and set(vllm.info.as_dict()) == common | {"sampling_note"}
+    assert isinstance(ours, SpeechEngine) and ours.is_remote
+    assert scripted(lambda r: httpx.Response(404), SGLANG_FACTS, concurrency=3).info.max_batch == 3
     assert scripted(lambda r: httpx.Response(404), VLLM_FACTS, model="mine").model == "mine"
     with pytest.raises(ValueError, match="concurrency"):
         RemoteEngine("http://s", concurrency=0)
@@ -127,6 +133,27 @@ def test_speech_body_speaks_each_servers_dialect():
         ours.speech_body("  ")
     with pytest.raises(ValueError, match="http"):
         RemoteEngine("server:8000")
+
+
+def test_keywords_win_over_params_and_only_given_settings_travel():
+    """As for the local engine (`SamplingParams.of`): a keyword replaces that field of `params`; without
+    `params` only the keywords given are sent, and an invalid one is refused before anything is sent."""
+    seen = []
+
+    def handler(request):
+        if request.url.path != "/v1/audio/speech":
+            return httpx.Response(404)
+        seen.append(json.loads(request.content))
+        return httpx.Response(200, content=b"\0\0" * 960, headers={"content-type": "audio/pcm"})
+
+    remote = RemoteEngine("http://s", transport=httpx.MockTransport(handler))
+    list(remote.generate_stream("Hi.", params=SamplingParams(temperature=0.3, seed=9), temperature=0.5, top_k=None))
+    assert (seen[0]["temperature"], seen[0]["top_k"], seen[0]["seed"]) == (0.5, 30, 9)
+    list(remote.generate_stream("Hi.", seed=4))
+    assert seen[1]["seed"] == 4 and not {"temperature", "top_k", "top_p"} & set(seen[1])
+    with pytest.raises(ValueError, match="temperature"):
+        remote.generate_stream("Hi.", temperature=-1)
+    assert len(seen) == 2
 
 
 def test_voice_names_are_mapped_or_refused_before_upload():
@@ -269,7 +296,7 @@ def test_errors_name_the_server_and_say_what_it_answered():
     with pytest.raises(RemoteError, match=r"^Could not reach the speech server at http://gpu-box:8000: ") as err:
         unreachable.generate("Hi.")
     assert err.value.status is None and "pw" not in str(err.value)
-    assert unreachable.info["backend"] == "remote" and unreachable.info["remote_kind"] == "unreachable"
+    assert unreachable.info.backend == "remote" and unreachable.info.remote_kind == "unreachable"
 
 
 def test_a_server_that_is_down_is_not_asked_again_on_every_look(monkeypatch):
@@ -283,7 +310,7 @@ def test_a_server_that_is_down_is_not_asked_again_on_every_look(monkeypatch):
 
     engine_ = RemoteEngine("http://s", transport=httpx.MockTransport(down))
     for _ in range(3):
-        assert engine_.info["remote_kind"] == "unreachable"
+        assert engine_.info.remote_kind == "unreachable"
     assert asked == ["/health", "/v1/models"]
     monkeypatch.setattr(engine.remote, "RECONTACT_S", 0.0)
     engine_.info
@@ -345,8 +372,8 @@ def server(keyed_studio):
 
 @pytest.fixture(scope="module")
 def local():
-    from engine.generate import Engine
     from engine.demo import demo_checkpoint
+    from engine.generate import Engine
 
     return Engine.load(demo_checkpoint())
 
@@ -391,7 +418,7 @@ def test_greedy_take_over_http_equals_the_in_process_take(server, local):
     local_codes = local.predict(style + text, **options)
     assert remote_codes_sha256(server, {"input": text, "instructions": style, **options}) == codes_sha256(local_codes)
     assert chunks[-1].final and chunks[-1].metrics.seed == 1234 and chunks[-1].metrics.ttfa_ms > 0
-    assert remote.info["precision"] == local.info["precision"]
+    assert remote.info.precision == local.info.precision
 
     # Sampled (not greedy) takes are reproducible across the wire too: the seed fixes the draws.
     sampled = dict(temperature=0.9, top_k=40, top_p=0.9, seed=99, max_frames=25)
@@ -473,7 +500,7 @@ def test_engine_remote_builds_the_remote_client():
     from engine import Engine
 
     remote = Engine.remote("http://127.0.0.1:9/v1", api_key="k")
-    assert isinstance(remote, RemoteEngine) and remote.is_remote
+    assert isinstance(remote, RemoteEngine) and remote.is_remote and remote.info.remote is not None
     # no model given: the server is asked (nothing answers at port 9, so the default name stands in)
     assert remote.model == "bosonai/higgs-audio-v3-tts-4b"
     assert Engine.remote("http://127.0.0.1:9", model="higgs-tts-3").model == "higgs-tts-3"

@@ -9,8 +9,8 @@ import torch
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install -r requirements-dev.txt)")
 
-from engine import generate
-from engine.backends import cubin
+from engine import backends
+from engine.backends import cubin, self_check
 from engine.checkpoint import load_checkpoint
 from engine.model import HiggsModel
 from kernels import ops
@@ -48,7 +48,7 @@ class BrokenJit:
 def tiny(parity_dir):
     ckpt = load_checkpoint(parity_dir / "tiny_checkpoint", progress=False)
     ref = HiggsModel.from_state_dict(ckpt.dims, ckpt.backbone, dtype=torch.bfloat16,
-                                     max_len=len(cubin.SELF_CHECK_IDS) + cubin.SELF_CHECK_STEPS)
+                                     max_len=len(self_check.SELF_CHECK_IDS) + self_check.SELF_CHECK_STEPS)
     # the interpreter's cost is programs × loop steps: the composition test's larger tiles (same kernels)
     saved = {name: dict(getattr(ops, name)) for name in FAST_TILES}
     for name, tiles in FAST_TILES.items():
@@ -87,7 +87,7 @@ def run_check(ckpt, ref, precision, fault=None, monkeypatch=None):
         monkeypatch.setattr(ops, "gemm_kernel", BrokenJit(ops.gemm_kernel, fault))
     backend = cubin.CubinBackend(ckpt.dims, ckpt.backbone, ops=ops, device="cpu", precision=precision,
                                  max_len=MAX_LEN, calibration_steps=2)
-    return cubin.self_check(backend, ref)
+    return self_check.self_check(backend, ref)
 
 
 @pytest.mark.slow
@@ -97,7 +97,7 @@ def test_correct_kernels_pass(tiny, precision):
     print(check.summary)
     assert check.ok, check.summary
     # the batched step's too: slot 0 in bucket 1, then slot 1 in bucket 4 beside padding rows
-    assert check.total == 8 * (1 + cubin.SELF_CHECK_STEPS + cubin.SELF_CHECK_ROWS_STEPS + 1)
+    assert check.total == 8 * (1 + self_check.SELF_CHECK_STEPS + self_check.SELF_CHECK_ROWS_STEPS + 1)
     assert check.rows_total == 1 + 2 + 3 + 4 and check.rows_greedy >= 0.5 * check.rows_total  # fused rows(4)
     assert check.summary.startswith("passed: ") and f"{precision} logits" in check.summary
 
@@ -108,7 +108,7 @@ def test_broken_kernels_fail(tiny, precision, fault, monkeypatch):
     check = run_check(*tiny, precision, fault, monkeypatch)
     print(check.summary)
     assert not check.ok, check.summary
-    assert check.cosine_min < cubin.SELF_CHECK_MIN_COSINE[precision]
+    assert check.cosine_min < self_check.SELF_CHECK_MIN_COSINE[precision]
     assert check.summary.startswith("FAILED: ")
 
 
@@ -120,42 +120,51 @@ def test_broken_production_paths_fail(tiny, fault, monkeypatch):
     print(check.summary)
     assert not check.ok and check.summary.startswith("FAILED: ")
     if fault == "fused rows":
-        assert check.cosine_min >= cubin.SELF_CHECK_MIN_COSINE["bf16"]
-        assert check.rows_greedy < cubin.SELF_CHECK_MIN_GREEDY["bf16"] * check.rows_total
+        assert check.cosine_min >= self_check.SELF_CHECK_MIN_COSINE["bf16"]
+        assert check.rows_greedy < self_check.SELF_CHECK_MIN_GREEDY["bf16"] * check.rows_total
     else:
-        assert check.cosine_min < cubin.SELF_CHECK_MIN_COSINE["bf16"]
+        assert check.cosine_min < self_check.SELF_CHECK_MIN_COSINE["bf16"]
 
 
 def test_thresholds_and_nan():
-    good = cubin.SelfCheck("fp8", 0.995, 60, 72, 0.5, 9, 10)
+    good = self_check.SelfCheck("fp8", 0.995, 60, 72, 0.5, 9, 10)
     assert good.ok and "cosine min 0.9950 (needs 0.98)" in good.summary and "greedy 60/72" in good.summary
     assert "fused greedy rows 9/10" in good.summary
-    assert not cubin.SelfCheck("fp8", 0.995, 30, 72, 0.5, 9, 10).ok  # agreement under the floor
-    assert not cubin.SelfCheck("fp8", 0.995, 60, 72, 0.5, 4, 10).ok  # the fused rows under it
-    assert not cubin.SelfCheck("fp8", 0.995, 60, 72, 0.5).ok         # no fused rows checked: not trusted
-    assert not cubin.SelfCheck("bf16", 0.998, 72, 72, 0.5, 10, 10).ok  # bf16 holds the tighter cosine
+    assert not self_check.SelfCheck("fp8", 0.995, 30, 72, 0.5, 9, 10).ok  # agreement under the floor
+    assert not self_check.SelfCheck("fp8", 0.995, 60, 72, 0.5, 4, 10).ok  # the fused rows under it
+    assert not self_check.SelfCheck("fp8", 0.995, 60, 72, 0.5).ok         # no fused rows checked: not trusted
+    assert not self_check.SelfCheck("bf16", 0.998, 72, 72, 0.5, 10, 10).ok  # bf16 holds the tighter cosine
     x = torch.ones(8, 4)
-    assert cubin._cosine(x * float("nan"), x) == -1.0 and cubin._cosine(x, x) == pytest.approx(1.0)
-    assert cubin._cosine(torch.zeros(8, 4), x) == pytest.approx(0.0)
+    assert self_check._cosine(x * float("nan"), x) == -1.0 and self_check._cosine(x, x) == pytest.approx(1.0)
+    assert self_check._cosine(torch.zeros(8, 4), x) == pytest.approx(0.0)
+
+
+def test_the_check_prompt_starts_with_the_calibration_prompt():
+    ids = self_check.SELF_CHECK_IDS
+    assert len(ids) == 32 and ids[:len(cubin.CALIBRATION_IDS)] == cubin.CALIBRATION_IDS
 
 
 def test_failed_check_falls_back_under_auto_and_raises_when_explicit(monkeypatch):
     """The engine's start policy with the cubin factory's failure: auto → torch with the figures as the
     reason; backend="cubin" → BackendUnavailable carrying them."""
-    failed = cubin.SelfCheck("fp8", 0.12, 3, 72, 0.4)
+    failed = self_check.SelfCheck("fp8", 0.12, 3, 72, 0.4)
 
     def cubin_factory():
-        raise cubin.SelfCheckFailed(f"the cubin kernels' self-check {failed.summary}")
+        raise self_check.SelfCheckFailed(f"the cubin kernels' self-check {failed.summary}")
 
     torch_model = object()
-    monkeypatch.setitem(generate.BACKENDS, "torch", "torch")
-    make = {cubin_factory: cubin_factory, "torch": lambda: torch_model}
-    model, name, reason = generate._start_backend("cubin", cubin_factory, auto=True, reason=None,
+
+    def torch_factory():
+        return torch_model
+
+    monkeypatch.setitem(backends.BACKENDS, "torch", torch_factory)
+    make = {cubin_factory: cubin_factory, torch_factory: torch_factory}
+    model, name, reason = backends.start("cubin", cubin_factory, auto=True, reason=None,
                                                   make=lambda f: make[f]())
     assert model is torch_model and name == "torch"
     assert "self-check FAILED" in reason and "cosine min 0.1200" in reason and "torch path" in reason
-    with pytest.raises(generate.BackendUnavailable, match="cosine min 0.1200"):
-        generate._start_backend("cubin", cubin_factory, auto=False, reason=None, make=lambda f: make[f]())
+    with pytest.raises(backends.BackendUnavailable, match="cosine min 0.1200"):
+        backends.start("cubin", cubin_factory, auto=False, reason=None, make=lambda f: make[f]())
 
 
 def test_load_runs_the_check_and_reports_it(monkeypatch):
@@ -173,10 +182,11 @@ def test_load_runs_the_check_and_reports_it(monkeypatch):
     monkeypatch.setattr("kernels.runtime.cubin_ops", lambda kernels: None)
     monkeypatch.setattr(cubin, "CubinBackend", lambda *a, **k: Backend())
     monkeypatch.setattr(cubin, "run_self_check",
-                        lambda backend, checkpoint: cubin.SelfCheck("bf16", 0.9999, 72, 72, 0.3, 10, 10))
+                        lambda backend, checkpoint: self_check.SelfCheck("bf16", 0.9999, 72, 72, 0.3, 10, 10))
     be = cubin.load(ckpt, device="cpu", precision="bf16")
-    assert be.info["self_check"].startswith("passed: ") and be.info["kernel_loader"] == "cuda.core (PyCUDA is not installed)"
+    assert be.info["self_check"].startswith("passed: ")
+    assert be.info["kernel_loader"] == "cuda.core (PyCUDA is not installed)"
     monkeypatch.setattr(cubin, "run_self_check",
-                        lambda backend, checkpoint: cubin.SelfCheck("bf16", 0.2, 10, 72, 0.3, 10, 10))
-    with pytest.raises(cubin.SelfCheckFailed, match="FAILED: bf16 logits vs the torch path, cosine min 0.2000"):
+                        lambda backend, checkpoint: self_check.SelfCheck("bf16", 0.2, 10, 72, 0.3, 10, 10))
+    with pytest.raises(self_check.SelfCheckFailed, match="FAILED: bf16 logits vs the torch path, cosine min 0.2000"):
         cubin.load(ckpt, device="cpu", precision="bf16")

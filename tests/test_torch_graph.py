@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from engine import generate
+from engine import backends
 from engine.backends import torch_graph
 from engine.backends.torch_graph import TorchGraphBackend, device_uniforms, seed_base
 from engine.checkpoint import load_checkpoint
@@ -202,8 +202,8 @@ def test_greedy_take_equals_the_parity_codes(parity_dir, name):
     # max_batch 1: the fused single-stream path (graphs, device sampling); larger engines batch eagerly
     engine = Engine.load(parity_dir / "tiny_checkpoint", device="cpu", precision="fp32", backend="torch-graph",
                          max_batch=1)
-    assert engine.info["backend"] == "torch-graph" and "stand-in" in engine.info["graphs"]
-    assert engine.scheduler is None and engine.info["max_batch"] == 1
+    assert engine.info.backend == "torch-graph" and "stand-in" in engine.info.extra["graphs"]
+    assert engine.scheduler is None and engine.info.max_batch == 1
     # load captured every window and the default-settings sampler (a failing capture fails the load)
     assert list(engine.model.sampler_graphs) == [(0.8, 30, 0.8)]
     assert sorted(engine.model.step_graphs) == engine.model.windows() == [256, 512, 1024, 2048, 4096]
@@ -220,18 +220,17 @@ def test_sampled_take_equals_the_eager_engine(parity_dir):
 
 def test_auto_on_the_cpu_is_still_the_eager_torch_path(parity_dir):
     engine = Engine.load(parity_dir / "tiny_checkpoint", device="cpu")
-    assert engine.info["backend"] == "torch" and type(engine.model) is HiggsModel
+    assert engine.info.backend == "torch" and type(engine.model) is HiggsModel
 
 
 def test_auto_choice_on_a_cuda_device_without_cubins(monkeypatch):
     """A CUDA device where the cubin backend is unavailable (here: its module cannot be imported): auto
     takes torch-graph, with eager torch behind it, and says why."""
-    monkeypatch.delitem(generate.BACKENDS, "cubin", raising=False)
-    monkeypatch.setitem(generate.BACKEND_MODULES, "cubin", "engine.backends.not_installed")
-    name, fallback, reason = generate._auto_choice(torch.device("cuda"))
+    monkeypatch.setitem(backends.BACKENDS, "cubin", "engine.backends.not_installed:load")
+    name, fallback, reason = backends.auto_choice(torch.device("cuda"))
     assert (name, fallback) == ("torch-graph", "torch")
     assert reason.startswith("backend 'cubin' is not available") and reason.endswith("using the torch-graph path")
-    assert generate._auto_choice(torch.device("cpu")) == (
+    assert backends.auto_choice(torch.device("cpu")) == (
         "torch", "torch", "no CUDA GPU: the torch reference path runs on the CPU")
 
 
@@ -242,25 +241,28 @@ def test_auto_falls_back_cubin_then_torch_graph_then_torch():
         return factory
 
     cubin, graph = broken("cubin"), broken("graph")
-    made = {cubin: cubin, graph: graph, "torch": lambda: "eager"}
-    saved = dict(generate.BACKENDS)
-    generate.BACKENDS.update({"torch-graph": graph, "torch": "torch"})
+    def eager():
+        return "eager"
+
+    made = {cubin: cubin, graph: graph, eager: eager}
+    saved = dict(backends.BACKENDS)
+    backends.BACKENDS.update({"torch-graph": graph, "torch": eager})
     try:
-        model, name, reason = generate._start_backend("cubin", cubin, auto=True, reason=None,
+        model, name, reason = backends.start("cubin", cubin, auto=True, reason=None,
                                                       make=lambda f: made[f](), fallback="torch-graph")
     finally:
-        generate.BACKENDS.clear()
-        generate.BACKENDS.update(saved)
+        backends.BACKENDS.clear()
+        backends.BACKENDS.update(saved)
     assert (model, name) == ("eager", "torch")
     assert "cubin broke" in reason and "graph broke" in reason and reason.endswith("using the torch path")
     made[graph] = lambda: "graphed"
-    generate.BACKENDS["torch-graph"] = graph
+    backends.BACKENDS.update({"torch-graph": graph, "torch": eager})
     try:
-        model, name, reason = generate._start_backend("cubin", cubin, auto=True, reason=None,
+        model, name, reason = backends.start("cubin", cubin, auto=True, reason=None,
                                                       make=lambda f: made[f](), fallback="torch-graph")
     finally:
-        generate.BACKENDS.clear()
-        generate.BACKENDS.update(saved)
+        backends.BACKENDS.clear()
+        backends.BACKENDS.update(saved)
     assert (model, name) == ("graphed", "torch-graph") and "using the torch-graph path" in reason
 
 
@@ -270,9 +272,9 @@ def test_fp8_needs_the_cubin_backend(ckpt):
 
 
 def test_registered_as_a_backend_module():
-    assert generate.BACKEND_MODULES["torch-graph"] == "engine.backends.torch_graph"
-    assert generate.BACKENDS["torch-graph"] is torch_graph.load
-    assert generate.AUTO_ON_CUDA == ("cubin", "torch-graph")
+    assert backends.BACKENDS["torch-graph"] == "engine.backends.torch_graph:load"
+    assert backends.resolve(backends.BACKENDS["torch-graph"]) is torch_graph.load
+    assert backends.AUTO_ON_CUDA == ("cubin", "torch-graph")
 
 
 @pytest.mark.gpu
@@ -284,7 +286,7 @@ def test_cuda_graphs_give_the_eager_engines_takes(parity_dir):
     d, prompt = fixture(parity_dir, "voice_clone")
     engines = [Engine.load(parity_dir / "tiny_checkpoint", device="cuda", precision="fp32", backend=b)
                for b in ("torch", "torch-graph")]
-    assert engines[1].info["graphs"] == "CUDA graphs"
+    assert engines[1].info.extra["graphs"] == "CUDA graphs"
     for options in (dict(temperature=0, max_frames=d["predict_max_frames"], repeat_guard=None),
                     dict(seed=11, max_frames=120)):
         eager, graphed = (e.predict(prompt=prompt, **options) for e in engines)

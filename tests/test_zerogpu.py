@@ -96,13 +96,13 @@ def test_gpu_entry_points_are_decorated_and_nothing_touches_cuda_at_load(zero, t
     assert zerogpu.active()
     args = app.parse_args(["--demo", "--voices-dir", str(tmp_path / "voices")])
     engine = app.load_engine(args)  # import + load: any CUDA touch raises here
-    assert isinstance(engine, zerogpu.ZeroGPUEngine) and engine.info["backend"] == "torch"
+    assert isinstance(engine, zerogpu.ZeroGPUEngine) and engine.info.backend == "torch"
     assert sorted(zero.decorated) == ["encode_codes", "encode_voice", "stream"]
     with pytest.raises(AssertionError, match="outside"):  # the guard is live
         torch.cuda._lazy_init()
 
     service = StudioService(engine, VoiceCatalog(VoiceLibrary(tmp_path / "voices")))
-    assert service.slots == 1 < engine._engine.info["max_batch"]  # one decorated call at a time
+    assert service.slots == 1 < engine._engine.info.max_batch  # one decorated call at a time
     try:
         take = service.synthesize(SynthesisRequest(text="Hello there.", params=SamplingParams(seed=1, max_frames=8)))
         assert take.audio.size > 0

@@ -1,6 +1,7 @@
 """The fast GPU step: the Triton kernels, loaded from the committed cubins, composed behind the step
-interface of docs/ARCHITECTURE.md (`prefill`, `decode`, `setup_cache`, `max_len`), plus a fused decode
-that samples on the device and replays the whole step as one CUDA graph.
+interface of engine/backends/base.py (`prefill`, `decode`, `setup_cache`, `max_len`), plus the batched step
+and a fused decode that samples on the device and replays the whole step as one CUDA graph (both in
+engine/backends/cubin_steps.py).
 
 One decode step of variant "v1", per layer (10 launches), then the head and the sampler:
 
@@ -18,30 +19,6 @@ per codebook with radix thresholds (`sample_grid_kernel` in kernels/sampler.py: 
 next input as the single-program sampler v1 and v2 keep); v2 stays the default until a GPU run measures
 v3 against it. `sampler` ("cta" one program, "grid" one per codebook) overrides the variant's sampler, so
 the device check can time each change on its own.
-
-Batched decode (issue 13). `decode_rows(rows [M, 8], slots, positions)` runs one step of M takes, each in
-its own KV slot at its own position, and returns fp32 logits [M, 8, 1026] for the engine's scheduler
-(which samples on the host). Per layer, 9 launches for the whole batch:
-
-    rmsnorm (-> fp8) | skinny GEMM qkv | batched q/k norm + RoPE + KV write (per-row slot and position)
-    batched attention + combine (per-row slot and length) | skinny GEMM o_proj (+ residual, split-K)
-    rmsnorm (-> fp8) | skinny GEMM gate_up | silu·mul (-> fp8) | skinny GEMM down (+ residual, split-K)
-
-then the final rmsnorm and the audio head as one more skinny GEMM (fp32 logits). The skinny GEMMs
-(kernels/batch.py) are BF16, W8A8, or W8A16 for o_proj on the FP8 path (its input is the attention output,
-which has no quantiser; FP8 weight, BF16 activations, BF16 MMA). Rows are padded to a bucket of 1, 4, 8
-or 16 (`ROW_BUCKETS`), and each bucket's step is one CUDA graph whose inputs (rows, slots, positions,
-lengths) are device buffers copied in before the replay; padding rows carry code 0, position -1 (the KV
-write skips them) and length 1 over slot 0, and their outputs are discarded. More than 16 takes run as
-several steps of at most 16.
-
-Batch invariance by construction: the GEMM always multiplies a 16-row activation tile in a fixed K order
-whatever M is, every other kernel (norms, silu·mul, RoPE/KV write, attention, combine) runs one program
-per row, and the embedding sums the 8 codebooks elementwise in a fixed order, so a take's logits are the
-same bits alone, in any bucket, beside any other takes, in any slot (tests/test_cubin_batch.py). They are
-not the bits of the single-stream step (`decode` / `rows`: GEMVs, another reduction order): an engine
-with max_batch 1 runs that fused path, one with max_batch > 1 runs every take, a lone one included,
-through `decode_rows`, so the same seed gives codes that differ by float rounding between the two.
 
 KV slots: caches [slots, kv_heads, max_len, D] per layer, one contiguous slot per take (the layout the
 batched attention indexes), allocated for the engine's max_batch (`setup_slots`; 1 until the engine
@@ -66,22 +43,21 @@ rows) through this backend and through the torch path on the same device and wei
 cosine and greedy agreement against documented thresholds; then greedy `rows(4)` through the fused step.
 A failure raises `SelfCheckFailed`, which the engine turns into the torch path under backend "auto" (with
 the figures as the reason) and into an error when "cubin" was asked for; a pass puts the figures in
-`engine.info["self_check"]`. Under "auto" all of it first runs in a separate process (`load_trusted`,
-engine/backends/trust.py), so a kernel fault cannot poison the studio's CUDA context.
+`engine.info["self_check"]` (engine/backends/self_check.py). Under "auto" all of it first runs in a
+separate process (`load_trusted`, engine/backends/trust.py), so a kernel fault cannot poison the studio's CUDA context.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import time
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from engine.backends.cubin_steps import ROW_BUCKETS, BatchedStep, FusedStep
 from engine.backends.memory import NotEnoughMemory, check_room
-from engine.backends.torch_graph import EagerGraph
+from engine.backends.self_check import SelfCheckFailed, run_self_check
 from engine.config import Dims
 from engine.model import embed_prompt
 
@@ -97,8 +73,6 @@ CALIBRATION_HEADROOM = 2.0
 CALIBRATION_IDS = (151644, 872, 198, 9707, 11, 419, 374, 264, 2805, 22636, 11652, 369, 279, 7743, 1614, 13,
                    151645, 198, 151644, 77091, 198)
 CALIBRATION_DECODE_STEPS = 16
-# Row buckets of the batched step: one CUDA graph each; M takes run in the smallest bucket that holds them.
-ROW_BUCKETS = (1, 4, 8, 16)
 
 BF16 = torch.bfloat16
 
@@ -122,8 +96,11 @@ class Layer:
             setattr(self, name, None)
 
 
-class CubinBackend:
-    """Owns the fused weights, KV caches, positions and sampler state of one model on one device."""
+class CubinBackend(BatchedStep, FusedStep):
+    """Owns the fused weights, KV caches, positions and sampler state of one model on one device; the
+    batched and the fused decode steps are in engine/backends/cubin_steps.py."""
+
+    prefill_chunk = None  # a prompt's prefill is one GEMM pass
 
     def __init__(self, dims: Dims, backbone: dict[str, torch.Tensor], *, ops, device, precision: str = "fp8",
                  max_len: int = 4096, stream=None, calibration_steps: int = CALIBRATION_DECODE_STEPS,
@@ -141,6 +118,7 @@ class CubinBackend:
         self.dims, self.ops, self.precision, self.variant, self.sampler = dims, ops, precision, variant, sampler
         self.device, self.stream = torch.device(device), stream
         self.max_len, self.slots = 0, 1
+        self.max_rows = ROW_BUCKETS[-1]  # what `calibrate_rows` last recorded; any row count runs
         self.graph = None
         self.row_graphs: dict[int, object] = {}  # bucket -> the batched step's graph
         self.info: dict = {}  # joins engine.info (kernel target and loader, set by `load`)
@@ -237,19 +215,6 @@ class CubinBackend:
         self.cos, self.sin = rope
         self.slots, self.max_len = slots, max_len
         self._capture_buckets()
-
-    def _capture_buckets(self) -> None:
-        """Capture every bucket's graph now, with all rows padding (position -1 writes no KV), so no take
-        pays for captures in the middle of a batch; only where takes decode together (slots > 1)."""
-        if self.slots < 2 or self._calib is not None or not self.max_len:
-            return
-        with self._on_stream():
-            self.b_meta[0].zero_()
-            self.b_meta[1].fill_(-1)
-            self.b_meta[2].fill_(1)
-            self.b_rows.zero_()
-            for p in ROW_BUCKETS:
-                self.row_graphs[p] = self._capture_rows(p)
 
     def _calibrate_and_quantize(self, decode_steps: int) -> None:
         """Run the built-in prompt in BF16 recording activation amax at the three quantised inputs, then
@@ -388,280 +353,6 @@ class CubinBackend:
             out = self.logits.view(self.dims.codebooks, self.dims.codebook_vocab).clone()
         return out
 
-    # ---------------------------------------------------------------- batched decode (the scheduler's step)
-    @staticmethod
-    def bucket(m: int) -> int:
-        """The row bucket (and graph) a step of m ≤ 16 takes runs in."""
-        return next(b for b in ROW_BUCKETS if b >= m)
-
-    @torch.inference_mode()
-    def decode_rows(self, rows: torch.Tensor, slots: list[int], positions: list[int], *,
-                    bucket: int | None = None) -> torch.Tensor:
-        """One decode step of B takes: rows [B, 8] (take i's last sampled row, fed at positions[i] of KV slot
-        slots[i]) -> fp32 logits [B, 8, 1026]. Each take's logits are the same bits whatever else runs
-        beside it (module docstring); B > 16 runs as steps of at most 16 takes. `bucket` runs B ≤ bucket
-        takes in that bucket's graph, padded (the self-check: one take beside three padding rows)."""
-        b = rows.shape[0]
-        if not b == len(slots) == len(positions):
-            raise ValueError(f"decode_rows: {b} rows for {len(slots)} slots and {len(positions)} positions")
-        for slot in slots:
-            self._check_slot(slot)
-        self._check_room(max(positions) + 1)
-        if len(set(slots)) != b:
-            raise ValueError(f"decode_rows: two takes in one KV slot ({slots})")
-        if bucket is not None and (bucket not in ROW_BUCKETS or b > bucket):
-            raise ValueError(f"decode_rows: {b} rows do not run in bucket {bucket} (buckets {ROW_BUCKETS})")
-        rows = rows.to(self.device)
-        out = torch.empty(b, self.dims.codebooks, self.dims.codebook_vocab, dtype=torch.float32, device=self.device)
-        group = ROW_BUCKETS[-1]
-        with self._on_stream():
-            for lo in range(0, b, group):
-                hi = min(lo + group, b)
-                self._step_group(rows[lo:hi], slots[lo:hi], positions[lo:hi], bucket)
-                out[lo:hi] = self.b_logits[:hi - lo].view(hi - lo, *out.shape[1:])
-        return out
-
-    def _step_group(self, rows: torch.Tensor, slots: list[int], positions: list[int], bucket: int | None = None
-                    ) -> None:
-        """Copy ≤ 16 takes' inputs into the static buffers, padded to their bucket, and replay its graph."""
-        m = rows.shape[0]
-        p = bucket or self.bucket(m)
-        pad = p - m
-        meta = torch.tensor([[*slots, *[0] * pad], [*positions, *[-1] * pad], [x + 1 for x in positions] + [1] * pad],
-                            dtype=torch.int32)
-        self.b_meta[:, :p].copy_(meta)
-        self.b_rows[:m].copy_(rows)
-        self.b_rows[m:p].zero_()
-        graph = self.row_graphs.get(p)
-        if graph is None:  # captured when the buffers hold this very step: the warm-up runs are this step
-            graph = self.row_graphs[p] = self._capture_rows(p)
-        graph.replay()
-
-    def _capture_rows(self, p: int):
-        if self.device.type != "cuda":
-            return EagerGraph(lambda: self._step_rows(p))  # the CPU tests: the same step, replayed eagerly
-        from kernels.runtime import capture_graph
-
-        return capture_graph(lambda: self._step_rows(p), self.stream or torch.cuda.current_stream(self.device))
-
-    def _step_rows(self, p: int) -> None:
-        """The batched step over the first p rows of the static buffers (the bucket's graph body). The
-        residual stream is rebuilt from the rows' embeddings, so a replay (or a capture's warm-up run)
-        recomputes the same step from its inputs."""
-        ops, d = self.ops, self.dims
-        slots, positions, lens = self.b_meta[0, :p], self.b_meta[1, :p], self.b_meta[2, :p]
-        h = self.b_h[:p]
-        e = F.embedding(self.b_rows[:p] + self.offsets, self.audio_w).float()
-        acc = e[:, 0]
-        for k in range(1, d.codebooks):  # elementwise, in codebook order: no reduction whose order could vary
-            acc = acc + e[:, k]
-        h.copy_(acc)
-        fp8 = self.precision == "fp8"
-        for L in self.layers:
-            xn = ops.rmsnorm(h, L.ln1, d.rms_eps, scale=L.x_qkv)
-            qkv = ops.skinny_gemm(xn, L.qkv, w_scale=L.qkv_s, x_scale=L.rows_qkv if fp8 else None)
-            q = ops.qk_norm_rope_kv_batch(qkv, L.q_norm, L.k_norm, self.cos, self.sin, slots, positions, L.kc, L.vc,
-                                          heads=d.heads, kv_heads=d.kv_heads, eps=d.rms_eps)
-            a = ops.decode_attention_batch(q, L.kc, L.vc, slots, lens, scratch=self.b_attn_scratch)
-            ops.skinny_gemm(a.view(p, -1), L.o, w_scale=L.o_s, residual=h, out=h, scratch=self.b_split)
-            xn = ops.rmsnorm(h, L.ln2, d.rms_eps, scale=L.x_gate_up)
-            gu = ops.skinny_gemm(xn, L.gate_up, w_scale=L.gate_up_s, x_scale=L.rows_gate_up if fp8 else None)
-            act = ops.silu_mul(gu, scale=L.x_down)
-            ops.skinny_gemm(act, L.down, w_scale=L.down_s, x_scale=L.rows_down if fp8 else None, residual=h, out=h,
-                            scratch=self.b_split)
-        ops.skinny_gemm(ops.rmsnorm(h, self.norm_w, d.rms_eps), self.audio_w, out=self.b_logits[:p])
-
-    # ---------------------------------------------------------------- fused decode (sampling on device)
-    def begin(self, logits: torch.Tensor, pos: int, *, seed: int, temperature: float, top_k: int, top_p: float,
-              max_rows: int) -> None:
-        """Start a take whose first row is sampled from `logits` (the prefill's) and fed at `pos`."""
-        self._check_room(pos + max_rows)
-        with self._on_stream():
-            state, params = self.ops.sampler_state(seed, top_k, temperature, top_p, self.device)
-            if self.graph is None or self.rows_buf.shape[0] < max_rows:
-                self.state, self.params = state, params
-                self.rows_buf = torch.full((max_rows, self.dims.codebooks), -1, dtype=torch.int32, device=self.device)
-                self.x_row = torch.zeros(1, self.dims.hidden, dtype=BF16, device=self.device)
-                self.h_row = torch.zeros_like(self.x_row)
-                self.base = torch.zeros(1, dtype=torch.int64, device=self.device)
-                self.graph = None
-            else:  # graph inputs are updated in place: same addresses, new values
-                self.state.copy_(state)
-                self.params.copy_(params)
-                self.rows_buf.fill_(-1)
-            self.logits.copy_(logits.reshape(-1))
-            self.base.fill_(pos)
-        self.taken, self.max_rows = 0, max_rows
-
-    def _fused_step(self) -> None:
-        """Sample row state.step from self.logits, embed it, and run the step at base + step."""
-        ops = self.ops
-        if self.sampler == "grid":
-            ops.sample_grid(self.logits, self.audio_w, self.state, self.params, self.rows_buf, self.x_row.view(-1),
-                            self.sampler_scratch)
-        else:
-            ops.sample(self.logits, self.audio_w, self.state, self.params, self.rows_buf, self.x_row.view(-1))
-        self.pos.copy_(self.base + self.state[:1] - 1)  # the row just sampled sits at base + step
-        self.h_row.copy_(self.x_row)
-        self._layers(self.h_row)
-
-    @torch.inference_mode()
-    def rows(self, n: int) -> tuple[torch.Tensor, bool]:
-        """Advance up to n steps on the device, then ONE host sync: the rows sampled ([k, 8] int64) and
-        whether the sampler's stop state finished the take."""
-        n = max(0, min(n, self.max_rows - self.taken))  # never step past the room begin() checked
-        with self._on_stream():
-            if self.device.type == "cuda" and self.graph is None:
-                self._capture()
-            for _ in range(n):
-                if self.graph is not None:
-                    self.graph.replay()
-                else:
-                    self._fused_step()
-            state = self.state.tolist()  # the one sync per chunk
-        step, done = int(state[self.ops.STATE_STEP]), bool(state[self.ops.STATE_DONE])
-        rows = self.rows_buf[self.taken:min(step, self.max_rows)].long().cpu()
-        self.taken = step
-        return rows, done
-
-    def _capture(self) -> None:
-        """Capture `_fused_step` into one CUDA graph. Warm-up runs mutate the take's state, so inputs are
-        snapshotted and restored; KV written past the take's position is overwritten before it is read."""
-        from kernels.runtime import capture_graph
-
-        saved = [t.clone() for t in (self.state, self.params, self.rows_buf, self.logits, self.base)]
-        self.graph = capture_graph(self._fused_step, self.stream or torch.cuda.current_stream(self.device))
-        for t, s in zip((self.state, self.params, self.rows_buf, self.logits, self.base), saved):
-            t.copy_(s)
-
-
-# -------------------------------------------------------------------------------------------- self-check
-# A fixed prompt of 32 tokens: the calibration prompt, then more ordinary text ids, so prefill runs the
-# GEMM path on a tile boundary's worth of rows; then SELF_CHECK_STEPS teacher-forced decode steps (GEMV).
-SELF_CHECK_IDS = CALIBRATION_IDS + (576, 4024, 6666, 2937, 8730, 311, 6351, 13, 151645, 198, 151644)
-SELF_CHECK_STEPS = 8
-# The last steps run again through the batched step (`decode_rows`, one take), which an engine with
-# max_batch > 1 runs for every take: its kernels (skinny GEMMs, batched RoPE/KV write and attention) are
-# checked before they are trusted too.
-SELF_CHECK_ROWS_STEPS = 2
-# The two paths production runs beyond those: one take in slot 1 of bucket 4 beside 3 padding rows (the
-# max_batch > 1 path: slots above 0, padding at position -1, a bucket graph above 1), and greedy rows
-# through the fused step (`begin` / `rows`: device sampler and graph replay, the max_batch 1 path).
-SELF_CHECK_BUCKET = 4
-SELF_CHECK_FUSED_ROWS = 4
-# Thresholds. The cubin path and the torch path compute the same math, so on correct kernels they differ
-# by rounding: BF16 by accumulation order and bf16 stores (cosine min 0.9999, greedy 72/72 on the tiny
-# checkpoint), FP8 by the W8A8 quantisation (0.9944, 68/72 there; real weights' outlier channels cost
-# more, hence the margin). The broken GEMV/GEMM of tests/test_self_check.py (zeroed output, transposed
-# weight, FP8 weight scale off by 16×) gave cosine min 0.00 / -0.07 / -0.05; NaN counts as -1. Greedy
-# agreement counts codebook argmaxes equal to the torch path's; near-ties on random weights flip some under
-# FP8, so its floor is low: it is there for garbage, not for precision.
-SELF_CHECK_MIN_COSINE = {"bf16": 0.999, "fp8": 0.98}
-SELF_CHECK_MIN_GREEDY = {"bf16": 0.9, "fp8": 0.5}
-
-
-class SelfCheckFailed(RuntimeError):
-    """The cubin path disagrees with the torch path on the same weights: its kernels are not trusted."""
-
-
-@dataclass(frozen=True)
-class SelfCheck:
-    precision: str
-    cosine_min: float     # over the prefill and every decode step's logits; -1 for NaN/inf
-    greedy: int           # codebook argmaxes equal to the torch path's
-    total: int
-    seconds: float
-    rows_greedy: int = 0  # fused rows' codebooks equal to the reference's argmax along those rows
-    rows_total: int = 0   # codebooks past the delay window in those rows
-
-    @property
-    def ok(self) -> bool:
-        floor = SELF_CHECK_MIN_GREEDY[self.precision]
-        return (self.cosine_min >= SELF_CHECK_MIN_COSINE[self.precision] and self.greedy >= floor * self.total
-                and self.rows_total > 0 and self.rows_greedy >= floor * self.rows_total)
-
-    @property
-    def summary(self) -> str:
-        return (f"{'passed' if self.ok else 'FAILED'}: {self.precision} logits vs the torch path, cosine min "
-                f"{self.cosine_min:.4f} (needs {SELF_CHECK_MIN_COSINE[self.precision]}), greedy "
-                f"{self.greedy}/{self.total} (needs {SELF_CHECK_MIN_GREEDY[self.precision]:.0%}), "
-                f"{len(SELF_CHECK_IDS)}-token prompt + {SELF_CHECK_STEPS} steps + {SELF_CHECK_ROWS_STEPS} batched "
-                f"steps + 1 in bucket {SELF_CHECK_BUCKET} (slot 1, padding rows); fused greedy rows "
-                f"{self.rows_greedy}/{self.rows_total}, {self.seconds:.1f} s")
-
-
-def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    c = float(F.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0))
-    return c if math.isfinite(c) and torch.isfinite(a).all() else -1.0
-
-
-def self_check(backend: CubinBackend, reference, *, ids=SELF_CHECK_IDS, steps: int = SELF_CHECK_STEPS,
-               rows_steps: int = SELF_CHECK_ROWS_STEPS, fused_rows: int = SELF_CHECK_FUSED_ROWS) -> SelfCheck:
-    """Run `ids` and `steps` decode steps through `backend` and `reference` (the torch path on the same
-    device and weights), both fed the reference's greedy rows; then the last `rows_steps` of them again
-    through the batched step (`decode_rows` in slot 0, rewriting those positions' KV), and the first in
-    slot 1 of bucket SELF_CHECK_BUCKET beside padding rows; compare every step's logits. Then `fused_rows`
-    greedy rows through the fused step (`begin` / `rows`), each compared with the reference's argmax
-    after the fused path's own previous rows (so one near-tie does not cascade). The backend's KV
-    positions it writes are overwritten by the next take's prefill."""
-    t0 = time.perf_counter()
-    ids = torch.tensor(ids, dtype=torch.long)
-    got, want = backend.prefill(ids, None, 0), reference.prefill(ids.to(backend.device), None, 0)
-    pairs, fed = [(got, want)], []
-    for step in range(steps):
-        row = want.argmax(-1)
-        row[step + 1:] = backend.dims.boc  # the delay window, as calibration feeds it
-        got, want = backend.decode(row, len(ids) + step), reference.decode(row, len(ids) + step)
-        pairs.append((got, want))
-        fed.append((row, len(ids) + step, want))
-    for row, pos, want in fed[len(fed) - rows_steps:]:
-        pairs.append((backend.decode_rows(row[None], [0], [pos])[0], want))
-    slots = backend.slots
-    if slots < 2:
-        backend.setup_slots(2)
-    backend.prefill(ids, None, 0, slot=1)
-    row, pos, want = fed[0]
-    pairs.append((backend.decode_rows(row[None], [1], [pos], bucket=SELF_CHECK_BUCKET)[0], want))
-    if slots < 2:
-        backend.setup_slots(slots)
-    cos = min(_cosine(g.float().cpu(), w.float().cpu()) for g, w in pairs)
-    greedy = sum(int((g.float().argmax(-1).cpu() == w.float().argmax(-1).cpu()).sum()) for g, w in pairs)
-    rows_greedy, rows_total = _fused_rows_check(backend, reference, ids, fused_rows)
-    return SelfCheck(backend.precision, cos, greedy, sum(w.shape[0] for _, w in pairs), time.perf_counter() - t0,
-                     rows_greedy, rows_total)
-
-
-def _fused_rows_check(backend: CubinBackend, reference, ids: torch.Tensor, n: int) -> tuple[int, int]:
-    """Greedy `rows(n)` through the fused step against the reference's argmax rows: (agreeing codebooks,
-    codebooks past the delay window). The reference is fed the fused path's own rows."""
-    first = backend.prefill(ids, None, 0)
-    backend.begin(first, len(ids), seed=0, temperature=0.0, top_k=0, top_p=1.0, max_rows=n)
-    rows, _ = backend.rows(n)
-    logits = reference.prefill(ids.to(backend.device), None, 0)
-    agree = total = 0
-    for step, row in enumerate(rows):
-        want = logits.argmax(-1).cpu()
-        live = min(step + 1, backend.dims.codebooks)  # codebook k is BOC until step k
-        agree += int((row[:live] == want[:live]).sum())
-        total += live
-        logits = reference.decode(row.to(backend.device), len(ids) + step)
-    return agree, total
-
-
-def run_self_check(backend: CubinBackend, checkpoint) -> SelfCheck:
-    """Build the torch path in bf16 on the backend's device for the check only, then free it: both copies
-    of the weights are held for the check's second or so (4B: 8 GB bf16 beside the 4.5 GB FP8 engine)."""
-    from engine.model import HiggsModel
-
-    reference = HiggsModel.from_state_dict(checkpoint.dims, checkpoint.backbone, dtype=BF16, device=backend.device,
-                                           max_len=len(SELF_CHECK_IDS) + SELF_CHECK_STEPS)
-    try:
-        return self_check(backend, reference)
-    finally:
-        del reference
-        if backend.device.type == "cuda":
-            torch.cuda.empty_cache()
-
 
 # -------------------------------------------------------------------------------------------- engine hook
 def probe(device) -> str | None:
@@ -708,32 +399,3 @@ def load(checkpoint, *, device, dtype=None, max_len: int = 4096, precision: str 
                     "kernel_loader": f"{kernels.loader_name} ({kernels.loader_reason})",
                     "self_check": check.summary}
     return backend
-
-
-class Untrusted(RuntimeError):
-    """The cubin probe process failed (engine/backends/trust.py): the kernels are not loaded here."""
-
-
-def load_trusted(checkpoint, *, device, dtype=None, max_len: int = 4096, precision: str | None = None,
-                 variant: str = "v2") -> CubinBackend:
-    """What backend "auto" runs: `load` in this process only after the same load, calibration and
-    self-check passed in a separate one (cached per GPU, driver, torch and manifest), so a kernel fault
-    costs that process and not the studio's CUDA context."""
-    from engine.backends import trust
-
-    chosen = resolve_precision(precision, dtype)
-    verdict = trust.trusted(checkpoint, device, chosen, variant)
-    if not verdict.ok:
-        raise Untrusted(f"the cubin kernels are {verdict.summary}")
-    backend = load(checkpoint, device=device, dtype=dtype, max_len=max_len, precision=precision, variant=variant)
-    backend.info["kernel_trust"] = verdict.summary
-    return backend
-
-
-def _register() -> None:
-    from engine.generate import register_backend
-
-    register_backend("cubin", load, auto=load_trusted)
-
-
-_register()

@@ -42,7 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.delay import MAX_ROWS
-from engine.model import HiggsModel, apply_rope, rms_norm
+from engine.layers import apply_rope, rms_norm
+from engine.model import HiggsModel
 from engine.sampling import GOLDEN, MIX1, MIX2, sample, splitmix64
 from engine.types import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 
@@ -123,6 +124,9 @@ class CudaCapture:
 class TorchGraphBackend:
     """`HiggsModel` behind the step interface, with the decode step and the sampler replayed as graphs."""
 
+    prefill_chunk = None  # a prompt's prefill is one eager pass
+    stream = None  # torch's current stream
+
     def __init__(self, model: HiggsModel, *, capture: Callable | None = None, min_bucket: int = MIN_BUCKET):
         self.model, self.dims, self.device = model, model.dims, model.device
         self.precision = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[model.dtype]
@@ -170,6 +174,9 @@ class TorchGraphBackend:
     def calibrate_rows(self, max_rows: int) -> int:
         return self.model.calibrate_rows(max_rows)
 
+    def setup_slots(self, slots: int) -> None:
+        self.model.setup_slots(slots)
+
     @property
     def min_rows(self) -> int:
         return self.model.min_rows
@@ -200,7 +207,7 @@ class TorchGraphBackend:
         self.logits.copy_(m.head(m.norm(x[-1])))
 
     def _attention(self, attn, x, cos, sin, length: int, hidden: torch.Tensor) -> torch.Tensor:
-        """`engine.model.Attention.forward` at one query, with the K/V write and the window static."""
+        """`engine.layers.Attention.forward` at one query, with the K/V write and the window static."""
         heads, kv_heads, d = attn.heads, attn.kv_heads, attn.head_dim
         qkv = F.linear(x, attn.wqkv).view(1, heads + 2 * kv_heads, d)
         qk = apply_rope(rms_norm(qkv[:, :heads + kv_heads], attn.qk_norm, attn.eps), cos, sin)
@@ -318,12 +325,3 @@ def load(checkpoint, *, device, dtype=None, max_len: int = 4096, precision: str 
     backend = TorchGraphBackend(model)
     backend.warm_up()
     return backend
-
-
-def _register() -> None:
-    from engine.generate import register_backend
-
-    register_backend("torch-graph", load)
-
-
-_register()

@@ -119,6 +119,25 @@ def trusted(checkpoint, device, precision: str, variant: str, *, command: list[s
     return verdict
 
 
+class Untrusted(RuntimeError):
+    """The cubin probe process failed: the kernels are not loaded here."""
+
+
+def load_trusted(checkpoint, *, device, dtype=None, max_len: int = 4096, precision: str | None = None,
+                 variant: str = "v2"):
+    """What backend "auto" runs for cubin: `engine.backends.cubin.load` in this process only after the same
+    load, calibration and self-check passed in a separate one (cached per GPU, driver, torch and
+    manifest), so a kernel fault costs that process and not the studio's CUDA context."""
+    from engine.backends import cubin
+
+    verdict = trusted(checkpoint, device, cubin.resolve_precision(precision, dtype), variant)
+    if not verdict.ok:
+        raise Untrusted(f"the cubin kernels are {verdict.summary}")
+    backend = cubin.load(checkpoint, device=device, dtype=dtype, max_len=max_len, precision=precision, variant=variant)
+    backend.info["kernel_trust"] = verdict.summary
+    return backend
+
+
 def run_child(checkpoint_root: str, device: str, precision: str, variant: str, out: Path, load=None) -> int:
     """The child's work: load the checkpoint and the cubin backend (calibration and self-check included)
     and write the verdict. A Python-level failure is written as a verdict; a crash leaves none."""

@@ -170,11 +170,14 @@ class Codec(nn.Module):
     def device(self) -> torch.device:
         return self.fc2.weight.device
 
+    def latent(self, codes: torch.Tensor) -> torch.Tensor:
+        """Validated codes [T, Q] → the acoustic decoder's input [T, latent] (RVQ lookup + fc2, per frame)."""
+        return self.fc2(self.quantizer.decode(codes))
+
     def decode_tensor(self, codes: torch.Tensor) -> torch.Tensor:
         """Validated codes [T, Q] → waveform [T·hop] on the codec's device (no validation, no host copy)."""
         with torch.inference_mode():
-            latent = self.fc2(self.quantizer.decode(codes))  # [T, latent]
-            return self.acoustic_decoder(latent.t()[None])[0, 0]
+            return self.acoustic_decoder(self.latent(codes).t()[None])[0, 0]
 
     def decode(self, codes) -> np.ndarray:
         """codes LongTensor [T, 8] in 0..1023 → float32 waveform of exactly T·960 samples at 24 kHz."""

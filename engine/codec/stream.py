@@ -2,22 +2,15 @@
 
 Why stateful: the decoder's receptive field is 10 frames a side (`DacDecoder.receptive_field_frames`), so
 the earlier decoder re-decoded a window of 10 + new + 10 frames per push: 20 extra frames on each of the
-engine's 13 pushes for 10 s, 1.4–1.6× a one-shot decode as measured below. Instead every layer keeps the input
+engine's 13 pushes for 10 s, 1.4–1.6× a one-shot decode (docs/PERFORMANCE.md). Instead every layer keeps the input
 history its next outputs still read and computes each output once, when its whole input window has arrived
 (`streaming_layers`); the codes → latent part (RVQ lookup + fc2) is per frame. The outputs are the one-shot
 layers' outputs from the same dot products, so the stream equals `Codec.decode` up to the rounding of
 conv blocking (~1e-7), and the conv work is exactly the one-shot work (`test_codec_stream`).
 
-Measured (full-size random codec, 10 s = 250 frames, the engine's schedule 12, 4, 8, 16, 25…, fp32 CPU,
-interleaved runs on a shared 2-core machine): with 1 thread, CPU time median of 7, one-shot 1,586 ms,
-windowed 2,224 ms (1.40×), stateful 1,329 ms (0.84×: the matmul upsampler beats torch's conv_transpose);
-with 2 threads in a quiet spell, wall median of 5, one-shot 821 ms, windowed 1,159 ms (1.41×), stateful
-848 ms (1.03×, measured with F.conv_transpose1d in the upsampler, before the matmul). With 2 threads under
-load (other jobs keeping ~4 runnable on the 2 cores) all three slow down and the stream most: one-shot 3,443,
-stateful 6,939 (2.0×), windowed 10,394 ms (3.0×), CPU time alike: the stream runs the decoder's ops once
-per push (14 times for 10 s, the flush included) on smaller tensors, and every parallel op waits for a preempted thread. So the
-noise-free claim is the work count: every conv MAC and Snake sample is computed exactly as often as in
-one-shot (`tests/test_codec_stream.py`); for a loaded CPU, one thread is the steadier setting.
+The noise-free claim is the work count: every conv MAC and Snake sample is computed exactly as often as in
+one-shot (`tests/test_codec_stream.py`); the wall-clock figures, and why one thread is the steadier setting
+on a loaded CPU, are in docs/PERFORMANCE.md.
 
 The layers together hold back `lag` output samples (9,458 for strides 8·5·4·2·3, < 10 frames); samples are
 returned in whole frames, those of every frame that has `right` frames after it, so a frame's audio comes
@@ -27,26 +20,37 @@ out as soon as it is final and the engine's look-ahead bookkeeping (`stream.righ
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import torch
+from torch import nn
 
 from .streaming_layers import streaming_decoder
 
-if TYPE_CHECKING:
-    from .model import Codec
+
+class FrameCodec(Protocol):
+    """What the stream decoder needs of a codec (engine/codec/model.py `Codec`)."""
+
+    hop: int  # samples per frame
+    acoustic_decoder: nn.Module
+
+    def check_codes(self, codes) -> torch.Tensor:
+        """Codes [n, 8] validated, on the codec's device."""
+
+    def latent(self, codes: torch.Tensor) -> torch.Tensor:
+        """Validated codes [n, 8] → the decoder's input [n, latent], frame by frame."""
 
 
 class StreamDecoder:
     """Incremental decoder over one utterance: `push` frames as they are generated, `flush` at the end."""
 
-    def __init__(self, codec: Codec):
+    def __init__(self, codec: FrameCodec):
         self.codec = codec
         self.hop = codec.hop
         with torch.inference_mode():
-            like = codec.fc2.weight.new_zeros(0)
-            self.layers = streaming_decoder(codec.acoustic_decoder, like)
+            self._like = next(codec.acoustic_decoder.parameters()).new_zeros(0)  # the decoder's dtype and device
+            self.layers = streaming_decoder(codec.acoustic_decoder, self._like)
         # Frames a frame must have after it before its audio is final (the engine waits this long before
         # its first push); the layers' lag in samples, rounded up to frames.
         self.right = math.ceil(self.layers.lag / self.hop)
@@ -68,7 +72,7 @@ class StreamDecoder:
         frames = self.codec.check_codes(frames)
         if frames.shape[0]:
             with torch.inference_mode():
-                latent = self.codec.fc2(self.codec.quantizer.decode(frames))  # [n, latent], per frame
+                latent = self.codec.latent(frames)  # [n, latent], per frame
                 self._take(self.layers.step(latent.t()[None]))
             self.received += frames.shape[0]
         return self._emit(max(self.emitted, self.received - self.right))
@@ -80,7 +84,7 @@ class StreamDecoder:
         self.finished = True
         if self.received:
             with torch.inference_mode():
-                self._take(self.layers.flush(self.codec.fc2.weight.new_zeros(0)))
+                self._take(self.layers.flush(self._like))
         return self._emit(self.received)
 
     def _take(self, wav: torch.Tensor) -> None:

@@ -105,7 +105,7 @@ class PrivateVoicesView:
         return evt.index[0] if evt.index else None
 
     def _encode(self, wav24k: np.ndarray):
-        if getattr(self.service.engine, "is_remote", False):
+        if self.service.engine.is_remote:
             raise VoiceError("Private voices need this studio's own engine to encode them; with --remote, save "
                              "voices to the owner's library over the API.")
         return self.service.run_exclusive(self.service.engine.encode_codes, wav24k)
