@@ -13,7 +13,7 @@ from typing import Any
 from engine.config import FRAME_RATE
 from engine.delay import default_max_frames
 from engine.tokenizer import CONTROL_TAGS, estimate_seconds, lint_tags
-from engine.types import Metrics
+from engine.types import DRAWN_SEED_BITS, Metrics
 
 PALETTE_GROUPS = (("emotion", "Emotion"), ("style", "Style"), ("sfx", "Sounds"), ("prosody", "Prosody"))
 
@@ -76,12 +76,12 @@ def palette_html() -> str:
 def live_player_html(token: str) -> str:
     """The live player panel: state, playhead, elapsed time and the browser-side numbers. `token` is the page
     session token the live route checks (studio/live.py), read by `static/live.js`; a fresh one is issued at
-    every page load."""
+    every page load. `data-seed-bits` is how many bits a seed the browser draws has (engine.types)."""
     tiles = [("m-heard", "Heard", "ms"), ("live-ttfa", "TTFA", "ms"), ("live-net", "Heard − TTFA", "ms"),
              ("live-rtf", "RTF", ""), ("live-mem", "Peak memory", ""), ("live-underruns", "Underruns", "")]
     cells = "".join(f'<div class="hs-tile"><div class="k">{k}</div><div class="v" id="{i}">—</div>'
                     f'<div class="u">{u}</div></div>' for i, k, u in tiles)
-    return (f'<div class="hs-live" data-token="{_esc(token)}">'
+    return (f'<div class="hs-live" data-token="{_esc(token)}" data-seed-bits="{DRAWN_SEED_BITS}">'
             '<div class="hs-live-bar"><span class="hs-state" id="live-state">idle</span>'
             '<div class="hs-playhead"><div id="live-playhead"></div></div>'
             '<span id="live-pos">0.0 / 0.0 s</span><span id="live-elapsed">0.0 s</span></div>'

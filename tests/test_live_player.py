@@ -108,11 +108,14 @@ def open_page(browser, url, *, init: str = ""):
     return pg
 
 
-def generate(pg, text: str, frames: int, seed: int = 1) -> None:
+def generate(pg, text: str, frames: int, seed: int = 1, repeat_guard: int | None = None) -> None:
     """A take of `frames` frames. The seed is fixed: the demo's random weights sample the stop token now and
-    then (a 110-frame take once ended at 76), and with a fixed seed the CPU take is the same on every run."""
+    then (a 110-frame take once ended at 76), and with a fixed seed the CPU take is the same on every run.
+    `repeat_guard=0` turns the guard off, so only the length cap (or Stop) ends the take."""
     pg.fill("#max-frames input", str(frames))
     pg.fill("#seed input", str(seed))
+    if repeat_guard is not None:
+        pg.fill("#repeat-guard input", str(repeat_guard))
     pg.fill("#text textarea", text)
     pg.click("#generate-btn")
 
@@ -190,7 +193,9 @@ def test_gapless_the_played_samples_are_the_takes_wav(browser, studio_url):
 
 def test_stop_silences_at_once_cancels_the_take_and_keeps_it(browser, studio_url):
     pg = open_page(browser, studio_url)
-    generate(pg, "A long take to stop while it plays.", 3000)
+    # The guard off: the demo's random weights can repeat a frame, and a take the guard ended while the
+    # second of audio played would end "repeat_guard", not by Stop.
+    generate(pg, "A long take to stop while it plays.", 3000, repeat_guard=0)
     pg.wait_for_function("() => window.__hsLive.take?.played > 24000", timeout=180_000)  # a second has played
     pg.click("#stop-btn")
     pg.wait_for_function("() => window.__hsLive.take.silentMs !== undefined", timeout=30_000)

@@ -219,3 +219,14 @@ def test_the_sliders_span_the_engines_limits_and_start_at_its_defaults(page):
     # Every value a slider offers is one SamplingParams accepts.
     types.SamplingParams(temperature=temperature.maximum, top_p=top_p.minimum, top_k=int(top_k.maximum),
                          max_frames=int(controls["max-frames"].maximum), seed=int(controls["seed"].maximum))
+
+
+def test_the_browser_draws_seeds_as_the_engine_does():
+    """A seed the live player draws (several takes, random seed) has engine.types' bits: it reads them from
+    the panel the server renders, so the one number lives in engine/types.py."""
+    from engine.types import DRAWN_SEED_BITS
+    from studio.assets import STATIC_DIR
+
+    assert f'data-seed-bits="{DRAWN_SEED_BITS}"' in render.live_player_html("token")
+    script = (STATIC_DIR / "live.js").read_text()
+    assert "dataset.seedBits" in script and "2 ** 31" not in script

@@ -164,7 +164,8 @@ S.start = (args) => {
   // Several takes are consecutive seeds from the first one's: a random first seed is drawn here, so the
   // stream and the page's event (which starts the other takes) share it.
   let seed = args[8];
-  if (Number(takes) > 1 && !(Number(seed) >= 0)) seed = Math.floor(Math.random() * 2 ** 31);
+  const bits = Number(document.querySelector('.hs-live')?.dataset.seedBits);
+  if (Number(takes) > 1 && !(Number(seed) >= 0)) seed = Math.floor(Math.random() * 2 ** bits);
   const id = Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, '0')).join('');
   // marks: when the stream was sent, answered and first carried audio (the Heard − TTFA breakdown).
   const t = S.take = {id, click: S.click ?? performance.now(), marks: {start: performance.now()},
