@@ -265,6 +265,8 @@ class _Connection(AsyncEventHandler):
                 self._answer(lambda: self._speak(_one(take)))
         elif SynthesizeStart.is_type(event.type):
             voice_id = server.voice_of(SynthesizeStart.from_event(event).voice)
+            if self._buffer is not None:  # a new stream ends the open one: what it has is spoken first
+                self._end_stream()
             self._sentences, self._buffer = asyncio.Queue(), SentenceBuffer()
             sentences = self._sentences
             self._answer(lambda: self._speak_stream(sentences, voice_id))
@@ -272,11 +274,15 @@ class _Connection(AsyncEventHandler):
             for sentence in self._open_buffer("synthesize-chunk").add(SynthesizeChunk.from_event(event).text):
                 self._sentences.put_nowait(sentence)
         elif SynthesizeStop.is_type(event.type):
-            for sentence in self._open_buffer("synthesize-stop").finish():
-                self._sentences.put_nowait(sentence)
-            self._sentences.put_nowait(None)
-            self._sentences = self._buffer = None
+            self._open_buffer("synthesize-stop")
+            self._end_stream()
         return True  # other events are not for a TTS server: ignored, as the protocol asks
+
+    def _end_stream(self) -> None:
+        for sentence in self._buffer.finish():
+            self._sentences.put_nowait(sentence)
+        self._sentences.put_nowait(None)
+        self._sentences = self._buffer = None
 
     def _open_buffer(self, what: str) -> SentenceBuffer:
         if self._buffer is None:
