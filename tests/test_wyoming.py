@@ -19,9 +19,9 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from engine.config import SAMPLE_RATE
 from engine.types import SamplingParams
 from studio.formats import to_pcm16
-from studio.service import StudioService
+from studio.service import StudioService, SynthesisRequest
 from studio.voices import Consent, VoiceLibrary
-from studio.wyoming import LANGUAGES, SentenceBuffer, WyomingServer
+from studio.wyoming import LANGUAGES, WYOMING, SentenceBuffer, WyomingServer
 from tests.studio_server import free_port
 
 SEED = 7
@@ -73,8 +73,10 @@ def pcm_of(events) -> np.ndarray:
 
 
 def alone(service, server, text: str, voice_id=None, index: int = 0) -> np.ndarray:
-    """The same take made straight through the service: what the Wyoming answer must equal."""
-    return to_pcm16(service.synthesize(server.request(text, voice_id, index)).audio)
+    """The same take made straight through the service (sentence `index` of a stream has seed 7 + index): what
+    the Wyoming answer must equal."""
+    request = SynthesisRequest(text=text, voice_id=voice_id, params=PARAMS.with_seed(SEED + index), caller=WYOMING)
+    return to_pcm16(service.synthesize(request).audio)
 
 
 def speak(port: int, text: str, voice: str | None = None) -> list:
@@ -220,13 +222,13 @@ def test_a_bad_request_gets_an_error_and_the_server_keeps_serving(studio, event,
     events, closed = asyncio.run(run())
     assert [e.type for e in events] == ["error"] and says in Error.from_event(events[0]).text
     assert closed is None  # that connection ends, as Home Assistant expects
-    assert np.array_equal(pcm_of(speak(port, "Still here.")), alone(service, server, "Still here."))
+    assert np.array_equal(pcm_of(speak(port, "Still here.", "default")), alone(service, server, "Still here."))
 
 
 def test_a_client_that_goes_away_cancels_its_take(studio):
     service, _, _ = studio
     port = free_port()
-    long = WyomingServer(service, f"tcp://127.0.0.1:{port}", params=SamplingParams.of(seed=SEED, max_frames=4000))
+    long = WyomingServer(service, f"tcp://127.0.0.1:{port}", params=SamplingParams.of(seed=SEED, max_frames=2000))
     long.start()
     try:
         async def run():
@@ -235,13 +237,13 @@ def test_a_client_that_goes_away_cancels_its_take(studio):
                     name="default")).event())
                 while not AudioChunk.is_type((await asyncio.wait_for(c.read_event(), WAIT)).type):
                     pass
-        asyncio.run(run())  # leaves after the first chunk
+        asyncio.run(run())  # leaves after the first chunk, which came long before the take's 2000 frames
         deadline = time.monotonic() + 30
         while service.queue_depth and time.monotonic() < deadline:
             time.sleep(0.05)
         assert service.queue_depth == 0
         take = service.history[-1]
         assert take.text == "A long story begins here." and take.stop_reason == "cancelled"
-        assert take.metrics.frames < 4000
+        assert take.metrics.frames < 2000
     finally:
         long.stop()
