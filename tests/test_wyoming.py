@@ -99,11 +99,23 @@ def test_sentences_are_given_out_once_complete_and_never_cut_at_an_abbreviation_
         SentenceBuffer(limit=10).add("x" * 11)
 
 
-def test_only_tcp_or_unix_addresses_are_served():
+def test_only_tcp_or_unix_addresses_are_served_and_the_app_says_why_it_cannot():
+    import socket
+
+    import app
+
     with pytest.raises(ValueError, match="tcp://"):
         WyomingServer(None, "stdio://")
     with pytest.raises(ValueError, match="port"):
         WyomingServer(None, "tcp://0.0.0.0")
+    with pytest.raises(SystemExit, match="Cannot serve Wyoming at stdio://"):
+        app.start_wyoming("stdio://", None)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(SystemExit, match="Pick another address"):
+            app.start_wyoming(f"tcp://127.0.0.1:{taken.getsockname()[1]}", None)
+    assert app.start_wyoming(None, None) is None
 
 
 # ------------------------------------------------------------------------------------------ the protocol
@@ -247,3 +259,20 @@ def test_a_client_that_goes_away_cancels_its_take(studio):
         assert take.metrics.frames < 2000
     finally:
         long.stop()
+
+
+def test_app_serves_wyoming_beside_the_page_with_the_flag(tmp_path):
+    from tests.studio_server import running_studio
+
+    port = free_port()
+    with running_studio(tmp_path, "--wyoming", f"tcp://127.0.0.1:{port}"):
+        async def run():
+            async with client(port) as c:
+                await c.write_event(Describe().event())
+                info = Info.from_event((await answer(c, "info"))[-1])
+                await c.write_event(Synthesize(text="Hello from the studio.").event())
+                return info, await answer(c)
+        info, events = asyncio.run(run())
+    assert [p.name for p in info.tts] == ["higgs-studio"] and "default" in [v.name for v in info.tts[0].voices]
+    assert [e.type for e in events][::len(events) - 1] == ["audio-start", "audio-stop"] and pcm_of(events).size
+    assert "Wyoming (Home Assistant): tcp://127.0.0.1:" in (tmp_path / "app.log").read_text()
