@@ -150,7 +150,7 @@ def test_synthesize_streams_the_takes_samples(studio, voice):
 
 def test_the_streaming_form_speaks_each_sentence_as_it_completes_gapless_and_in_order(studio):
     service, server, port = studio
-    reply = "Hello there. The lights are off now. Anything else?"
+    reply = "Hello there. The lights are off now. Is there anything else I can do for you this evening?"
     pieces, i, n = [], 0, 3
     while i < len(reply):  # an LLM's pace: 3-7 characters every 40 ms
         pieces.append(reply[i:i + n])
@@ -159,7 +159,7 @@ def test_the_streaming_form_speaks_each_sentence_as_it_completes_gapless_and_in_
     for k, piece in enumerate(pieces):
         if buffer.add(piece) and completes is None:
             completes = k  # the piece after which the first sentence is known to be complete
-    sentences = ["Hello there.", "The lights are off now.", "Anything else?"]
+    sentences = ["Hello there.", "The lights are off now.", "Is there anything else I can do for you this evening?"]
     assert buffer.finish() == sentences[-1:]  # the pieces gave out the others one by one
 
     async def run():
@@ -177,19 +177,23 @@ def test_the_streaming_form_speaks_each_sentence_as_it_completes_gapless_and_in_
 
             writer = asyncio.create_task(write())
             t0 = time.perf_counter()
-            events, first_audio = [], None
+            events, first_audio, late = [], None, 0.0
             while not events or not SynthesizeStopped.is_type(events[-1].type):
                 event = await asyncio.wait_for(c.read_event(), WAIT)
                 assert event is not None and not Error.is_type(event.type), event
-                if first_audio is None and AudioChunk.is_type(event.type):
-                    first_audio = time.perf_counter()
+                if AudioChunk.is_type(event.type):
+                    first_audio = first_audio or time.perf_counter()
+                    # how far this chunk came after a player started at the first one would have needed it
+                    late = max(late, time.perf_counter() - first_audio - len(pcm_of(events)) / SAMPLE_RATE)
                 events.append(event)
             await writer
-            return events, first_audio - t0, first_audio - sent_at[completes]
+            assert first_audio < sent_at[len(pieces) - 1], "no audio before the whole text had come"
+            return events, first_audio - t0, first_audio - sent_at[completes], late
 
-    events, from_start, from_sentence = asyncio.run(run())
+    events, from_start, from_sentence, late = asyncio.run(run())
     print(f"\nWyoming streaming: first audio-chunk {1e3 * from_sentence:.0f} ms after the chunk completing the "
-          f"first sentence ({1e3 * from_start:.0f} ms after synthesize-start)")
+          f"first sentence ({1e3 * from_start:.0f} ms after synthesize-start); a player started at the first "
+          f"chunk waits at most {1e3 * late:.0f} ms")
     types = [e.type for e in events]
     assert types[0] == "audio-start" and types[-2:] == ["audio-stop", "synthesize-stopped"]
     assert types.count("audio-start") == 1 and types.count("audio-stop") == 1  # one stream: no gap between
@@ -197,6 +201,7 @@ def test_the_streaming_form_speaks_each_sentence_as_it_completes_gapless_and_in_
     expected = np.concatenate([alone(service, server, s, voice_id, i) for i, s in enumerate(sentences)])
     assert np.array_equal(pcm_of(events), expected)  # every sentence, in order, with seed 7 + its index
     assert from_sentence < 5.0  # Voice PE satellites give up after 5 s without audio
+    assert late < 0.5  # the next sentence is made while the one before plays: no audible gap between them
 
 
 def test_two_clients_at_once_both_get_their_takes(studio):
