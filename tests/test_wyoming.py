@@ -148,6 +148,19 @@ def test_synthesize_streams_the_takes_samples(studio, voice):
     assert expected.size and np.array_equal(pcm_of(events), expected)
 
 
+def test_a_text_longer_than_one_take_is_spoken_as_the_long_form(studio):
+    from studio.longform import stream_long, wants_long_form
+
+    service, server, port = studio
+    text = "The tide came in over the flats, slow and grey, and the birds lifted off the sand. " * 6
+    assert wants_long_form(text)
+    request = SynthesisRequest(text=text, params=PARAMS, caller=WYOMING)
+    expected = to_pcm16(np.concatenate([c.audio for c in stream_long(service, request)]))
+    events = speak(port, text, "default")
+    assert [e.type for e in events][::len(events) - 1] == ["audio-start", "audio-stop"]
+    assert expected.size and np.array_equal(pcm_of(events), expected)
+
+
 def test_the_streaming_form_speaks_each_sentence_as_it_completes_gapless_and_in_order(studio):
     service, server, port = studio
     reply = "Hello there. The lights are off now. Is there anything else I can do for you this evening?"
