@@ -151,7 +151,7 @@ def test_synthesize_streams_the_takes_samples(studio, voice):
 def test_a_text_longer_than_one_take_is_spoken_as_the_long_form(studio):
     from studio.longform import stream_long, wants_long_form
 
-    service, server, port = studio
+    service, _, port = studio
     text = "The tide came in over the flats, slow and grey, and the birds lifted off the sand. " * 6
     assert wants_long_form(text)
     request = SynthesisRequest(text=text, params=PARAMS, caller=WYOMING)
