@@ -90,6 +90,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--remote-concurrency", type=int, default=int(env.get("HIGGS_REMOTE_CONCURRENCY") or 0) or None,
                    help="most takes sent to the --remote server at once, which batches them (env "
                         "HIGGS_REMOTE_CONCURRENCY; default what the server reports, else 16)")
+    p.add_argument("--wyoming", default=env.get("HIGGS_WYOMING"),
+                   help="also serve Home Assistant's Wyoming protocol at this address, e.g. tcp://0.0.0.0:10200, "
+                        "on the same engine and line (env HIGGS_WYOMING; no authentication: keep it on the home "
+                        "network; docs/WYOMING.md)")
     return p.parse_args(argv)
 
 
@@ -249,10 +253,28 @@ def main(argv: list[str] | None = None) -> None:
               flush=True)
     if args.mcp:
         print(f"MCP server: {demo.local_url.rstrip('/')}/gradio_api/mcp/", flush=True)
+    wyoming = start_wyoming(args.wyoming, service)
     try:
         demo.block_thread()
     finally:
+        if wyoming is not None:
+            wyoming.stop()
         service.close()
+
+
+def start_wyoming(uri: str | None, service):
+    """The Wyoming server beside the page and the API (its own thread), or None without --wyoming; exits
+    with one sentence when the address is bad or taken."""
+    if not uri:
+        return None
+    from studio.wyoming import WyomingServer
+    try:
+        server = WyomingServer(service, uri)
+        server.start()
+    except (ValueError, OSError) as exc:
+        sys.exit(f"Cannot serve Wyoming at {uri}: {exc}. Pick another address with --wyoming or HIGGS_WYOMING.")
+    print(f"Wyoming (Home Assistant): {uri}", flush=True)
+    return server
 
 
 if __name__ == "__main__":

@@ -1,0 +1,395 @@
+"""Home Assistant's local TTS: a Wyoming server (the `wyoming` package's own events and server classes) over the
+studio's `StudioService`, so its takes batch with the page's and the API's and take their turns in the same
+fair line.
+
+    server = WyomingServer(service, "tcp://0.0.0.0:10200")   # app.py --wyoming tcp://0.0.0.0:10200
+    server.start()                                           # its own thread and event loop
+    ...
+    server.stop()                                            # connections closed, their takes cancelled
+
+What a connection may send, and what it gets:
+* `describe` → `info`: one TTS program listing the voices a Wyoming client may use (the preset voices, the
+  library's shared voices, and "default", the model's own voice) and the languages;
+* `synthesize` → `audio-start`, `audio-chunk`s (PCM16, 24 kHz, mono) as the take is made, `audio-stop`; a text
+  too long for one take goes through the long form, as on `/v1/audio/speech`;
+* `synthesize-start`, `synthesize-chunk`s, `synthesize-stop` → each sentence is spoken as soon as it is complete,
+  in order, as one gapless audio stream (`audio-start` … `audio-stop`), then `synthesize-stopped`. The next
+  sentence's take starts while the current one is sent, so it is ready when the current one ends. The
+  `synthesize` Home Assistant sends inside a stream, for servers that cannot stream, is ignored;
+* a bad request (unknown voice, empty text, the line full) → an `error` event with a sentence, then this
+  connection is closed, as wyoming-piper does: Home Assistant waits for `audio-stop` and would otherwise hang.
+  A client that goes away cancels its takes. Other connections are never touched.
+
+Every take is the Wyoming caller's (`WYOMING`): a caller of its own under the admission rule, with a visitor's
+share (`--visitor-concurrency`, `--visitor-queue`) and a visitor's view of the voices, behind the owner. The
+Wyoming protocol has no authentication: bind the port to the home network only.
+
+Wyoming requests carry no sampling settings: every take uses the server's `params`. With a seed there, takes
+are reproducible (sentence i of a stream uses seed + i, as the long take's segments do); without one each take
+draws its own, as an API request without a seed does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from urllib.parse import urlparse
+
+import numpy as np
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
+from wyoming.error import Error
+from wyoming.event import Event
+from wyoming.info import Attribution, Describe, Info, TtsProgram, TtsVoice
+from wyoming.server import AsyncEventHandler, AsyncServer
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, SynthesizeVoice
+
+from engine.config import SAMPLE_RATE
+from engine.longform import split_sentences
+from engine.types import SEED_LIMIT, SamplingParams
+from studio.admission import Caller
+from studio.api.model import DEFAULT_VOICE
+from studio.formats import to_pcm16
+from studio.gpu_queue import ServiceBusy, ServiceClosed
+from studio.longform import MAX_LONG_INPUT_CHARS, start_long, wants_long_form
+from studio.service import StudioService, SynthesisRequest, TakeHandle
+
+log = logging.getLogger("higgs.wyoming")
+
+WYOMING = Caller("wyoming")  # every Wyoming client's takes: one share, behind the owner
+# The languages the model speaks well (Home Assistant offers a voice under each language it lists).
+LANGUAGES = ["en", "zh"]
+PROGRAM = "higgs-studio"
+ATTRIBUTION = Attribution(name="Boson AI", url="https://huggingface.co/bosonai")
+WIDTH, CHANNELS = 2, 1  # PCM16 mono
+AHEAD = 2  # a stream's takes in flight: the one being sent and the next (a visitor's running share is 2)
+_END = object()
+
+
+class SentenceBuffer:
+    """Text arriving in pieces → the sentences completed so far, by the long form's rules
+    (`engine.longform.split_sentences`). A sentence counts as complete once text of the next one follows it,
+    so "Dr." or "3." at the end of a piece never cuts (the next piece may go on "Smith" or "5")."""
+
+    def __init__(self, limit: int = MAX_LONG_INPUT_CHARS):
+        self.text, self.done, self.limit = "", 0, limit
+
+    def add(self, piece: str) -> list[str]:
+        self.text += piece
+        if len(self.text) > self.limit:
+            raise ValueError(f"The streamed text passed {self.limit} characters; end the stream and start a "
+                             "new one.")
+        return self._take(split_sentences(self.text)[:-1])
+
+    def finish(self) -> list[str]:
+        return self._take(split_sentences(self.text)) if self.text.strip() else []
+
+    def _take(self, sentences: list[str]) -> list[str]:
+        new = sentences[self.done:]
+        self.done += len(new)
+        return new
+
+
+class _Take:
+    """One take streamed into the event loop: a thread follows `handle.stream()` (it blocks while the take
+    waits its turn and between chunks) and hands each chunk to the loop."""
+
+    def __init__(self, handle: TakeHandle, loop: asyncio.AbstractEventLoop):
+        self.handle, self._loop = handle, loop
+        self._items: asyncio.Queue = asyncio.Queue()
+        threading.Thread(target=self._pump, name="higgs-wyoming-take", daemon=True).start()
+
+    def _pump(self) -> None:
+        try:
+            for chunk in self.handle.stream():
+                self._hand(chunk)
+            self._hand(_END)
+        except Exception as exc:  # raised again on the loop, where the client hears it
+            self._hand(exc)
+
+    def _hand(self, item) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
+        except RuntimeError:  # the loop has stopped (the server is shutting down)
+            self.handle.cancel.set()
+
+    async def audio(self) -> AsyncIterator[np.ndarray]:
+        while (item := await self._items.get()) is not _END:
+            if isinstance(item, Exception):
+                raise item
+            if len(item.audio):
+                yield item.audio
+
+    def cancel(self) -> None:
+        self.handle.cancel.set()  # the engine ends the take at its next step; its slot goes to the next one
+
+
+class WyomingServer:
+    """The Wyoming endpoint of one `StudioService`: the voice list, the requests its takes are made from, and
+    the server's thread and event loop."""
+
+    def __init__(self, service: StudioService, uri: str, *, params: SamplingParams | None = None,
+                 caller: Caller = WYOMING):
+        scheme = urlparse(uri).scheme
+        if scheme not in ("tcp", "unix"):
+            raise ValueError(f"The Wyoming address must be tcp://HOST:PORT (e.g. tcp://0.0.0.0:10200) or "
+                             f"unix://PATH; got {uri!r}.")
+        self.server = AsyncServer.from_uri(uri)  # ValueError with the package's own sentence for a bad one
+        self.service, self.uri, self.caller = service, uri, caller
+        self.params = params or SamplingParams()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._connections: set[_Connection] = set()
+
+    # ---------------------------------------------------------------- what clients see
+    def voice_names(self) -> list[str]:
+        """The voices this server offers, in order: the caller's voices (presets, shared), then the default."""
+        return [v.name for v in self.service.list_voices(self.caller)] + [DEFAULT_VOICE]
+
+    def info(self) -> Info:
+        voices = [TtsVoice(name=v.name, attribution=ATTRIBUTION, installed=True, version=None, languages=LANGUAGES,
+                           description=v.description or ("preset voice" if v.preset else "saved voice"))
+                  for v in self.service.list_voices(self.caller)]
+        voices.append(TtsVoice(name=DEFAULT_VOICE, attribution=ATTRIBUTION, installed=True, version=None,
+                               languages=LANGUAGES, description="The model's own voice (no reference clip)"))
+        program = TtsProgram(name=PROGRAM, attribution=ATTRIBUTION, installed=True, version=None,
+                             description="Higgs Audio TTS through Higgs Studio", voices=voices,
+                             supports_synthesize_streaming=True)
+        return Info(tts=[program])
+
+    def voice_of(self, voice: SynthesizeVoice | None) -> str | None:
+        """The saved voice a request names (checked now: ValueError for an unknown one), or None for the
+        model's own voice. A request naming none gets the first voice listed."""
+        name = voice.name if voice is not None and voice.name else self.voice_names()[0]
+        if name.strip().lower() == DEFAULT_VOICE:
+            return None
+        return self.service.resolve_voice(name, self.caller).id
+
+    def request(self, text: str, voice_id: str | None, index: int = 0) -> SynthesisRequest:
+        params = self.params
+        if params.seed is not None:
+            params = params.with_seed((params.seed + index) % SEED_LIMIT)
+        return SynthesisRequest(text=text, voice_id=voice_id, params=params, caller=self.caller, source="wyoming")
+
+    def start_take(self, text: str, voice_id: str | None, index: int = 0) -> TakeHandle:
+        """A take's handle, validated now (ValueError with a sentence); a long text goes through the long form."""
+        request = self.request(text, voice_id, index)
+        if isinstance(text, str) and wants_long_form(text):
+            return start_long(self.service, request)
+        return self.service.start(request)
+
+    # ---------------------------------------------------------------- the thread and the loop
+    def start(self, timeout: float = 30.0) -> None:
+        """Listen (OSError when the address is taken) and serve on a thread of its own."""
+        ready: dict = {}
+        started = threading.Event()
+
+        def serve() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                loop.run_until_complete(self.server.start(self._connect))
+            except BaseException as exc:
+                ready["error"] = exc
+                started.set()
+                loop.close()
+                return
+            started.set()
+            loop.run_forever()
+            loop.close()
+
+        self._thread = threading.Thread(target=serve, name="higgs-wyoming", daemon=True)
+        self._thread.start()
+        if not started.wait(timeout):
+            raise OSError(f"The Wyoming server did not start listening on {self.uri} in {timeout:g} s.")
+        if "error" in ready:
+            raise ready["error"]
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Close every connection (their takes are cancelled) and the listener, then end the thread."""
+        loop = self._loop
+        if loop is None or self._thread is None or not loop.is_running():
+            return
+        future = asyncio.run_coroutine_threadsafe(self._shutdown(), loop)
+        try:
+            future.result(timeout)
+        except Exception as exc:  # still stop the loop below
+            log.warning("Wyoming shutdown: %s", exc)
+        loop.call_soon_threadsafe(loop.stop)
+        self._thread.join(timeout)
+
+    async def _shutdown(self) -> None:
+        await self.server.stop()
+        for connection in list(self._connections):
+            await connection.disconnect()
+        others = asyncio.all_tasks() - {asyncio.current_task()}
+        if others:  # the connections' tasks end at their next step; let them, so none is left pending
+            await asyncio.wait(others, timeout=5)
+
+    def _connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> _Connection:
+        connection = _Connection(self, reader, writer)
+        self._connections.add(connection)
+        return connection
+
+
+class _Connection(AsyncEventHandler):
+    """One client. Reading goes on while audio is sent (so a disconnect is seen at once and text keeps
+    arriving); the answers of one connection are sent one after the other, in the order asked."""
+
+    def __init__(self, server: WyomingServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        super().__init__(reader, writer)
+        self.server = server
+        self._sentences: asyncio.Queue | None = None  # the open text stream's sentences (None: no stream open)
+        self._buffer: SentenceBuffer | None = None
+        self._last: asyncio.Task | None = None  # the latest answer; each waits for the one before it
+        self._tasks: set[asyncio.Task] = set()
+        self._takes: set[_Take] = set()
+
+    async def handle_event(self, event: Event) -> bool:
+        try:
+            return await self._handle(event)
+        except Exception as exc:  # one client's bad request: it hears why; the server goes on
+            await self._fail(exc)
+            return False
+
+    async def _handle(self, event: Event) -> bool:
+        server = self.server
+        if Describe.is_type(event.type):
+            await self.write_event(server.info().event())
+        elif Synthesize.is_type(event.type):
+            if self._sentences is None:  # inside a stream it repeats the streamed text for older servers
+                synthesize = Synthesize.from_event(event)
+                handle = server.start_take(synthesize.text, server.voice_of(synthesize.voice))
+                take = self._begin(handle)
+                self._answer(lambda: self._speak(_one(take)))
+        elif SynthesizeStart.is_type(event.type):
+            voice_id = server.voice_of(SynthesizeStart.from_event(event).voice)
+            if self._buffer is not None:  # a new stream ends the open one: what it has is spoken first
+                self._end_stream()
+            self._sentences, self._buffer = asyncio.Queue(), SentenceBuffer()
+            sentences = self._sentences
+            self._answer(lambda: self._speak_stream(sentences, voice_id))
+        elif SynthesizeChunk.is_type(event.type):
+            for sentence in self._open_buffer("synthesize-chunk").add(SynthesizeChunk.from_event(event).text):
+                self._sentences.put_nowait(sentence)
+        elif SynthesizeStop.is_type(event.type):
+            self._open_buffer("synthesize-stop")
+            self._end_stream()
+        return True  # other events are not for a TTS server: ignored, as the protocol asks
+
+    def _end_stream(self) -> None:
+        for sentence in self._buffer.finish():
+            self._sentences.put_nowait(sentence)
+        self._sentences.put_nowait(None)
+        self._sentences = self._buffer = None
+
+    def _open_buffer(self, what: str) -> SentenceBuffer:
+        if self._buffer is None:
+            raise ValueError(f"Got {what} with no text stream open; send synthesize-start first.")
+        return self._buffer
+
+    def _begin(self, handle: TakeHandle) -> _Take:
+        take = _Take(handle, asyncio.get_running_loop())
+        self._takes.add(take)
+        return take
+
+    def _answer(self, make: Callable) -> None:
+        """Run the coroutine `make()` after the answer before it; a failure is told to the client."""
+        before = self._last
+
+        async def answer() -> None:
+            if before is not None:
+                await asyncio.wait({before})
+            try:
+                await make()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                await self._fail(exc)
+                await self.stop()
+
+        self._last = task = asyncio.create_task(answer())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _speak(self, takes: AsyncIterator[_Take]) -> None:
+        """`takes` as one audio stream: each take's chunks as they come, the takes in order."""
+        sent = 0
+        await self.write_event(AudioStart(rate=SAMPLE_RATE, width=WIDTH, channels=CHANNELS, timestamp=0).event())
+        async for take in takes:
+            try:
+                async for audio in take.audio():
+                    pcm = to_pcm16(audio)
+                    await self.write_event(AudioChunk(rate=SAMPLE_RATE, width=WIDTH, channels=CHANNELS,
+                                                      audio=pcm.tobytes(), timestamp=_ms(sent)).event())
+                    sent += len(pcm)
+            finally:
+                take.cancel()  # a no-op once the take has finished; stops it when the client has gone
+                self._takes.discard(take)
+        await self.write_event(AudioStop(timestamp=_ms(sent)).event())
+
+    async def _speak_stream(self, sentences: asyncio.Queue, voice_id: str | None) -> None:
+        """The stream's sentences as one audio stream, then `synthesize-stopped`. Up to `AHEAD` takes run at
+        once, so the next sentence is made while the one before is sent: no gap between them."""
+        room = asyncio.Semaphore(AHEAD)
+        started: asyncio.Queue = asyncio.Queue()  # takes in sentence order, then None (or the failure)
+
+        async def starter() -> None:
+            try:
+                index = 0
+                while (sentence := await sentences.get()) is not None:
+                    await room.acquire()
+                    started.put_nowait(self._begin(self.server.start_take(sentence, voice_id, index)))
+                    index += 1
+                started.put_nowait(None)
+            except Exception as exc:  # a bad sentence, the line full: heard after the audio before it
+                started.put_nowait(exc)
+
+        async def in_order() -> AsyncIterator[_Take]:
+            while (take := await started.get()) is not None:
+                if isinstance(take, Exception):
+                    raise take
+                yield take
+                room.release()
+
+        feed = asyncio.create_task(starter())
+        try:
+            await self._speak(in_order())
+            await self.write_event(SynthesizeStopped().event())
+        finally:
+            feed.cancel()
+
+    async def _fail(self, exc: Exception) -> None:
+        if isinstance(exc, (ServiceBusy, ServiceClosed)):
+            code, text = "busy", str(exc)
+        elif isinstance(exc, ValueError):  # VoiceNotFound, empty text, the limits: sentences for the user
+            code, text = "bad-request", str(exc)
+        elif isinstance(exc, (ConnectionError, OSError)):  # the client went away: nobody to tell
+            return
+        else:
+            log.exception("Wyoming request failed", exc_info=exc)
+            code, text = "failed", f"The take failed ({type(exc).__name__}: {exc})."
+        try:
+            await self.write_event(Error(text=text, code=code).event())
+        except (ConnectionError, OSError):
+            pass
+
+    async def disconnect(self) -> None:
+        """The client went away (or the server stops): its takes are cancelled, waiting or running."""
+        for take in list(self._takes):
+            take.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        self.server._connections.discard(self)
+
+
+async def _one(take: _Take) -> AsyncIterator[_Take]:
+    yield take
+
+
+def _ms(samples: int) -> int:
+    return samples * 1000 // SAMPLE_RATE
+
+
+__all__ = ["LANGUAGES", "WYOMING", "SentenceBuffer", "WyomingServer"]
