@@ -91,7 +91,8 @@ def _inline(children, actions: Actions) -> str:
     for i, tok in enumerate(children):
         kind = tok.type
         if kind == "em_open":  # `***so***` is bold italics, not an action
-            bold = i + 1 < len(children) and children[i + 1].type == "strong_open"
+            after = next((t for t in children[i + 1:] if t.type != "text" or t.content), None)
+            bold = after is not None and after.type == "strong_open"
             hiding.append(actions == "skip" and tok.markup == "*" and not bold)
         elif kind == "link_open":
             hiding.append(tok.markup == "autolink")
