@@ -94,7 +94,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also serve Home Assistant's Wyoming protocol at this address, e.g. tcp://0.0.0.0:10200, "
                         "on the same engine and line (env HIGGS_WYOMING; no authentication: keep it on the home "
                         "network; docs/WYOMING.md)")
-    return p.parse_args(argv)
+    p.add_argument("--voice-alias", action="append", metavar="NAME=VOICE",
+                   help="what a voice name chat clients send speaks with, e.g. alloy=Narrator (a saved voice) or "
+                        "nova=\"Calm narrator\" (a style preset); repeatable, or comma-separated. Unset names keep "
+                        "the built-in table (docs/API.md, \"Voice aliases\") (env HIGGS_VOICE_ALIASES, used when "
+                        "no flag is given)")
+    args = p.parse_args(argv)
+    if args.voice_alias is None:
+        args.voice_alias = [env["HIGGS_VOICE_ALIASES"]] if env.get("HIGGS_VOICE_ALIASES") else []
+    return args
 
 
 def _bundled_presets() -> str | None:
@@ -121,6 +129,21 @@ def load_voices(args: argparse.Namespace, engine):
         print(f"Preset voices: {', '.join(v.name for v in presets.list())}", flush=True)
     return VoiceCatalog(VoiceLibrary(args.voices_dir), presets=presets,
                         private=PrivateVoices() if args.private_voices else None)
+
+
+def load_aliases(args: argparse.Namespace, voices, presets):
+    """The voice names chat clients send → voices and styles (studio/aliases.py), every --voice-alias target
+    checked now; exits with one sentence on a bad one."""
+    from studio.aliases import VoiceAliases
+
+    try:
+        aliases = VoiceAliases.build(args.voice_alias, voices=voices, presets=presets)
+    except ValueError as exc:
+        sys.exit(f"Cannot start the studio: {exc}")
+    configured = [f"{a.name}={a.shown}" for a in aliases.list() if a.configured]
+    if configured:
+        print(f"Voice aliases: {', '.join(configured)}", flush=True)
+    return aliases
 
 
 def configure_spaces(data: Path = Path("/data")) -> None:
@@ -206,8 +229,9 @@ def main(argv: list[str] | None = None) -> None:
 
     voices = load_voices(args, engine)
     presets = PresetStore(voices.root / "presets.json")
+    aliases = load_aliases(args, voices, presets)
     try:
-        service = StudioService(engine, voices, presets, visitor_concurrency=args.visitor_concurrency,
+        service = StudioService(engine, voices, presets, aliases=aliases, visitor_concurrency=args.visitor_concurrency,
                                 visitor_queue=args.visitor_queue)
     except ValueError as exc:
         sys.exit(f"Cannot start the studio: {exc} (--visitor-concurrency, --visitor-queue)")

@@ -4,7 +4,8 @@ which buffered about a second before the first sound (docs/PERFORMANCE.md, "Hear
 
     POST /studio/live     header X-Studio-Token (issued in the page at load) or Authorization: Bearer <api key>
                           multipart form: `request` (JSON: text, style, voice, clip_text, temperature, top_p,
-                          top_k, seed, max_frames, repeat_guard, live_id) and, for a one-off clone, `clip`
+                          top_k, seed, max_frames, repeat_guard, clean, clean_actions, live_id) and, for a
+                          one-off clone, `clip`
     → application/x-ndjson, one JSON object a line:
         {"type": "queued", "position": 2}                     while the take waits for the GPU
         {"type": "audio", "pcm": "<base64 int16 LE>", "metrics": {...}}
@@ -47,10 +48,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from engine.audio import load_audio
+from engine.tokenizer import strip_tags
 from engine.types import SamplingParams
 from studio.access import Access, visitor
 from studio.admission import OWNER
 from studio.api.model import FORM_OVERHEAD, MAX_UPLOAD_BYTES, MB
+from studio.clean import clean_text
 from studio.formats import to_pcm16
 from studio.gpu_queue import Queued, ServiceBusy, ServiceClosed
 from studio.service import StudioService, SynthesisRequest, TakeHandle
@@ -66,9 +69,16 @@ LIVE_ID = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 
 
 def page_request(*, text, style, voice, clip, clip_text, temperature, top_p, top_k, seed, max_frames,
-                 repeat_guard) -> SynthesisRequest:
+                 repeat_guard, clean=False, clean_actions="speak") -> SynthesisRequest:
     """The page's form values → a request (the same for the Gradio event and the live route). `clip` is
-    (samples, sample_rate) or None; seed < 0 means random, 0 frames means automatic, 0 guard means off."""
+    (samples, sample_rate) or None; seed < 0 means random, 0 frames means automatic, 0 guard means off;
+    `clean` speaks chat text (studio/clean.py: markdown, code, URLs and emoji removed; `clean_actions`
+    "speak" or "skip" for `*actions*`), and the take records the text as cleaned."""
+    if clean:
+        text = clean_text(text or "", actions=clean_actions or "speak")
+        if not strip_tags(text).strip():
+            raise ValueError("Nothing is left to say once the markdown, code, links and emoji are removed: turn "
+                             "\"Clean chat text\" off, or type some words.")
     ref = None
     if voice == CLIP_VOICE:
         if clip is None:
@@ -203,7 +213,7 @@ class LivePlayer:
             try:
                 synth = page_request(clip=clip, **{k: fields.get(k) for k in (
                     "text", "style", "voice", "clip_text", "temperature", "top_p", "top_k", "seed", "max_frames",
-                    "repeat_guard")})
+                    "repeat_guard", "clean", "clean_actions")})
                 synth.validate()
                 # A page token proves the page was loaded, not who loaded it: on a public page that is any
                 # visitor, so only the key (or a page behind the owner's login) lifts the public limits.

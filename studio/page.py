@@ -87,11 +87,24 @@ class Page:
                 self.voices.wire()
             demo.load(self.refresh_lists, None, [self.studio.voice, self.studio.style, self.studio.status,
                                                  self.long_form.voice], queue=False, api_visibility="private")
+            demo.load(self.alias_table, None, self.studio.aliases, queue=False, api_visibility="private")
             # An explicit private load event, not a callable value: Gradio would publish that one as an API
             # endpoint and an MCP tool.
             demo.load(lambda: render.live_player_html(self.player.issue_token()), None, self.takes.live_panel,
                       queue=False, api_visibility="private")
         return demo
+
+    def alias_table(self, request: gr.Request):
+        """The voice names chat clients send (`alloy`, …) and what each speaks with, for whoever loaded the page."""
+        caller = self.access.page_caller(request)
+        rows = []
+        for alias in self.service.aliases.list():
+            try:
+                if self.service.resolve_alias(alias.name, caller) is not None:
+                    rows.append(alias)
+            except ValueError:  # a voice this caller may not use, or one deleted since start-up
+                continue
+        return render.aliases_md(rows)
 
     def refresh_lists(self, request: gr.Request):
         """The page load's lists, for whoever loaded it: the owner sees every voice, a visitor the shared ones."""

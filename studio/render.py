@@ -174,3 +174,17 @@ def recipe_curl(r: dict[str, Any], base_url: str, out: str = "take.wav") -> str:
     return (f"curl -s {base_url.rstrip('/')}/v1/audio/speech -H 'Content-Type: application/json' \\\n"
             f"  -d {shlex.quote(json.dumps(body, ensure_ascii=False))} -o {out}")
 
+
+
+def aliases_md(aliases) -> str:
+    """The voice names chat clients send (`studio.aliases.Alias`es) and what each speaks with, as a table."""
+    if not aliases:
+        return "No voice names are set up for chat clients."
+    intro = ("Chat clients (Open WebUI, SillyTavern, the OpenAI SDK) send OpenAI's voice names to "
+             "`/v1/audio/speech`; each speaks with this. Set your own with `--voice-alias alloy=Narrator`.")
+    lines = [intro, "", "| name | speaks with | set by |", "|---|---|---|"]
+    for a in aliases:
+        kind = "voice" if a.voice_id is not None else "style"
+        target = a.shown.replace("|", "\\|")
+        lines.append(f"| `{a.name}` | {kind} {target} | {'you' if a.configured else 'built in'} |")
+    return "\n".join(lines)

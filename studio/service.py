@@ -48,9 +48,10 @@ from engine.config import FRAME_RATE, SAMPLE_RATE
 from engine.tokenizer import CONTROL_TAGS, estimate_seconds, lint_tags
 from engine.types import SEED_LIMIT, Metrics, SamplingParams
 from studio.admission import OWNER, Caller
+from studio.aliases import Alias, VoiceAliases
 from studio.gpu_queue import GpuQueue, Job, Queued, ServiceBusy, ServiceClosed, TooManyTakes
 from studio.presets import apply_preset, check_style_prefix
-from studio.voices import Consent
+from studio.voices import Consent, VoiceNotFound
 
 MAX_TEXT_CHARS = 4096  # the OpenAI speech API's `input` limit
 MAX_TAKES = 4  # takes of one text made side by side (the page's "Takes")
@@ -161,12 +162,14 @@ class TakeHandle:
 class StudioService:
     """One engine, its batch behind the studio's one fair line, a bounded history behind them."""
 
-    def __init__(self, engine, voices=None, presets=None, *, history_size: int = 50,
-                 queue_timeout: float = 600.0, max_queue: int = 64, visitor_concurrency: int = 2,
-                 visitor_queue: int = 4):
+    def __init__(self, engine, voices=None, presets=None, *, aliases: VoiceAliases | None = None,
+                 history_size: int = 50, queue_timeout: float = 600.0, max_queue: int = 64,
+                 visitor_concurrency: int = 2, visitor_queue: int = 4):
         self.engine = engine
         self.voices = voices
         self.presets = presets
+        # OpenAI's voice names (what chat clients send) → voices and styles; the built-in table by default.
+        self.aliases = aliases if aliases is not None else VoiceAliases.build(voices=voices, presets=presets)
         self.max_queue = max_queue
         self.line = GpuQueue(max(1, engine.info.max_batch), timeout=queue_timeout,
                              visitor_running=visitor_concurrency, visitor_waiting=visitor_queue, max_waiting=max_queue)
@@ -223,6 +226,27 @@ class StudioService:
         # VoiceNotFound is a ValueError with a sentence for the user
         return self.voices.get(voice_id, visitor=not caller.owner)
 
+    def resolve_alias(self, name: str | None, caller: Caller = OWNER) -> Alias | None:
+        """The alias `name` stands for, or None: a configured alias wins over a saved voice of that name, which
+        wins over the built-in table. Its voice is one `caller` may use (VoiceNotFound with a sentence if not)."""
+        alias = self.aliases.get(name)
+        if alias is None:
+            return None
+        if not alias.configured:
+            try:
+                self.resolve_voice(name, caller)
+                return None  # a saved voice by that name: the owner meant it
+            except (VoiceNotFound, ValueError):
+                pass
+        if alias.voice_id is not None:
+            try:
+                self.resolve_voice(alias.voice_id, caller)
+            except VoiceNotFound:
+                raise VoiceNotFound(f"The voice {alias.name!r} stands for is " + (
+                    "not shared with visitors of this page." if not caller.owner else
+                    f"gone ({alias.shown!r} was deleted); save it again or change --voice-alias.")) from None
+        return alias
+
     def encode_codes(self, wav24k: np.ndarray):
         """The voice library's encoder callback: prepared 24 kHz audio → codec codes [T, 8] as numpy. Call it
         on a generation worker (a take's, a long take's) or through `run_exclusive`: encoding is device work."""
@@ -232,8 +256,12 @@ class StudioService:
         """Validate and resolve `request` on the caller's thread (ValueError with a sentence for a bad one) and
         return its handle, with its warnings and its seed; nothing is queued until `handle.stream()`."""
         request.validate()
-        voice = self.resolve_voice(request.voice_id, request.caller)
-        style = request.style
+        voice_id, style = request.voice_id, request.style
+        alias = self.resolve_alias(voice_id, request.caller)
+        if alias is not None:
+            voice_id = alias.voice_id
+            style = style if style is not None else alias.style
+        voice = self.resolve_voice(voice_id, request.caller)
         if style is None and voice is not None and voice.style:
             style = voice.style
         prompt_text = apply_preset(request.text.strip(), self.resolve_style(style))

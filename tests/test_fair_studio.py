@@ -124,7 +124,7 @@ def test_a_private_voice_is_the_owners_alone_and_a_shared_one_is_everyones(studi
     shared.join(120)
     assert shared.end == "done", shared.lines
     generate = by_name["generate"]
-    args = ["Hello from a visitor.", "", ids[PRIVATE], None, "", 0.8, 0.8, 30, 1, 8, 0, 1, [], ""]
+    args = ["Hello from a visitor.", "", ids[PRIVATE], None, "", 0.8, 0.8, 30, 1, 8, 0, 1, False, "speak", [], ""]
     assert "No saved voice" in refused(run_event(visitor, generate, args)[1])
     args[2] = ids[SHARED]
     assert run_event(visitor, generate, args)[1]["success"]

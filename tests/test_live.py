@@ -98,6 +98,16 @@ def test_the_api_key_also_opens_the_route(client):
         assert r.status_code == 200 and messages(r)[-1]["type"] == "done"
 
 
+def test_the_clean_switch_travels_with_the_stream(page, client):
+    token = {TOKEN_HEADER: page.player.issue_token()}
+    with post(client, token, text="**Hi** *waves* `code` there 🎉", clean=True, clean_actions="skip",
+              max_frames=2) as r:
+        done = messages(r)[-1]
+    assert done["type"] == "done" and page.service.take(done["take_id"]).text == "Hi there."
+    with post(client, token, live_id="abcdefgh5678", text="```\ncode\n```", clean=True) as r:
+        assert r.status_code == 400 and "Nothing is left to say" in json.loads(r.read())["error"]
+
+
 def test_bad_requests_are_sentences(page, client):
     token = {TOKEN_HEADER: page.player.issue_token()}
     with post(client, token, text="  ", live_id="empty-text-1") as r:

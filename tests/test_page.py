@@ -109,6 +109,19 @@ def test_recipe_curl_reproduces_the_take_over_http(page):
     assert (body["seed"], body["max_frames"], body["voice"]) == (9, 5, "default")
 
 
+def test_clean_chat_text_speaks_the_cleaned_text_and_the_alias_table_lists_the_names(page):
+    raw = "## Plan\n\n*nods* Run `make` then read [this](https://example.com) 🎉"
+    list(page.takes.generate(**gen_args(raw, clean=True, clean_actions="skip", seed=3, max_frames=4)))
+    take = page.service.history[-1]
+    assert take.text == "Plan.\n\nRun then read this." and page.service.engine.started[-1] == take.text
+    list(page.takes.generate(**gen_args(raw, seed=3, max_frames=4)))  # off (the default): said as typed
+    assert page.service.history[-1].text == raw
+    with pytest.raises(Exception, match="Nothing is left to say"):
+        list(page.takes.generate(**gen_args("```\ncode\n```", clean=True)))
+    table = page.alias_table(None)
+    assert "| `alloy` | style Neutral | built in |" in table and "| `nova` | style Excited | built in |" in table
+
+
 def test_render_palette_estimate_and_metrics():
     palette = render.palette_html()
     assert palette.count("data-tag=") == 43 and "data-tag=\"&lt;|sfx:laughter|&gt;\"" in palette

@@ -240,7 +240,7 @@ def test_the_public_page_generates_within_limits_and_cannot_touch_the_library(pu
     assert httpx.get(f"{url}/v1/audio/voices").status_code == 401  # the API still needs the key
 
     generate = by_name["generate"]
-    args = ["Hello from a visitor.", "", "", None, "", 0.8, 0.8, 30, 1, 2000, 32, 1, [], ""]
+    args = ["Hello from a visitor.", "", "", None, "", 0.8, 0.8, 30, 1, 2000, 32, 1, False, "speak", [], ""]
     status, message = run_event(visitor, generate, args)
     assert "up to 1500 frames" in refused(message)
     args[9] = 8

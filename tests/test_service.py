@@ -39,6 +39,7 @@ class FakeVoice:
     id: str
     name: str
     style: str | None = None
+    preset: bool = False
 
 
 class FakeVoices:
@@ -49,6 +50,9 @@ class FakeVoices:
         if key not in (self.v.id, self.v.name):
             raise ValueError(f"No saved voice called {key!r}")
         return self.v
+
+    def list(self, visitor=False):
+        return [self.v]
 
     def voice_ref(self, voice_id, encode):
         return ("cached", voice_id)

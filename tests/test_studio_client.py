@@ -31,7 +31,7 @@ def generate_args(text, **kw) -> list:
     """`/generate`'s inputs in order. The endpoint is "undocumented" (kept out of MCP, docs/SECURITY.md), so the
     client has no parameter names for it and takes them by position."""
     args = dict(text=text, style="", voice="", clip=None, clip_text="", temperature=0.8, top_p=0.8, top_k=30,
-                seed=-1, max_frames=0, repeat_guard=32, takes_n=1, live_id="")
+                seed=-1, max_frames=0, repeat_guard=32, takes_n=1, clean=False, clean_actions="speak", live_id="")
     args.update(kw)
     return list(args.values())
 

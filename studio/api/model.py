@@ -24,13 +24,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from engine.types import DEFAULT_REPEAT_GUARD
 from studio.access import Access
+from studio.aliases import OPENAI_VOICES, Alias
 from studio.presets import check_style_prefix
 from studio.voices import VoiceNotFound
 
 MODEL_IDS = ("higgs-audio-v3-tts", "higgs-tts-3")
-# OpenAI's built-in voice names. Clients (Open WebUI, the SDK's examples) send them by default; they are
-# not Higgs voices, so unless a saved voice has that name they mean "the default voice": zero-shot.
-OPENAI_VOICES = frozenset("alloy ash ballad coral echo fable onyx nova sage shimmer verse marin cedar".split())
 DEFAULT_VOICE = "default"
 MAX_UPLOAD_BYTES = 10 * 1024 * 1024  # reference clips: Boson's and SGLang-Omni's limit
 # A JSON speech body may carry a base64 clip (4/3 of 10 MB) beside the text; anything larger is refused
@@ -88,6 +86,8 @@ class SpeechRequest(BaseModel):
     voices: dict[str, str | None] | None = None  # long form: a script's speakers → saved voices (docs/API.md)
     ref_audio: str | None = None
     ref_text: str | None = None
+    clean: bool = False  # speak chat text: markdown, code, URLs and emoji removed first (studio/clean.py)
+    clean_actions: Literal["speak", "skip"] = "speak"  # with `clean`: `*actions*` spoken as words, or skipped
 
     @field_validator("response_format", "stream_format", mode="before")
     @classmethod
@@ -159,10 +159,12 @@ def decode_ref_audio(value: str) -> bytes:
 class _Resolved:
     voice: Any  # the saved `Voice`, or None for zero-shot
     note: str | None = None
+    alias: Alias | None = None  # the alias `voice` named (its style applies when `instructions` has none)
 
 
 def resolve_voice(service, voice) -> _Resolved:
-    """`voice` as sent (a string, `{"id": ...}` or nothing) → a saved voice, or zero-shot with a note."""
+    """`voice` as sent (a string, `{"id": ...}` or nothing) → a saved voice (through an alias such as
+    `alloy`, studio/aliases.py), or zero-shot, with a note."""
     if isinstance(voice, dict):
         key = voice.get("id")
         if not isinstance(key, str) or not key:
@@ -171,6 +173,12 @@ def resolve_voice(service, voice) -> _Resolved:
     if voice is None or not str(voice).strip() or str(voice).strip().lower() == DEFAULT_VOICE:
         return _Resolved(None)
     key = str(voice).strip()
+    try:
+        alias = service.resolve_alias(key)
+        if alias is not None:
+            return _Resolved(service.resolve_voice(alias.voice_id), alias=alias)
+    except VoiceNotFound as exc:
+        raise ApiError(404, str(exc), param="voice", code="voice_not_found") from None
     if service.voices is not None:
         try:
             return _Resolved(service.voices.get(key))

@@ -32,7 +32,9 @@ from engine.audio import load_audio
 from engine.config import SAMPLE_RATE
 from engine.generate import codes_sha256
 from engine.remote import RemoteError
+from engine.tokenizer import strip_tags
 from engine.types import Metrics, SamplingParams
+from studio.aliases import Alias
 from studio.api.model import (
     MAX_JSON_BYTES,
     MODEL_IDS,
@@ -46,6 +48,7 @@ from studio.api.model import (
     speed_tag,
     validation_message,
 )
+from studio.clean import clean_text
 from studio.formats import MIME, STREAM_FORMATS, FormatError, StreamEncoder, available_formats, encode_audio, to_pcm16
 from studio.gpu_queue import ServiceBusy, ServiceClosed
 from studio.longform import MAX_LONG_INPUT_CHARS, start_long, wants_long_form
@@ -124,7 +127,7 @@ class SpeechRoutes(Routes):
         except ValidationError as exc:
             raise ApiError(422, validation_message(exc)) from None
 
-        synth, notes = await self.build_request(req)
+        synth, notes, alias = await self.build_request(req)
         started = time.perf_counter()
         try:
             handle = await self.in_thread(self._start, synth, req.voices)
@@ -136,6 +139,8 @@ class SpeechRoutes(Routes):
         warnings = [*notes, *handle.warnings]
         if warnings:
             headers["X-Warnings"] = "; ".join(warnings)
+        if alias is not None:  # what an OpenAI voice name spoke with, for a client wondering
+            headers["X-Voice-Alias"] = f"{alias.name}={alias.shown}"
         headers = {name: header_value(value) for name, value in headers.items()}
         fmt = req.response_format
         streamable = fmt in STREAMED_FORMATS and req.stream is not False
@@ -157,13 +162,25 @@ class SpeechRoutes(Routes):
             return start_long(self.service, synth, voices=voices or None, max_chars=self.max_input_chars)
         return self.service.start(synth)
 
-    async def build_request(self, req: SpeechRequest) -> tuple[SynthesisRequest, list[str]]:
+    async def build_request(self, req: SpeechRequest) -> tuple[SynthesisRequest, list[str], Alias | None]:
+        """The take asked for, the notes for `X-Warnings`, and the alias `voice` named (if it named one)."""
         if not req.input.strip():
             raise ApiError(400, "`input` is empty: send the text to speak.", param="input")
-        long = wants_long_form(req.input, req.voices)
+        text = req.input
+        if req.clean:
+            if len(text) > self.max_input_chars:  # refused before it is parsed
+                raise ApiError(400, f"`input` is {len(text)} characters; the limit is {self.max_input_chars}.",
+                               param="input", code="string_above_max_length")
+            text = clean_text(text, actions=req.clean_actions)
+            if not strip_tags(text).strip():
+                raise ApiError(400, "`input` has nothing left to say once `clean` removed its markdown, code, URLs"
+                                    + (", emoji and *actions*" if req.clean_actions == "skip" else " and emoji")
+                                    + ". Send text with words in it, or send it without `clean`.",
+                               param="input", code="empty_after_clean")
+        long = wants_long_form(text, req.voices)
         limit = self.max_input_chars if long else MAX_TEXT_CHARS
-        if len(req.input) > limit:
-            raise ApiError(400, f"`input` is {len(req.input)} characters; the limit is {limit}. Split the text into "
+        if len(text) > limit:
+            raise ApiError(400, f"`input` is {len(text)} characters; the limit is {limit}. Split the text into "
                                 f"several requests.", param="input", code="string_above_max_length")
         if req.response_format not in available_formats():
             raise ApiError(400, f"response_format {req.response_format!r} needs ffmpeg, which this server does not "
@@ -176,6 +193,8 @@ class SpeechRoutes(Routes):
             raise ApiError(400, "Send either `voice` (a saved voice) or `ref_audio` (a one-off clone), not both.",
                            param="ref_audio")
         style = self.instructions_style(req.instructions)
+        if style is None and resolved.alias is not None:
+            style = resolved.alias.style
         if style is None and resolved.voice is not None:  # the saved voice's default style, as in the studio
             style = resolved.voice.style or None
         preset = self.service.presets.get(style) if style and self.service.presets is not None else None
@@ -208,7 +227,7 @@ class SpeechRoutes(Routes):
             params = SamplingParams.of(seed=req.seed, repeat_guard=req.repeat_guard,
                                        max_frames=req.max_frames if req.max_frames is not None else req.max_new_tokens,
                                        **{name: value for name, value in options.items() if value is not None})
-            synth = SynthesisRequest(text=req.input, voice_id=resolved.voice.id if resolved.voice else None,
+            synth = SynthesisRequest(text=text, voice_id=resolved.voice.id if resolved.voice else None,
                                      style=style, params=params, ref_audio=ref_audio, ref_text=req.ref_text,
                                      source="api")
             # A long input is checked segment by segment when it is planned; here only its settings are.
@@ -217,7 +236,7 @@ class SpeechRoutes(Routes):
                 self.service.resolve_style(style)
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
-        return synth, notes
+        return synth, notes, resolved.alias
 
     async def _encoded(self, run: _Run, first, fmt: str) -> AsyncIterator[tuple[bytes, Any]]:
         """`(bytes of fmt, the chunk they came from)` as the take is decoded (one of STREAMED_FORMATS); the

@@ -96,7 +96,23 @@ class VoiceRoutes(Routes):
         voices = [voice_json(v) for v in await self.in_thread(self._library().list)]
         if request.query_params.get("format", "").lower() == "openai":
             return JSONResponse({"object": "list", "data": voices})
-        return JSONResponse({"voices": [_DEFAULT_VOICE_JSON, *voices]})
+        return JSONResponse({"voices": [_DEFAULT_VOICE_JSON, *voices, *await self.in_thread(self._aliases)]})
+
+    def _aliases(self) -> list[dict[str, Any]]:
+        """The voice names chat clients send (`alloy`, …) as entries of the list, each with what it speaks with;
+        a built-in one that a saved voice of the same name overrides is left out."""
+        out = []
+        for alias in self.service.aliases.list():
+            try:
+                if self.service.resolve_alias(alias.name) is None:
+                    continue
+                voice = self.service.resolve_voice(alias.voice_id)
+            except VoiceNotFound:  # its voice was deleted: a request names it in its 404
+                continue
+            out.append({"id": alias.name, "object": "audio.voice", "name": f"{alias.name} ({alias.shown})",
+                        "kind": "builtin", "alias": alias.as_json(), "preset": False,
+                        "shared": voice is None or voice.preset or voice.shared})
+        return out
 
     async def get_voice(self, request: Request) -> JSONResponse:
         self.check_auth(request)

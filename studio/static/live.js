@@ -160,7 +160,8 @@ async function play(t, fields, clip) {
 S.start = (args) => {
   if (!S.supported) return args;
   if (S.take) S.stop();  // one take plays at a time in a tab
-  const [text, style, voice, clip, clip_text, temperature, top_p, top_k, , max_frames, repeat_guard, takes] = args;
+  const [text, style, voice, clip, clip_text, temperature, top_p, top_k, , max_frames, repeat_guard, takes,
+         clean, clean_actions] = args;
   // Several takes are consecutive seeds from the first one's: a random first seed is drawn here, so the
   // stream and the page's event (which starts the other takes) share it.
   let seed = args[8];
@@ -174,7 +175,8 @@ S.start = (args) => {
   state('waiting', 'waiting for the GPU');
   put('live-underruns', 0);
   t.timer = setInterval(() => tick(t), 100);
-  play(t, {text, style, voice, clip_text, temperature, top_p, top_k, seed, max_frames, repeat_guard}, clip)
+  play(t, {text, style, voice, clip_text, temperature, top_p, top_k, seed, max_frames, repeat_guard, clean,
+           clean_actions}, clip)
     .catch((e) => fail(t, 'The live player failed: ' + e.message));
   const out = args.slice(); out[8] = seed; out[out.length - 1] = id;
   return out;

@@ -57,6 +57,9 @@ class StudioView:
             with gr.Column(scale=2):
                 self.takes.output_column()
         self.takes.side_by_side_row()
+        with gr.Accordion("Voice names for chat clients", open=False):
+            # Filled at page load for whoever loaded it (a visitor sees the aliases they may use).
+            self.aliases = gr.Markdown("", elem_id="voice-aliases")
         with gr.Accordion("Engine", open=False):
             self.status = gr.JSON(label="Engine status (refreshed on page load)", elem_id="engine-status")
         self.takes.history_panel()
@@ -67,6 +70,13 @@ class StudioView:
         self.text = gr.Textbox(label="Text", lines=6, max_lines=20, elem_id="text", autofocus=True,
                                placeholder="Type what to say. Put delivery tags at the start of a sentence.")
         self.estimate = gr.HTML(render.estimate_html(""), elem_id="estimate")
+        with gr.Row():
+            # Off by default: the text box is said as typed. On, text pasted from a chat is said as a person
+            # would read it aloud (studio/clean.py); the take records the cleaned text.
+            self.clean = gr.Checkbox(False, label="Clean chat text", scale=2, elem_id="clean",
+                                     info="Skip markdown marks, code, links' addresses and emoji; tags are kept")
+            self.clean_actions = gr.Radio([("Speak *actions*", "speak"), ("Skip *actions*", "skip")], value="speak",
+                                          label="*Actions*", scale=2, elem_id="clean-actions")
         with gr.Accordion("Tags: click to insert at the cursor", open=True):
             gr.HTML(render.palette_html(), js_on_load=assets.script("palette.js"), elem_id="palette")
 
@@ -140,7 +150,8 @@ class StudioView:
         t = self.takes
         # The live id stays the last input: CLICK_JS puts the stream's id there.
         inputs = [self.text, self.style, self.voice, self.clip, self.clip_text, self.temperature, self.top_p,
-                  self.top_k, self.seed, self.max_frames, self.repeat_guard, self.takes_n, t.takes, t.live_id]
+                  self.top_k, self.seed, self.max_frames, self.repeat_guard, self.takes_n, self.clean,
+                  self.clean_actions, t.takes, t.live_id]
         gen_event = self.generate_btn.click(t.generate, inputs, t.outputs,
                                             api_name="generate", api_visibility="undocumented",  # not an MCP tool
                                             concurrency_id=TAKES_QUEUE, concurrency_limit=self.service.slots,

@@ -137,7 +137,8 @@ class TakesView:
     # ------------------------------------------------------------------ generation
 
     def generate(self, text, style, voice, clip, clip_text, temperature, top_p, top_k, seed, max_frames,
-                 repeat_guard, takes_n, takes, live_id="", request: gr.Request = None):
+                 repeat_guard, takes_n, clean=False, clean_actions="speak", takes=None, live_id="",
+                 request: gr.Request = None):
         """Stream a take into the live player and the metrics panel, then show the full take. With `live_id` the
         browser's own player streams the take (studio/live.py, which applies the public limits) and this handler
         waits for it to end, so the take lands in the history, take player, downloads and recipe the same way.
@@ -153,7 +154,8 @@ class TakesView:
             else:
                 asked = page_request(text=text, style=style, voice=voice, clip=self._clip(clip), clip_text=clip_text,
                                      temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                                     max_frames=max_frames, repeat_guard=repeat_guard)
+                                     max_frames=max_frames, repeat_guard=repeat_guard, clean=clean,
+                                     clean_actions=clean_actions)
                 asked = dataclasses.replace(self.access.limit_public(asked, request),
                                             caller=self.access.page_caller(request))
                 handle = self.service.start(asked)
