@@ -68,7 +68,8 @@ class PrivateVoicesView:
         delete.click(self._delete, [current, confirm, self.store], [*outputs, current, confirm], **priv)
         export.click(self._export, self.store, self.export_file, **priv)
         # Importing may encode (a bundle without codes): in turn with generation, on the page's GPU queue.
-        bundle.upload(self._import, [bundle, self.store], outputs, concurrency_id=GPU_QUEUE, concurrency_limit=1, **priv)
+        bundle.upload(self._import, [bundle, self.store], outputs, concurrency_id=GPU_QUEUE, concurrency_limit=1,
+                      **priv)
 
     def wire(self, demo: gr.Blocks):
         s = self.page.studio
