@@ -147,7 +147,7 @@ def health(base: str) -> dict:
         return json.loads(r.read())
 
 
-def test_heard_latency_and_sound_before_the_take_ends(browser, studio_url):
+def test_heard_latency(browser, studio_url):
     pg = open_page(browser, studio_url)
     assert pg.evaluate("window.__hsLive.supported") and not pg.is_visible("#live")
     outside, inside, ttfa, response, first = [], [], [], [], []
@@ -159,8 +159,6 @@ def test_heard_latency_and_sound_before_the_take_ends(browser, studio_url):
         # Every sample of the take reached the player, and the take ran long enough (over a second) for
         # "sound before the end" to mean something.
         assert t["error"] is None and t["received"] == take["frames"] * 960 >= 24_000, (t, take)
-        # Sound started while the engine was still making the take: before the stream's last message.
-        assert t["startedAt"] < t["doneAt"], t
         outside.append(pg.evaluate(HEARD))
         inside.append(t["heard"])
         ttfa.append(t["ttfa"])
@@ -191,7 +189,7 @@ def test_gapless_the_played_samples_are_the_takes_wav(browser, studio_url):
           f"underruns {pg.inner_text('#live-underruns')}")
 
 
-def test_stop_silences_at_once_cancels_the_take_and_keeps_it(browser, studio_url):
+def test_sound_before_the_take_ends_and_stop_silences_at_once_keeping_the_take(browser, studio_url):
     pg = open_page(browser, studio_url)
     # The guard off: the demo's random weights can repeat a frame, and a take the guard ended while the
     # second of audio played would end "repeat_guard", not by Stop.
@@ -202,7 +200,10 @@ def test_stop_silences_at_once_cancels_the_take_and_keeps_it(browser, studio_url
     handed = len(pg.evaluate("window.__probe.pcm"))
     pg.wait_for_function(TAKE_DONE, timeout=60_000)
     t = live(pg)
-    assert t["stopped"] and pg.inner_text("#m-stop") == "cancelled"
+    # A second of sound played while the engine was still making the take: Stop then found it running
+    # ("cancelled", with the guard off only the 3000-frame cap could have ended it), so the sound came before
+    # the end of the take. (The 4.4 s takes of the latency test can be made faster than the first sound.)
+    assert t["stopped"] and pg.inner_text("#m-stop") == "cancelled" and t["startedAt"] is not None
     assert len(pg.evaluate("window.__probe.pcm")) == handed  # nothing more reached the player after silence
     assert pg.inner_text("#live-state") == "stopped"
     pg.wait_for_function("() => document.querySelector('#history')?.innerText.includes('A long take to stop')")
