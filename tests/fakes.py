@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.config import SAMPLES_PER_FRAME
+from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from engine.types import Chunk, EngineInfo, Metrics, SamplingParams
 
 
@@ -95,3 +95,15 @@ class ScriptedEngine(FakeEngine):
         if "crash" in text:
             raise RuntimeError("the engine fell over")
         return (100, 0.1) if "slow" in text else (LONG_FRAMES, 0.02) if "long" in text else (3, 0.0)
+
+
+def add_voices(library, service, names_and_pitches) -> None:
+    """Saved voices on `library` from speech-like clips (a pitch with a slow tremolo, 2 s), encoded by the real
+    `service`: for the tests that clone through the demo engine."""
+    from studio.voices import Consent
+
+    t = np.arange(2 * SAMPLE_RATE) / SAMPLE_RATE
+    for name, pitch in names_and_pitches:
+        wav = (0.3 * np.sin(2 * np.pi * pitch * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+        library.add((SAMPLE_RATE, wav), name=name, transcript=f"I am the {name.lower()}.",
+                    consent=Consent("the test suite"), encode=service.encode_codes)

@@ -8,16 +8,22 @@ import pytest
 import torch
 
 from engine import Engine
-from engine.config import SAMPLE_RATE
 from engine.delay import apply_delay
+from engine.demo import demo_checkpoint
 from engine.longform import plan
 from engine.longtake import LongTake
-from engine.demo import demo_checkpoint
 from engine.types import SamplingParams
-from studio.longform import (MAX_LONG_INPUT_CHARS, regenerate_segment, segment_rows, start_long, stream_long,
-                            wants_long_form)
+from studio.longform import (
+    MAX_LONG_INPUT_CHARS,
+    regenerate_segment,
+    segment_rows,
+    start_long,
+    stream_long,
+    wants_long_form,
+)
 from studio.service import StudioService, SynthesisRequest
-from studio.voices import Consent, VoiceLibrary
+from studio.voices import VoiceLibrary
+from tests.fakes import add_voices
 
 SENTENCE = "The tide came in over the flats, slow and grey, and the birds lifted off the sand. "
 
@@ -26,11 +32,7 @@ SENTENCE = "The tide came in over the flats, slow and grey, and the birds lifted
 def service(tmp_path_factory):
     library = VoiceLibrary(tmp_path_factory.mktemp("voices"))
     service = StudioService(Engine.load(demo_checkpoint(), device="cpu"), library)
-    t = np.arange(2 * SAMPLE_RATE) / SAMPLE_RATE
-    for name, pitch in (("Narrator", 140.0), ("Guest", 220.0)):
-        wav = (0.3 * np.sin(2 * np.pi * pitch * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
-        library.add((SAMPLE_RATE, wav), name=name, transcript=f"I am the {name.lower()}.",
-                    consent=Consent("the test suite"), encode=service.encode_codes)
+    add_voices(library, service, (("Narrator", 140.0), ("Guest", 220.0)))
     yield service
     service.close()
 

@@ -20,8 +20,9 @@ from engine.config import SAMPLE_RATE
 from engine.types import SamplingParams
 from studio.formats import to_pcm16
 from studio.service import StudioService, SynthesisRequest
-from studio.voices import Consent, VoiceLibrary
+from studio.voices import VoiceLibrary
 from studio.wyoming import LANGUAGES, WYOMING, SentenceBuffer, WyomingServer
+from tests.fakes import add_voices
 from tests.studio_server import free_port
 
 SEED = 7
@@ -37,11 +38,7 @@ def studio(tmp_path_factory):
 
     library = VoiceLibrary(tmp_path_factory.mktemp("voices"))
     service = StudioService(Engine.load(demo_checkpoint(), device="cpu"), library)
-    t = np.arange(2 * SAMPLE_RATE) / SAMPLE_RATE
-    for name, pitch in (("Narrator", 140.0), ("Secret", 220.0)):
-        wav = (0.3 * np.sin(2 * np.pi * pitch * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
-        library.add((SAMPLE_RATE, wav), name=name, transcript=f"I am the {name.lower()}.",
-                    consent=Consent("the test suite"), encode=service.encode_codes)
+    add_voices(library, service, (("Narrator", 140.0), ("Secret", 220.0)))
     library.update("Narrator", shared=True)  # "Secret" stays the owner's: a Wyoming client may not use it
     port = free_port()
     server = WyomingServer(service, f"tcp://127.0.0.1:{port}", params=PARAMS)
