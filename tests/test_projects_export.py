@@ -180,3 +180,10 @@ def test_ffmetadata_escapes_and_counts_in_samples():
     text = ffmetadata(book()[:2], BookMeta("T=1;#x", author="A\\B"))
     assert "title=T\\=1\\;\\#x" in text and "artist=A\\\\B" in text
     assert f"TIMEBASE=1/{SR}\nSTART={LENGTHS[0]}\nEND={LENGTHS[0] + LENGTHS[1]}" in text
+
+
+def test_the_download_name_is_safe_and_exact():
+    exp = export(book()[:1], BookMeta('Café "Book"/../x'), "wav")
+    assert exp.filename == "Café Book..x.wav"
+    assert exp.headers() == {"Content-Disposition": "attachment; filename=\"Caf_ Book..x.wav\"; "
+                                                    "filename*=UTF-8''Caf%C3%A9%20Book..x.wav"}

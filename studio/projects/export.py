@@ -24,6 +24,7 @@ import zipfile
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from urllib.parse import quote
 
 import soundfile as sf
 
@@ -50,6 +51,12 @@ class Export:
     filename: str
     media_type: str
     body: Iterator[bytes]
+
+    def headers(self) -> dict[str, str]:
+        """The download's Content-Disposition: an ASCII name for old clients, the exact one in RFC 5987 form."""
+        ascii_name = self.filename.encode("ascii", "replace").decode().replace("?", "_").replace('"', "")
+        return {"Content-Disposition": f'attachment; filename="{ascii_name}"; '
+                                       f"filename*=UTF-8''{quote(self.filename)}"}
 
 
 def export(chapters: Sequence[ChapterAudio], meta: BookMeta, fmt: str, *, chapter: int | None = None,
