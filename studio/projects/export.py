@@ -64,31 +64,48 @@ def export(chapters: Sequence[ChapterAudio], meta: BookMeta, fmt: str, *, chapte
     """The download for `fmt` (one of EXPORT_FORMATS). `chapter` (an index into `chapters`) picks one chapter
     for wav / flac / mp3; without it they hold the whole book in one file. m4b and zip are always the book.
     Temporary files go to `workdir` (the system's temp folder by default)."""
+    fmt = _format(fmt)
+    check_chapters(chapters)
+    if chapter is not None:
+        if fmt in ("m4b", "zip"):
+            raise ExportError(f"A {fmt} holds the whole book; ask for wav, flac or mp3 for one chapter.")
+        if not 0 <= chapter < len(chapters):
+            raise ExportError(f"There is no chapter {chapter}: the book has chapters 0 to {len(chapters) - 1}.")
+        return chapter_export(chapters[chapter], meta, fmt, chapter, len(chapters), workdir=workdir)
+    name = f"{_safe_name(meta.title) or 'book'}.{fmt}"
+    if fmt == "m4b":
+        return Export(name, MEDIA_TYPES[fmt], m4b(chapters, meta, workdir=workdir))
+    if fmt == "zip":
+        return Export(name, MEDIA_TYPES[fmt], mp3_zip(chapters, meta, workdir=workdir))
+    return Export(name, MEDIA_TYPES[fmt], _one_file(chapters, fmt, _chapter_tags(meta, meta.title, None, 0), workdir))
+
+
+def chapter_export(audio: ChapterAudio, meta: BookMeta, fmt: str, index: int, count: int, *,
+                   workdir: str | None = None) -> Export:
+    """Chapter `index` (of `count`) alone as wav / flac / mp3, named and tagged as that chapter of the book;
+    for a caller that reads only the chapter it sends."""
+    fmt = _format(fmt)
+    if fmt not in ("wav", "flac", "mp3"):
+        raise ExportError(f"One chapter is exported as wav, flac or mp3, not {fmt}.")
+    check_chapters([audio])
+    stem = f"{_safe_name(meta.title) or 'book'} - {index + 1:02d} {_safe_name(audio.title)}".rstrip()
+    tags = _chapter_tags(meta, audio.title, index, count)
+    return Export(f"{stem}.{fmt}", MEDIA_TYPES[fmt], _one_file([audio], fmt, tags, workdir))
+
+
+def _format(fmt: str) -> str:
     fmt = (fmt or "").lower()
     if fmt not in MEDIA_TYPES:
         raise ExportError(f"Unknown export format {fmt!r}; choose one of {', '.join(EXPORT_FORMATS)}.")
-    check_chapters(chapters)
-    stem = _safe_name(meta.title) or "book"
-    if fmt in ("m4b", "zip"):
-        if chapter is not None:
-            raise ExportError(f"A {fmt} holds the whole book; ask for wav, flac or mp3 for one chapter.")
-        body = m4b(chapters, meta, workdir=workdir) if fmt == "m4b" else mp3_zip(chapters, meta, workdir=workdir)
-        return Export(f"{stem}.{fmt}", MEDIA_TYPES[fmt], body)
-    if chapter is not None:
-        if not 0 <= chapter < len(chapters):
-            raise ExportError(f"There is no chapter {chapter}: the book has chapters 0 to {len(chapters) - 1}.")
-        part = [chapters[chapter]]
-        stem = f"{stem} - {chapter + 1:02d} {_safe_name(part[0].title)}".rstrip()
-        tags = _chapter_tags(meta, part[0].title, chapter, len(chapters))
-    else:
-        part, tags = chapters, _chapter_tags(meta, meta.title, None, len(chapters))
+    return fmt
+
+
+def _one_file(chapters: Sequence[ChapterAudio], fmt: str, tags: dict[str, str], workdir: str | None) -> Iterator[bytes]:
     if fmt == "wav":
-        body = wav(part)
-    elif fmt == "flac":
-        body = flac(part, workdir=workdir)
-    else:
-        body = mp3(part, tags, workdir=workdir)
-    return Export(f"{stem}.{fmt}", MEDIA_TYPES[fmt], body)
+        return wav(chapters)
+    if fmt == "flac":
+        return flac(chapters, workdir=workdir)
+    return mp3(chapters, tags, workdir=workdir)
 
 
 def check_chapters(chapters: Sequence[ChapterAudio]) -> None:
