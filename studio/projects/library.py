@@ -327,6 +327,11 @@ class Projects:
                                 "stop_reason": renders[p.key].stop_reason, "key": p.key} for p in mine]}
         return ChapterAudio(title=chapter.title, samples=samples, blocks=blocks, recipe=recipe)
 
+    def book(self, project_id: str, owner: str | None = None) -> tuple[list[ChapterAudio], BookMeta]:
+        """Every chapter not skipped, in order, and the book's metadata: what a whole-book export reads."""
+        meta = self.book_meta(project_id, owner)
+        return [self.chapter_audio(project_id, c.position) for c in self.store.chapters(project_id) if not c.skip], meta
+
     def chapter_pcm(self, project_id: str, index: int) -> np.ndarray:
         """The chapter's samples in one array (what the tests compare; an export streams `blocks`)."""
         audio = self.chapter_audio(project_id, index)
