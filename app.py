@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     access = Access(args.api_key, public_page=args.public_page, public_max_chars=args.public_max_chars,
                     public_max_frames=args.public_max_seconds * FRAME_RATE)
     asr = Transcriber.from_flag(args.asr or ("none" if args.demo else "auto"))
-    page = Page(service, access, private_voices=voices.private, transcriber=asr)
+    page = Page(service, access, private_voices=voices.private, transcriber=asr, projects=projects, runner=runner)
     if not page.streaming:
         print("ffmpeg is not on PATH: takes play when complete instead of streaming, and mp3/opus/aac downloads are "
               "off. Install ffmpeg (e.g. `apt-get install ffmpeg`) for live streaming.", flush=True)

@@ -21,6 +21,7 @@ from studio.admission import OWNER
 from studio.api.model import FORM_OVERHEAD, ApiError, Routes
 from studio.formats import to_pcm16
 from studio.projects import importing
+from studio.projects.export import chapter_export, export
 from studio.projects.store import ProjectNotFound
 
 CREATE_FIELDS = ("title", "author", "language", "text", "format", "settings")
@@ -179,6 +180,26 @@ class ProjectRoutes(Routes):
         return StreamingResponse(_wav(audio), media_type="audio/wav",
                                  headers={"Content-Length": str(44 + 2 * audio.samples)})
 
+    async def export(self, request: Request) -> StreamingResponse:
+        """`?format=m4b|zip|mp3|wav|flac` (m4b by default), `&chapter=N` for one chapter (wav, flac, mp3): the
+        file, streamed as it is made (studio/projects/export.py); the skipped chapters are not in the book."""
+        self.check_auth(request)
+        project_id = request.path_params["project_id"]
+        fmt = request.query_params.get("format", "m4b")
+        chapter = request.query_params.get("chapter")
+        index = None if chapter is None else _int(chapter, "chapter")
+
+        def build():
+            meta = self.projects.book_meta(project_id, OWNER.key)
+            chapters = self.projects.view(project_id, OWNER.key)["chapters"]
+            if index is not None:
+                return chapter_export(self.projects.chapter_audio(project_id, index, OWNER.key), meta, fmt, index,
+                                      len(chapters))
+            return export([self.projects.chapter_audio(project_id, c["index"], OWNER.key)
+                           for c in chapters if not c["skip"]], meta, fmt)
+        made = await self._call(build)
+        return StreamingResponse(made.body, media_type=made.media_type, headers=made.headers())
+
     # ---------------------------------------------------------------- jobs
     async def render(self, request: Request) -> JSONResponse:
         """`{chapters?: [n, ...]}`: 202 and the job (a project's unfinished job takes the chapters asked)."""
@@ -250,6 +271,7 @@ class ProjectRoutes(Routes):
             ("/v1/projects/{project_id}", self.patch_project, ["PATCH"]),
             ("/v1/projects/{project_id}", self.delete_project, ["DELETE"]),
             ("/v1/projects/{project_id}/render", self.render, ["POST"]),
+            ("/v1/projects/{project_id}/export", self.export, ["GET"]),
             ("/v1/projects/{project_id}/chapters/{chapter}", self.get_chapter, ["GET"]),
             ("/v1/projects/{project_id}/chapters/{chapter}/audio", self.chapter_audio, ["GET"]),
             ("/v1/projects/{project_id}/chapters/{chapter}/segments/{segment}/regenerate", self.regenerate, ["POST"]),

@@ -50,7 +50,8 @@ def chapter_rows(project: dict | None) -> list[list]:
 def segment_rows(chapter: dict | None) -> list[list]:
     if not chapter:
         return []
-    return [[s["index"] + 1, s["text"], "" if s.get("seed") is None else s["seed"],
+    # Seeds as text: they are 63-bit, more than a JavaScript number holds exactly.
+    return [[s["index"] + 1, s["text"], "" if s.get("seed") is None else str(s["seed"]),
              round(s.get("seconds") or 0, 1), s["state"]] for s in chapter["segments"]]
 
 
@@ -102,12 +103,14 @@ class ProjectsView:
         return project_choices([self.projects.summary(p) for p in self.projects.store.projects(OWNER.key)])
 
     def project(self, project_id: str) -> dict | None:
-        """The project as the API shows it, its job's progress in place of the job's id."""
+        """The project as the API shows it, with its latest job's progress (the unfinished one, else the last
+        one that ended: done, cancelled or failed, and how far it got)."""
         if not project_id:
             return None
         project = self.projects.view(project_id, OWNER.key)
-        if project.get("job"):
-            project["job"] = self.runner.view(project["job"])
+        jobs = self.projects.store.jobs(project_id)
+        job = project.get("job") or (jobs[-1].id if jobs else None)
+        project["job"] = self.runner.view(job) if job else None
         return project
 
     def chapter(self, project_id: str, chapter: int | None) -> dict | None:
@@ -197,10 +200,13 @@ class ProjectsView:
         return int(evt.index[0]) + 1, row[1] if len(row) > 1 else ""
 
     def regenerate(self, project_id: str, chapter, segment, seed, text):
-        """The segment again: a new seed (the next one when the box says -1) or edited text; a job renders it."""
+        """The segment again: a new seed (the next one when the box is empty) or edited text; a job renders it."""
         project_id = self._id(project_id)
         chapter, segment = int(chapter or 0) - 1, int(segment or 0) - 1
-        self.projects.set_segment(project_id, chapter, segment, seed=None if seed is None or seed < 0 else int(seed),
+        seed = (seed or "").strip()
+        if seed and not seed.isdigit():
+            raise ValueError(f"A seed is a whole number, not {seed!r}; leave the box empty for the next seed.")
+        self.projects.set_segment(project_id, chapter, segment, seed=int(seed) if seed else None,
                                   text=(text or "").strip() or None)
         self.runner.render(project_id, [chapter])
         return self.show(project_id, chapter + 1)
@@ -277,7 +283,7 @@ class ProjectsView:
         segments = gr.Dataframe(headers=SEGMENT_HEADERS, interactive=False, wrap=True, elem_id="proj-segments")
         with gr.Row():
             segment = gr.Number(1, label="Segment (click its row)", precision=0, minimum=1, elem_id="proj-segment")
-            seed = gr.Number(-1, label="New seed (-1: the next one)", precision=0, elem_id="proj-seed")
+            seed = gr.Textbox("", label="New seed (empty: the next one)", elem_id="proj-seed")
             edited = gr.Textbox(label="Edited text (unchanged: a new seed only)", elem_id="proj-edited")
         with gr.Row():
             play_segment = gr.Button("Play segment", elem_id="proj-play-segment")
@@ -306,7 +312,9 @@ class ProjectsView:
         self.picker.input(owner(warns(6)(self.open)), [self.picker], [remembered, chapter, *views], **private)
         create.click(owner(warns(7)(self.create)), [title, author, text, upload, markdown],
                      [self.picker, remembered, chapter, *views], **private)
-        timer.tick(owner(self.tick), [self.picker, chapter, shown], views, **private)
+        # Outside the queue and without a spinner: a second's read of the database, not work to wait for.
+        timer.tick(owner(self.tick), [self.picker, chapter, shown], views, queue=False, show_progress="hidden",
+                   **private)
         render.click(owner(warns(1)(self.render)), [self.picker], summary, **private)
         for button, handler in ((pause, self.pause), (resume, self.resume), (cancel, self.cancel)):
             button.click(owner(warns(1)(handler)), [self.picker], summary, **private)
