@@ -138,7 +138,8 @@ def test_chapter_mp3_has_its_tags(tmp_path):
     exp = export(book(), BookMeta("Tagged", author="Ann"), "mp3", chapter=2)
     save(exp, tmp_path / "c.mp3")
     tags = ffprobe(tmp_path / "c.mp3")["format"]["tags"]
-    assert (tags["title"], tags["artist"], tags["album"], tags["track"]) == ("Chapter 3: Part=2", "Ann", "Tagged", "3/3")
+    assert (tags["title"], tags["artist"], tags["album"], tags["track"]) == \
+        ("Chapter 3: Part=2", "Ann", "Tagged", "3/3")
 
 
 def test_bad_input_is_refused_before_the_first_byte():

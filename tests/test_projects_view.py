@@ -26,7 +26,8 @@ PROGRESS = re.compile(r"(\d+) of (\d+) segments")
 
 
 def test_the_tables_say_each_chapters_state():
-    chapters = [{"index": 0, "title": "One", "skip": False, "state": "done", "segments": 2, "rendered": 2, "seconds": 4.04},
+    chapters = [{"index": 0, "title": "One", "skip": False, "state": "done", "segments": 2, "rendered": 2,
+                 "seconds": 4.04},
                 {"index": 1, "title": "Two", "skip": False, "state": "rendering", "segments": 5, "rendered": 3,
                  "seconds": 6.0},
                 {"index": 2, "title": "Three", "skip": False, "state": "stale", "segments": 1, "rendered": 0,
@@ -46,8 +47,9 @@ def test_the_tables_say_each_chapters_state():
 
 
 def api(url: str, path: str, body: dict | None = None, *, raw: bool = False):
-    request = urllib.request.Request(url + path, data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="GET" if body is None else "POST")
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"},
+                                     method="GET" if body is None else "POST")
     with urllib.request.urlopen(request, timeout=60) as r:
         return r.read() if raw else json.loads(r.read())
 
@@ -119,14 +121,17 @@ def test_a_page_opened_again_shows_the_same_render_going_on(studio_url, tmp_path
                                  f".includes('{seen[-1][0]} of {SEGMENTS} segments')", timeout=30_000)
             seen.append(shown_progress(pg))
             assert seen[-1] is not None, pg.inner_text("#proj-summary")
-        assert seen == sorted(seen) and f"done · {SEGMENTS} of {SEGMENTS} segments" in pg.inner_text("#proj-summary"), seen
+        assert seen == sorted(seen), seen
+        assert f"done · {SEGMENTS} of {SEGMENTS} segments" in pg.inner_text("#proj-summary")
         pg.wait_for_function("() => (document.querySelector('#proj-chapters')?.innerText.match(/\\bdone\\b/g) || [])"
                              ".length === 3", timeout=30_000)
         browser.close()
 
+    # The job started on the first page is the one that finished, and it generated each segment once.
     finished = api(studio_url, f"/v1/jobs/{job['id']}")
-    assert api(studio_url, f"/v1/projects/{pid}")["job"] is None  # no other job was started
-    assert (finished["state"], finished["done"], finished["total"], finished["rendered"]) == ("done", SEGMENTS, SEGMENTS, SEGMENTS)
+    assert (finished["state"], finished["done"], finished["total"], finished["rendered"]) == \
+        ("done", SEGMENTS, SEGMENTS, SEGMENTS)
+    assert api(studio_url, f"/v1/projects/{pid}")["job"] is None
     (tmp_path / "book.m4b").write_bytes(api(studio_url, f"/v1/projects/{pid}/export?format=m4b", raw=True))
     probe = json.loads(subprocess.run(["ffprobe", "-v", "error", "-show_chapters", "-of", "json",
                                        str(tmp_path / "book.m4b")], capture_output=True, check=True).stdout)

@@ -308,7 +308,8 @@ class ProjectsView:
         owner = functools.partial(self.access.owner_only, message=OWNER_ONLY_PROJECTS)
         private = {"api_visibility": "private"}
         views = [summary, chapters, segments, shown]
-        self.load = (owner(warns(6)(self.reattach)), [remembered], [self.picker, remembered, *views])  # page.py adds it to demo.load
+        # The page load's event (page.py adds it to demo.load): the project this browser had open, as it is now.
+        self.load = (owner(warns(6)(self.reattach)), [remembered], [self.picker, remembered, *views])
         self.picker.input(owner(warns(6)(self.open)), [self.picker], [remembered, chapter, *views], **private)
         create.click(owner(warns(7)(self.create)), [title, author, text, upload, markdown],
                      [self.picker, remembered, chapter, *views], **private)
