@@ -33,7 +33,7 @@ from engine.types import SEED_LIMIT, SamplingParams
 from studio.admission import Caller
 from studio.projects.library import Projects
 from studio.projects.recipes import Planned, anchor_identity, anchor_of_render
-from studio.projects.store import UNFINISHED, JobRow, as_stored
+from studio.projects.store import UNFINISHED, JobRow, ProjectNotFound, as_stored
 from studio.service import SynthesisRequest
 
 log = logging.getLogger("higgs.projects")
@@ -151,7 +151,12 @@ class JobRunner:
                 self._wake.wait(IDLE_POLL_S)
                 self._wake.clear()
                 continue
-            self._run(queued[0])
+            try:
+                self._run(queued[0])
+            except ProjectNotFound:  # deleted while it rendered (the job's rows went with it)
+                self.projects.set_active(queued[0].project, None)
+            except Exception:  # the worker outlives any one job
+                log.exception("render job %s", queued[0].id)
 
     def _run(self, job: JobRow) -> None:
         if not self.store.update_job(job.id, state="running", only_if=["queued"]):
@@ -164,6 +169,8 @@ class JobRunner:
         try:
             for _ in handle.stream():
                 pass
+        except ProjectNotFound:
+            raise
         except Exception as exc:  # the job fails with the reason; the server and the other jobs go on
             log.exception("render job %s failed", job.id)
             self.store.update_job(job.id, state="failed", error=f"{type(exc).__name__}: {exc}"[:500],
