@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -31,11 +32,20 @@ from bench.longform import PARAGRAPH
 REPO = Path(__file__).resolve().parents[1]
 
 
-def book_of(chars: int, chapters: int) -> str:
+def book_of(chars: int, chapters: int, seed: int = 0) -> str:
+    """About `chars` characters in `chapters` chapters of sentences drawn from the bench's paragraph's words:
+    no two alike, so no segment is a render that already exists (the cache would make the figures lie)."""
+    rng = random.Random(seed)
+    words = sorted({w.strip(".,:").lower() for w in PARAGRAPH.split() if w.isalpha() or w.strip(".,:").isalpha()})
     per = max(1, chars // chapters)
     parts = []
     for n in range(chapters):
-        paragraphs = [PARAGRAPH] * max(1, round(per / len(PARAGRAPH)))
+        paragraphs, size = [], 0
+        while size < per:
+            sentences = [" ".join(rng.choice(words) for _ in range(rng.randint(6, 14))).capitalize() + "."
+                         for _ in range(rng.randint(2, 4))]
+            paragraphs.append(" ".join(sentences))
+            size += len(paragraphs[-1]) + 2
         parts.append(f"# Chapter {n + 1}\n\n" + "\n\n".join(paragraphs))
     return "\n\n".join(parts)
 
