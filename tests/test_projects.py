@@ -139,6 +139,21 @@ def test_malformed_bombed_and_drm_epubs_are_refused_with_the_reason(data, messag
         importing.from_file("book.epub", data)
 
 
+def test_markup_nested_too_deep_is_refused():
+    deep = "<div>" * 300 + "Deep." + "</div>" * 300
+    with pytest.raises(ImportRefused, match="nests its markup over 200 levels"):
+        importing.from_file("deep.epub", _epub([("One", f"<p>Fine.</p>{deep}")], cover=False))
+
+
+def test_the_caps_are_flags():
+    import app
+
+    args = app.parse_args(["--project-max-chars", "900", "--project-max-chapters", "3", "--project-max-upload-mb", "2",
+                           "--projects-dir", "/tmp/books"])
+    assert (args.project_max_chars, args.project_max_chapters, args.project_max_upload_mb) == (900, 3, 2)
+    assert args.projects_dir == "/tmp/books"
+
+
 def test_size_caps_refuse_a_book_before_anything_is_stored(studio):
     projects, _ = studio
     with pytest.raises(ImportRefused, match="MB; the limit is 0 MB"):
@@ -197,18 +212,23 @@ def test_segment_files_are_complete_flac_and_codes(studio):
         assert np.load(codes)["codes"].shape == (render.frames, 8)
 
 
-def test_pause_resume_and_cancel(studio):
+def test_pause_resume_and_cancel_with_the_time_left(studio):
     projects, runner = studio
-    project = projects.create("owner", importing.from_text(BOOK, markdown=True), SETTINGS)
+    long_book = "\n\n".join(f"# {c}\n\n" + "\n\n".join(f"Line {c} {n}." for n in range(5)) for c in "ABC")
+    project = projects.create("owner", importing.from_text(long_book, markdown=True), SETTINGS)
     job = runner.render(project.id)
-    paused = runner.pause(job.id)
-    assert paused.state == "paused"
+    deadline = time.monotonic() + 60
+    while runner.view(job.id)["rendered"] < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert runner.pause(job.id).state == "paused"
     time.sleep(0.3)
     view = runner.view(job.id)
-    assert view["state"] == "paused" and view["done"] < view["total"]
+    assert view["state"] == "paused" and 2 <= view["done"] < view["total"] == 15
+    assert view["rtf"] > 0 and view["eta_s"] > 0  # from the measured RTF and the speech left
     assert projects.view(project.id)["job"] == job.id
     assert runner.resume(job.id).state == "queued"
-    assert wait(runner, job.id)["state"] == "done"
+    assert wait(runner, job.id)["state"] == "done" and runner.view(job.id)["eta_s"] is None
     with pytest.raises(ValueError, match="done already"):
         runner.cancel(job.id)
     projects.set_segment(project.id, 1, 0)  # the next seed
@@ -216,6 +236,24 @@ def test_pause_resume_and_cancel(studio):
     assert runner.cancel(job.id).state == "cancelled"
     assert projects.view(project.id)["job"] is None
     assert wait(runner, runner.render(project.id, [1]).id)["rendered"] == 1
+
+
+def test_a_restart_sweeps_half_written_files_and_resumes_the_job_that_was_running(studio, service):
+    projects, runner = studio
+    runner.stop()  # the server that was killed
+    project = projects.create("owner", importing.from_text(BOOK, markdown=True), SETTINGS)
+    job = projects.store.add_job(project.id, None, 5)
+    projects.store.update_job(job.id, state="running")  # as a killed server left it
+    stray = projects.store.renders_dir / "ab" / "abcd.flac.tmp-123-456"
+    stray.parent.mkdir(parents=True, exist_ok=True)
+    stray.write_bytes(b"half a file")
+    again = JobRunner(projects, service)  # a new server on the same folder
+    again.start()
+    try:
+        assert not stray.exists()
+        assert wait(again, job.id)["state"] == "done"
+    finally:
+        again.stop()
 
 
 def test_chapters_are_renamed_reordered_merged_and_skipped(studio):
