@@ -23,6 +23,7 @@ import torch
 def main() -> None:
     torch.set_num_threads(1)  # no thread pool exists to be lost across fork()
     import uvicorn  # noqa: F401  (imported once here, not in every child)
+
     from engine.demo import demo_checkpoint
     from engine.generate import Engine
     from studio import api  # noqa: F401

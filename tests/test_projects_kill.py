@@ -134,7 +134,7 @@ def test_kill_9_at_random_moments_and_the_book_comes_out_the_same(tmp_path):
     killed, clean = tmp_path / "killed", tmp_path / "clean"
     try:
         # the uninterrupted render runs beside the one that is killed (one core each)
-        clean_pid, clean_url = zygote.start(clean)
+        _, clean_url = zygote.start(clean)
         clean_project, clean_job = render(clean_url)
         pid, url = zygote.start(killed)
         project, job = render(url)
