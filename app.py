@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     from studio import mcp
     # The documented endpoints (gradio_client, the page's "Use via API"), also MCP tools with --mcp; added before
     # launch. They hold each caller to its rights: a visitor gets the public limits and a fair share.
-    mcp.register(demo, service, access=access)
+    mcp.register(demo, service, access=access, projects=projects, runner=runner)
     demo.queue(default_concurrency_limit=1, max_size=args.queue_size)
     friendly_queue_full(demo)
     # Gradio refuses uploads over this as they arrive: the largest legitimate one is a voice bundle, or on a

@@ -174,8 +174,8 @@ def from_epub(data: bytes, *, limits: Limits = Limits(), title: str = "") -> Boo
     chapters, notes = [], []
     for idref, _linear in book.spine:
         item = book.get_item_with_id(idref)
-        if item is None or item.get_type() != ITEM_DOCUMENT:
-            continue
+        if item is None or item.get_type() != ITEM_DOCUMENT or isinstance(item, epub.EpubNav):
+            continue  # the navigation document is the table of contents, not part of the book
         text, heading = _document_text(item.get_content(), item.get_name())
         name = titles.get(item.get_name()) or heading
         if not text.strip():

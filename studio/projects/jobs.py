@@ -33,7 +33,7 @@ from engine.types import SEED_LIMIT, SamplingParams
 from studio.admission import Caller
 from studio.projects.library import Projects
 from studio.projects.recipes import Planned, anchor_identity, anchor_of_render
-from studio.projects.store import UNFINISHED, JobRow, as_stored
+from studio.projects.store import UNFINISHED, JobRow, ProjectNotFound, as_stored
 from studio.service import SynthesisRequest
 
 log = logging.getLogger("higgs.projects")
@@ -151,7 +151,12 @@ class JobRunner:
                 self._wake.wait(IDLE_POLL_S)
                 self._wake.clear()
                 continue
-            self._run(queued[0])
+            try:
+                self._run(queued[0])
+            except ProjectNotFound:  # deleted while it rendered (the job's rows went with it)
+                self.projects.set_active(queued[0].project, None)
+            except Exception:  # the worker outlives any one job
+                log.exception("render job %s", queued[0].id)
 
     def _run(self, job: JobRow) -> None:
         if not self.store.update_job(job.id, state="running", only_if=["queued"]):
@@ -164,6 +169,8 @@ class JobRunner:
         try:
             for _ in handle.stream():
                 pass
+        except ProjectNotFound:
+            raise
         except Exception as exc:  # the job fails with the reason; the server and the other jobs go on
             log.exception("render job %s failed", job.id)
             self.store.update_job(job.id, state="failed", error=f"{type(exc).__name__}: {exc}"[:500],
@@ -179,12 +186,16 @@ class JobRunner:
 
     def _work(self, job_id: str, line_job, handle) -> None:
         """On the GPU worker: render the job's next unrendered segment, take a new turn, until none is left."""
+        plan: tuple | None = None  # (the project's `updated`, the plan): read again only after a change
         try:
             while not handle.cancel.is_set():
                 job = self.store.job(job_id)
                 if job.state != "running":
                     return
-                planned = self.projects.planned(job.project)
+                project = self.projects.project(job.project)
+                if plan is None or plan[0] != project.updated:
+                    plan = (project.updated, self.projects.planned(job.project))
+                planned = plan[1]
                 selected = self._selected(planned, job.chapters)
                 renders = self.store.renders(p.key for p in selected if p.key)
                 self._record(planned, renders)
@@ -197,9 +208,11 @@ class JobRunner:
                 if target is None:
                     raise RuntimeError("a segment's zero-shot anchor is not part of the job")
                 started = time.perf_counter()
-                made = self._render(target, self.projects.project(job.project).settings, handle.cancel)
+                made = self._render(target, project.settings, handle.cancel)
                 if made is None:
                     return
+                if target.anchor_of is not None:
+                    plan = None  # the segments cloned from this anchor have keys now
                 self.store.set_segment(target.chapter_id, target.position, key=target.key)
                 job = self.store.job(job_id)
                 self.store.update_job(job_id, done=job.done + 1, rendered=job.rendered + 1,

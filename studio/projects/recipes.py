@@ -112,6 +112,7 @@ def plan_book(chapters, segments_of: Callable, settings: dict, checkpoint: dict,
             anchor_keys[speaker] = key_of(row, seed_of(row), ZERO_SHOT)
             anchor_rows.add(n)
     reference = next((n for n, (chapter, _) in enumerate(rows) if not chapter.skip), None)
+    known: dict[str, str | None] = {}  # anchor key → its identity (one look-up per speaker)
     out: list[Planned] = []
     for n, (chapter, row) in enumerate(rows):
         voice_id, seed, speaker = voice_of(row), seed_of(row), row.speaker or ""
@@ -122,7 +123,9 @@ def plan_book(chapters, segments_of: Callable, settings: dict, checkpoint: dict,
             key = anchor_keys[speaker]
         else:
             anchored_on = anchor_keys.get(speaker)
-            anchor = anchors(anchored_on) if anchored_on else None
+            if anchored_on and anchored_on not in known:
+                known[anchored_on] = anchors(anchored_on)
+            anchor = known.get(anchored_on)
             key = key_of(row, seed, f"anchor:{anchor}") if anchor else None
         out.append(Planned(chapter.id, chapter.position, chapter.skip, row.position, row.text, row.source, row.pause_after,
                            row.speaker, voice_id, seed, key, speaker if n in anchor_rows else None, anchored_on,

@@ -284,6 +284,9 @@ class Store:
             sets = ", ".join(f"{k} = ?" for k in fields)
             db.execute(f"UPDATE segments SET {sets} WHERE chapter = ? AND position = ?",
                        (*fields.values(), chapter_id, position))
+            if "seed" in fields:  # a change to the plan (a key only records a render)
+                db.execute("UPDATE projects SET updated = ? WHERE id = (SELECT project FROM chapters WHERE id = ?)",
+                           (time.time(), chapter_id))
 
     def mark_finished(self, chapter_id: int) -> None:
         with self._tx() as db:
