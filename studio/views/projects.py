@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import shutil
 from pathlib import Path
 
 import gradio as gr
@@ -252,8 +253,12 @@ class ProjectsView:
         folder = self.out_dir / f"export-{next(self._files)}"
         folder.mkdir()
         path = folder / made.filename
-        with open(path, "wb") as f:
-            f.writelines(made.body)
+        try:
+            with open(path, "wb") as f:
+                f.writelines(made.body)
+        except BaseException:  # a failed export leaves no half file behind
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
         return str(path)
 
     @staticmethod
