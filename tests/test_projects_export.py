@@ -69,6 +69,8 @@ def test_m4b_has_chapters_at_sample_offsets_tags_and_cover(tmp_path):
     assert (exp.filename, exp.media_type) == ("A Test Book.m4b", "audio/mp4")
     save(exp, tmp_path / "book.m4b")
     assert list(work.iterdir()) == []  # the temporary MP4, metadata and cover are gone
+    # The same samples give the same file, byte for byte: equal renders export equal books.
+    assert b"".join(export(book(), meta, "m4b").body) == (tmp_path / "book.m4b").read_bytes()
 
     info = ffprobe(tmp_path / "book.m4b")
     chapters = info["chapters"]

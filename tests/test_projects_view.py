@@ -120,6 +120,8 @@ def test_handlers_create_render_regenerate_play_and_export(view, tmp_path):
     assert "waiting" not in [r[4] for r in segments] and int(segments[1][2]) > seed
     with pytest.raises(ValueError, match="whole number"):
         view.regenerate(pid, 1, 2, "12a", "")
+    with pytest.raises(ValueError, match="Pick a chapter between 1 and 2"):
+        view.export(pid, "mp3", 3)
 
     book_file = view.export(pid, "zip", 0)["value"]
     with zipfile.ZipFile(book_file) as zf:

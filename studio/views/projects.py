@@ -203,7 +203,7 @@ class ProjectsView:
     def regenerate(self, project_id: str, chapter, segment, seed, text):
         """The segment again: a new seed (the next one when the box is empty) or edited text; a job renders it."""
         project_id = self._id(project_id)
-        chapter, segment = int(chapter or 0) - 1, int(segment or 0) - 1
+        chapter, segment = self._index(project_id, chapter), int(segment or 0) - 1
         seed = (seed or "").strip()
         if seed and not seed.isdigit():
             raise ValueError(f"A seed is a whole number, not {seed!r}; leave the box empty for the next seed.")
@@ -215,8 +215,7 @@ class ProjectsView:
     def play_chapter(self, project_id: str, chapter) -> str:
         """The chapter as a WAV for the player (streamed to the file a block at a time)."""
         project_id = self._id(project_id)
-        index = int(chapter or 0) - 1
-        count = len(self.projects.store.chapters(project_id))
+        index, count = self._index(project_id, chapter), len(self.projects.store.chapters(project_id))
         audio = self.projects.chapter_audio(project_id, index, OWNER.key)
         return self._save(chapter_export(audio, self.projects.book_meta(project_id), "wav", index, count))
 
@@ -239,7 +238,7 @@ class ProjectsView:
         meta = self.projects.book_meta(project_id, OWNER.key)
         chapters = self.projects.view(project_id, OWNER.key)["chapters"]
         if chapter and fmt not in ("m4b", "zip"):
-            index = int(chapter) - 1
+            index = self._index(project_id, chapter)
             made = chapter_export(self.projects.chapter_audio(project_id, index, OWNER.key), meta, fmt, index,
                                   len(chapters))
         else:
@@ -260,6 +259,14 @@ class ProjectsView:
             shutil.rmtree(folder, ignore_errors=True)
             raise
         return str(path)
+
+    def _index(self, project_id: str, chapter) -> int:
+        """The page's chapter number (from 1) as the library's index (from 0), or a sentence saying the range."""
+        count = len(self.projects.store.chapters(project_id))
+        number = int(chapter or 0)
+        if not 1 <= number <= count:
+            raise ValueError(f"Pick a chapter between 1 and {count} (click its row).")
+        return number - 1
 
     @staticmethod
     def _id(project_id: str) -> str:
