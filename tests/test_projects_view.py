@@ -170,7 +170,7 @@ def job_of(url: str, pid: str) -> dict:
 
 
 @pytest.mark.browser
-def test_a_page_opened_again_shows_the_same_render_going_on(studio_url, tmp_path):
+def test_a_page_opened_again_shows_the_same_render_going_on(studio_url, tmp_path, artifacts_dir):
     from playwright.sync_api import sync_playwright
 
     project = api(studio_url, "/v1/projects", {"title": "Reattach", "text": BOOK, "format": "markdown",
@@ -218,6 +218,7 @@ def test_a_page_opened_again_shows_the_same_render_going_on(studio_url, tmp_path
         assert f"done · {SEGMENTS} of {SEGMENTS} segments" in pg.inner_text("#proj-summary")
         pg.wait_for_function("() => (document.querySelector('#proj-chapters')?.innerText.match(/\\bdone\\b/g) || [])"
                              ".length === 3", timeout=30_000)
+        pg.screenshot(path=str(artifacts_dir / "projects.png"), full_page=True)
         browser.close()
 
     # The job started on the first page is the one that finished, and it generated each segment once.
