@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -81,6 +82,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-input-chars", type=int, default=int(env.get("HIGGS_MAX_INPUT_CHARS") or 0) or None,
                    help="longest `input` /v1/audio/speech takes as one long take, planned into segments "
                         "(default 100,000; env HIGGS_MAX_INPUT_CHARS)")
+    p.add_argument("--projects-dir", default=env.get("HIGGS_PROJECTS_DIR"),
+                   help="where projects (books, their rendered segments and jobs) live (env HIGGS_PROJECTS_DIR; "
+                        "default projects/ in the studio's folder, /data/higgs-studio/projects on a Space)")
+    p.add_argument("--project-max-chars", type=int, default=int(env.get("HIGGS_PROJECT_MAX_CHARS") or 2_000_000),
+                   help="most characters one project holds (env HIGGS_PROJECT_MAX_CHARS)")
+    p.add_argument("--project-max-chapters", type=int, default=int(env.get("HIGGS_PROJECT_MAX_CHAPTERS") or 500),
+                   help="most chapters one project holds (env HIGGS_PROJECT_MAX_CHAPTERS)")
+    p.add_argument("--project-max-upload-mb", type=int, default=int(env.get("HIGGS_PROJECT_MAX_UPLOAD_MB") or 50),
+                   help="largest book file (.txt, .md, .epub) a project is created from (env "
+                        "HIGGS_PROJECT_MAX_UPLOAD_MB)")
     p.add_argument("--remote", default=env.get("HIGGS_REMOTE"),
                    help="drive a running speech server (another Higgs Studio, SGLang-Omni, vLLM-Omni) at this URL "
                         "instead of a local model (env HIGGS_REMOTE; its key in HIGGS_REMOTE_API_KEY; docs/SCALING.md)")
@@ -144,6 +155,36 @@ def load_aliases(args: argparse.Namespace, voices, presets):
     if configured:
         print(f"Voice aliases: {', '.join(configured)}", flush=True)
     return aliases
+
+
+def start_projects(args: argparse.Namespace, service):
+    """The projects library and its render worker (which resumes every unfinished job now), or (None, None)
+    with a remote engine: a project's segments are rendered in process. Exits with one sentence on a bad
+    folder or limit."""
+    if service.engine.is_remote:
+        print("Projects are off: they render in process, and this studio drives a remote server.", flush=True)
+        return None, None
+    from studio.projects.importing import Limits
+    from studio.projects.jobs import JobRunner
+    from studio.projects.library import Projects
+    from studio.projects.store import Store
+    from studio.voices.store import studio_dir
+
+    if min(args.project_max_chars, args.project_max_chapters, args.project_max_upload_mb) < 1:
+        sys.exit("Cannot start the studio: --project-max-chars, --project-max-chapters and --project-max-upload-mb "
+                 "must be at least 1.")
+    folder = Path(args.projects_dir).expanduser() if args.projects_dir else studio_dir("HIGGS_PROJECTS_DIR", "projects")
+    try:
+        store = Store(folder)
+    except (OSError, sqlite3.Error) as exc:
+        sys.exit(f"Cannot open the projects folder {folder}: {exc}. Pick another with --projects-dir.")
+    limits = Limits(max_chars=args.project_max_chars, max_chapters=args.project_max_chapters,
+                    max_bytes=args.project_max_upload_mb * 2 ** 20)
+    projects = Projects(store, service, limits=limits)
+    runner = JobRunner(projects, service)
+    runner.start()
+    print(f"Projects: {folder}", flush=True)
+    return projects, runner
 
 
 def configure_spaces(data: Path = Path("/data")) -> None:
@@ -235,10 +276,11 @@ def main(argv: list[str] | None = None) -> None:
                                 visitor_queue=args.visitor_queue)
     except ValueError as exc:
         sys.exit(f"Cannot start the studio: {exc} (--visitor-concurrency, --visitor-queue)")
+    projects, runner = start_projects(args, service)
     access = Access(args.api_key, public_page=args.public_page, public_max_chars=args.public_max_chars,
                     public_max_frames=args.public_max_seconds * FRAME_RATE)
     asr = Transcriber.from_flag(args.asr or ("none" if args.demo else "auto"))
-    page = Page(service, access, private_voices=voices.private, transcriber=asr)
+    page = Page(service, access, private_voices=voices.private, transcriber=asr, projects=projects, runner=runner)
     if not page.streaming:
         print("ffmpeg is not on PATH: takes play when complete instead of streaming, and mp3/opus/aac downloads are "
               "off. Install ffmpeg (e.g. `apt-get install ffmpeg`) for live streaming.", flush=True)
@@ -246,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     from studio import mcp
     # The documented endpoints (gradio_client, the page's "Use via API"), also MCP tools with --mcp; added before
     # launch. They hold each caller to its rights: a visitor gets the public limits and a fair share.
-    mcp.register(demo, service, access=access)
+    mcp.register(demo, service, access=access, projects=projects, runner=runner)
     demo.queue(default_concurrency_limit=1, max_size=args.queue_size)
     friendly_queue_full(demo)
     # Gradio refuses uploads over this as they arrive: the largest legitimate one is a voice bundle, or on a
@@ -263,7 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     from studio import api, assets  # routes go on the running app: launch() builds a new FastAPI app each time
     from studio.longform import MAX_LONG_INPUT_CHARS
     api.register(demo.app, service, access=access, max_input_chars=args.max_input_chars or MAX_LONG_INPUT_CHARS,
-                 transcriber=asr)
+                 transcriber=asr, projects=projects, runner=runner)
     page.player.mount(demo.app, access=access)  # the page's WebAudio stream route (studio/live.py)
     assets.mount(demo.app)  # the page's static files (studio/static/): the live player's AudioWorklet
     print(f"OpenAI-compatible API: POST {demo.local_url.rstrip('/')}/v1/audio/speech"
@@ -283,6 +325,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if wyoming is not None:
             wyoming.stop()
+        if runner is not None:
+            runner.stop()
         service.close()
 
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import Iterator, Mapping
 
 import numpy as np
 import torch
@@ -34,8 +34,8 @@ from .config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from .delay import default_max_frames
 from .longform import Segment
 from .prompt import VoiceRef
-from .types import DEFAULT_REPEAT_GUARD, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, new_seed
 from .tokenizer import strip_tags
+from .types import DEFAULT_REPEAT_GUARD, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, new_seed
 
 # Silence detection over 10 ms windows on a fixed grid from the segment start, with an absolute floor:
 # the decision for a window never depends on audio after it, so the streamed first segment and the
@@ -143,8 +143,9 @@ def _fade(out: np.ndarray) -> None:
         out[len(out) - n:] *= ramp[::-1]
 
 
-def _anchor_frames(audio: np.ndarray, frames: int) -> slice:
-    """Whole frames covering a segment's speech (all of them when it has none)."""
+def anchor_frames(audio: np.ndarray, frames: int) -> slice:
+    """Whole frames covering a segment's speech (all of them when it has none): the part of a zero-shot
+    segment's codes that becomes the anchor of its speaker's later segments."""
     bounds = speech_bounds(audio)
     if bounds is None:
         return slice(0, frames)
@@ -200,7 +201,7 @@ class LongTake:
 
     @classmethod
     def from_recipe(cls, engine, recipe: dict, *, voice: VoiceRef | None = None,
-                    voices: Mapping[str, VoiceRef] | None = None, cancel: threading.Event | None = None) -> "LongTake":
+                    voices: Mapping[str, VoiceRef] | None = None, cancel: threading.Event | None = None) -> LongTake:
         """The take a `recipe()` describes, ready to `run()`: the same segments, options and seeds."""
         try:
             items = recipe["segments"]
@@ -226,7 +227,7 @@ class LongTake:
         """Zero-shot: the first segment of a speaker becomes the reference of its later segments."""
         key = segment.speaker
         if segment.voice is None and self.voice is None and key not in self.anchors:
-            frames = take.codes[_anchor_frames(take.audio, take.codes.shape[0])]
+            frames = take.codes[anchor_frames(take.audio, take.codes.shape[0])]
             if frames.shape[0]:
                 self.anchors[key] = VoiceRef(codes=frames, transcript=strip_tags(take.text).strip())
 
@@ -389,5 +390,16 @@ def _pause(segment: Segment) -> np.ndarray:
     return np.zeros(round(segment.pause_after * SAMPLE_RATE), np.float32)
 
 
-__all__ = ["LongTake", "SegmentTake", "TakeChunk", "shape_segment", "speech_bounds", "speech_rms",
-           "SILENCE_DBFS", "KEEP_SECONDS", "FADE_SECONDS", "MAX_GAIN_DB"]
+__all__ = [
+    "FADE_SECONDS",
+    "KEEP_SECONDS",
+    "MAX_GAIN_DB",
+    "SILENCE_DBFS",
+    "LongTake",
+    "SegmentTake",
+    "TakeChunk",
+    "anchor_frames",
+    "shape_segment",
+    "speech_bounds",
+    "speech_rms",
+]

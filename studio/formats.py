@@ -87,7 +87,9 @@ def encode_audio(wav: np.ndarray, sample_rate: int, fmt: str = "wav") -> tuple[b
     return _ffmpeg_encode(pcm, sample_rate, fmt), MIME[fmt]
 
 
-def _ffmpeg_command(fmt: str, sample_rate: int, extra: list[str]) -> list[str]:
+def pcm_input_command(sample_rate: int, fmt: str = "audio") -> list[str]:
+    """An ffmpeg command line up to its first input: 16-bit mono PCM at `sample_rate` on stdin. Callers add
+    any further inputs, then the output options. `fmt` names what is being encoded in the error."""
     exe = ffmpeg_path()
     if exe is None:
         raise FormatError(
@@ -97,7 +99,16 @@ def _ffmpeg_command(fmt: str, sample_rate: int, extra: list[str]) -> list[str]:
     # The input is raw PCM of a known layout: nothing to probe. With ffmpeg's default probing, PCM fed as fast as
     # it would take it gave the first encoded bytes only after ~50 frames of input; with these, after ~20.
     return [exe, "-hide_banner", "-loglevel", "error", "-probesize", "32", "-analyzeduration", "0",
-            "-f", "s16le", "-ar", str(sample_rate), "-ac", "1", "-i", "pipe:0", *_FFMPEG_ARGS[fmt], *extra, "pipe:1"]
+            "-f", "s16le", "-ar", str(sample_rate), "-ac", "1", "-i", "pipe:0"]
+
+
+def encoder_args(fmt: str) -> list[str]:
+    """ffmpeg's output options (codec, bitrate, container) for one of FFMPEG_FORMATS."""
+    return list(_FFMPEG_ARGS[fmt])
+
+
+def _ffmpeg_command(fmt: str, sample_rate: int, extra: list[str]) -> list[str]:
+    return [*pcm_input_command(sample_rate, fmt), *_FFMPEG_ARGS[fmt], *extra, "pipe:1"]
 
 
 def _ffmpeg_encode(pcm: np.ndarray, sample_rate: int, fmt: str) -> bytes:

@@ -1,4 +1,5 @@
-"""The studio's documented Gradio endpoints, which are also its MCP tools: `synthesize`, `list_voices`, `add_voice`.
+"""The studio's documented Gradio endpoints, which are also its MCP tools: `synthesize`, `list_voices`, `add_voice`,
+and with projects (studio/projects/) `render_project` and `project_status`.
 
     studio.mcp.register(blocks, service, access=Access(key, public_page=...))   # before blocks.launch()
 
@@ -10,9 +11,9 @@ tool descriptions, so they say what the model can and cannot do (no instruction 
 inline tags, SPEC D1).
 Rights: the header `Authorization: Bearer <key>` (or a studio without a key) is the owner. Without it, on a
 public page, `synthesize` and `list_voices` answer as to any visitor of the page: the public limits, the
-visitor's fair share of the GPU, the voices shared with visitors; `add_voice` is the owner's. On a keyed page
-that is not public every tool needs the key, like the `/v1/*` routes. These three are the only tools: the
-page's own events are built with `api_visibility` other than "public", which keeps them out of the MCP schema
+visitor's fair share of the GPU, the voices shared with visitors; `add_voice` and the project tools are the
+owner's. On a keyed page that is not public every tool needs the key, like the `/v1/*` routes. These are the
+only tools: the page's own events are built with `api_visibility` other than "public", which keeps them out of the MCP schema
 (docs/SECURITY.md).
 
 No `from __future__ import annotations` here: `gr.api` reads the tools' type hints at run time, and string
@@ -66,9 +67,11 @@ def _file_path(audio: Any) -> str:
     return audio
 
 
-def register(blocks: gr.Blocks, service, *, api_key: str | None = None, access: Access | None = None) -> None:
-    """Add the three tools to `blocks`. Call it before `launch`. `access` (or just the key) says who is the owner
-    and whether visitors may call them."""
+def register(blocks: gr.Blocks, service, *, api_key: str | None = None, access: Access | None = None,
+             projects=None, runner=None) -> None:
+    """Add the tools to `blocks`. Call it before `launch`. `access` (or just the key) says who is the owner
+    and whether visitors may call them; with `projects` and its `runner` (studio/projects/), the project tools
+    too."""
     outputs = _Outputs()
     roots = [Path(tempfile.gettempdir()).resolve()]
 
@@ -154,6 +157,45 @@ def register(blocks: gr.Blocks, service, *, api_key: str | None = None, access: 
         return {"id": voice.id, "name": voice.name, "seconds": round(voice.seconds, 2),
                 "transcript": voice.transcript or None}
 
+    def render_project(project: str, chapters: str = "", authorization: gr.Header = None) -> dict:
+        """Start rendering a project (a book made on the studio's Projects tab or with POST /v1/projects) into
+        audio, in the background, and return its job: {"id", "state", "done", "total", "eta_s", ...}.
+
+        Rendering takes a while (minutes to hours for a book); call project_status with the project's id to
+        follow it. Segments already rendered with the same text, voice, settings and seed are never rendered
+        again, so rendering a finished project again returns at once.
+
+        Args:
+            project: The project's id (project_status with no id lists the projects).
+            chapters: Chapter indexes to render, comma-separated (e.g. "0,2"); empty for every chapter not skipped.
+        """
+        caller(authorization, None, visitors=False)
+        try:
+            wanted = [int(n) for n in chapters.replace(" ", "").split(",") if n] or None
+            projects.project(project.strip(), OWNER.key)
+            return runner.view(runner.render(project.strip(), wanted).id)
+        except ValueError as exc:  # a bad index, an unknown project (ProjectNotFound is one)
+            raise gr.Error(str(exc)) from None
+
+    def project_status(project: str = "", authorization: gr.Header = None) -> dict:
+        """A project's state: its chapters (each "not started", "rendering", "done" or "stale" after an edit,
+        with segments rendered of total and seconds of audio) and its render job (state, done, total, eta_s,
+        error). With no `project`, the list of projects: {"projects": [{"id", "title", ...}]}.
+
+        Args:
+            project: The project's id; empty to list the projects.
+        """
+        caller(authorization, None, visitors=False)
+        try:
+            if not project.strip():
+                return {"projects": [projects.summary(p) for p in projects.store.projects(OWNER.key)]}
+            view = projects.view(project.strip(), OWNER.key)
+            jobs = projects.store.jobs(view["id"])  # oldest first: the latest is the one to report
+            job = runner.view(jobs[-1].id) if jobs else None
+            return {**{k: view[k] for k in ("id", "title", "author", "disk_bytes", "chapters")}, "job": job}
+        except ValueError as exc:
+            raise gr.Error(str(exc)) from None
+
     # queue=False: Gradio's MCP server then calls the tool in-process with the MCP request (its Authorization
     # header reaches `caller`). A queued tool is called back over HTTP through the page's routes, which a
     # login on the page (`auth=`) closes to it. The service's admission still gives each take its turn.
@@ -161,4 +203,7 @@ def register(blocks: gr.Blocks, service, *, api_key: str | None = None, access: 
         gr.api(synthesize, api_name="synthesize", queue=False)
         gr.api(list_voices, api_name="list_voices", queue=False)
         gr.api(add_voice, api_name="add_voice", queue=False)
+        if projects is not None:
+            gr.api(render_project, api_name="render_project", queue=False)
+            gr.api(project_status, api_name="project_status", queue=False)
 

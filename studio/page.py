@@ -22,6 +22,7 @@ from studio.service import StudioService
 from studio.views import GPU_QUEUE
 from studio.views.longform import LongFormView
 from studio.views.private import PrivateVoicesView
+from studio.views.projects import ProjectsView
 from studio.views.studio import StudioView
 from studio.views.takes import TakesView
 from studio.views.voices import VoicesView
@@ -33,7 +34,8 @@ class Page:
     served take files and the live player's route."""
 
     def __init__(self, service: StudioService, access: Access | None = None, *,
-                 private_voices: PrivateVoices | None = None, transcriber: Transcriber | None = None):
+                 private_voices: PrivateVoices | None = None, transcriber: Transcriber | None = None,
+                 projects=None, runner=None):
         self.service = service
         self.transcriber = transcriber  # fills an empty transcript box when a clip arrives (studio/asr.py)
         self.access = access or Access()  # no key: whoever reaches the page is the owner
@@ -49,6 +51,9 @@ class Page:
         self.private = PrivateVoicesView(self, private_voices) if private_voices is not None else None
         self.voices = VoicesView(self) if private_voices is None else None
         self.long_form = LongFormView(service, self.out_dir, self.access)
+        # Projects (a library and its job runner, app.py's start_projects) are the owner's: no tab on a public page.
+        self.projects = ProjectsView(projects, runner, self.out_dir, self.access) \
+            if projects is not None and not self.access.public_page else None
 
     def voice_choices(self, caller: Caller) -> list[tuple[str, str]]:
         """The Voice menu for `caller`: a visitor of a public page sees the shared voices and the presets."""
@@ -81,12 +86,17 @@ class Page:
                         self.voices.tab(voices_tab)
                 with gr.Tab("Long form", id="long"):
                     self.long_form.build(GPU_QUEUE)
+                if self.projects is not None:
+                    with gr.Tab("Projects", id="projects"):
+                        self.projects.build()
             if self.private is not None:
                 self.private.wire(demo)  # its page load fills the voice menu with the visitor's own voices too
             else:
                 self.voices.wire()
             demo.load(self.refresh_lists, None, [self.studio.voice, self.studio.style, self.studio.status,
                                                  self.long_form.voice], queue=False, api_visibility="private")
+            if self.projects is not None:
+                demo.load(*self.projects.load, api_visibility="private")  # the open project, as the server has it
             demo.load(self.alias_table, None, self.studio.aliases, queue=False, api_visibility="private")
             # An explicit private load event, not a callable value: Gradio would publish that one as an API
             # endpoint and an MCP tool.

@@ -40,8 +40,8 @@ def running_studio(tmp: Path, *args: str, env: dict[str, str] | None = None):
     """Yield the base URL of a studio started with --demo; its output goes to `tmp/app.log`. `env` adds to
     the environment it starts with."""
     port = free_port()
-    env = {**os.environ, "HIGGS_VOICES_DIR": str(tmp / "voices"), "GRADIO_ANALYTICS_ENABLED": "False",
-           "PYTHONUNBUFFERED": "1", **(env or {})}
+    env = {**os.environ, "HIGGS_VOICES_DIR": str(tmp / "voices"), "HIGGS_PROJECTS_DIR": str(tmp / "projects"),
+           "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1", **(env or {})}
     env.pop("SPACE_ID", None)
     log = open(tmp / "app.log", "w")
     proc = subprocess.Popen([sys.executable, "app.py", "--demo", "--port", str(port), *args], cwd=REPO, env=env,

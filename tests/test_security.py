@@ -179,7 +179,8 @@ def test_mcp_has_only_the_keyed_tools_and_refuses_without_the_key(keyed, tmp_pat
 
     before = tree_hash(voices)
     schema = httpx.get(f"{url}/gradio_api/mcp/schema", timeout=30).json()
-    assert {tool["name"] for tool in schema} == {"synthesize", "list_voices", "add_voice"}  # no page events
+    assert {tool["name"] for tool in schema} == {"synthesize", "list_voices", "add_voice", "render_project",
+                                                 "project_status"}  # no page events
 
     clip = "data:audio/wav;base64," + base64.b64encode(clip_bytes()).decode()
 

@@ -12,6 +12,7 @@ what `StudioService` yields. Generation, queueing and voice storage happen in th
 | `model.py` | the limits, the error body, `SpeechRequest` and its checks, the plumbing every route shares |
 | `speech.py` | `POST /v1/audio/speech`: the request resolved, the take streamed (audio, SSE, buffered) |
 | `voices.py` | the voice library's and the style presets' routes |
+| `projects.py` | `/v1/projects…` and `/v1/jobs…`: books, render jobs, chapter audio (docs/PROJECTS.md) |
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from starlette.routing import Mount
 
 from studio.access import Access
 from studio.api.model import MAX_UPLOAD_BYTES, MODEL_IDS, REQUEST_TIMEOUT_S, ApiError, Routes
+from studio.api.projects import ProjectRoutes
 from studio.api.speech import SpeechRoutes
 from studio.api.voices import VoiceRoutes
 from studio.formats import available_formats
@@ -56,10 +58,11 @@ class _InfoRoutes(Routes):
 
 def register(app: FastAPI, service, *, api_key: str | None = None, access: Access | None = None,
              request_timeout: float = REQUEST_TIMEOUT_S, max_input_chars: int = MAX_LONG_INPUT_CHARS,
-             transcriber=None) -> None:
+             transcriber=None, projects=None, runner=None) -> None:
     """Add the HTTP API to `app` (the FastAPI app that serves the Gradio studio). With `api_key` (or an
     `access` that holds it), every `/v1/*` route needs `Authorization: Bearer <api_key>`; `/health` stays
-    open for load balancers. Without a key, writes from other sites are refused (`Access.cross_site_refusal`)."""
+    open for load balancers. Without a key, writes from other sites are refused (`Access.cross_site_refusal`).
+    With `projects` (studio/projects/library.py) and its `runner` (jobs.py), the projects' routes too."""
     access = access or Access(api_key)
     limiter = anyio.CapacityLimiter(max(8, service.max_queue + 4))  # a thread for every request the line holds
     speech = SpeechRoutes(service, access, limiter, request_timeout=request_timeout, max_input_chars=max_input_chars)
@@ -90,6 +93,8 @@ def register(app: FastAPI, service, *, api_key: str | None = None, access: Acces
         ("/v1/models", info.models, ["GET"]),
         ("/health", info.health, ["GET"]),
     ]
+    if projects is not None:
+        routes += ProjectRoutes(service, access, limiter, projects=projects, runner=runner).routes()
     for path, handler, methods in routes:
         app.add_api_route(path, guarded(handler), methods=methods, include_in_schema=True)
     # Gradio's app may already hold routes; ours are specific paths, so order only matters against a

@@ -22,7 +22,7 @@ log = logging.getLogger("higgs.api")
 
 CONSENT_YES = ("true", "yes", "1", "on")
 CONSENT_STATEMENT_WORDS = 3  # a statement is a sentence ("The speaker agreed."), not a word ("n", "ok")
-_NEGATIONS = frozenset("no not nope never none false deny denied refuse refused without don't dont isn't".split())
+_NEGATIONS = frozenset(["no", "not", "nope", "never", "none", "false", "deny", "denied", "refuse", "refused", "without", "don't", "dont", "isn't"])
 # The fields PATCH /v1/audio/voices/{id} changes, as the API names them → the library's names.
 VOICE_FIELDS = {"shared": "shared", "name": "name", "description": "description", "ref_text": "transcript",
                 "style": "style"}
@@ -203,7 +203,7 @@ class VoiceRoutes(Routes):
             raise ApiError(403, f"{voice.name!r} is one of the studio's preset voices, which are read-only and "
                                 "shown to everyone.", param="voice_id")
         updates = {VOICE_FIELDS[k]: v for k, v in changes.items()}
-        if "style" in updates and updates["style"]:
+        if updates.get("style"):
             updates["style"] = self.service.resolve_style(self.instructions_style(updates["style"]))
         try:
             updated = await self.in_thread(lambda: self._library().update(voice.id, **updates))

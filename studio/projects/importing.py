@@ -1,0 +1,302 @@
+"""A book in: pasted text, a `.txt`, a `.md` (headings → chapters) or an `.epub` (ebooklib) → chapter drafts.
+
+Pure functions of the bytes, checked against `Limits` before anything is stored, so a refused file leaves
+nothing behind. An EPUB is a ZIP: its members, their total size and their compression ratio are checked
+from the ZIP's directory before one member is inflated (a ZIP bomb is refused unread), DRM (an
+`encryption.xml` over the text) is named as such, and XML nested deeper than `MAX_XML_DEPTH` is refused.
+Chapters come from the spine in reading order, titled from the table of contents (else the document's first
+heading); front matter (cover, title page, copyright, contents …) is imported with `skip` set, so the owner
+can tick it back in.
+"""
+
+from __future__ import annotations
+
+import io
+import posixpath
+import re
+import zipfile
+from dataclasses import dataclass, field
+from urllib.parse import unquote
+
+from studio.clean import clean_text
+
+MAX_PROJECT_CHARS = 2_000_000  # ~35 hours of speech: a long novel (--project-max-chars)
+MAX_CHAPTERS = 500  # --project-max-chapters
+MAX_IMPORT_BYTES = 50 * 2 ** 20  # an uploaded book file (--project-max-upload-mb)
+MAX_EPUB_MEMBERS = 5000
+MAX_EPUB_INFLATED = 200 * 2 ** 20
+MAX_COMPRESSION_RATIO = 100  # text deflates ~3-10×; a bomb inflates thousands of times
+MAX_XML_DEPTH = 200
+MAX_TITLE_CHARS = 200
+FRONT_MATTER = re.compile(r"cover|title-?page|copyright|imprint|toc|contents|dedication|acknowledg|halftitle|"
+                          r"colophon|frontmatter|front-matter|also-?by|praise", re.IGNORECASE)
+_HEADING = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t]*#*[ \t]*$")
+_FENCE = re.compile(r"^[ \t]*(```|~~~)")
+_BLOCKS = {"p", "div", "h1", "h2", "h3", "h4", "h5", "h6", "li", "blockquote", "section", "article", "tr", "br",
+           "dd", "dt", "pre", "figcaption", "aside"}
+
+
+class ImportRefused(ValueError):
+    """A book that cannot be imported; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_chars: int = MAX_PROJECT_CHARS
+    max_chapters: int = MAX_CHAPTERS
+    max_bytes: int = MAX_IMPORT_BYTES
+
+
+@dataclass(frozen=True)
+class Draft:
+    title: str
+    text: str
+    skip: bool = False
+
+
+@dataclass(frozen=True)
+class Book:
+    """What an import found: metadata (empty where the file says nothing), chapters, a cover, and notes for
+    the owner (sections dropped as empty, front matter unticked)."""
+    title: str
+    chapters: list[Draft]
+    author: str = ""
+    language: str = ""
+    cover: bytes | None = None
+    cover_type: str = "image/jpeg"
+    extra: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def from_text(text: str, *, title: str = "", markdown: bool = False, limits: Limits = Limits()) -> Book:
+    """Pasted or uploaded text: one chapter, or with `markdown` one per heading."""
+    if not isinstance(text, str) or not text.strip():
+        raise ImportRefused("The text is empty: paste the book's text or upload a .txt, .md or .epub file.")
+    if len(text) > limits.max_chars:
+        raise ImportRefused(f"The text is {len(text):,} characters; a project holds at most {limits.max_chars:,} "
+                            "(--project-max-chars). Split the book into several projects.")
+    if not markdown:
+        return checked(Book(title or "Untitled", [Draft(title or "Chapter 1", text.strip())]), limits)
+    heading, chapters, notes = _markdown_chapters(text)
+    return checked(Book(title or heading or "Untitled", chapters, notes=notes), limits)
+
+
+def from_file(name: str, data: bytes, *, title: str = "", limits: Limits = Limits()) -> Book:
+    """An uploaded file, by its extension: .txt, .md / .markdown, .epub."""
+    if len(data) > limits.max_bytes:
+        raise ImportRefused(f"The file is {len(data) / 2 ** 20:.1f} MB; the limit is {limits.max_bytes / 2 ** 20:.0f} "
+                            "MB (--project-max-upload-mb).")
+    ext = posixpath.splitext(name.lower())[1]
+    if ext == ".epub":
+        return from_epub(data, limits=limits, title=title)
+    if ext not in (".txt", ".md", ".markdown", ""):
+        raise ImportRefused(f"Cannot import {ext} files: upload a .txt, .md or .epub file (or paste the text).")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ImportRefused(f"The file is not UTF-8 text (byte {exc.start}); save it as UTF-8 and upload it "
+                            "again.") from None
+    stem = posixpath.splitext(posixpath.basename(name))[0]
+    return from_text(text, title=title or stem, markdown=ext in (".md", ".markdown"), limits=limits)
+
+
+def checked(book: Book, limits: Limits) -> Book:
+    """`book` if it fits the limits and has something to say; ImportRefused with the reason otherwise."""
+    chapters = [c for c in book.chapters if c.text.strip()]
+    if not chapters:
+        raise ImportRefused("The book has no text to speak (every chapter is empty).")
+    if len(chapters) > limits.max_chapters:
+        raise ImportRefused(f"The book has {len(chapters)} chapters; a project holds at most {limits.max_chapters} "
+                            "(--project-max-chapters).")
+    chars = sum(len(c.text) for c in chapters)
+    if chars > limits.max_chars:
+        raise ImportRefused(f"The book is {chars:,} characters; a project holds at most {limits.max_chars:,} "
+                            "(--project-max-chars). Split it into several projects.")
+    return book
+
+
+# ------------------------------------------------------------------------------------------- markdown
+def _markdown_chapters(text: str) -> tuple[str, list[Draft], list[str]]:
+    """(the book's title heading or "", chapters, notes). Chapters start at the top heading level used more
+    than once (a lone `# Title` over `## Chapter` headings is the book's title); text before the first
+    chapter is a chapter of its own."""
+    lines = text.splitlines()
+    headings, fenced = [], False
+    for n, line in enumerate(lines):
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and (m := _HEADING.match(line)):
+            headings.append((n, len(m.group(1)), m.group(2).strip()))
+    levels = sorted({level for _, level, _ in headings})
+    book_title = ""
+    level = next((lv for lv in levels if sum(1 for _, x, _ in headings if x == lv) > 1), levels[0] if levels else 0)
+    tops = [h for h in headings if h[1] < level]
+    if len(tops) == 1:
+        book_title = tops[0][2]
+    cuts = [h for h in headings if h[1] == level]
+    sections = []
+    start, name = 0, ""
+    for n, _, title in cuts:
+        sections.append((name, lines[start:n]))
+        start, name = n + 1, title
+    sections.append((name, lines[start:]))
+    chapters, notes = [], []
+    for i, (name, body) in enumerate(sections):
+        body = [line for line in body if not (book_title and _HEADING.match(line)
+                                              and _HEADING.match(line).group(2).strip() == book_title)]
+        spoken = clean_text("\n".join(body)).strip()
+        if not spoken:
+            if name:
+                notes.append(f"The section {name!r} has no text and was left out.")
+            continue
+        chapters.append(Draft(_title(name or book_title or f"Chapter {i + 1}"), spoken))
+    return book_title, chapters, notes
+
+
+def _title(text: str) -> str:
+    text = " ".join(text.split())
+    return text[:MAX_TITLE_CHARS] or "Untitled"
+
+
+# ------------------------------------------------------------------------------------------- epub
+def from_epub(data: bytes, *, limits: Limits = Limits(), title: str = "") -> Book:
+    """An EPUB 2 or 3: metadata, cover, and the spine's documents as chapters."""
+    archive = _open_zip(data)
+    _refuse_drm(archive)
+    from ebooklib import ITEM_COVER, ITEM_DOCUMENT, ITEM_IMAGE, epub
+
+    try:
+        book = epub.read_epub(io.BytesIO(data), options={"ignore_ncx": False})
+    except Exception as exc:  # ebooklib raises many kinds for a broken book; all mean the same to the owner
+        raise ImportRefused(f"The EPUB could not be read ({_reason(exc)}); export it again from its "
+                            "source, or paste its text.") from None
+    titles = _toc_titles(book.toc)
+    chapters, notes = [], []
+    for idref, _linear in book.spine:
+        item = book.get_item_with_id(idref)
+        if item is None or item.get_type() != ITEM_DOCUMENT or isinstance(item, epub.EpubNav):
+            continue  # the navigation document is the table of contents, not part of the book
+        text, heading = _document_text(item.get_content(), item.get_name())
+        name = titles.get(item.get_name()) or heading
+        if not text.strip():
+            continue
+        front = bool(FRONT_MATTER.search(f"{item.get_name()} {idref} {name or ''}"))
+        chapter = Draft(_title(name or f"Chapter {len(chapters) + 1}"), text, skip=front)
+        if front:
+            notes.append(f"{chapter.title!r} looks like front matter: it is unticked (tick it to include it).")
+        chapters.append(chapter)
+    meta = {key: _dc(book, key) for key in ("title", "creator", "language", "identifier", "publisher", "date")}
+    cover, cover_type = None, "image/jpeg"
+    covers = list(book.get_items_of_type(ITEM_COVER)) + [
+        i for i in book.get_items_of_type(ITEM_IMAGE) if "cover" in f"{i.get_id()} {i.get_name()}".lower()]
+    if covers:
+        cover, cover_type = covers[0].get_content(), covers[0].media_type or "image/jpeg"
+    extra = {k: meta[k] for k in ("identifier", "publisher", "date") if meta[k]}
+    if not chapters:
+        raise ImportRefused("The EPUB has no text in its spine (only images or empty pages?); nothing to speak.")
+    return checked(Book(title or meta["title"] or "Untitled", chapters, author=meta["creator"],
+                        language=meta["language"], cover=cover, cover_type=cover_type, extra=extra, notes=notes),
+                   limits)
+
+
+def _open_zip(data: bytes) -> zipfile.ZipFile:
+    """The EPUB's ZIP, its directory checked for bombs before any member is inflated."""
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        members = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise ImportRefused(f"The file is not a valid EPUB (not a ZIP archive: {_reason(exc)}).") from None
+    if len(members) > MAX_EPUB_MEMBERS:
+        raise ImportRefused(f"The EPUB holds {len(members)} files; at most {MAX_EPUB_MEMBERS} are accepted.")
+    inflated = sum(m.file_size for m in members)
+    if inflated > MAX_EPUB_INFLATED:
+        raise ImportRefused(f"The EPUB inflates to {inflated / 2 ** 20:.0f} MB; at most "
+                            f"{MAX_EPUB_INFLATED / 2 ** 20:.0f} MB are accepted (is it a ZIP bomb?).")
+    for m in members:
+        if m.file_size > MAX_COMPRESSION_RATIO * max(m.compress_size, 1024):
+            raise ImportRefused(f"The EPUB's {m.filename!r} inflates {m.file_size // max(m.compress_size, 1)}× "
+                                "its packed size; this looks like a ZIP bomb and is refused.")
+    if "META-INF/container.xml" not in archive.namelist():
+        raise ImportRefused("The file is a ZIP but not an EPUB (no META-INF/container.xml).")
+    return archive
+
+
+def _refuse_drm(archive: zipfile.ZipFile) -> None:
+    """Encrypted content documents mean DRM. Font obfuscation (IDPF / Adobe) also lives in encryption.xml and
+    is harmless: only the fonts are scrambled."""
+    if "META-INF/encryption.xml" not in archive.namelist():
+        return
+    manifest = archive.read("META-INF/encryption.xml").decode("utf-8", "replace")
+    targets = re.findall(r"URI\s*=\s*[\"']([^\"']+)", manifest)
+    if any(not re.search(r"\.(otf|ttf|woff2?)$", t, re.IGNORECASE) for t in targets) or "rights.xml" in archive.namelist():
+        raise ImportRefused("The EPUB is DRM-protected (its text is encrypted); import a DRM-free copy.")
+
+
+def _toc_titles(toc) -> dict[str, str]:
+    """Document name → the title the table of contents gives it (the first entry that points into it)."""
+    out: dict[str, str] = {}
+    stack = list(toc)[::-1]
+    while stack:
+        entry = stack.pop()
+        if isinstance(entry, (tuple, list)):
+            section, children = entry[0], entry[1]
+            stack.extend(list(children)[::-1])
+            entry = section
+        href, name = getattr(entry, "href", None), getattr(entry, "title", None)
+        if href and name:
+            out.setdefault(unquote(href.split("#")[0]), name)
+    return out
+
+
+def _document_text(content: bytes, name: str) -> tuple[str, str | None]:
+    """(the document's text, paragraphs separated by blank lines; its first heading or None)."""
+    from lxml import etree, html
+
+    try:
+        parser = html.HTMLParser(recover=True, no_network=True, remove_comments=True)
+        root = html.fromstring(content, parser=parser) if content.strip() else None
+    except (etree.ParserError, ValueError) as exc:
+        raise ImportRefused(f"{name} in the EPUB is not readable XHTML ({_reason(exc)}).") from None
+    if root is None:
+        return "", None
+    heading = None
+    blocks: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for event, el in etree.iterwalk(root, events=("start", "end")):
+        tag = el.tag.rsplit("}", 1)[-1].lower() if isinstance(el.tag, str) else ""
+        if event == "start":
+            depth += 1
+            if depth > MAX_XML_DEPTH:
+                raise ImportRefused(f"{name} in the EPUB nests its markup over {MAX_XML_DEPTH} levels deep; this "
+                                    "looks malicious and is refused.")
+            if tag in ("script", "style", "head"):
+                el.text = None
+            if tag in _BLOCKS and current:
+                blocks.append(" ".join(current))
+                current = []
+            if el.text and tag not in ("script", "style", "head", "title"):
+                current.append(el.text.strip())
+        else:
+            depth -= 1
+            if tag in _BLOCKS and current:
+                text = " ".join(t for t in current if t)
+                blocks.append(text)
+                if heading is None and tag in ("h1", "h2", "h3") and text.strip():
+                    heading = text.strip()
+                current = []
+            if el.tail and el.tail.strip():
+                current.append(el.tail.strip())
+    if current:
+        blocks.append(" ".join(current))
+    paragraphs = [" ".join(b.split()) for b in blocks if b.strip()]
+    return "\n\n".join(paragraphs), heading
+
+
+def _dc(book, key: str) -> str:
+    values = book.get_metadata("DC", key)
+    return " ".join(str(values[0][0]).split()) if values and values[0] and values[0][0] else ""
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:200]

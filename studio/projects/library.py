@@ -1,0 +1,382 @@
+"""The projects as the API, the MCP tool and the Projects tab use them: create, edit, read, and what an export
+reads (`chapter_audio`, `book_meta`). Rendering is studio/projects/jobs.py; state is studio/projects/store.py.
+
+    projects = Projects(store, service)
+    project = projects.create(OWNER.key, importing.from_text(text, title="Book"), {"voice": "Narrator"})
+    projects.view(project.id)                 # the JSON the API answers: chapters with their state, disk use
+    projects.patch(project.id, {"chapters": [{"index": 0, "title": "Prologue"}], "order": [1, 0]})
+    projects.chapter_audio(project.id, 0)     # ChapterAudio, read from the segment files with the take's joins
+    projects.chapter_pcm(project.id, 0)       # the same samples as one array (tests)
+
+A chapter is planned into segments when its text or the settings change (engine/longform.py, the long
+form's planner); each segment's key (studio/projects/recipes.py) says whether it is rendered.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+
+import numpy as np
+
+from engine.config import SAMPLE_RATE
+from engine.longform import plan
+from engine.longtake import CUT_SHORT, shape_segment, speech_rms
+from engine.normalize import AUTO
+from engine.tokenizer import estimate_seconds
+from engine.types import SamplingParams, new_seed
+from studio.projects.importing import MAX_TITLE_CHARS, Book, Draft, Limits, checked
+from studio.projects.recipes import Planned, checkpoint_identity, plan_book
+from studio.projects.store import Chapter, ProjectNotFound, SegmentRow, Store
+from studio.projects.types import BookMeta, ChapterAudio
+
+SETTINGS = ("voice", "voices", "style", "seed", "normalize", "temperature", "top_k", "top_p", "repeat_guard",
+            "max_frames")
+SAMPLING = ("temperature", "top_k", "top_p", "repeat_guard", "max_frames")
+PROJECT_FIELDS = ("title", "author", "language", "settings", "chapters", "order", "merge")
+
+
+class Projects:
+    """Projects on `store`, planned and keyed for `service`'s engine and voices."""
+
+    def __init__(self, store: Store, service, *, limits: Limits = Limits()):
+        self.store, self.service, self.limits = store, service, limits
+        self.checkpoint = checkpoint_identity(service.engine.info)
+        self._active: dict[str, tuple[str, list[int] | None]] = {}  # project → its unfinished job (jobs.py)
+        self._lengths: dict[tuple, int] = {}  # (key, trim_start, reference rms) → shaped samples
+        self._rms: dict[str, float | None] = {}
+        self._lock = threading.Lock()
+
+    # ---------------------------------------------------------------- settings and planning
+    def settings(self, given: dict | None, base: dict | None = None) -> dict:
+        """`given` over `base` (or the defaults), checked: a saved voice by id or name, a script's voices, a
+        style preset or tag prefix, the sampling settings; a seed drawn when none is given, so the project
+        renders the same every time."""
+        given = dict(given or {})
+        unknown = sorted(set(given) - set(SETTINGS))
+        if unknown:
+            raise ValueError(f"Unknown setting(s) {', '.join(unknown)}; a project's settings are {', '.join(SETTINGS)}.")
+        out = {"voice": None, "voices": None, "style": None, "seed": None, "normalize": True,
+               **SamplingParams().as_dict(), **(base or {}), **given}
+        params = SamplingParams.of(**{k: out.get(k) for k in SAMPLING}, seed=out.get("seed"))  # ValueError
+        out.update({k: getattr(params, k) for k in SAMPLING})
+        out["seed"] = params.seed if params.seed is not None else new_seed()
+        if not isinstance(out["normalize"], bool):
+            raise ValueError("`normalize` must be true or false.")
+        if out["voice"]:
+            out["voice"] = self.service.resolve_voice(str(out["voice"])).id
+        else:
+            out["voice"] = None
+        if out["voices"] is not None:
+            if not isinstance(out["voices"], dict) or not out["voices"]:
+                raise ValueError("`voices` maps a script's speakers to saved voices, e.g. {\"Alice\": \"Narrator\", "
+                                 "\"Bob\": null}; null is zero-shot.")
+            out["voices"] = {str(k): (self.service.resolve_voice(str(v)).id if v else None)
+                             for k, v in out["voices"].items()}
+        if out["style"]:
+            self.service.resolve_style(out["style"])  # ValueError for an unknown preset or a bad prefix
+        else:
+            out["style"] = None
+        return out
+
+    def plan_chapter(self, text: str, settings: dict, language: str) -> list[SegmentRow]:
+        try:
+            segments = plan(text, style=self.service.resolve_style(settings.get("style")),
+                            normalize=settings.get("normalize", True), language=language or AUTO,
+                            voices=settings.get("voices"))
+        except ValueError as exc:
+            raise ValueError(f"{str(exc)[:1].upper()}{str(exc)[1:]}.") from None
+        return [SegmentRow(s.index, s.text, s.source, s.pause_after, s.speaker, s.voice) for s in segments]
+
+    # ---------------------------------------------------------------- create, edit, delete
+    def create(self, owner: str, book: Book, settings: dict | None = None):
+        """Store `book` as a new project (all of it, or nothing when a chapter cannot be planned)."""
+        book = checked(book, self.limits)
+        settings = self.settings(settings)
+        language = book.language
+        chapters = []
+        for draft in book.chapters:
+            if not draft.text.strip():
+                continue
+            try:
+                chapters.append((draft.title, draft.text, draft.skip, self.plan_chapter(draft.text, settings, language)))
+            except ValueError as exc:
+                raise ValueError(f"Chapter {draft.title!r}: {exc}") from None
+        return self.store.create_project(owner, title=_title(book.title), author=book.author, language=language,
+                                         settings=settings, chapters=chapters, extra=book.extra, cover=book.cover,
+                                         cover_type=book.cover_type if book.cover else None)
+
+    def project(self, project_id: str, owner: str | None = None):
+        return self.store.project(project_id, owner)
+
+    def patch(self, project_id: str, changes: dict, owner: str | None = None) -> None:
+        """Apply `changes` (docs/PROJECTS.md, PATCH): metadata, settings (every chapter is planned again),
+        chapter edits, then `merge` [i, j] (j's text appended to i's, j removed), then `order`."""
+        project = self.store.project(project_id, owner)
+        unknown = sorted(set(changes) - set(PROJECT_FIELDS))
+        if unknown:
+            raise ValueError(f"Unknown field(s) {', '.join(unknown)}; send any of {', '.join(PROJECT_FIELDS)}.")
+        meta = {}
+        for name in ("title", "author", "language"):
+            if name in changes:
+                if not isinstance(changes[name], str):
+                    raise ValueError(f"`{name}` must be a string.")
+                meta[name] = _title(changes[name]) if name == "title" else changes[name].strip()
+        settings = self.settings(changes["settings"], project.settings) if "settings" in changes else project.settings
+        language = meta.get("language", project.language)
+        replan = settings != project.settings or language != project.language
+        chapters = self.store.chapters(project_id)
+        rows = [[c.id, c.title, c.text, c.skip, False] for c in chapters]  # the last: its text changed
+        for edit in _list(changes.get("chapters"), "chapters"):
+            if not isinstance(edit, dict) or not isinstance(edit.get("index"), int):
+                raise ValueError("Each entry of `chapters` is {\"index\": n, \"title\"?, \"skip\"?, \"text\"?}.")
+            row = rows[_index(edit["index"], len(rows))]
+            if "title" in edit:
+                row[1] = _title(_string(edit["title"], "title"))
+            if "skip" in edit:
+                if not isinstance(edit["skip"], bool):
+                    raise ValueError("`skip` must be true or false.")
+                row[3] = edit["skip"]
+            if "text" in edit:
+                text = _string(edit["text"], "text")
+                if not text.strip():
+                    raise ValueError(f"Chapter {edit['index']}'s new text is empty; type its text, or skip the "
+                                     "chapter instead.")
+                row[2], row[4] = text, True
+        if changes.get("merge") is not None:
+            pair = changes["merge"]
+            if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(i, int) for i in pair)):
+                raise ValueError("`merge` is [i, j]: chapter j's text is appended to chapter i's.")
+            i, j = (_index(n, len(rows)) for n in pair)
+            if i == j:
+                raise ValueError("`merge` needs two different chapters.")
+            rows[i][2], rows[i][4] = rows[i][2].rstrip() + "\n\n" + rows[j][2].lstrip(), True
+            del rows[j]
+        if changes.get("order") is not None:
+            order = changes["order"]
+            if not (isinstance(order, list) and sorted(order) == list(range(len(rows)))):
+                raise ValueError(f"`order` lists every chapter's index once in the new order (0 … {len(rows) - 1}).")
+            rows = [rows[i] for i in order]
+        planned = []
+        for cid, title, text, skip, edited in rows:
+            segments = None
+            if edited or replan:
+                try:
+                    segments = self._keep_seeds(cid, self.plan_chapter(text, settings, language))
+                except ValueError as exc:
+                    raise ValueError(f"Chapter {title!r}: {exc}") from None
+            planned.append((cid, title, text, skip, segments))
+        checked(Book(project.title, [Draft(t, x) for _, t, x, _, _ in planned]), self.limits)
+        if meta or settings != project.settings:
+            self.store.update_project(project_id, **meta, settings=settings)
+        self.store.replace_chapters(project_id, planned)
+
+    def _keep_seeds(self, chapter_id: int | None, segments: list[SegmentRow]) -> list[SegmentRow]:
+        """Seeds chosen by hand (regenerate) stay with their text through a new plan."""
+        if chapter_id is None:
+            return segments
+        chosen = {s.text: s.seed for s in self.store.segments(chapter_id) if s.seed is not None}
+        return [replace(s, seed=chosen.get(s.text)) for s in segments]
+
+    def set_segment(self, project_id: str, chapter: int, segment: int, *, seed: int | None = None,
+                    text: str | None = None, owner: str | None = None) -> None:
+        """A segment to be made again: a new seed (the next one when `seed` is None), or new text (the chapter's
+        text is edited where the segment's text stands, and the chapter planned again)."""
+        self.store.project(project_id, owner)
+        row = self._chapter(project_id, chapter)
+        segments = self.store.segments(row.id)
+        if not 0 <= segment < len(segments):
+            raise ValueError(f"Chapter {chapter} has {len(segments)} segments (0 … {len(segments) - 1}).")
+        target = segments[segment]
+        if text is not None:
+            text = _string(text, "text")
+            if not text.strip():
+                raise ValueError("The segment's new text is empty; type what it should say.")
+            if target.source not in row.text:
+                raise ValueError("This segment's text spans lines of the chapter; edit the chapter's text instead.")
+            self.patch(project_id, {"chapters": [{"index": chapter, "text": row.text.replace(target.source, text, 1)}]})
+            if seed is None:
+                return
+            segments = self.store.segments(row.id)
+            target = next((s for s in segments if text.strip() in s.source), None)
+            if target is None:
+                return
+        if seed is None:
+            planned = next(p for p in self.planned(project_id) if p.chapter_id == row.id and p.position == target.position)
+            render = self.store.render(planned.key)
+            seed = ((render.seed if render else planned.seed) + 1) % 2 ** 63
+        self.store.set_segment(row.id, target.position, seed=SamplingParams(seed=seed).seed)
+
+    def delete(self, project_id: str, owner: str | None = None) -> None:
+        self.store.project(project_id, owner)
+        self.store.delete_project(project_id)
+
+    # ---------------------------------------------------------------- the plan with keys
+    def planned(self, project_id: str) -> list[Planned]:
+        project = self.store.project(project_id)
+
+        def anchors(key: str) -> str | None:
+            render = self.store.render(key)
+            return render.anchor if render else None
+
+        return plan_book(self.store.chapters(project_id), self.store.segments, project.settings, self.checkpoint,
+                         self._voice_identity, anchors)
+
+    def _voice_identity(self, voice_id: str) -> str:
+        return self.service.voices.get(voice_id).content_hash
+
+    def _chapter(self, project_id: str, index: int) -> Chapter:
+        chapters = self.store.chapters(project_id)
+        return chapters[_index(index, len(chapters))]
+
+    # ---------------------------------------------------------------- views
+    def summary(self, project) -> dict:
+        return {"id": project.id, "title": project.title, "author": project.author, "language": project.language,
+                "created": project.created, "updated": project.updated}
+
+    def view(self, project_id: str, owner: str | None = None) -> dict:
+        project = self.store.project(project_id, owner)
+        planned = self.planned(project_id)
+        renders = self.store.renders(p.key for p in planned if p.key)
+        active = self.active_job(project_id)
+        chapters = []
+        for chapter in self.store.chapters(project_id):
+            mine = [p for p in planned if p.chapter_id == chapter.id]
+            done = [p for p in mine if p.key in renders]
+            covered = active is not None and (active[1] is None or chapter.position in active[1])
+            if mine and len(done) == len(mine):
+                state = "done"
+            elif covered and not chapter.skip:
+                state = "rendering"
+            elif chapter.finished:
+                state = "stale"
+            else:
+                state = "not started"
+            seconds = sum(renders[p.key].samples for p in done) / SAMPLE_RATE
+            chapters.append({"index": chapter.position, "title": chapter.title, "skip": chapter.skip, "state": state,
+                             "segments": len(mine), "rendered": len(done), "seconds": round(seconds, 2),
+                             "characters": len(chapter.text)})
+        return {**self.summary(project), "has_cover": project.cover_type is not None, "cover_type": project.cover_type,
+                "extra": project.extra, "settings": project.settings, "disk_bytes": self.store.disk_bytes(project_id),
+                "job": active[0] if active else None, "chapters": chapters}
+
+    def chapter_view(self, project_id: str, index: int, owner: str | None = None) -> dict:
+        self.store.project(project_id, owner)
+        chapter = self._chapter(project_id, index)
+        mine = [p for p in self.planned(project_id) if p.chapter_id == chapter.id]
+        renders = self.store.renders(p.key for p in mine if p.key)
+        rows = []
+        for p in mine:
+            render = renders.get(p.key)
+            state = "waiting" if render is None else (
+                f"cut short ({render.stop_reason})" if render.stop_reason in CUT_SHORT else "done")
+            rows.append({"index": p.position, "text": p.source, "spoken": p.text, "speaker": p.speaker,
+                         "seed": render.seed if render else p.seed, "retried": bool(render and render.retried),
+                         "seconds": round(render.samples / SAMPLE_RATE, 2) if render else None,
+                         "estimated_seconds": round(estimate_seconds(p.text), 1), "state": state, "key": p.key})
+        view = next(c for c in self.view(project_id)["chapters"] if c["index"] == chapter.position)
+        return {**view, "text": chapter.text, "segments": rows}
+
+    # ---------------------------------------------------------------- jobs' bookkeeping (jobs.py sets it)
+    def active_job(self, project_id: str) -> tuple[str, list[int] | None] | None:
+        with self._lock:
+            return self._active.get(project_id)
+
+    def set_active(self, project_id: str, job: tuple[str, list[int] | None] | None) -> None:
+        with self._lock:
+            if job is None:
+                self._active.pop(project_id, None)
+            else:
+                self._active[project_id] = job
+
+    # ---------------------------------------------------------------- what an export reads
+    def book_meta(self, project_id: str, owner: str | None = None) -> BookMeta:
+        project = self.store.project(project_id, owner)
+        return BookMeta(title=project.title, author=project.author, language=project.language,
+                        cover=self.store.cover(project_id), cover_type=project.cover_type or "image/jpeg",
+                        extra=dict(project.extra))
+
+    def chapter_audio(self, project_id: str, index: int, owner: str | None = None) -> ChapterAudio:
+        """Chapter `index` as the export reads it: each segment's stored audio shaped for the take (silence
+        trimmed, loudness matched to the book's first segment, faded) and followed by its pause, as
+        engine/longtake.py joins a long take. ValueError while a segment is not rendered."""
+        project = self.store.project(project_id, owner)
+        planned = self.planned(project_id)
+        chapter = self._chapter(project_id, index)
+        mine = [p for p in planned if p.chapter_id == chapter.id]
+        renders = self.store.renders(p.key for p in mine if p.key)
+        missing = [p for p in mine if p.key not in renders]
+        if missing:
+            raise ValueError(f"Chapter {index} ({chapter.title!r}) is not rendered yet: {len(mine) - len(missing)} of "
+                             f"{len(mine)} segments. Render it first (POST /v1/projects/{project_id}/render).")
+        reference = next((p for p in planned if p.reference), None)
+        rms = self._reference_rms(reference.key) if reference is not None else None
+        parts = [(p.key, p.position > 0, None if p.reference else rms, round(p.pause_after * SAMPLE_RATE)) for p in mine]
+        samples = sum(self._shaped_length(key, trim, ref) + pause for key, trim, ref, pause in parts)
+
+        def blocks() -> Iterator[np.ndarray]:
+            for key, trim, ref, pause in parts:
+                yield shape_segment(self.store.read_audio(key), trim_start=trim, reference_rms=ref)
+                if pause:
+                    yield np.zeros(pause, np.float32)
+
+        recipe = {"chapter": chapter.title, "settings": project.settings, "checkpoint": self.checkpoint,
+                  "segments": [{"text": p.text, "source": p.source, "speaker": p.speaker, "voice": p.voice_id,
+                                "pause_after": p.pause_after, "seed": renders[p.key].seed, "planned_seed": p.seed,
+                                "stop_reason": renders[p.key].stop_reason, "key": p.key} for p in mine]}
+        return ChapterAudio(title=chapter.title, samples=samples, blocks=blocks, recipe=recipe)
+
+    def book(self, project_id: str, owner: str | None = None) -> tuple[list[ChapterAudio], BookMeta]:
+        """Every chapter not skipped, in order, and the book's metadata: what a whole-book export reads."""
+        meta = self.book_meta(project_id, owner)
+        return [self.chapter_audio(project_id, c.position) for c in self.store.chapters(project_id) if not c.skip], meta
+
+    def chapter_pcm(self, project_id: str, index: int) -> np.ndarray:
+        """The chapter's samples in one array (what the tests compare; an export streams `blocks`)."""
+        audio = self.chapter_audio(project_id, index)
+        pcm = np.concatenate(list(audio.blocks()) or [np.zeros(0, np.float32)])
+        assert len(pcm) == audio.samples
+        return pcm
+
+    def _reference_rms(self, key: str) -> float | None:
+        if key not in self._rms:
+            self._rms[key] = speech_rms(shape_segment(self.store.read_audio(key), trim_start=False,
+                                                      reference_rms=None)) or None
+        return self._rms[key]
+
+    def _shaped_length(self, key: str, trim: bool, ref: float | None) -> int:
+        cache = (key, trim, ref)
+        if cache not in self._lengths:
+            self._lengths[cache] = len(shape_segment(self.store.read_audio(key), trim_start=trim, reference_rms=ref))
+        return self._lengths[cache]
+
+
+def _title(text: str) -> str:
+    text = " ".join(str(text).split())[:MAX_TITLE_CHARS]
+    if not text:
+        raise ValueError("A title cannot be empty.")
+    return text
+
+
+def _string(value, name: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"`{name}` must be a string.")
+    return value
+
+
+def _list(value, name: str) -> list:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"`{name}` must be a list.")
+    return value
+
+
+def _index(n: int, count: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < count:
+        raise ValueError(f"No chapter {n}: the project has {count} (0 … {count - 1}).")
+    return n
+
+
+__all__ = ["ProjectNotFound", "Projects"]
