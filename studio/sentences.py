@@ -17,6 +17,7 @@ import queue
 import threading
 
 from engine.longform import SENTENCE_PAUSE, Segment, plan, split_sentences
+from engine.normalize import AUTO
 from studio.longform import MAX_LONG_INPUT_CHARS
 
 _END = object()
@@ -58,10 +59,13 @@ class SentenceBuffer:
 class SentenceFeed:
     """The text side of an open long take (engine/longtake.py `more=`): pieces added on one thread become
     planned segments (the long form's normalisation, style prefix and cut of an over-long sentence,
-    `engine.longform.plan`) that the take's thread takes one by one, each followed by a sentence's pause."""
+    `engine.longform.plan`) that the take's thread takes one by one, each followed by a sentence's pause.
+    `language` "auto" normalises a sentence only when it reads as English (one sentence may be too short
+    to tell: name the language when it is known)."""
 
-    def __init__(self, *, style: str = "", normalize: bool = True, limit: int = MAX_LONG_INPUT_CHARS):
-        self.style, self.normalize = style, normalize
+    def __init__(self, *, style: str = "", normalize: bool = True, language: str = AUTO,
+                 limit: int = MAX_LONG_INPUT_CHARS):
+        self.style, self.normalize, self.language = style, normalize, language
         self.buffer = SentenceBuffer(limit)
         self._segments: queue.Queue = queue.Queue()
         self.ended = False
@@ -88,7 +92,7 @@ class SentenceFeed:
 
     def _queue(self, sentences: list[str]) -> list[str]:
         for sentence in sentences:
-            for segment in plan(sentence, style=self.style, normalize=self.normalize):
+            for segment in plan(sentence, style=self.style, normalize=self.normalize, language=self.language):
                 self._segments.put(dataclasses.replace(segment, pause_after=SENTENCE_PAUSE))
         return sentences
 

@@ -69,7 +69,8 @@ class StreamConfig(BaseModel):
     seed: int | None = None
     max_frames: int | None = None  # per sentence
     repeat_guard: int | None = DEFAULT_REPEAT_GUARD
-    normalize: bool = True
+    normalize: bool = True  # numbers, dates, units … as words (English; engine/normalize.py)
+    language: str = "auto"  # "en", "fr", …: the sentence rules and whether to normalise ("auto": by the text)
     response_format: Literal["pcm", "opus"] = "pcm"
     timestamps: bool = False  # also a `sentence_end` event when a sentence's last sample has been sent
     token: str | None = None  # the page's token (studio/live.py) when no Authorization header can be sent
@@ -146,7 +147,7 @@ class SpeechStream:
             voice_id, style = alias.voice_id, style if style is not None else alias.style
         request = SynthesisRequest(text="", voice_id=voice_id, style=style, params=params, caller=caller,
                                    source="ws")
-        feed = SentenceFeed(normalize=config.normalize, limit=limit)
+        feed = SentenceFeed(normalize=config.normalize, language=config.language, limit=limit)
         return feed, start_open_long(self.service, request, feed)
 
 
@@ -166,6 +167,7 @@ class _Session:
         reader = asyncio.create_task(self._read())
         try:
             await self._send_take()
+            await self.ws.close()  # one stream, one take: after `done` (or its error) the socket closes
         except (WebSocketDisconnect, RuntimeError, OSError):
             pass  # the client went away; the finally below stops the take
         finally:
