@@ -273,6 +273,21 @@ def test_bad_messages_are_answered_and_the_stream_goes_on(studio):
     assert service.queue_depth == 0
 
 
+def test_the_pages_type_as_you_go_script_streams_through_this_route_into_the_live_players_worklet():
+    """Without a browser: the toggle's script (served from studio/static/) opens this route, sends the page's
+    token in its config, and plays through the worklet processor live.js loads (tests/test_page.py checks the
+    toggle is on the page with this script, and that it parses)."""
+    from studio import assets
+
+    script = assets.script("typeahead.js")
+    assert f"'{speech_ws.ROUTE}'" in script and "token: live?.dataset.token" in script
+    assert "new AudioWorkletNode(hs.ctx, 'hs-player'" in script and "registerProcessor('hs-player'" in assets.script(
+        "player-worklet.js")
+    for message in ("{text: added}", "{flush: true}", "{end: true}"):
+        assert message in script
+    assert {"token", "voice", "style", "seed"} <= set(speech_ws.StreamConfig.model_fields)  # what it sends
+
+
 def test_the_real_server_streams_over_uvicorn_with_the_key(keyed_studio):
     """`app.py --demo --api-key`: uvicorn serves the route (the `websockets` package), Bearer key in the header."""
     import websockets
