@@ -195,6 +195,19 @@ def test_flush_speaks_what_is_buffered_and_timestamps_mark_each_sentence_end(stu
         ("sentence_end", spans[1][1])]
 
 
+def test_opus_comes_as_ogg_pages_of_the_same_take(studio):
+    from tests.studio_server import need_ffmpeg
+
+    need_ffmpeg()
+    _, client, _ = studio
+    with client.websocket_connect(speech_ws.ROUTE, headers=AUTH) as ws:
+        ws.send_json({**CONFIG, "response_format": "opus"})
+        assert ws.receive_json()["format"] == "opus"
+        ws.send_json({"text": "Hello there.", "end": True})
+        events, audio, _ = events_until_done(ws)
+    assert events[-1]["type"] == "done" and audio.startswith(b"OggS") and b"OpusHead" in audio[:100]
+
+
 def test_closing_mid_way_cancels_the_take_at_the_next_step(studio, monkeypatch):
     service, client, _ = studio
     handles = []
