@@ -37,7 +37,7 @@ KEY = "SECRET"
 REPLY = ("Sure, here is the plan. First we pack the bags. Then we drive to the lake. The water is calm today. "
          "We swim until noon. After that we rest at home.")
 CONFIG = {"seed": SEED, "max_frames": FRAMES}
-AUTH = {"authorization": f"Bearer {KEY}"}
+AUTH = {"authorization": f"Bearer {KEY}"}  # pass copies: Starlette's test client adds its handshake to the dict
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +143,7 @@ def test_a_reply_streamed_at_an_llms_pace_is_the_long_take_heard_at_once_and_gap
             time.sleep(0.04)
         ws.send_json({"end": True})
 
-    with client.websocket_connect(speech_ws.ROUTE, headers=AUTH) as ws:
+    with client.websocket_connect(speech_ws.ROUTE, headers=dict(AUTH)) as ws:
         ws.send_json(CONFIG)
         assert ws.receive_json() == {"type": "ready", "sample_rate": SAMPLE_RATE, "format": "pcm", "seed": SEED}
         sender = threading.Thread(target=send, args=(ws,))
@@ -180,7 +180,7 @@ def test_a_reply_streamed_at_an_llms_pace_is_the_long_take_heard_at_once_and_gap
 
 def test_flush_speaks_what_is_buffered_and_timestamps_mark_each_sentence_end(studio):
     service, client, _ = studio
-    with client.websocket_connect(speech_ws.ROUTE, headers=AUTH) as ws:
+    with client.websocket_connect(speech_ws.ROUTE, headers=dict(AUTH)) as ws:
         ws.send_json({**CONFIG, "timestamps": True})
         ws.receive_json()
         ws.send_json({"text": "No full stop here"})
@@ -200,7 +200,7 @@ def test_opus_comes_as_ogg_pages_of_the_same_take(studio):
 
     need_ffmpeg()
     _, client, _ = studio
-    with client.websocket_connect(speech_ws.ROUTE, headers=AUTH) as ws:
+    with client.websocket_connect(speech_ws.ROUTE, headers=dict(AUTH)) as ws:
         ws.send_json({**CONFIG, "response_format": "opus"})
         assert ws.receive_json()["format"] == "opus"
         ws.send_json({"text": "Hello there.", "end": True})
@@ -213,7 +213,7 @@ def test_closing_mid_way_cancels_the_take_at_the_next_step(studio, monkeypatch):
     handles = []
     start = speech_ws.start_open_long
     monkeypatch.setattr(speech_ws, "start_open_long", lambda *a: handles.append(start(*a)) or handles[-1])
-    with client.websocket_connect(speech_ws.ROUTE, headers=AUTH) as ws:
+    with client.websocket_connect(speech_ws.ROUTE, headers=dict(AUTH)) as ws:
         ws.send_json({"seed": SEED, "max_frames": 1500})  # a minute of audio: far from done when closed
         ws.receive_json()
         ws.send_json({"text": "A long first sentence that takes its time. And"})
@@ -255,7 +255,7 @@ def test_the_key_rule_the_page_token_and_the_cross_site_rule(studio):
 
 def test_bad_messages_are_answered_and_the_stream_goes_on(studio):
     service, client, _ = studio
-    with client.websocket_connect(speech_ws.ROUTE, headers=AUTH) as ws:
+    with client.websocket_connect(speech_ws.ROUTE, headers=dict(AUTH)) as ws:
         bad_configs = [("not json", "not JSON"), ("[1, 2]", "JSON object"), ('{"voise": "x"}', "voise"),
                        ('{"temperature": -1}', "emperature"), ('{"voice": "Nobody"}', "Nobody"),
                        ('{"response_format": "mp3"}', "response_format")]
@@ -311,7 +311,7 @@ def test_the_real_server_streams_over_uvicorn_with_the_key(keyed_studio):
         async with websockets.connect(url) as ws:  # no key
             await ws.send(json.dumps(CONFIG))
             assert json.loads(await ws.recv())["code"] == "invalid_api_key"
-        async with websockets.connect(url, additional_headers=AUTH) as ws:
+        async with websockets.connect(url, additional_headers=dict(AUTH)) as ws:
             await ws.send(json.dumps(CONFIG))
             assert json.loads(await ws.recv())["type"] == "ready"
             await ws.send(json.dumps({"text": "Hello there. Bye.", "end": True}))
