@@ -126,6 +126,31 @@ def test_the_feed_gives_out_planned_sentences_once_complete_and_ends_on_end():
     assert buffer.text == "x" * 6  # the refused piece lost nothing
 
 
+def test_a_take_waiting_for_text_holds_no_slot_and_takes_its_turn_again():
+    """`Job.turn(wait=...)`: with one slot, a take waiting for its next text lets another take run meanwhile."""
+    from studio.gpu_queue import GpuQueue
+
+    line, text, order = GpuQueue(1), threading.Event(), []
+
+    def open_take(job):
+        order.append("first sentence")
+        job.out.put(job.turn(wait=lambda: text.wait(5) and "second sentence"))
+        order.append("second sentence")
+
+    def other(job):
+        order.append("other take")
+        text.set()  # it ran while the open take waited: now the text comes
+
+    results = []
+    waiting = threading.Thread(target=lambda: results.extend(line.run(open_take, threading.Event())))
+    waiting.start()
+    while not order:
+        time.sleep(0.01)
+    list(line.run(other, threading.Event()))
+    waiting.join(5)
+    assert order == ["first sentence", "other take", "second sentence"] and results == ["second sentence"]
+
+
 # ------------------------------------------------------------------------------------------ the stream
 def test_a_reply_streamed_at_an_llms_pace_is_the_long_take_heard_at_once_and_gapless(studio):
     service, client, _ = studio
