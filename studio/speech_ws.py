@@ -138,7 +138,9 @@ class SpeechStream:
         params = SamplingParams.of(**fields)
         if self.access.api_key is not None and self.access.public_page and not keyed:  # a public page's visitor
             caller = visitor(ws.headers, ws.client.host if ws.client else None, fallback=config.token or "")
-            params, limit = check_limits(params, self.access, ""), self.access.public_max_chars
+            limit = self.access.public_max_chars
+            if params.max_frames is not None:  # else each sentence's own cap, which a ≤ 20 s sentence keeps under
+                params = check_limits(params, self.access, "")
         voice_id, style = config.voice, config.style
         if voice_id is not None and voice_id.strip().lower() in ("", DEFAULT_VOICE):
             voice_id = None

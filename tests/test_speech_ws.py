@@ -26,6 +26,7 @@ from engine.longform import SENTENCE_PAUSE, plan
 from engine.longtake import LongTake
 from studio import api
 from studio import speech_ws
+from studio.access import Access
 from studio.formats import to_pcm16
 from studio.sentences import SentenceBuffer, SentenceFeed
 from studio.service import StudioService
@@ -47,10 +48,12 @@ def studio(tmp_path_factory):
     from engine.demo import demo_checkpoint
 
     service = StudioService(Engine.load(demo_checkpoint(), device="cpu"), VoiceLibrary(tmp_path_factory.mktemp("v")))
-    keyed, open_app = FastAPI(), FastAPI()
+    keyed, open_app, public = FastAPI(), FastAPI(), FastAPI()
     api.register(keyed, service, api_key=KEY, page_tokens=lambda token: token == "PAGE-TOKEN")
     api.register(open_app, service)
-    yield service, TestClient(keyed), TestClient(open_app)
+    api.register(public, service, access=Access(KEY, public_page=True, public_max_chars=40),
+                 page_tokens=lambda token: token == "PAGE-TOKEN")
+    yield service, TestClient(keyed), TestClient(open_app), TestClient(public)
     service.close()
 
 
@@ -153,7 +156,7 @@ def test_a_take_waiting_for_text_holds_no_slot_and_takes_its_turn_again():
 
 # ------------------------------------------------------------------------------------------ the stream
 def test_a_reply_streamed_at_an_llms_pace_is_the_long_take_heard_at_once_and_gapless(studio):
-    service, client, _ = studio
+    service, client, *_ = studio
     pieces = chunks_of(REPLY)
     buffer = SentenceBuffer()
     completing = next(i for i, _ in enumerate(pieces) if buffer.add(pieces[i]))  # the chunk ending sentence 1
@@ -204,7 +207,7 @@ def test_a_reply_streamed_at_an_llms_pace_is_the_long_take_heard_at_once_and_gap
 
 
 def test_flush_speaks_what_is_buffered_and_timestamps_mark_each_sentence_end(studio):
-    service, client, _ = studio
+    service, client, *_ = studio
     with client.websocket_connect(speech_ws.ROUTE, headers=dict(AUTH)) as ws:
         ws.send_json({**CONFIG, "timestamps": True})
         ws.receive_json()
@@ -224,7 +227,7 @@ def test_opus_comes_as_ogg_pages_of_the_same_take(studio):
     from tests.studio_server import need_ffmpeg
 
     need_ffmpeg()
-    _, client, _ = studio
+    _, client, *_ = studio
     with client.websocket_connect(speech_ws.ROUTE, headers=dict(AUTH)) as ws:
         ws.send_json({**CONFIG, "response_format": "opus"})
         assert ws.receive_json()["format"] == "opus"
@@ -234,7 +237,7 @@ def test_opus_comes_as_ogg_pages_of_the_same_take(studio):
 
 
 def test_closing_mid_way_cancels_the_take_at_the_next_step(studio, monkeypatch):
-    service, client, _ = studio
+    service, client, *_ = studio
     handles = []
     start = speech_ws.start_open_long
     monkeypatch.setattr(speech_ws, "start_open_long", lambda *a: handles.append(start(*a)) or handles[-1])
@@ -256,7 +259,7 @@ def test_closing_mid_way_cancels_the_take_at_the_next_step(studio, monkeypatch):
 
 # ------------------------------------------------------------------------------------------ who, and bad input
 def test_the_key_rule_the_page_token_and_the_cross_site_rule(studio):
-    _, keyed, open_app = studio
+    _, keyed, open_app, public = studio
     with keyed.websocket_connect(speech_ws.ROUTE) as ws:
         ws.send_json(CONFIG)
         event = ws.receive_json()
@@ -276,10 +279,17 @@ def test_the_key_rule_the_page_token_and_the_cross_site_rule(studio):
     with open_app.websocket_connect(speech_ws.ROUTE, headers={"origin": "http://localhost:7860"}) as ws:
         ws.send_json(CONFIG)
         assert ws.receive_json()["type"] == "ready"
+    with public.websocket_connect(speech_ws.ROUTE) as ws:  # a public page's visitor: the public limits
+        ws.send_json({**CONFIG, "token": "PAGE-TOKEN", "max_frames": 5000})
+        assert "public page" in ws.receive_json()["message"]
+        ws.send_json({**CONFIG, "token": "PAGE-TOKEN"})
+        assert ws.receive_json()["type"] == "ready"
+        ws.send_json({"text": "x " * 25})
+        assert "passed 40 characters" in ws.receive_json()["message"]
 
 
 def test_bad_messages_are_answered_and_the_stream_goes_on(studio):
-    service, client, _ = studio
+    service, client, *_ = studio
     with client.websocket_connect(speech_ws.ROUTE, headers=dict(AUTH)) as ws:
         bad_configs = [("not json", "not JSON"), ("[1, 2]", "JSON object"), ('{"voise": "x"}', "voise"),
                        ('{"temperature": -1}', "emperature"), ('{"voice": "Nobody"}', "Nobody"),
