@@ -116,7 +116,7 @@ class SpeechStream:
             try:
                 await _error(ws, *_describe(exc))
                 await ws.close(1011)
-            except Exception:
+            except Exception:  # the socket is already gone: nobody left to tell
                 pass
 
     async def _config(self, ws: WebSocket) -> StreamConfig | None:

@@ -24,8 +24,7 @@ from starlette.websockets import WebSocketDisconnect
 from engine.config import SAMPLE_RATE
 from engine.longform import SENTENCE_PAUSE, plan
 from engine.longtake import LongTake
-from studio import api
-from studio import speech_ws
+from studio import api, speech_ws
 from studio.access import Access
 from studio.formats import to_pcm16
 from studio.sentences import SentenceBuffer, SentenceFeed
