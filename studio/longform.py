@@ -156,10 +156,11 @@ def start_long(service: StudioService, request: SynthesisRequest, *, voices: Map
 
 def start_open_long(service: StudioService, request: SynthesisRequest, feed) -> TakeHandle:
     """One open long take for text still being written: `feed` (studio/sentences.py `SentenceFeed`) hands it
-    its segments as they complete. Its stream yields `(Segment, TakeChunk)`; every segment takes its turn in
+    its segments as they complete. Every segment takes its turn in
     the line, and while the take waits for text it holds no slot. `request.text` is ignored; the rest is
     checked now (ValueError with a sentence). The take's style is the request's, resolved here for the feed:
-    `feed.style` is set."""
+    `feed.style` is set. Its stream yields `(LongTake, TakeChunk)`: the take's segments, seeds and TTFA grow
+    as it goes."""
     default, feed.style = _voice_and_style(service, dataclasses.replace(request, text="x"))
     prepared = _Prepared([], default, {})
 
@@ -169,7 +170,7 @@ def start_open_long(service: StudioService, request: SynthesisRequest, feed) -> 
 
         take = _new_take(service, handle, prepared, keep_audio=False, more=more)
         for piece in take.stream():
-            job.out.put((take.segments[piece.segment], piece))
+            job.out.put((take, piece))
         handle.finish()
 
     return service.handle(request, request.params.resolved(), [], work)

@@ -7,7 +7,7 @@
     ← {"type": "sentence", "index": 0, "text": "Hello there.", "offset": 0}   before that sentence's audio
     ← binary frames: PCM16 LE mono 24 kHz (or Ogg Opus pages)
     ← {"type": "sentence_end", "index": 0, "offset": 31200}                  with "timestamps": true
-    ← {"type": "done", "samples": 96000, "seconds": 4.0, "sentences": 3, "seed": 7}
+    ← {"type": "done", "samples": 96000, "seconds": 4.0, "sentences": 3, "seed": 7, "ttfa_ms": 81.5}
     ← {"type": "error", "message": "a sentence", "code": "..."}              bad message: the stream goes on
 
 The stream is one open long take (engine/longtake.py `more=`, studio/longform.py `start_open_long`): sentences
@@ -230,13 +230,14 @@ class _Session:
         encoder = None
         if self.config.response_format == "opus":
             encoder = await run_in_threadpool(StreamEncoder, "opus", SAMPLE_RATE)
-        sent, current, ended, ending = 0, -1, -1, None
+        sent, current, ended, ending, take = 0, -1, -1, None, None
         try:
             while (item := await self.items.get()) is not _END:
                 if isinstance(item, Exception):
                     await _error(self.ws, *_describe(item))
                     return
-                segment, piece = item
+                take, piece = item
+                segment = take.segments[piece.segment]
                 if piece.segment != current:  # the first samples of a new sentence
                     current = piece.segment
                     self.sentences += 1
@@ -260,8 +261,10 @@ class _Session:
                 encoder = None
                 if tail:
                     await self.ws.send_bytes(tail)
+            ttfa = take.ttfa_ms if take is not None else None
             await _send(self.ws, {"type": "done", "samples": sent, "seconds": round(sent / SAMPLE_RATE, 3),
-                                  "sentences": self.sentences, "seed": self.handle.seed})
+                                  "sentences": self.sentences, "seed": self.handle.seed,
+                                  "ttfa_ms": None if ttfa is None else round(ttfa, 1)})
         finally:
             if encoder is not None:
                 await run_in_threadpool(encoder.kill)

@@ -91,9 +91,9 @@ def long_take(service, sentences: list[str]) -> LongTake:
 
 def engine_ttfa(service, sentence: str) -> float:
     """Seconds from asking to the first audio of `sentence` as a long take's first segment, run straight on the
-    engine (the median of 3, warm)."""
+    engine (the median of 2, warm)."""
     times = []
-    for _ in range(3):
+    for _ in range(2):
         take = long_take(service, [sentence])
         started = time.perf_counter()
         stream = take.stream()
@@ -160,7 +160,7 @@ def test_a_reply_streamed_at_an_llms_pace_is_the_long_take_heard_at_once_and_gap
     buffer = SentenceBuffer()
     completing = next(i for i, _ in enumerate(pieces) if buffer.add(pieces[i]))  # the chunk ending sentence 1
     first_sentence = SentenceBuffer().add("".join(pieces[:completing + 1]))[0]
-    ttfa = engine_ttfa(service, first_sentence)
+    alone = engine_ttfa(service, first_sentence)
     sent_at: dict[int, float] = {}
 
     def send(ws) -> None:
@@ -182,9 +182,11 @@ def test_a_reply_streamed_at_an_llms_pace_is_the_long_take_heard_at_once_and_gap
     texts = [e["text"] for e in sentences]
     assert texts[0] == first_sentence and len(texts) == 6
 
-    heard = frames[0][0] - sent_at[completing]
+    # The engine's TTFA of that sentence is measured in this very stream (the machine's load changes from one
+    # run to the next); the same sentence alone on the engine is printed beside it.
+    heard, ttfa = frames[0][0] - sent_at[completing], events[-1]["ttfa_ms"] / 1e3
     print(f"\nfirst audio {1e3 * heard:.0f} ms after the chunk completing sentence 1; the engine's TTFA of that "
-          f"sentence {1e3 * ttfa:.0f} ms (bound: TTFA + 50 ms)")
+          f"sentence {1e3 * ttfa:.0f} ms in the stream, {1e3 * alone:.0f} ms alone (bound: TTFA + 50 ms)")
     assert heard <= ttfa + 0.05
 
     take = long_take(service, texts)
