@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -160,23 +160,27 @@ class LongTake:
     one segment and re-assembly. `voices` maps the plan's voice names to `VoiceRef`s; a segment that names
     none is spoken in `voice`, or with no `voice` zero-shot, anchored on its speaker's first segment.
     `seeds` (one per segment, e.g. from a recipe) reproduce a take exactly: they are used as they are,
-    with no retry."""
+    with no retry. `more` opens the take: `segments` may then be empty, and `more()` is called (on the
+    streaming thread, so it may block) whenever the take needs its next segment; it returns it, or None
+    when the text has ended. Segment i of an open take gets seed + i, as in a closed one."""
 
     def __init__(self, engine, segments: list[Segment], *, voice: VoiceRef | None = None,
                  voices: Mapping[str, VoiceRef] | None = None, seed: int | None = None, seeds: list[int] | None = None,
                  temperature: float = DEFAULT_TEMPERATURE, top_k: int = DEFAULT_TOP_K, top_p: float = DEFAULT_TOP_P,
                  max_frames: int | None = None, repeat_guard: int | None = DEFAULT_REPEAT_GUARD,
-                 cancel: threading.Event | None = None, keep_audio: bool = True):
-        if not segments:
+                 cancel: threading.Event | None = None, keep_audio: bool = True,
+                 more: Callable[[], Segment | None] | None = None):
+        if not segments and more is None:
             raise ValueError("the plan has no segments; give some text to speak")
+        if seeds is not None and more is not None:
+            raise ValueError("an open take draws its seeds from `seed`; give `seed`, not `seeds`")
         voices = dict(voices or {})
-        missing = sorted({s.voice for s in segments if s.voice is not None and s.voice not in voices})
-        if missing:
-            raise ValueError(f"no voice loaded for {', '.join(map(repr, missing))}; "
-                             f"the take has {', '.join(map(repr, voices)) or 'none'}")
+        self.voices = voices
+        for segment in segments:
+            self._check_voice(segment)
         if seeds is not None and len(seeds) != len(segments):
             raise ValueError(f"give one seed per segment: {len(seeds)} seeds for {len(segments)} segments")
-        self.engine, self.segments, self.voice, self.voices = engine, list(segments), voice, voices
+        self.engine, self.segments, self.voice, self.more = engine, list(segments), voice, more
         self.options = dict(temperature=temperature, top_k=top_k, top_p=top_p, repeat_guard=repeat_guard)
         self.max_frames = max_frames
         # An HTTP stream of a 100k-character input is ~2 hours of audio (~1.3 GB as raw + shaped float32):
@@ -214,6 +218,37 @@ class LongTake:
             raise ValueError(f"this is not a long-take recipe ({type(exc).__name__}: {exc}); "
                              "use the JSON that LongTake.recipe() wrote") from None
         return cls(engine, segments, voice=voice, voices=voices, seeds=seeds, cancel=cancel, **options)
+
+    # ---------------------------------------------------------------- an open take's segments
+    def _check_voice(self, segment: Segment) -> None:
+        if segment.voice is not None and segment.voice not in self.voices:
+            raise ValueError(f"no voice loaded for {segment.voice!r}; "
+                             f"the take has {', '.join(map(repr, self.voices)) or 'none'}")
+
+    def _has(self, index: int) -> bool:
+        """Whether the take has segment `index`; an open take asks `more()` for it (which may wait for text).
+        When the text has ended, the last segment's pause is dropped: nothing follows it."""
+        if index < len(self.segments):
+            return True
+        if self.more is None or self.cancel.is_set():
+            return False
+        segment = self.more()
+        if segment is None or self.cancel.is_set():
+            if segment is None and self.segments:
+                self.segments[-1] = replace(self.segments[-1], pause_after=0.0)
+            return False
+        self._check_voice(segment)
+        self.segments.append(replace(segment, index=index))
+        self.seeds.append(_next_seed(self.base_seed, index))
+        self.takes.append(None)
+        self.prompts.append(None)
+        self.shaped.append(None)
+        return True
+
+    def _pause_now(self, index: int) -> np.ndarray:
+        """The pause streamed right after segment `index`: a closed take's at once, an open take's none (it
+        comes before the next segment, once there is one)."""
+        return _pause(self.segments[index]) if self.more is None else np.zeros(0, np.float32)
 
     # ---------------------------------------------------------------- prompts
     def _prompt(self, segment: Segment, text: str):
@@ -259,9 +294,12 @@ class LongTake:
 
     def stream(self) -> Iterator[TakeChunk]:
         """Generate every segment in order and yield the take as it is assembled: the first segment as it
-        is generated, each later one whole, followed by its pause. Stops at once when `cancel` is set."""
+        is generated, each later one whole, followed by its pause. Stops at once when `cancel` is set.
+        An open take yields each pause as soon as the segment after it is known, before that segment is made,
+        so a listener's buffer holds the pause while the next segment is generated."""
+        if not self._has(0):
+            return
         started = time.perf_counter()
-        total = len(self.segments)
         emitted = 0
         first = self.segments[0]
         gen = self._generate(0, first.text, self.seeds[0], retry=False, live=True)
@@ -288,7 +326,7 @@ class LongTake:
                     piece[:head] *= _ramp(FADE)[emitted:emitted + head]
                 if self.ttfa_ms is None:
                     self.ttfa_ms = 1e3 * (time.perf_counter() - started)
-                yield TakeChunk(piece, 0, 0, total)
+                yield TakeChunk(piece, 0, 0, len(self.segments))
                 emitted = limit
         if self.cancel.is_set():
             return
@@ -296,16 +334,21 @@ class LongTake:
         tail = self.shaped[0][emitted:]
         if self.ttfa_ms is None and len(tail):
             self.ttfa_ms = 1e3 * (time.perf_counter() - started)
-        yield TakeChunk(np.concatenate([tail, _pause(first)]), 0, 1, total)
+        yield TakeChunk(np.concatenate([tail, self._pause_now(0)]), 0, 1, len(self.segments))
         self._sent(0)
-        for index in range(1, total):
+        index = 1
+        while self._has(index):
             segment = self.segments[index]
+            if self.more is not None:
+                yield TakeChunk(_pause(self.segments[index - 1]), index - 1, index, len(self.segments))
             take = yield from self._generate(index, segment.text, self.seeds[index], retry=self.retry)
             if self.cancel.is_set():
                 return
             self._finish(index, take)
-            yield TakeChunk(np.concatenate([self.shaped[index], _pause(segment)]), index, index + 1, total)
+            yield TakeChunk(np.concatenate([self.shaped[index], self._pause_now(index)]), index, index + 1,
+                            len(self.segments))
             self._sent(index)
+            index += 1
         self.wall_ms = 1e3 * (time.perf_counter() - started)
 
     def _finish(self, index: int, take: SegmentTake) -> None:

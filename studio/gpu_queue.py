@@ -67,10 +67,11 @@ class Job:
         self.out: queue.Queue = queue.Queue()
         self._line = line
 
-    def turn(self) -> None:
+    def turn(self, wait: Callable[[], Any] | None = None) -> Any:
         """Give the slot back and wait for the next turn under the admission rule, so a long take counts
-        segment by segment. Returns at once when cancelled (the work then stops on its own)."""
-        self._line.requeue(self)
+        segment by segment. Returns at once when cancelled (the work then stops on its own). `wait()` (an open
+        take waiting for its next text) runs first, holding no slot; its value is returned."""
+        return self._line.requeue(self, wait)
 
 
 _DONE = object()
@@ -125,18 +126,27 @@ class GpuQueue:
                 job.cancel.set()
             self._cond.notify_all()
 
-    def requeue(self, job: Job) -> None:
+    def requeue(self, job: Job, wait: Callable[[], Any] | None = None) -> Any:
+        value = None
+        if wait is not None:
+            with self._cond:  # the slot goes to the next job while this one waits
+                self.admission.done(job)
+                self._dispatch()
+            value = wait()
         with self._cond:
             self.admission.done(job)
             job.started = False
+            if self._closed:
+                return value
             self.admission.add(job, again=True)
             self._dispatch()
             while not job.started:
                 if job.cancel.is_set() or self._closed:
                     self.admission.remove(job)
                     self._cond.notify_all()
-                    return
+                    return value
                 self._cond.wait(0.1)
+        return value
 
     # ---------------------------------------------------------------- the line's workings
 

@@ -59,15 +59,8 @@ def _prepare(service: StudioService, request: SynthesisRequest, voices, max_char
     if request.ref_audio is not None and voices:
         raise ValueError("A script takes its voices from the `voices` map; a one-off reference clip cannot be "
                          "combined with it.")
-    dataclasses.replace(request, text="x").validate()  # everything but the text's length: one prompt's limit
-    if service.engine.is_remote:
-        raise ValueError("Long texts and scripts are generated in process; this studio drives a remote server.")
-    default = service.resolve_voice(request.voice_id, request.caller)
-    style = request.style
-    if style is None and default is not None and default.style:
-        style = default.style
-    segments = plan(text, style=service.resolve_style(style), normalize=normalize,
-                    voices=dict(voices) if voices else None)
+    default, style = _voice_and_style(service, request)
+    segments = plan(text, style=style, normalize=normalize, voices=dict(voices) if voices else None)
     records = {name: service.resolve_voice(name, request.caller)
                for name in {s.voice for s in segments if s.voice is not None}}
     clone = default is not None or request.ref_audio is not None or bool(records)
@@ -76,7 +69,20 @@ def _prepare(service: StudioService, request: SynthesisRequest, voices, max_char
     return _Prepared(segments, default, records), warnings
 
 
-def _new_take(service: StudioService, handle: TakeHandle, prepared: _Prepared, *, keep_audio: bool) -> LongTake:
+def _voice_and_style(service: StudioService, request: SynthesisRequest):
+    """The request checked but for its text, its saved voice record (or None) and its resolved style prefix."""
+    dataclasses.replace(request, text="x").validate()  # everything but the text's length: one prompt's limit
+    if service.engine.is_remote:
+        raise ValueError("Long texts and scripts are generated in process; this studio drives a remote server.")
+    default = service.resolve_voice(request.voice_id, request.caller)
+    style = request.style
+    if style is None and default is not None and default.style:
+        style = default.style
+    return default, service.resolve_style(style)
+
+
+def _new_take(service: StudioService, handle: TakeHandle, prepared: _Prepared, *, keep_audio: bool,
+              more=None) -> LongTake:
     """The LongTake of a prepared request, its voices encoded (on the GPU worker: encoding is GPU work)."""
     engine, request = service.engine, handle.request
     encode = service.encode_codes
@@ -88,7 +94,7 @@ def _new_take(service: StudioService, handle: TakeHandle, prepared: _Prepared, *
         audio, sr = request.ref_audio
         voice = engine.encode_voice(np.asarray(audio, dtype=np.float32), int(sr), transcript=request.ref_text)
     return LongTake(engine, prepared.segments, voice=voice, voices=refs, **handle.params.as_dict(),
-                    cancel=handle.cancel, keep_audio=keep_audio)
+                    cancel=handle.cancel, keep_audio=keep_audio, more=more)
 
 
 def _segments(job, take: LongTake) -> Iterator[Any]:
@@ -148,6 +154,28 @@ def start_long(service: StudioService, request: SynthesisRequest, *, voices: Map
                           lambda job, handle: work(service, prepared, job, handle))
 
 
+def start_open_long(service: StudioService, request: SynthesisRequest, feed) -> TakeHandle:
+    """One open long take for text still being written: `feed` (studio/sentences.py `SentenceFeed`) hands it
+    its segments as they complete. Every segment takes its turn in
+    the line, and while the take waits for text it holds no slot. `request.text` is ignored; the rest is
+    checked now (ValueError with a sentence). The take's style is the request's, resolved here for the feed:
+    `feed.style` is set. Its stream yields `(LongTake, TakeChunk)`: the take's segments, seeds and TTFA grow
+    as it goes."""
+    default, feed.style = _voice_and_style(service, dataclasses.replace(request, text="x"))
+    prepared = _Prepared([], default, {})
+
+    def work(job, handle: TakeHandle) -> None:
+        def more():
+            return job.turn(wait=lambda: feed.next_segment(handle.cancel))
+
+        take = _new_take(service, handle, prepared, keep_audio=False, more=more)
+        for piece in take.stream():
+            job.out.put((take, piece))
+        handle.finish()
+
+    return service.handle(request, request.params.resolved(), [], work)
+
+
 def stream_long(service: StudioService, request: SynthesisRequest, **options) -> Iterator[Chunk]:
     """`start_long(service, request, **options).stream()`, validated when the first chunk is asked for."""
     yield from start_long(service, request, **options).stream()
@@ -184,6 +212,7 @@ __all__ = [
     "regenerate_segment",
     "segment_rows",
     "start_long",
+    "start_open_long",
     "stream_long",
     "wants_long_form",
 ]

@@ -73,6 +73,12 @@ def palette_html() -> str:
     return '<div class="hs-palette">' + "".join(groups) + "</div>"
 
 
+def typeahead_html() -> str:
+    """The "type as you go" toggle; `static/typeahead.js` streams the text box through the speech WebSocket."""
+    return ('<div class="hs-typeahead"><label><input type="checkbox" id="typeahead-toggle"> Type as you go: '
+            'each sentence is spoken as soon as you finish it</label> <span id="typeahead-state"></span></div>')
+
+
 def live_player_html(token: str) -> str:
     """The live player panel: state, playhead, elapsed time and the browser-side numbers. `token` is the page
     session token the live route checks (studio/live.py), read by `static/live.js`; a fresh one is issued at

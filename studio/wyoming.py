@@ -13,7 +13,7 @@ What a connection may send, and what it gets:
 * `synthesize` → `audio-start`, `audio-chunk`s (PCM16, 24 kHz, mono) as the take is made, `audio-stop`; a text
   too long for one take goes through the long form, as on `/v1/audio/speech`;
 * `synthesize-start`, `synthesize-chunk`s, `synthesize-stop` → each sentence is spoken as soon as it is complete,
-  in order, as one gapless audio stream (`audio-start` … `audio-stop`), then `synthesize-stopped`. The next
+  (studio/sentences.py), in order, as one gapless audio stream (`audio-start` … `audio-stop`), then `synthesize-stopped`. The next
   sentence's take starts while the current one is sent, so it is ready when the current one ends. The
   `synthesize` Home Assistant sends inside a stream, for servers that cannot stream, is ignored;
 * a bad request (unknown voice, empty text, the line full) → an `error` event with a sentence, then this
@@ -46,13 +46,13 @@ from wyoming.server import AsyncEventHandler, AsyncServer
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped, SynthesizeVoice
 
 from engine.config import SAMPLE_RATE
-from engine.longform import split_sentences
 from engine.types import SEED_LIMIT, SamplingParams
 from studio.admission import Caller
 from studio.api.model import DEFAULT_VOICE
 from studio.formats import to_pcm16
 from studio.gpu_queue import ServiceBusy, ServiceClosed
-from studio.longform import MAX_LONG_INPUT_CHARS, start_long, wants_long_form
+from studio.longform import start_long, wants_long_form
+from studio.sentences import SentenceBuffer
 from studio.service import StudioService, SynthesisRequest, TakeHandle
 
 log = logging.getLogger("higgs.wyoming")
@@ -65,30 +65,6 @@ ATTRIBUTION = Attribution(name="Boson AI", url="https://huggingface.co/bosonai")
 WIDTH, CHANNELS = 2, 1  # PCM16 mono
 AHEAD = 2  # a stream's takes in flight: the one being sent and the next (a visitor's running share is 2)
 _END = object()
-
-
-class SentenceBuffer:
-    """Text arriving in pieces → the sentences completed so far, by the long form's rules
-    (`engine.longform.split_sentences`). A sentence counts as complete once text of the next one follows it,
-    so "Dr." or "3." at the end of a piece never cuts (the next piece may go on "Smith" or "5")."""
-
-    def __init__(self, limit: int = MAX_LONG_INPUT_CHARS):
-        self.text, self.done, self.limit = "", 0, limit
-
-    def add(self, piece: str) -> list[str]:
-        self.text += piece
-        if len(self.text) > self.limit:
-            raise ValueError(f"The streamed text passed {self.limit} characters; end the stream and start a "
-                             "new one.")
-        return self._take(split_sentences(self.text)[:-1])
-
-    def finish(self) -> list[str]:
-        return self._take(split_sentences(self.text)) if self.text.strip() else []
-
-    def _take(self, sentences: list[str]) -> list[str]:
-        new = sentences[self.done:]
-        self.done += len(new)
-        return new
 
 
 class _Take:
@@ -392,4 +368,4 @@ def _ms(samples: int) -> int:
     return samples * 1000 // SAMPLE_RATE
 
 
-__all__ = ["LANGUAGES", "WYOMING", "SentenceBuffer", "WyomingServer"]
+__all__ = ["LANGUAGES", "WYOMING", "WyomingServer"]

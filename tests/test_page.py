@@ -203,10 +203,12 @@ def test_the_page_scripts_and_stylesheet_are_the_static_files_the_app_serves(pag
     r = TestClient(app).get(f"{assets.ROUTE}/player-worklet.js")
     assert r.status_code == 200 and "javascript" in r.headers["content-type"]
     assert "registerProcessor('hs-player'" in r.text
+    typeahead = next(b for b in page.build().blocks.values() if getattr(b, "elem_id", None) == "typeahead")
+    assert typeahead.js_on_load == assets.script("typeahead.js") and 'id="typeahead-toggle"' in typeahead.value
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed: the scripts' syntax is not checked")
-@pytest.mark.parametrize("name", ["live.js", "palette.js", "player-worklet.js"])
+@pytest.mark.parametrize("name", ["live.js", "palette.js", "player-worklet.js", "typeahead.js"])
 def test_the_page_scripts_parse(name):
     from studio.assets import STATIC_DIR
 

@@ -21,7 +21,8 @@ from engine.types import SamplingParams
 from studio.formats import to_pcm16
 from studio.service import StudioService, SynthesisRequest
 from studio.voices import VoiceLibrary
-from studio.wyoming import LANGUAGES, WYOMING, SentenceBuffer, WyomingServer
+from studio.sentences import SentenceBuffer
+from studio.wyoming import LANGUAGES, WYOMING, WyomingServer
 from tests.fakes import add_voices
 from tests.studio_server import free_port
 

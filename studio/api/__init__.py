@@ -2,7 +2,8 @@
 
     studio.api.register(app, service, api_key=None)
 
-adds `POST /v1/audio/speech`, the voice routes `GET|POST /v1/audio/voices`, `GET|PATCH|DELETE
+adds `POST /v1/audio/speech`, its text-streaming WebSocket `/v1/audio/speech/stream` (studio/speech_ws.py), the
+voice routes `GET|POST /v1/audio/voices`, `GET|PATCH|DELETE
 /v1/audio/voices/{id}`, `GET /v1/audio/styles`, `GET /v1/models` and `GET /health` (docs/API.md has the
 fields and examples). Routes only: they validate, translate the request into a `SynthesisRequest`, and format
 what `StudioService` yields. Generation, queueing and voice storage happen in the service and the library.
@@ -31,6 +32,8 @@ from studio.api.speech import SpeechRoutes
 from studio.api.voices import VoiceRoutes
 from studio.formats import available_formats
 from studio.longform import MAX_LONG_INPUT_CHARS
+from studio.speech_ws import ROUTE as STREAM_ROUTE
+from studio.speech_ws import SpeechStream
 
 log = logging.getLogger("higgs.api")
 
@@ -58,11 +61,13 @@ class _InfoRoutes(Routes):
 
 def register(app: FastAPI, service, *, api_key: str | None = None, access: Access | None = None,
              request_timeout: float = REQUEST_TIMEOUT_S, max_input_chars: int = MAX_LONG_INPUT_CHARS,
-             transcriber=None, projects=None, runner=None) -> None:
+             transcriber=None, projects=None, runner=None, page_tokens=None) -> None:
     """Add the HTTP API to `app` (the FastAPI app that serves the Gradio studio). With `api_key` (or an
     `access` that holds it), every `/v1/*` route needs `Authorization: Bearer <api_key>`; `/health` stays
     open for load balancers. Without a key, writes from other sites are refused (`Access.cross_site_refusal`).
-    With `projects` (studio/projects/library.py) and its `runner` (jobs.py), the projects' routes too."""
+    With `projects` (studio/projects/library.py) and its `runner` (jobs.py), the projects' routes too.
+    `page_tokens(token) -> bool` (studio/live.py `LivePlayer.check_token`) lets the page's own script open the
+    speech WebSocket, which browsers cannot give an Authorization header."""
     access = access or Access(api_key)
     limiter = anyio.CapacityLimiter(max(8, service.max_queue + 4))  # a thread for every request the line holds
     speech = SpeechRoutes(service, access, limiter, request_timeout=request_timeout, max_input_chars=max_input_chars)
@@ -97,9 +102,11 @@ def register(app: FastAPI, service, *, api_key: str | None = None, access: Acces
         routes += ProjectRoutes(service, access, limiter, projects=projects, runner=runner).routes()
     for path, handler, methods in routes:
         app.add_api_route(path, guarded(handler), methods=methods, include_in_schema=True)
+    app.add_api_websocket_route(STREAM_ROUTE, SpeechStream(service, access, page_tokens=page_tokens,
+                                                           max_chars=max_input_chars))
     # Gradio's app may already hold routes; ours are specific paths, so order only matters against a
     # catch-all mount at "/" (mount_gradio_app): move ours in front of anything mounted.
-    _routes_first(app, len(routes))
+    _routes_first(app, len(routes) + 1)
 
 
 def _routes_first(app: FastAPI, n: int) -> None:

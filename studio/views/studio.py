@@ -77,6 +77,9 @@ class StudioView:
                                      info="Skip markdown marks, code, links' addresses and emoji; tags are kept")
             self.clean_actions = gr.Radio([("Speak *actions*", "speak"), ("Skip *actions*", "skip")], value="speak",
                                           label="*Actions*", scale=2, elem_id="clean-actions")
+        # Streams the box through WS /v1/audio/speech/stream while typing (static/typeahead.js, with the live
+        # player's worklet): the voice of an assistant, tried on the page.
+        gr.HTML(render.typeahead_html(), js_on_load=assets.script("typeahead.js"), elem_id="typeahead")
         with gr.Accordion("Tags: click to insert at the cursor", open=True):
             gr.HTML(render.palette_html(), js_on_load=assets.script("palette.js"), elem_id="palette")
 

@@ -1,0 +1,110 @@
+"""Text that arrives in pieces (an LLM's reply as it is written) → the sentences to speak, as soon as each is
+complete. Shared by the Wyoming server's streaming events (studio/wyoming.py) and the speech WebSocket
+(studio/speech_ws.py).
+
+    feed = SentenceFeed(style="<|emotion:elation|>")
+    feed.add("Dr. Smith paid 3.")    # [] : "3." may go on "5", "Dr." on "Smith"
+    feed.add("5 dollars. He")        # ["Dr. Smith paid 3.5 dollars."]: complete, the next one has begun
+    feed.flush()                     # ["He"]: speak what is buffered now
+    feed.end()                       # the text has ended
+    feed.next_segment(cancel)        # on the take's thread: the next Segment (blocks), or None at the end
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+
+from engine.longform import SENTENCE_PAUSE, Segment, plan, split_sentences
+from engine.normalize import AUTO
+from studio.longform import MAX_LONG_INPUT_CHARS
+
+_END = object()
+POLL_S = 0.05  # how often a take waiting for text looks at its cancel event
+
+
+class SentenceBuffer:
+    """Text arriving in pieces → the sentences completed so far, by the long form's rules
+    (`engine.longform.split_sentences`). A sentence counts as complete once text of the next one follows it,
+    so "Dr." or "3." at the end of a piece never cuts (the next piece may go on "Smith" or "5")."""
+
+    def __init__(self, limit: int = MAX_LONG_INPUT_CHARS):
+        self.text, self.done, self.limit, self.total = "", 0, limit, 0
+
+    def add(self, piece: str) -> list[str]:
+        if self.total + len(piece) > self.limit:
+            raise ValueError(f"The streamed text passed {self.limit} characters; end the stream and start a "
+                             "new one.")
+        self.text += piece
+        self.total += len(piece)
+        return self._take(split_sentences(self.text)[:-1])
+
+    def finish(self) -> list[str]:
+        return self._take(split_sentences(self.text)) if self.text.strip() else []
+
+    def flush(self) -> list[str]:
+        """Every sentence not yet given out, the unfinished one included; the buffer starts afresh (the
+        characters already streamed still count towards the limit)."""
+        sentences = self.finish()
+        self.text, self.done = "", 0
+        return sentences
+
+    def _take(self, sentences: list[str]) -> list[str]:
+        new = sentences[self.done:]
+        self.done += len(new)
+        return new
+
+
+class SentenceFeed:
+    """The text side of an open long take (engine/longtake.py `more=`): pieces added on one thread become
+    planned segments (the long form's normalisation, style prefix and cut of an over-long sentence,
+    `engine.longform.plan`) that the take's thread takes one by one, each followed by a sentence's pause.
+    `language` "auto" normalises a sentence only when it reads as English (one sentence may be too short
+    to tell: name the language when it is known)."""
+
+    def __init__(self, *, style: str = "", normalize: bool = True, language: str = AUTO,
+                 limit: int = MAX_LONG_INPUT_CHARS):
+        self.style, self.normalize, self.language = style, normalize, language
+        self.buffer = SentenceBuffer(limit)
+        self._segments: queue.Queue = queue.Queue()
+        self.ended = False
+
+    def add(self, piece: str) -> list[str]:
+        """Add text; returns the sentences it completed (already queued for the take)."""
+        self._check_open()
+        return self._queue(self.buffer.add(piece))
+
+    def flush(self) -> list[str]:
+        self._check_open()
+        return self._queue(self.buffer.flush())
+
+    def end(self) -> list[str]:
+        """The text has ended: what is buffered is spoken, then the take ends."""
+        sentences = self.flush()
+        self.ended = True
+        self._segments.put(_END)
+        return sentences
+
+    def _check_open(self) -> None:
+        if self.ended:
+            raise ValueError("The text has ended; open a new stream to say more.")
+
+    def _queue(self, sentences: list[str]) -> list[str]:
+        for sentence in sentences:
+            for segment in plan(sentence, style=self.style, normalize=self.normalize, language=self.language):
+                self._segments.put(dataclasses.replace(segment, pause_after=SENTENCE_PAUSE))
+        return sentences
+
+    def next_segment(self, cancel: threading.Event) -> Segment | None:
+        """The next segment, waiting for it; None once the text has ended or `cancel` is set."""
+        while not cancel.is_set():
+            try:
+                item = self._segments.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            return None if item is _END else item
+        return None
+
+
+__all__ = ["SentenceBuffer", "SentenceFeed"]

@@ -1,0 +1,310 @@
+"""`WS /v1/audio/speech/stream`: text in as an LLM writes it, speech out as each sentence completes (docs/API.md,
+"Streaming text in").
+
+    → {"voice": "Narrator", "style": "...", "seed": 7, "response_format": "pcm", "timestamps": false}   config
+    ← {"type": "ready", "sample_rate": 24000, "format": "pcm", "seed": 7}
+    → {"text": "Hello th"}  {"text": "ere. How"}  …  {"flush": true}  …  {"end": true}
+    ← {"type": "sentence", "index": 0, "text": "Hello there.", "offset": 0}   before that sentence's audio
+    ← binary frames: PCM16 LE mono 24 kHz (or Ogg Opus pages)
+    ← {"type": "sentence_end", "index": 0, "offset": 31200}                  with "timestamps": true
+    ← {"type": "done", "samples": 96000, "seconds": 4.0, "sentences": 3, "seed": 7, "ttfa_ms": 81.5}
+    ← {"type": "error", "message": "a sentence", "code": "..."}              bad message: the stream goes on
+
+The stream is one open long take (engine/longtake.py `more=`, studio/longform.py `start_open_long`): sentences
+are found by the long form's rules as the text arrives (studio/sentences.py), each is planned and generated as
+soon as it is complete, from the same anchor as a long take's segments (the first sentence's voice, or the
+saved voice), with seed + i and the planned pause between them. So the audio is exactly the long take of those
+sentences; when text comes faster than speech, each sentence is generated while the one before is played.
+
+Who may connect: the key rule of `/v1` (`Authorization: Bearer <key>` when the studio has one), or the page's
+token (studio/live.py) in the config's `token`, as browsers cannot set headers on a WebSocket. A keyless
+studio refuses other sites' pages (the cross-site rule, docs/SECURITY.md). Every stream takes its turns as the
+caller `WEBSOCKET` (an owner's caller of its own, so the page's takes and the streams alternate), a public
+page's visitor as that visitor; a stream waiting for text holds no slot. Closing the socket cancels the take
+at the engine's next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import Callable
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from engine.config import SAMPLE_RATE
+from engine.types import DEFAULT_REPEAT_GUARD, SamplingParams
+from studio.access import Access, check_limits, visitor
+from studio.admission import Caller
+from studio.api.model import DEFAULT_VOICE, validation_message
+from studio.formats import StreamEncoder, to_pcm16
+from studio.gpu_queue import ServiceBusy, ServiceClosed
+from studio.longform import MAX_LONG_INPUT_CHARS, start_open_long
+from studio.sentences import SentenceFeed
+from studio.service import SynthesisRequest
+
+log = logging.getLogger("higgs.ws")
+
+ROUTE = "/v1/audio/speech/stream"
+WEBSOCKET = Caller("websocket", owner=True)  # the key holder's streams: one share beside the page's takes
+POLICY_VIOLATION = 1008  # WebSocket close code: not allowed (no key)
+_END = object()
+
+
+class StreamConfig(BaseModel):
+    """The first message: the voice, style and sampling of the whole stream."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    voice: str | None = None  # a saved voice (id or name), an alias such as "alloy", or "default"
+    style: str | None = None  # a style preset name or a tag prefix
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    max_frames: int | None = None  # per sentence
+    repeat_guard: int | None = DEFAULT_REPEAT_GUARD
+    normalize: bool = True  # numbers, dates, units … as words (English; engine/normalize.py)
+    language: str = "auto"  # "en", "fr", …: the sentence rules and whether to normalise ("auto": by the text)
+    response_format: Literal["pcm", "opus"] = "pcm"
+    timestamps: bool = False  # also a `sentence_end` event when a sentence's last sample has been sent
+    token: str | None = None  # the page's token (studio/live.py) when no Authorization header can be sent
+
+
+class SpeechStream:
+    """The route's handler: who the socket is, its config, then the text in and the take out."""
+
+    def __init__(self, service, access: Access, *, page_tokens: Callable[[str | None], bool] | None = None,
+                 max_chars: int = MAX_LONG_INPUT_CHARS):
+        self.service, self.access, self.page_tokens, self.max_chars = service, access, page_tokens, max_chars
+
+    async def __call__(self, ws: WebSocket) -> None:
+        refusal = self.access.cross_site_refusal(ws.headers.get("origin"), ws.headers.get("host"))
+        await ws.accept()
+        if refusal is not None:
+            await _error(ws, refusal, "cross_site_request")
+            await ws.close(POLICY_VIOLATION)
+            return
+        keyed = self.access.bearer_ok(ws.headers.get("authorization"))
+        try:
+            while True:  # until a config is accepted: a bad one is answered and another may follow
+                config = await self._config(ws)
+                if config is None:
+                    continue
+                page = self.page_tokens is not None and self.page_tokens(config.token)
+                if not (keyed or page):
+                    await _error(ws, "Missing or wrong API key: send `Authorization: Bearer <key>` (or the page's "
+                                     "token in the config's `token`).", "invalid_api_key")
+                    await ws.close(POLICY_VIOLATION)
+                    return
+                try:
+                    feed, handle = await run_in_threadpool(self._start, config, keyed, ws)
+                except ValueError as exc:
+                    await _error(ws, str(exc), "bad_request")
+                    continue
+                break
+            await _Session(ws, feed, handle, config).run()
+        except WebSocketDisconnect:
+            return
+        except Exception as exc:  # one bad stream never takes the server down
+            log.exception("speech stream failed")
+            try:
+                await _error(ws, *_describe(exc))
+                await ws.close(1011)
+            except Exception:  # the socket is already gone: nobody left to tell
+                pass
+
+    async def _config(self, ws: WebSocket) -> StreamConfig | None:
+        message = await _receive_json(ws)
+        if message is None:
+            return None
+        try:
+            return StreamConfig.model_validate(message)
+        except ValidationError as exc:
+            await _error(ws, validation_message(exc).replace("Invalid request", "Invalid config"), "bad_config")
+            return None
+
+    def _start(self, config: StreamConfig, keyed: bool, ws: WebSocket):
+        """The stream's feed and its take's handle, checked now (ValueError with a sentence)."""
+        caller, limit = WEBSOCKET, self.max_chars
+        fields = {k: v for k, v in config.model_dump().items() if k in
+                  ("temperature", "top_p", "top_k", "seed", "max_frames", "repeat_guard") and v is not None}
+        fields["repeat_guard"] = config.repeat_guard
+        params = SamplingParams.of(**fields)
+        if self.access.api_key is not None and self.access.public_page and not keyed:  # a public page's visitor
+            caller = visitor(ws.headers, ws.client.host if ws.client else None, fallback=config.token or "")
+            limit = self.access.public_max_chars
+            if params.max_frames is not None:  # else each sentence's own cap, which a ≤ 20 s sentence keeps under
+                params = check_limits(params, self.access, "")
+        voice_id, style = config.voice, config.style
+        if voice_id is not None and voice_id.strip().lower() in ("", DEFAULT_VOICE):
+            voice_id = None
+        alias = self.service.resolve_alias(voice_id, caller) if voice_id else None
+        if alias is not None:
+            voice_id, style = alias.voice_id, style if style is not None else alias.style
+        request = SynthesisRequest(text="", voice_id=voice_id, style=style, params=params, caller=caller,
+                                   source="ws")
+        feed = SentenceFeed(normalize=config.normalize, language=config.language, limit=limit)
+        return feed, start_open_long(self.service, request, feed)
+
+
+class _Session:
+    """One accepted stream: a reader of the client's messages and a sender of the take, side by side."""
+
+    def __init__(self, ws: WebSocket, feed: SentenceFeed, handle, config: StreamConfig):
+        self.ws, self.feed, self.handle, self.config = ws, feed, handle, config
+        self.loop = asyncio.get_running_loop()
+        self.items: asyncio.Queue = asyncio.Queue()
+        self.sentences = 0
+
+    async def run(self) -> None:
+        await _send(self.ws, {"type": "ready", "sample_rate": SAMPLE_RATE, "format": self.config.response_format,
+                              "seed": self.handle.seed})
+        threading.Thread(target=self._pump, name="higgs-ws-take", daemon=True).start()
+        reader = asyncio.create_task(self._read())
+        try:
+            await self._send_take()
+            await self.ws.close()  # one stream, one take: after `done` (or its error) the socket closes
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            pass  # the client went away; the finally below stops the take
+        finally:
+            self.handle.cancel.set()  # a no-op once finished; else the engine stops at its next step
+            reader.cancel()
+
+    def _pump(self) -> None:
+        """Follow the take's blocking stream on a thread of its own; hand each item to the event loop."""
+        try:
+            for item in self.handle.stream():
+                self._hand(item)
+            self._hand(_END)
+        except Exception as exc:
+            self._hand(exc)
+
+    def _hand(self, item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.items.put_nowait, item)
+        except RuntimeError:  # the loop is gone
+            self.handle.cancel.set()
+
+    async def _read(self) -> None:
+        """The client's messages; a bad one is answered and the stream goes on; a close cancels the take (after
+        `end` too: the reader goes on to see it)."""
+        try:
+            while True:
+                message = await _receive_json(self.ws)
+                if message is None:
+                    continue
+                try:
+                    self._take_message(message)
+                except ValueError as exc:
+                    await _error(self.ws, str(exc), "bad_message")
+        except WebSocketDisconnect:
+            self.handle.cancel.set()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a send failed: the client has gone
+            log.debug("websocket reader ended: %s", exc)
+            self.handle.cancel.set()
+
+    def _take_message(self, message: dict) -> None:
+        """Apply one message (ValueError with a sentence for a bad one)."""
+        known = {"text", "flush", "end"}
+        if not message or set(message) - known:
+            raise ValueError(f"Unknown message {json.dumps(message)[:200]}: send {{\"text\": \"...\"}}, "
+                             "{\"flush\": true} or {\"end\": true}.")
+        if "text" in message:
+            if not isinstance(message["text"], str):
+                raise ValueError("`text` must be a string.")
+            self.feed.add(message["text"])
+        if message.get("flush") is True:
+            self.feed.flush()
+        if message.get("end") is True:
+            self.feed.end()
+
+    async def _send_take(self) -> None:
+        encoder = None
+        if self.config.response_format == "opus":
+            encoder = await run_in_threadpool(StreamEncoder, "opus", SAMPLE_RATE)
+        sent, current, ended, ending, take = 0, -1, -1, None, None
+        try:
+            while (item := await self.items.get()) is not _END:
+                if isinstance(item, Exception):
+                    await _error(self.ws, *_describe(item))
+                    return
+                take, piece = item
+                segment = take.segments[piece.segment]
+                if piece.segment != current:  # the first samples of a new sentence
+                    current = piece.segment
+                    self.sentences += 1
+                    await _send(self.ws, {"type": "sentence", "index": current, "text": segment.source or segment.text,
+                                          "offset": sent})
+                pcm = to_pcm16(piece.audio)
+                if self.config.timestamps and piece.done > piece.segment > ended:  # its last sample is here
+                    ended = piece.segment
+                    ending = (piece.segment, sent + len(pcm))  # an open take sends the pause with the next one
+                data = pcm.tobytes()
+                if encoder is not None and data:
+                    data = await run_in_threadpool(encoder.feed, data)
+                if data:
+                    await self.ws.send_bytes(data)
+                sent += len(pcm)
+                if ending is not None:
+                    await _send(self.ws, {"type": "sentence_end", "index": ending[0], "offset": ending[1]})
+                    ending = None
+            if encoder is not None:
+                tail = await run_in_threadpool(encoder.close)
+                encoder = None
+                if tail:
+                    await self.ws.send_bytes(tail)
+            ttfa = take.ttfa_ms if take is not None else None
+            await _send(self.ws, {"type": "done", "samples": sent, "seconds": round(sent / SAMPLE_RATE, 3),
+                                  "sentences": self.sentences, "seed": self.handle.seed,
+                                  "ttfa_ms": None if ttfa is None else round(ttfa, 1)})
+        finally:
+            if encoder is not None:
+                await run_in_threadpool(encoder.kill)
+
+
+def _describe(exc: Exception) -> tuple[str, str]:
+    if isinstance(exc, (ServiceBusy, ServiceClosed)):
+        return str(exc), "busy"
+    if isinstance(exc, ValueError):
+        return str(exc), "bad_request"
+    log.error("speech stream failed", exc_info=exc)
+    return f"The take failed ({type(exc).__name__}: {exc}).", "failed"
+
+
+async def _receive_json(ws: WebSocket) -> dict | None:
+    """The next message as a JSON object; None (after telling the client) for anything else."""
+    message = await ws.receive()
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000))
+    text = message.get("text")
+    if text is None:
+        await _error(ws, "Send JSON text messages; binary frames are for the audio coming back.", "bad_message")
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        await _error(ws, f"The message is not JSON ({exc.msg} at position {exc.pos}).", "bad_message")
+        return None
+    if not isinstance(value, dict):
+        await _error(ws, "Send a JSON object, e.g. {\"text\": \"Hello.\"}.", "bad_message")
+        return None
+    return value
+
+
+async def _send(ws: WebSocket, event: dict) -> None:
+    await ws.send_text(json.dumps(event, separators=(",", ":")))
+
+
+async def _error(ws: WebSocket, message: str, code: str) -> None:
+    await _send(ws, {"type": "error", "message": message, "code": code})
+
+
+__all__ = ["ROUTE", "WEBSOCKET", "SpeechStream", "StreamConfig"]
