@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from tests.live_client import HEARD, generate, open_page
 from tests.studio_server import need_ffmpeg, running_studio
 from tests.test_studio_browser import CHROMIUM, CHROMIUM_ARGS
 
@@ -29,32 +30,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 KEY = "SECRET"
 TAKE_DONE = "() => ['done', 'stopped'].includes(document.querySelector('#m-state')?.innerText)"
 LIVE_ENDED = "() => window.__hsLive?.take?.ended === true"
-
-PROBE = """
-window.__probe = {clicks: [], pcm: [], starts: [], playing: []};
-document.addEventListener('click', (e) => {
-  if (e.target.closest && e.target.closest('#generate-btn')) __probe.clicks.push(performance.now());
-}, true);
-document.addEventListener('playing', () => __probe.playing.push(performance.now()), true);
-const post = MessagePort.prototype.postMessage;
-MessagePort.prototype.postMessage = function (message, ...rest) {
-  if (message && message.pcm instanceof Int16Array) __probe.pcm.push({t: performance.now(), data: message.pcm.slice()});
-  return post.call(this, message, ...rest);
-};
-const start = AudioBufferSourceNode.prototype.start;
-AudioBufferSourceNode.prototype.start = function (when = 0, ...rest) {
-  const ahead = Math.max(0, when - this.context.currentTime);
-  __probe.starts.push(performance.now() + 1000 * ahead);
-  return start.call(this, when, ...rest);
-};
-"""
-
-# Heard, seen from outside: the first moment after the click that audio was handed to the output.
-HEARD = """() => {
-  const p = window.__probe, click = p.clicks[p.clicks.length - 1];
-  const after = [...p.pcm.map((x) => x.t), ...p.starts, ...p.playing].filter((t) => t >= click);
-  return after.length ? Math.min(...after) - click : null;
-}"""
 
 # SHA-256 of every sample handed to the worklet (int16 little-endian, in order), and how many there were.
 PLAYED = """async () => {
@@ -95,29 +70,6 @@ def browser(chromium):
     yield chromium
     for context in chromium.contexts:
         context.close()
-
-
-def open_page(browser, url, *, init: str = ""):
-    pg = browser.new_page(viewport={"width": 1400, "height": 1200})
-    pg.add_init_script(PROBE + init)
-    pg.goto(url)
-    pg.wait_for_selector("#generate-btn", timeout=60_000)
-    pg.wait_for_function("() => window.__hsLive !== undefined", timeout=60_000)
-    pg.get_by_text("Advanced").click()
-    pg.fill("#repeat-guard input", "0")  # the demo's random weights repeat; keep takes their full length
-    return pg
-
-
-def generate(pg, text: str, frames: int, seed: int = 1, repeat_guard: int | None = None) -> None:
-    """A take of `frames` frames. The seed is fixed: the demo's random weights sample the stop token now and
-    then (a 110-frame take once ended at 76), and with a fixed seed the CPU take is the same on every run.
-    `repeat_guard=0` turns the guard off, so only the length cap (or Stop) ends the take."""
-    pg.fill("#max-frames input", str(frames))
-    pg.fill("#seed input", str(seed))
-    if repeat_guard is not None:
-        pg.fill("#repeat-guard input", str(repeat_guard))
-    pg.fill("#text textarea", text)
-    pg.click("#generate-btn")
 
 
 def take_wav(pg, base: str) -> np.ndarray:
