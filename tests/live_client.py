@@ -34,11 +34,17 @@ def live_fields(text: str = "Hello from a visitor.", **fields) -> dict:
             "seed": 11, "max_frames": 40, "repeat_guard": 0, **fields}
 
 
-# Hooks set before the page's own scripts: the Generate click, and the three ways audio can reach the output (a
+# Hooks set before the page's own scripts: the Generate click, the three ways audio can reach the output (a
 # worklet's input through `MessagePort.postMessage`, `AudioBufferSourceNode.start` at its scheduled time, and
-# media `playing` events), each with its performance.now().
+# media `playing` events) and the page's fetches (Gradio's own requests among them), each with its
+# performance.now().
 PROBE = """
-window.__probe = {clicks: [], pcm: [], starts: [], playing: []};
+window.__probe = {clicks: [], pcm: [], starts: [], playing: [], fetches: []};
+const fetch0 = window.fetch;
+window.fetch = function (resource, ...rest) {
+  __probe.fetches.push({url: String(resource instanceof Request ? resource.url : resource), t: performance.now()});
+  return fetch0.call(this, resource, ...rest);
+};
 document.addEventListener('click', (e) => {
   if (e.target.closest && e.target.closest('#generate-btn')) __probe.clicks.push(performance.now());
 }, true);

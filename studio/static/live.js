@@ -1,7 +1,8 @@
 // The live player (studio/live.py streams the take): runs once when the player panel mounts, as the gr.HTML
 // component's js_on_load. Generate's `js=` (CLICK_JS in studio/views/studio.py) hands the event's inputs to
-// `__hsLive.start`, which opens the stream and returns the inputs with the stream's live id in the last slot,
-// so the Gradio event follows the same take. Without AudioWorklet (an old browser, or plain http off
+// `__hsLive.start`, which opens the stream and returns (a promise of) the inputs with the stream's live id in
+// the last slot, so the Gradio event follows the same take; Gradio awaits it, so the event is sent once the
+// first sound has started. Without AudioWorklet (an old browser, or plain http off
 // localhost, where browsers hide it) or with ?player=gradio in the address, `start` leaves the inputs as they
 // are and the Gradio streaming player plays the take; Heard is then its first `playing` event.
 
