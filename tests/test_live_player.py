@@ -15,13 +15,14 @@ import io
 import json
 import re
 import statistics
+import time
 import urllib.request
 
 import numpy as np
 import pytest
 import soundfile as sf
 
-from tests.live_client import HEARD, generate, open_page
+from tests.live_client import HEARD, LiveTake, client, generate, open_page, page_token, wait
 from tests.studio_server import need_ffmpeg, running_studio
 from tests.test_studio_browser import CHROMIUM, CHROMIUM_ARGS
 
@@ -182,6 +183,37 @@ def test_sound_before_the_take_ends_and_stop_silences_at_once_keeping_the_take(b
     assert health(studio_url)["queue_depth"] == 0  # the server's take ended: the GPU is free
     assert 0 < len(take_wav(pg, studio_url)) < 3000 * 960  # the partial take is kept
     print(f"\nStop → silence in the page: {t['silentMs']:.1f} ms")
+
+
+def test_stop_before_the_first_sound_cancels_the_pages_event_and_leaves_generate_free(browser, studio_url):
+    """The page's Gradio event waits for the first sound; Stop before it (here the take waits for the GPU: the
+    visitor's own share is full) sends the event at once, so Stop's handler cancels it as it always did and
+    Generate answers the next click (Gradio skips a click while the event runs; sent after Stop, the event
+    would wait 10 s for a take that never ran)."""
+    http = client(studio_url)  # the page's address: the same visitor
+    holders = [LiveTake(http, page_token(http), text="Holding the visitor's share.", max_frames=3000, seed=i)
+               for i in range(2)]
+    try:
+        wait(lambda: all(t.first_audio is not None for t in holders), 120, "the visitor's share to run")
+        pg = open_page(browser, studio_url)
+        generate(pg, "A take that waits its turn.", 50)
+        pg.click("#stop-btn")
+        first = pg.evaluate("window.__hsLive.take.id")
+        assert live(pg)["stopped"] and live(pg)["received"] == 0  # stopped before any audio
+        pg.wait_for_function("() => window.__probe.fetches.some((f) => /gradio_api\\/cancel/.test(f.url))")
+        pg.wait_for_timeout(1000)  # the page's event is cancelled on the server too
+        deadline = time.monotonic() + 7
+        while pg.evaluate("window.__hsLive.take.id") == first:
+            assert time.monotonic() < deadline, "Generate did not start a take after Stop"
+            pg.click("#generate-btn")
+            pg.wait_for_timeout(500)
+        pg.click("#stop-btn")
+    finally:
+        for take in holders:
+            take.stop.set()
+        for take in holders:
+            take.join(60)
+    wait(lambda: health(studio_url)["queue_depth"] == 0, 60, "the line to empty")
 
 
 def test_two_tabs_each_play_their_own_take(browser, studio_url):

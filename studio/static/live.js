@@ -226,6 +226,9 @@ S.stop = () => {
   const t = S.take;
   if (!t || t.stopped || t.ended) return;
   t.stopped = true; t.stopClick = performance.now();
+  // Inside the click, before Stop's Gradio handler runs: the page's event goes out now (also when the stream has
+  // not been sent yet), so that handler cancels it as it cancels a running one.
+  t.release();
   if (t.node) t.node.port.postMessage({stop: true}); else { t.silentMs = 0; finish(t, 'stopped'); }
   t.abort.abort();
   state('stopped');
