@@ -190,12 +190,13 @@ def test_stop_before_the_first_sound_cancels_the_pages_event_and_leaves_generate
     visitor's own share is full) sends the event at once, so Stop's handler cancels it as it always did and
     Generate answers the next click (Gradio skips a click while the event runs; sent after Stop, the event
     would wait 10 s for a take that never ran)."""
+    pg = open_page(browser, studio_url)
     http = client(studio_url)  # the page's address: the same visitor
+    # 120 s takes: they hold the share for the whole test however fast the machine (stopped at its end).
     holders = [LiveTake(http, page_token(http), text="Holding the visitor's share.", max_frames=3000, seed=i)
                for i in range(2)]
     try:
         wait(lambda: all(t.first_audio is not None for t in holders), 120, "the visitor's share to run")
-        pg = open_page(browser, studio_url)
         generate(pg, "A take that waits its turn.", 50)
         pg.click("#stop-btn")
         first = pg.evaluate("window.__hsLive.take.id")
