@@ -8,14 +8,20 @@ which buffered about a second before the first sound (docs/PERFORMANCE.md, "Hear
                           one-off clone, `clip`
     → application/x-ndjson, one JSON object a line:
         {"type": "queued", "position": 2}                     while the take waits for the GPU
-        {"type": "audio", "pcm": "<base64 int16 LE>", "metrics": {...}}
-        {"type": "done", "take_id": 7, "seconds": 4.1, "stop_reason": "eoc", "metrics": {...}, "warnings": [...]}
+        {"type": "audio", "pcm": "<base64 int16 LE>", "metrics": {...}}     the first one also has "timeline"
+        {"type": "done", "take_id": 7, "seconds": 4.1, "stop_reason": "eoc", "metrics": {...}, "warnings": [...],
+         "timeline": {...}}
         {"type": "error", "message": "a sentence"}
       and empty lines as a heartbeat while nothing else is due (a client that left is noticed by the next write).
 
 The page's Gradio `generate` event runs beside the stream with the same `live_id`: it claims the take's handle
 this route registered and, once the take ends, fills the history, take player, downloads and recipe as for a
 take played by Gradio's own player; Stop cancels it through the same registry.
+
+The timeline: server-side stamps of the take's way to its first audio, in ms since the request arrived
+(`Timeline`), so the page and bench/heard.py can tell the engine's share of Heard from the route's and the
+browser's (docs/PERFORMANCE.md, "Where Heard goes"). The first audio line carries those known by then, the
+done line all of them.
 
 Why not WebRTC (the `fastrtc` library): a Space would need TURN credentials and another dependency, while a
 streamed `fetch` is plain HTTP that passes the Spaces proxy; PCM at 24 kHz is 48 kB/s (64 kB/s as base64).
@@ -39,7 +45,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import numpy as np
@@ -90,6 +96,32 @@ def page_request(*, text, style, voice, clip, clip_text, temperature, top_p, top
         repeat_guard=int(repeat_guard or 0) or None)
     return SynthesisRequest(text=text or "", voice_id=voice if voice not in (NO_VOICE, CLIP_VOICE) else None,
                             style=style or None, params=params, ref_audio=ref, ref_text=clip_text or None, source="ui")
+
+
+class Timeline:
+    """Monotonic stamps of one live take on the server, each the first time it happens, in ms since the route
+    got the request: `parsed` (form read and checked), `ready` (voice and style resolved: `service.start`),
+    `asked` (a thread started the take's stream: the line's hand-off and the engine follow), `chunk` (the first
+    audio came out of the line), `line` (its NDJSON line is encoded), `written` (the server took the line:
+    the send returned). With the engine's own TTFA (from its start) they split the server's share."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.marks: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        if name not in self.marks:
+            self.marks[name] = round(1e3 * (time.perf_counter() - self.start), 2)
+
+
+def _next(stream: Iterator, end: object, timeline: Timeline):
+    """The stream's next item, run on a worker thread; the timeline notes when the take was first asked for
+    and when its first audio came out (on that thread, before the hop back to the event loop)."""
+    timeline.mark("asked")
+    item = next(stream, end)
+    if getattr(item, "audio", None) is not None and len(item.audio):
+        timeline.mark("chunk")
+    return item
 
 
 class BodyTooLarge(ValueError):
@@ -190,6 +222,7 @@ class LivePlayer:
         access = access or Access()
 
         async def live(request: Request):
+            timeline = Timeline()
             owner = access.api_key is not None and access.bearer_ok(request.headers.get("authorization"))
             token = request.headers.get(TOKEN_HEADER)
             page = self.check_token(token)
@@ -227,6 +260,7 @@ class LivePlayer:
                 self._update(entry, error=message)
                 entry.closed.set()
                 return JSONResponse({"error": message}, status_code=400)
+            timeline.mark("parsed")
             try:
                 handle = await run_in_threadpool(self.service.start, synth)  # reads the voice library
             except ValueError as exc:  # a voice or style this caller may not use: the take fails in the stream
@@ -234,8 +268,9 @@ class LivePlayer:
                 self._update(entry)
                 return StreamingResponse(iter([_line({"type": "error", "message": str(exc)})]),
                                          media_type="application/x-ndjson", headers={"Cache-Control": "no-store"})
+            timeline.mark("ready")
             self._update(entry, handle=handle)
-            return StreamingResponse(self._lines(handle, entry), media_type="application/x-ndjson",
+            return StreamingResponse(self._lines(handle, entry, timeline), media_type="application/x-ndjson",
                                      headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
         app.add_api_route(ROUTE, live, methods=["POST"], include_in_schema=False)
@@ -272,7 +307,7 @@ class LivePlayer:
         return fields, clip
 
     @staticmethod
-    async def _lines(handle: TakeHandle, entry: _Entry) -> AsyncIterator[bytes]:
+    async def _lines(handle: TakeHandle, entry: _Entry, timeline: Timeline) -> AsyncIterator[bytes]:
         """The take as NDJSON lines. However the stream ends (the take ends, Stop, the tab closes), the take is
         cancelled unless finished, and the entry is closed so the page's Gradio event can show the take."""
         stream = handle.stream(positions=True)
@@ -281,7 +316,7 @@ class LivePlayer:
         try:
             while True:
                 if pending is None:
-                    pending = asyncio.ensure_future(run_in_threadpool(next, stream, end))
+                    pending = asyncio.ensure_future(run_in_threadpool(_next, stream, end, timeline))
                 done, _ = await asyncio.wait({pending}, timeout=HEARTBEAT_S)
                 if not done:
                     yield b"\n"
@@ -298,13 +333,18 @@ class LivePlayer:
                     yield _line({"type": "queued", "position": item.position})
                     continue
                 if len(item.audio):
-                    pcm = base64.b64encode(to_pcm16(item.audio).tobytes()).decode()
-                    yield _line({"type": "audio", "pcm": pcm, "metrics": dataclasses.asdict(item.metrics)})
+                    message = {"type": "audio", "pcm": base64.b64encode(to_pcm16(item.audio).tobytes()).decode(),
+                               "metrics": dataclasses.asdict(item.metrics)}
+                    if "line" not in timeline.marks:
+                        timeline.mark("line")
+                        message["timeline"] = dict(timeline.marks)
+                    yield _line(message)
+                    timeline.mark("written")
             take = handle.take
             if take is not None:
                 yield _line({"type": "done", "take_id": take.id, "seconds": round(take.seconds, 3),
                              "stop_reason": take.stop_reason, "metrics": dataclasses.asdict(take.metrics),
-                             "warnings": list(handle.warnings)})
+                             "warnings": list(handle.warnings), "timeline": timeline.marks})
         except Exception as exc:  # an engine failure: tell the page in-band, the status line is long gone
             yield _line({"type": "error", "message": f"Generation failed: {exc}"})
         finally:

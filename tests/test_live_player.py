@@ -15,12 +15,14 @@ import io
 import json
 import re
 import statistics
+import time
 import urllib.request
 
 import numpy as np
 import pytest
 import soundfile as sf
 
+from tests.live_client import HEARD, LiveTake, client, generate, open_page, page_token, wait
 from tests.studio_server import need_ffmpeg, running_studio
 from tests.test_studio_browser import CHROMIUM, CHROMIUM_ARGS
 
@@ -29,32 +31,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 KEY = "SECRET"
 TAKE_DONE = "() => ['done', 'stopped'].includes(document.querySelector('#m-state')?.innerText)"
 LIVE_ENDED = "() => window.__hsLive?.take?.ended === true"
-
-PROBE = """
-window.__probe = {clicks: [], pcm: [], starts: [], playing: []};
-document.addEventListener('click', (e) => {
-  if (e.target.closest && e.target.closest('#generate-btn')) __probe.clicks.push(performance.now());
-}, true);
-document.addEventListener('playing', () => __probe.playing.push(performance.now()), true);
-const post = MessagePort.prototype.postMessage;
-MessagePort.prototype.postMessage = function (message, ...rest) {
-  if (message && message.pcm instanceof Int16Array) __probe.pcm.push({t: performance.now(), data: message.pcm.slice()});
-  return post.call(this, message, ...rest);
-};
-const start = AudioBufferSourceNode.prototype.start;
-AudioBufferSourceNode.prototype.start = function (when = 0, ...rest) {
-  const ahead = Math.max(0, when - this.context.currentTime);
-  __probe.starts.push(performance.now() + 1000 * ahead);
-  return start.call(this, when, ...rest);
-};
-"""
-
-# Heard, seen from outside: the first moment after the click that audio was handed to the output.
-HEARD = """() => {
-  const p = window.__probe, click = p.clicks[p.clicks.length - 1];
-  const after = [...p.pcm.map((x) => x.t), ...p.starts, ...p.playing].filter((t) => t >= click);
-  return after.length ? Math.min(...after) - click : null;
-}"""
 
 # SHA-256 of every sample handed to the worklet (int16 little-endian, in order), and how many there were.
 PLAYED = """async () => {
@@ -97,29 +73,6 @@ def browser(chromium):
         context.close()
 
 
-def open_page(browser, url, *, init: str = ""):
-    pg = browser.new_page(viewport={"width": 1400, "height": 1200})
-    pg.add_init_script(PROBE + init)
-    pg.goto(url)
-    pg.wait_for_selector("#generate-btn", timeout=60_000)
-    pg.wait_for_function("() => window.__hsLive !== undefined", timeout=60_000)
-    pg.get_by_text("Advanced").click()
-    pg.fill("#repeat-guard input", "0")  # the demo's random weights repeat; keep takes their full length
-    return pg
-
-
-def generate(pg, text: str, frames: int, seed: int = 1, repeat_guard: int | None = None) -> None:
-    """A take of `frames` frames. The seed is fixed: the demo's random weights sample the stop token now and
-    then (a 110-frame take once ended at 76), and with a fixed seed the CPU take is the same on every run.
-    `repeat_guard=0` turns the guard off, so only the length cap (or Stop) ends the take."""
-    pg.fill("#max-frames input", str(frames))
-    pg.fill("#seed input", str(seed))
-    if repeat_guard is not None:
-        pg.fill("#repeat-guard input", str(repeat_guard))
-    pg.fill("#text textarea", text)
-    pg.click("#generate-btn")
-
-
 def take_wav(pg, base: str) -> np.ndarray:
     """The finished take as the page's take player serves it (the Gradio event's output), as int16."""
     pg.wait_for_function("() => document.querySelector('#take a.download-link')?.href", timeout=60_000)
@@ -147,10 +100,20 @@ def health(base: str) -> dict:
         return json.loads(r.read())
 
 
+# The stages of Heard the page worked out for the latest take (studio/static/live.js `breakdown`), and when the
+# page's Gradio event was sent (its queue request) against when the first audio reached the worklet.
+STAGES = """() => {
+  const p = window.__probe, click = p.clicks[p.clicks.length - 1];
+  const first = p.pcm.find((x) => x.t >= click);
+  const join = p.fetches.find((f) => f.t >= click && /queue\\/join/.test(f.url));
+  return {b: window.__hsLive.take.breakdown, first: first && first.t - click, join: join && join.t - click};
+}"""
+
+
 def test_heard_latency(browser, studio_url):
     pg = open_page(browser, studio_url)
     assert pg.evaluate("window.__hsLive.supported") and not pg.is_visible("#live")
-    outside, inside, ttfa, response, first = [], [], [], [], []
+    outside, inside, ttfa, stages = [], [], [], []
     for i in range(5):
         generate(pg, f"Take {i}: long enough to tell the first sound from the end of the take.", 110)  # 4.4 s
         pg.wait_for_function(LIVE_ENDED, timeout=180_000)
@@ -162,16 +125,26 @@ def test_heard_latency(browser, studio_url):
         outside.append(pg.evaluate(HEARD))
         inside.append(t["heard"])
         ttfa.append(t["ttfa"])
-        marks = pg.evaluate("(() => { const t = window.__hsLive.take; return [t.marks.response - t.click, "
-                            "t.marks.audio - t.click]; })()")
-        response.append(marks[0])
-        first.append(marks[1])
+        seen = pg.evaluate(STAGES)
+        b = seen["b"]
+        # The page's event went out after the first sound (it waits for it: nothing of Gradio's competes with
+        # the take's first frames), and the breakdown accounts for the click → first samples, stage by stage.
+        assert seen["join"] is not None and seen["join"] > seen["first"], seen
+        assert all(b[k] is not None and b[k] >= 0 for k in ("page", "setup", "parse", "resolve", "handoff", "queue",
+                                                              "prefill", "first_push", "back", "network", "browser",
+                                                              "worklet")), b
+        # (The hooks' stamps sit a postMessage apart from the page's own.)
+        accounted = b["page"] + b["setup"] + b["server"] + b["network"] + b["browser"]
+        assert accounted == pytest.approx(seen["first"], abs=10), (b, seen)
+        stages.append(b)
         assert re.fullmatch(r"\d+ ms", pg.inner_text("#m-heard"))  # shown in the page too
+        assert pg.inner_text("#live-note").startswith("click → request")
         pg.wait_for_function(f"() => document.querySelector('#history')?.innerText.includes('Take {i}')")
+    median = {k: statistics.median(b[k] for b in stages) for k in stages[0]}
     print(f"\nheard (live WebAudio player, outside hooks) median {statistics.median(outside):.0f} ms over 5 takes "
           f"{[round(x) for x in outside]}; the page's own Heard median {statistics.median(inside):.0f} ms; "
-          f"engine TTFA median {statistics.median(ttfa):.0f} ms; click to the stream's headers "
-          f"{statistics.median(response):.0f} ms, to its first audio {statistics.median(first):.0f} ms")
+          f"engine TTFA median {statistics.median(ttfa):.0f} ms; stages (medians, ms): "
+          + ", ".join(f"{k} {v:.1f}" for k, v in median.items()))
 
 
 def test_gapless_the_played_samples_are_the_takes_wav(browser, studio_url):
@@ -210,6 +183,38 @@ def test_sound_before_the_take_ends_and_stop_silences_at_once_keeping_the_take(b
     assert health(studio_url)["queue_depth"] == 0  # the server's take ended: the GPU is free
     assert 0 < len(take_wav(pg, studio_url)) < 3000 * 960  # the partial take is kept
     print(f"\nStop → silence in the page: {t['silentMs']:.1f} ms")
+
+
+def test_stop_before_the_first_sound_cancels_the_pages_event_and_leaves_generate_free(browser, studio_url):
+    """The page's Gradio event waits for the first sound; Stop before it (here the take waits for the GPU: the
+    visitor's own share is full) sends the event at once, so Stop's handler cancels it as it always did and
+    Generate answers the next click (Gradio skips a click while the event runs; sent after Stop, the event
+    would wait 10 s for a take that never ran)."""
+    pg = open_page(browser, studio_url)
+    http = client(studio_url)  # the page's address: the same visitor
+    # 120 s takes: they hold the share for the whole test however fast the machine (stopped at its end).
+    holders = [LiveTake(http, page_token(http), text="Holding the visitor's share.", max_frames=3000, seed=i)
+               for i in range(2)]
+    try:
+        wait(lambda: all(t.first_audio is not None for t in holders), 120, "the visitor's share to run")
+        generate(pg, "A take that waits its turn.", 50)
+        pg.click("#stop-btn")
+        first = pg.evaluate("window.__hsLive.take.id")
+        assert live(pg)["stopped"] and live(pg)["received"] == 0  # stopped before any audio
+        pg.wait_for_function("() => window.__probe.fetches.some((f) => /gradio_api\\/cancel/.test(f.url))")
+        pg.wait_for_timeout(1000)  # the page's event is cancelled on the server too
+        deadline = time.monotonic() + 7
+        while pg.evaluate("window.__hsLive.take.id") == first:
+            assert time.monotonic() < deadline, "Generate did not start a take after Stop"
+            pg.click("#generate-btn")
+            pg.wait_for_timeout(500)
+        pg.click("#stop-btn")
+    finally:
+        for take in holders:
+            take.stop.set()
+        for take in holders:
+            take.join(60)
+    wait(lambda: health(studio_url)["queue_depth"] == 0, 60, "the line to empty")
 
 
 def test_two_tabs_each_play_their_own_take(browser, studio_url):
@@ -252,7 +257,17 @@ def test_the_stream_route_needs_the_page_token_or_the_key(browser, studio_url):
     assert status == 401 and "reload the page" in text
     assert call({"X-Studio-Token": "4102444800.forged"})[0] == 401
     status, text = call({"Authorization": f"Bearer {KEY}"})
-    assert status == 200 and json.loads(text.strip().splitlines()[-1])["type"] == "done"
+    lines = [json.loads(line) for line in text.strip().splitlines() if line]
+    assert status == 200 and lines[-1]["type"] == "done"
+    # The stream carries its timeline: the first audio line the stamps known by then, the done line all of
+    # them, in the order a take passes them (ms since the request arrived).
+    order = ["parsed", "ready", "asked", "chunk", "line", "written"]
+    first = next(m for m in lines if m["type"] == "audio")
+    assert list(first["timeline"]) == order[:5] and list(lines[-1]["timeline"]) == order
+    stamps = [lines[-1]["timeline"][k] for k in order]
+    assert stamps == sorted(stamps) and stamps[0] >= 0 and first["timeline"] == {k: lines[-1]["timeline"][k]
+                                                                                for k in order[:5]}
+    assert sum("timeline" in m for m in lines if m["type"] == "audio") == 1
     # The page carries its own token: it generates without the key (the other tests do the same).
     pg = open_page(browser, studio_url)
     generate(pg, "The page works with the key set.", 25)

@@ -1,11 +1,12 @@
 // The live player (studio/live.py streams the take): runs once when the player panel mounts, as the gr.HTML
 // component's js_on_load. Generate's `js=` (CLICK_JS in studio/views/studio.py) hands the event's inputs to
-// `__hsLive.start`, which opens the stream and returns the inputs with the stream's live id in the last slot,
-// so the Gradio event follows the same take. Without AudioWorklet (an old browser, or plain http off
+// `__hsLive.start`, which opens the stream and returns (a promise of) the inputs with the stream's live id in
+// the last slot, so the Gradio event follows the same take; Gradio awaits it, so the event is sent once the
+// first sound has started. Without AudioWorklet (an old browser, or plain http off
 // localhost, where browsers hide it) or with ?player=gradio in the address, `start` leaves the inputs as they
 // are and the Gradio streaming player plays the take; Heard is then its first `playing` event.
 
-const RATE = 24000, PREBUFFER_S = 0.06, MAX_PREBUFFER_S = 0.48, FADE_S = 0.005;
+const RATE = 24000, PREBUFFER_S = 0.06, MAX_PREBUFFER_S = 0.48, FADE_S = 0.005, RELEASE_S = 2;
 const WORKLET_URL = '/studio/static/player-worklet.js';  // studio/assets.py serves this folder
 const forced = new URLSearchParams(location.search).get('player') === 'gradio';
 const supported = !forced && typeof AudioWorkletNode === 'function' && typeof AudioContext === 'function'
@@ -60,18 +61,45 @@ function showMetrics(t, m) {
   if (t.heard != null && t.ttfa != null) put('live-net', Math.round(t.heard - t.ttfa));
 }
 
+// Where Heard went, in ms: the page's marks (t.marks, performance.now()) around the server's timeline (ms since
+// it got the request, studio/live.py `Timeline`) and the engine's TTFA. The server's share ends when its first
+// audio line is handed to the connection; `network` is what the fetch waited beyond that: both directions of
+// the connection, the server's HTTP layers and the browser's.
+function breakdown(t) {
+  const k = t.marks, s = t.server || {}, m = t.firstMetrics || {};
+  const engine = s.chunk - m.ttfa_ms;  // when the engine started the take, on the server's clock
+  const b = {page: k.start - k.click, setup: k.fetch - k.start, parse: s.parsed, resolve: s.ready - s.parsed,
+             handoff: engine - s.ready, queue: m.queued_ms, prefill: m.prefill_ms,
+             first_push: m.ttfa_ms - m.queued_ms - m.prefill_ms, ttfa: m.ttfa_ms, back: s.line - s.chunk,
+             server: s.line, network: k.byte - k.fetch - s.line, browser: k.posted - k.byte,
+             worklet: k.started - k.posted, heard: k.started - k.click};
+  for (const key in b) b[key] = Number.isFinite(b[key]) ? Math.round(10 * b[key]) / 10 : null;
+  return b;
+}
+
+function showBreakdown(t) {
+  const b = t.breakdown = breakdown(t), ms = (v) => (v == null ? '?' : Math.round(v));
+  put('live-note', 'click → request ' + ms(b.page + b.setup) + ' · server ' + ms(b.server) + ' (engine TTFA '
+      + ms(b.ttfa) + ') · network ' + ms(b.network) + ' · browser ' + ms(b.browser) + ' · player '
+      + ms(b.worklet) + ' ms');
+}
+
 function onMessage(t, m) {
   if (m.type === 'queued') {
     if (m.position > 1) state('waiting', 'queue position ' + m.position);
   } else if (m.type === 'audio') {
     const pcm = pcm16(m.pcm);
+    if (m.timeline) { t.server = m.timeline; t.firstMetrics = m.metrics; }
     t.marks.audio ??= performance.now();
     t.received += pcm.length;
     if (!t.stopped) t.node.port.postMessage({pcm}, [pcm.buffer]);
+    t.marks.posted ??= performance.now();
     if (t.state !== 'streaming') { t.state = 'streaming'; state('streaming', ''); }
     showMetrics(t, m.metrics);
   } else if (m.type === 'done') {
     t.takeId = m.take_id; t.stopReason = m.stop_reason; t.doneAt = performance.now();
+    if (m.timeline) t.server = m.timeline;
+    if (t.startedAt != null) showBreakdown(t);
     showMetrics(t, m.metrics);
   } else if (m.type === 'error') {
     fail(t, m.message);
@@ -81,10 +109,12 @@ function onMessage(t, m) {
 function onWorklet(t, m) {
   if (m.played !== undefined) t.played = m.played;
   if (m.type === 'started') {
-    t.startedAt = performance.now();
+    t.startedAt = t.marks.started = performance.now();
+    t.release();
     t.heard = t.startedAt - t.click;
     put('m-heard', Math.round(t.heard) + ' ms');
     if (t.ttfa != null) put('live-net', Math.round(t.heard - t.ttfa));
+    showBreakdown(t);
   } else if (m.type === 'underrun') {
     put('live-underruns', m.underruns);
   } else if (m.type === 'silent') {
@@ -145,6 +175,7 @@ async function play(t, fields, clip) {
     for (;;) {
       const {value, done} = await reader.read();
       if (done) break;
+      t.marks.byte ??= performance.now();
       buf += text.decode(value, {stream: true});
       for (let nl = buf.indexOf('\n'); nl >= 0; nl = buf.indexOf('\n')) {
         const line = buf.slice(0, nl); buf = buf.slice(nl + 1);
@@ -168,24 +199,36 @@ S.start = (args) => {
   const bits = Number(document.querySelector('.hs-live')?.dataset.seedBits);
   if (Number(takes) > 1 && !(Number(seed) >= 0)) seed = Math.floor(Math.random() * 2 ** bits);
   const id = Array.from(crypto.getRandomValues(new Uint8Array(12)), (b) => b.toString(16).padStart(2, '0')).join('');
-  // marks: when the stream was sent, answered and first carried audio (the Heard − TTFA breakdown).
-  const t = S.take = {id, click: S.click ?? performance.now(), marks: {start: performance.now()},
+  // marks: the click, this call, the stream sent, answered, its first bytes and audio, the audio posted to
+  // the worklet and its first sound (the breakdown of Heard).
+  const now = performance.now(), click = S.click ?? now;
+  const t = S.take = {id, click, marks: {click, start: now},
                       abort: new AbortController(), received: 0, played: 0,
                       heard: null, ttfa: null, state: 'waiting'};
   state('waiting', 'waiting for the GPU');
   put('live-underruns', 0);
   t.timer = setInterval(() => tick(t), 100);
+  const out = args.slice(); out[8] = seed; out[out.length - 1] = id;
+  // Gradio sends the page's event (which records the take) once this promise resolves: at the first sound, when
+  // the stream ends or fails, or after RELEASE_S (a take waiting for the GPU). Its request, queue messages and
+  // page updates used to run on the same cores as the take's first frames and delay the first sound by tens
+  // of ms (docs/PERFORMANCE.md, "Where Heard goes").
+  const released = new Promise((resolve) => { t.release = () => resolve(out); });
+  setTimeout(t.release, RELEASE_S * 1000);
   play(t, {text, style, voice, clip_text, temperature, top_p, top_k, seed, max_frames, repeat_guard, clean,
            clean_actions}, clip)
-    .catch((e) => fail(t, 'The live player failed: ' + e.message));
-  const out = args.slice(); out[8] = seed; out[out.length - 1] = id;
-  return out;
+    .catch((e) => fail(t, 'The live player failed: ' + e.message))
+    .finally(t.release);
+  return released;
 };
 
 S.stop = () => {
   const t = S.take;
   if (!t || t.stopped || t.ended) return;
   t.stopped = true; t.stopClick = performance.now();
+  // Inside the click, before Stop's Gradio handler runs: the page's event goes out now (also when the stream has
+  // not been sent yet), so that handler cancels it as it cancels a running one.
+  t.release();
   if (t.node) t.node.port.postMessage({stop: true}); else { t.silentMs = 0; finish(t, 'stopped'); }
   t.abort.abort();
   state('stopped');
