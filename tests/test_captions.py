@@ -1,0 +1,153 @@
+"""Captions (engine/captions.py, studio/captions.py): cues from segment texts and exact sample spans, times
+inside a segment from ASR words or estimated (and marked), SRT and WebVTT that the `srt` and `webvtt-py`
+libraries read back."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import srt
+import webvtt
+
+from engine import Engine
+from engine.captions import Cue, WordTime, cues, to_srt, to_vtt
+from engine.config import SAMPLE_RATE
+from engine.longform import plan
+from engine.longtake import LongTake
+from studio.asr import Transcriber
+from studio.captions import captions, take_captions
+
+SENTENCES = [f"Sentence number {word} is here." for word in (
+    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen twenty").split()]
+
+
+def vtt_seconds(stamp: str) -> float:
+    hours, minutes, seconds = stamp.split(":")
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+@pytest.fixture(scope="module")
+def long_take(tiny_checkpoint):
+    engine = Engine.load(tiny_checkpoint, device="cpu", precision="fp32")
+    segments = plan(" ".join(SENTENCES), normalize=False, min_seconds=4.0, max_seconds=9.0)
+    take = LongTake(engine, segments, seeds=list(range(len(segments))), max_frames=4)  # seeds given: no retries
+    take.run()
+    return take
+
+
+def test_a_long_take_of_twenty_sentences_is_captioned_on_its_exact_sample_offsets(long_take):
+    take = long_take
+    assert len(take.segments) >= 4 and any(s.text.count(".") > 1 for s in take.segments)
+    found = take_captions(take, level="sentence")
+    spans, total = take.spans(), len(take.assemble())
+    assert total == take.total_samples()
+    assert [c.text for c in found.cues] == SENTENCES  # one cue per sentence, in order
+
+    firsts = {c.segment: c for c in reversed(found.cues)}  # each segment's first cue
+    assert sorted(firsts) == list(range(len(spans)))
+    for index, cue in firsts.items():
+        assert abs(cue.start - spans[index][0] / SAMPLE_RATE) <= 1e-3
+    # Monotonic and covering: the cues tile [0, the take's end).
+    assert found.cues[0].start == 0.0 and abs(found.cues[-1].end - total / SAMPLE_RATE) < 1e-9
+    for a, b in zip(found.cues, found.cues[1:]):
+        assert a.start < a.end == b.start
+    # Without an ASR, a cue with a boundary inside a segment is estimated; a one-sentence segment is not.
+    for cue in found.cues:
+        inside = sum(1 for c in found.cues if c.segment == cue.segment) > 1
+        assert cue.estimated == inside
+    assert found.estimated and "estimated" in found.note
+
+    parsed = list(srt.parse(found.srt()))
+    assert [p.content for p in parsed] == SENTENCES
+    for p, cue in zip(parsed, found.cues):
+        assert abs(p.start.total_seconds() - cue.start) <= 1e-3 and abs(p.end.total_seconds() - cue.end) <= 1e-3
+        assert (p.proprietary == "estimated") == cue.estimated
+    vtt = webvtt.from_buffer(io.StringIO(found.vtt()))
+    assert [c.text for c in vtt.captions] == SENTENCES
+    for c, cue in zip(vtt.captions, found.cues):
+        assert abs(vtt_seconds(c.start) - cue.start) <= 1e-3 and abs(vtt_seconds(c.end) - cue.end) <= 1e-3
+        assert c.identifier.endswith("estimated") == cue.estimated
+    assert "\nNOTE " in found.vtt()
+
+
+def test_segment_cues_start_on_the_segments_and_are_not_estimated(long_take):
+    found = take_captions(long_take, level="segment")
+    assert [round(c.start * SAMPLE_RATE) for c in found.cues] == [start for start, _ in long_take.spans()]
+    assert not found.estimated and found.note is None
+    assert "estimated" not in found.srt() and "NOTE" not in found.vtt()
+
+
+def test_word_cues_split_a_segment_by_character_share():
+    (a, b, c) = cues(["Hi there, friend."], [(0, 2400)], 4800, level="word")
+    assert (a.text, b.text, c.text) == ("Hi", "there,", "friend.")
+    # weights len+1: 3, 7, 8 of 18 over the 2400 speech samples; the last cue holds to the take's end
+    assert round(b.start * SAMPLE_RATE) == 400 and round(c.start * SAMPLE_RATE) == 400 + 933
+    assert c.end == 4800 / SAMPLE_RATE and all(x.estimated for x in (a, b, c))
+
+
+def test_asr_words_give_the_times_inside_a_segment_and_a_missed_word_is_estimated():
+    text = "The cat sat. A dog ran far. Birds sang loudly."
+    heard = [WordTime("the", 0.0, 0.1), WordTime("cat", 0.1, 0.3), WordTime("sat", 0.3, 0.5),
+             WordTime("a", 1.0, 1.1), WordTime("dog", 1.1, 1.3), WordTime("ran", 1.3, 1.5), WordTime("far", 1.5, 1.7),
+             WordTime("words", 2.0, 2.2), WordTime("sang", 2.2, 2.4)]  # "Birds" misheard
+    start = 4800
+    found = cues([text], [(start, start + 3 * SAMPLE_RATE)], start + 4 * SAMPLE_RATE, words=[heard])
+    assert [c.text for c in found] == ["The cat sat.", "A dog ran far.", "Birds sang loudly."]
+    assert found[0].start == start / SAMPLE_RATE  # the segment's own start, not the ASR's
+    assert found[1].start == (start + SAMPLE_RATE) / SAMPLE_RATE  # "A" heard at 1.0 s into the segment
+    assert not found[0].estimated  # both its boundaries come from samples and the ASR
+    assert found[1].estimated and found[2].estimated  # "Birds" was not heard: the third start is estimated
+    assert found[1].start < found[2].start < found[2].end
+
+
+def test_asr_times_out_of_order_are_not_trusted():
+    heard = [WordTime("one", 0.0, 0.1), WordTime("two", 5.0, 5.1)]  # past the segment's end
+    found = cues(["One. Two."], [(0, SAMPLE_RATE)], SAMPLE_RATE, words=[heard])
+    assert found[1].estimated and 0 < found[1].start < 1.0
+
+
+class WordPipeline:
+    """transformers' ASR pipeline as `return_timestamps="word"` answers: text plus chunks of (start, end)."""
+
+    def __init__(self, answers):
+        self.answers, self.calls = list(answers), []
+
+    def __call__(self, inputs, return_timestamps=None):
+        self.calls.append((len(inputs["raw"]), inputs["sampling_rate"], return_timestamps))
+        words = self.answers.pop(0)
+        return {"text": " ".join(w for w, _ in words),
+                "chunks": [{"text": f" {w}", "timestamp": (t, t + 0.1)} for w, t in words]}
+
+
+def test_the_transcriber_times_each_segment_of_the_audio():
+    pipe = WordPipeline([[("Hello", 0.0), ("there.", 0.2), ("How", 0.5), ("are", 0.6), ("you?", 0.7)],
+                         [("Fine.", 0.0)]])
+    asr = Transcriber("fake", make_pipeline=lambda model, device: pipe)
+    audio = np.zeros(3 * SAMPLE_RATE, np.float32)
+    found = captions(["Hello there. How are you?", "Fine."], [(0, SAMPLE_RATE), (SAMPLE_RATE + 2400, 2 * SAMPLE_RATE)],
+                     len(audio), audio=audio, transcriber=asr)
+    assert [(n, rate, ts) for n, rate, ts in pipe.calls] == [(16000, 16000, "word"), (14400, 16000, "word")]
+    assert [c.text for c in found.cues] == ["Hello there.", "How are you?", "Fine."]
+    assert found.cues[1].start == 0.5 and not found.estimated and found.note is None
+
+
+def test_with_asr_off_the_captions_say_why_they_are_estimated():
+    found = captions(["One. Two."], [(0, SAMPLE_RATE)], SAMPLE_RATE, audio=np.zeros(SAMPLE_RATE, np.float32),
+                     transcriber=Transcriber(None))
+    assert found.estimated and "--asr none" in found.note
+
+
+def test_bad_spans_are_refused_with_a_sentence():
+    with pytest.raises(ValueError, match="ordered"):
+        cues(["a", "b"], [(0, 100), (50, 200)], 300)
+    with pytest.raises(ValueError, match="caption level"):
+        cues(["a"], [(0, 100)], 100, level="paragraph")
+
+
+def test_cue_text_never_ends_a_cue_early():
+    cue = Cue(0.0, 1.0, "a --> b", 0, False)
+    assert list(srt.parse(to_srt([cue])))[0].content == "a → b"
+    assert webvtt.from_buffer(io.StringIO(to_vtt([cue]))).captions[0].text == "a → b"
