@@ -105,8 +105,9 @@ def split_pauses(text: str) -> list[tuple[str, float]]:
 def model_pauses(text: str) -> str:
     """Pause markers as the model's own pause tags, for a take made of one prompt, which has no join to put
     exact silence at: up to 0.5 s `<|prosody:pause|>`, longer `<|prosody:long_pause|>`."""
-    return PAUSE_RE.sub(lambda m: " <|prosody:pause|> " if pause_seconds(m) <= 0.5 else " <|prosody:long_pause|> ",
-                        text)
+    tagged = PAUSE_RE.sub(lambda m: " <|prosody:pause|> " if pause_seconds(m) <= 0.5 else " <|prosody:long_pause|> ",
+                          text)
+    return re.sub(r"[ \t]{2,}", " ", tagged)
 
 
 def split_sentences(text: str, language: str = "en") -> list[str]:
