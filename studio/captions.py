@@ -62,13 +62,15 @@ def captions(texts: list[str], spans: list[tuple[int, int]], total: int, *, leve
     return Captions(found, note if any(c.estimated for c in found) else None)
 
 
-def take_captions(take, *, level: str = "sentence", transcriber=None) -> Captions:
-    """Captions of a studio `Take` (studio/service.py) or a `LongTake`."""
+def take_captions(take, *, level: str = "sentence", transcriber=None, audio: np.ndarray | None = None) -> Captions:
+    """Captions of a studio `Take` (studio/service.py) or a `LongTake`; `audio` is the take's, for a long
+    take streamed without keeping it (None: the take's own, if it kept it)."""
     if isinstance(take, LongTake):
-        audio = take.assemble() if take.keep_audio and all(s is not None for s in take.shaped) else None
+        if audio is None and take.keep_audio and all(s is not None for s in take.shaped):
+            audio = take.assemble()
         return captions(shown_texts(take.segments), take.spans(), take.total_samples(), level=level, audio=audio,
                         transcriber=transcriber)
-    audio = np.asarray(take.audio)
+    audio = np.asarray(take.audio if audio is None else audio)
     return captions([take.prompt_text], [(0, len(audio))], len(audio), level=level, audio=audio,
                     transcriber=transcriber, sample_rate=take.sample_rate)
 

@@ -30,8 +30,12 @@ def vtt_seconds(stamp: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def long_take(tiny_checkpoint):
-    engine = Engine.load(tiny_checkpoint, device="cpu", precision="fp32")
+def engine(tiny_checkpoint):
+    return Engine.load(tiny_checkpoint, device="cpu", precision="fp32", max_batch=1)
+
+
+@pytest.fixture(scope="module")
+def long_take(engine):
     segments = plan(" ".join(SENTENCES), normalize=False, min_seconds=4.0, max_seconds=9.0)
     take = LongTake(engine, segments, seeds=list(range(len(segments))), max_frames=4)  # seeds given: no retries
     take.run()
@@ -151,3 +155,65 @@ def test_cue_text_never_ends_a_cue_early():
     cue = Cue(0.0, 1.0, "a --> b", 0, False)
     assert list(srt.parse(to_srt([cue])))[0].content == "a → b"
     assert webvtt.from_buffer(io.StringIO(to_vtt([cue]))).captions[0].text == "a → b"
+
+
+# ------------------------------------------------------------------------------------------ the HTTP API
+@pytest.fixture(scope="module")
+def api_client(engine):
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from studio import api
+    from studio.service import StudioService
+
+    service = StudioService(engine)
+    app = FastAPI()
+    api.register(app, service, request_timeout=120.0)
+    with TestClient(app) as client:
+        yield client
+    service.close()
+
+
+def test_the_api_answers_audio_and_sentence_timestamps_in_one_json(api_client):
+    import base64
+
+    import soundfile as sf
+
+    r = api_client.post("/v1/audio/speech", json={"input": "Hello there. How are you today?", "timestamps": "sentence",
+                                                  "response_format": "wav", "max_frames": 4, "seed": 1})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    body = r.json()
+    audio, rate = sf.read(io.BytesIO(base64.b64decode(body["audio"])))
+    assert body["audio_format"] == "audio/wav" and rate == SAMPLE_RATE
+    stamps = body["timestamps"]
+    assert [s["text"] for s in stamps] == ["Hello there.", "How are you today?"]
+    assert stamps[0]["start_time"] == 0.0 and abs(stamps[-1]["end_time"] - len(audio) / rate) < 1e-9
+    assert stamps[0]["end_time"] == stamps[1]["start_time"] and all(s["estimated"] for s in stamps)
+    assert body["estimated"] and "character share" in body["timestamps_note"]
+
+
+def test_the_api_streams_word_timestamps_over_sse_with_exact_breaks(api_client):
+    import json
+
+    r = api_client.post("/v1/audio/speech", json={
+        "input": "<speak>One two.<break time='1s'/>Three <unknown>four</unknown>.</speak>", "timestamps": "word",
+        "stream_format": "sse", "response_format": "pcm", "max_frames": 4, "seed": 2})
+    assert r.status_code == 200 and "<unknown>" in r.headers["x-warnings"]
+    events = [json.loads(line[6:]) for line in r.text.split("\n\n") if line.startswith("data: ")]
+    assert [e["type"] for e in events][-2:] == ["speech.audio.timestamps", "speech.audio.done"]
+    import base64
+    pcm = np.frombuffer(b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"),
+                        np.int16)
+    stamps = events[-2]["timestamps"]
+    assert [s["word"] for s in stamps] == ["One", "two.", "Three", "four."] == [s["text"] for s in stamps]
+    assert [s["segment"] for s in stamps] == [0, 0, 1, 1]
+    second = round(stamps[2]["start_time"] * SAMPLE_RATE)  # the second segment's first sample
+    assert not np.any(pcm[second - SAMPLE_RATE:second]) and np.any(pcm[second:second + 100])
+    assert abs(stamps[-1]["end_time"] - len(pcm) / SAMPLE_RATE) < 1e-9
+    assert not stamps[2]["estimated"] or stamps[3]["estimated"]  # "Three"'s end is inside its segment
+
+
+def test_bad_ssml_is_a_400_that_says_why(api_client):
+    r = api_client.post("/v1/audio/speech", json={"input": "<speak>Hi <break></speak>", "timestamps": "word"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_ssml"
+    assert "not well-formed" in r.json()["error"]["message"]
