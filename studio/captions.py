@@ -12,6 +12,7 @@ audio=…)` with each segment's text, its [start, end) samples in the chapter's 
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,13 +54,18 @@ def captions(texts: list[str], spans: list[tuple[int, int]], total: int, *, leve
         off = transcriber.off_note if transcriber is not None else "Automatic transcription is not configured."
         if audio is None and off is None:
             off = "the take's audio was not kept"
-        if off is None:
-            words = [transcriber.words(audio[start:end], sample_rate) for start, end in spans]
+        if off is None:  # a segment of one unit has nothing inside it to time
+            words = [transcriber.words(audio[start:end], sample_rate) if _several(text, level) else None
+                     for text, (start, end) in zip(texts, spans)]
             note = None
         else:
             note = f"{note} ({off.rstrip('.')})"
     found = cues(texts, spans, total, level=level, words=words, sample_rate=sample_rate)
     return Captions(found, note if any(c.estimated for c in found) else None)
+
+
+def _several(text: str, level: str) -> bool:
+    return len(cues([text], [(0, 1)], 1, level=level)) > 1
 
 
 def take_captions(take, *, level: str = "sentence", transcriber=None, audio: np.ndarray | None = None) -> Captions:
@@ -85,4 +91,21 @@ def shown_texts(segments) -> list[str]:
     return out
 
 
-__all__ = ["Captions", "captions", "take_captions", "shown_texts"]
+def captions_html(found: Captions | None, player: str) -> str:
+    """The cue list shown under the player whose elem_id is `player` (studio/static/captions.js highlights
+    the cue the player is showing)."""
+    if found is None or not found.cues:
+        return f'<div class="hs-captions" data-player="{player}"></div>'
+    items = "".join(
+        f'<li data-start="{c.start:.3f}" data-end="{c.end:.3f}" class="{"estimated" if c.estimated else "exact"}">'
+        f'<span class="hs-cue-time">{_clock(c.start)}</span> {html.escape(c.text)}</li>' for c in found.cues)
+    note = f'<p class="hs-captions-note">{html.escape(found.note)}</p>' if found.note else ""
+    return f'<div class="hs-captions" data-player="{player}">{note}<ol>{items}</ol></div>'
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}:{secs:02d}"
+
+
+__all__ = ["Captions", "captions", "captions_html", "take_captions", "shown_texts"]

@@ -48,7 +48,7 @@ class Page:
         # keep them in the visitor's browser; the shared library is the owner's, through the API.
         self.private = PrivateVoicesView(self, private_voices) if private_voices is not None else None
         self.voices = VoicesView(self) if private_voices is None else None
-        self.long_form = LongFormView(service, self.out_dir, self.access)
+        self.long_form = LongFormView(service, self.out_dir, self.access, transcriber=transcriber)
 
     def voice_choices(self, caller: Caller) -> list[tuple[str, str]]:
         """The Voice menu for `caller`: a visitor of a public page sees the shared voices and the presets."""

@@ -217,3 +217,35 @@ def test_bad_ssml_is_a_400_that_says_why(api_client):
     r = api_client.post("/v1/audio/speech", json={"input": "<speak>Hi <break></speak>", "timestamps": "word"})
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_ssml"
     assert "not well-formed" in r.json()["error"]["message"]
+
+
+# ------------------------------------------------------------------------------------------ the page
+def test_the_panel_under_a_player_gives_its_subtitles_the_cue_list_and_downloads(tmp_path):
+    import gradio as gr
+
+    from engine.types import SamplingParams
+    from studio.formats import write_audio
+    from studio.service import StudioService, SynthesisRequest
+    from studio.views.captions import CaptionsPanel
+    from tests.fakes import FakeEngine
+
+    service = StudioService(FakeEngine(frames=25))
+    try:
+        take = service.synthesize(SynthesisRequest(text="<|emotion:awe|>First one. Second one here.",
+                                                   params=SamplingParams(seed=3), source="ui"))
+    finally:
+        service.close()
+    with gr.Blocks():
+        panel = CaptionsPanel(tmp_path, "take")
+        panel.build()
+    wav = write_audio(tmp_path / "take-1.wav", take.audio, take.sample_rate)
+    player, html, srt_button, vtt_button = panel.show(take, wav, "take-1")
+    assert isinstance(player, gr.Audio)  # the take's player, now with its subtitles
+    assert [s["text"] for s in player.subtitles] == ["First one.", "Second one here."]
+    assert player.subtitles[0]["start"] == 0.0 and player.subtitles[-1]["end"] == take.seconds
+    assert 'data-player="take"' in html and html.count('class="estimated"') == 2
+    parsed = list(srt.parse((tmp_path / "take-1.srt").read_text(encoding="utf-8")))
+    assert [p.content for p in parsed] == ["First one.", "Second one here."]
+    assert srt_button["visible"] and srt_button["value"] == str(tmp_path / "take-1.srt")
+    assert (tmp_path / "take-1.vtt").read_text(encoding="utf-8").startswith("WEBVTT\n\nNOTE ")
+    assert panel.show(None, None, "")[1] == '<div class="hs-captions" data-player="take"></div>'
