@@ -195,4 +195,4 @@ def to_vtt(items: list[Cue]) -> str:
     return head + "\n".join(blocks)
 
 
-__all__ = ["Cue", "WordTime", "LEVELS", "caption_text", "cues", "to_srt", "to_vtt", "ESTIMATED_NOTE"]
+__all__ = ["ESTIMATED_NOTE", "LEVELS", "Cue", "WordTime", "caption_text", "cues", "to_srt", "to_vtt"]

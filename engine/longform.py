@@ -367,5 +367,5 @@ def _atoms(text: str) -> list[str]:
 
 
 __all__ = ["Segment", "plan", "parse_script", "split_sentences", "split_pauses", "has_pauses", "model_pauses",
-           "pause_seconds", "PAUSE_RE", "PAUSE_MARKER_SECONDS", "MAX_PAUSE_SECONDS", "MIN_SEGMENT_SECONDS", "MAX_SEGMENT_SECONDS",
-           "SENTENCE_PAUSE", "TURN_PAUSE", "PARAGRAPH_PAUSE"]
+           "pause_seconds", "PAUSE_RE", "PAUSE_MARKER_SECONDS", "MAX_PAUSE_SECONDS", "MIN_SEGMENT_SECONDS",
+           "MAX_SEGMENT_SECONDS", "SENTENCE_PAUSE", "TURN_PAUSE", "PARAGRAPH_PAUSE"]

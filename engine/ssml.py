@@ -195,5 +195,18 @@ def _prosody_tag(elem: Element, warnings: list[str]) -> str:
     return f" {tag}" if tag else ""
 
 
-__all__ = ["SsmlText", "is_ssml", "read_text", "from_ssml", "rate_tag", "pause_marker", "MAX_SSML_CHARS",
-           "MAX_DEPTH", "MAX_ELEMENTS", "MAX_BREAK_SECONDS", "BREAK_STRENGTHS", "RATES", "SPEED_TAGS"]
+__all__ = [
+    "BREAK_STRENGTHS",
+    "MAX_BREAK_SECONDS",
+    "MAX_DEPTH",
+    "MAX_ELEMENTS",
+    "MAX_SSML_CHARS",
+    "RATES",
+    "SPEED_TAGS",
+    "SsmlText",
+    "from_ssml",
+    "is_ssml",
+    "pause_marker",
+    "rate_tag",
+    "read_text",
+]

@@ -108,4 +108,4 @@ def _clock(seconds: float) -> str:
     return f"{minutes}:{secs:02d}"
 
 
-__all__ = ["Captions", "captions", "captions_html", "take_captions", "shown_texts"]
+__all__ = ["Captions", "captions", "captions_html", "shown_texts", "take_captions"]

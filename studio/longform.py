@@ -6,7 +6,8 @@ segments the take gives its slot back and waits for its next turn under the admi
 
 * `start_long(service, request, voices=…)`: the take's `TakeHandle` (studio/service.py); its `stream()`
   yields engine-style `Chunk`s, so the HTTP API's streaming code (`/v1/audio/speech`: raw, SSE, every
-  format) sends a long take unchanged; no audio is kept (`handle.take` is the `LongTake`, for its spans). `stream_long(...)` is that stream.
+  format) sends a long take unchanged; no audio is kept (`handle.take` is the `LongTake`, for its spans and
+  captions). `stream_long(...)` is that stream.
 * `start_long(..., pieces=True)`, `regenerate_segment(...)`, `segment_rows(...)`: what the page's "Long form"
   view needs: the take streams `(LongTake, TakeChunk)` while its segment table fills in, then any row can be
   generated again (new seed or edited text) and the take re-assembled, without redoing the rest.

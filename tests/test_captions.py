@@ -128,14 +128,17 @@ class WordPipeline:
 
 def test_the_transcriber_times_each_segment_of_the_audio():
     pipe = WordPipeline([[("Hello", 0.0), ("there.", 0.2), ("How", 0.5), ("are", 0.6), ("you?", 0.7)],
-                         [("Fine.", 0.0)]])
+                         [("Fine.", 0.0), ("Thanks.", 0.3)]])
     asr = Transcriber("fake", make_pipeline=lambda model, device: pipe)
     audio = np.zeros(3 * SAMPLE_RATE, np.float32)
-    found = captions(["Hello there. How are you?", "Fine."], [(0, SAMPLE_RATE), (SAMPLE_RATE + 2400, 2 * SAMPLE_RATE)],
-                     len(audio), audio=audio, transcriber=asr)
-    assert [(n, rate, ts) for n, rate, ts in pipe.calls] == [(16000, 16000, "word"), (14400, 16000, "word")]
-    assert [c.text for c in found.cues] == ["Hello there.", "How are you?", "Fine."]
-    assert found.cues[1].start == 0.5 and not found.estimated and found.note is None
+    texts = ["Hello there. How are you?", "Yes.", "Fine. Thanks."]
+    spans = [(0, SAMPLE_RATE), (SAMPLE_RATE, SAMPLE_RATE + 2400), (SAMPLE_RATE + 4800, 2 * SAMPLE_RATE)]
+    found = captions(texts, spans, len(audio), audio=audio, transcriber=asr)
+    # Each segment's own samples at 16 kHz; "Yes." is one sentence, with nothing inside it to time.
+    assert pipe.calls == [(16000, 16000, "word"), (12800, 16000, "word")]
+    assert [c.text for c in found.cues] == ["Hello there.", "How are you?", "Yes.", "Fine.", "Thanks."]
+    assert found.cues[1].start == 0.5 and found.cues[4].start == (SAMPLE_RATE + 4800) / SAMPLE_RATE + 0.3
+    assert not found.estimated and found.note is None
 
 
 def test_with_asr_off_the_captions_say_why_they_are_estimated():
@@ -153,7 +156,7 @@ def test_bad_spans_are_refused_with_a_sentence():
 
 def test_cue_text_never_ends_a_cue_early():
     cue = Cue(0.0, 1.0, "a --> b", 0, False)
-    assert list(srt.parse(to_srt([cue])))[0].content == "a → b"
+    assert next(srt.parse(to_srt([cue]))).content == "a → b"
     assert webvtt.from_buffer(io.StringIO(to_vtt([cue]))).captions[0].text == "a → b"
 
 
@@ -239,7 +242,7 @@ def test_the_panel_under_a_player_gives_its_subtitles_the_cue_list_and_downloads
         panel = CaptionsPanel(tmp_path, "take")
         panel.build()
     wav = write_audio(tmp_path / "take-1.wav", take.audio, take.sample_rate)
-    player, html, srt_button, vtt_button = panel.show(take, wav, "take-1")
+    player, html, srt_button, _ = panel.show(take, wav, "take-1")
     assert isinstance(player, gr.Audio)  # the take's player, now with its subtitles
     assert [s["text"] for s in player.subtitles] == ["First one.", "Second one here."]
     assert player.subtitles[0]["start"] == 0.0 and player.subtitles[-1]["end"] == take.seconds

@@ -22,7 +22,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from engine.ssml import SPEED_TAGS, rate_tag
+from engine.ssml import rate_tag
 from engine.types import DEFAULT_REPEAT_GUARD
 from studio.access import Access
 from studio.aliases import OPENAI_VOICES, Alias

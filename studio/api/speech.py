@@ -32,14 +32,13 @@ from engine.audio import load_audio
 from engine.config import SAMPLE_RATE
 from engine.generate import codes_sha256
 from engine.remote import RemoteError
-from engine.ssml import read_text
+from engine.ssml import SPEED_TAGS, read_text
 from engine.tokenizer import strip_tags
 from engine.types import Metrics, SamplingParams
 from studio.aliases import Alias
 from studio.api.model import (
     MAX_JSON_BYTES,
     MODEL_IDS,
-    SPEED_TAGS,
     ApiError,
     Routes,
     SpeechRequest,
