@@ -13,6 +13,12 @@ such as "Dr." and "e.g."). They are packed into segments the model holds togethe
 
 A script is a text whose lines start with a speaker (`Alice: Hello.` or `[S1] Hello.`); with a `voices`
 map every line's segments carry the voice of its speaker.
+
+A pause marker, `[pause 1.5s]` (or `[pause 500ms]`, or `[pause]` for PAUSE_MARKER_SECONDS; SSML's
+`<break>` becomes one, engine/ssml.py), ends a segment there: the segment before it gets exactly that
+`pause_after`, which the long take inserts as silence at the join. Markers next to each other add up; a
+marker at a paragraph's end replaces the paragraph's pause; one before any speech has no join to sit at
+and is left out (`leading_pause` reports it).
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ _PARAGRAPH_RE = re.compile(r"\n[ \t]*\n\s*")
 _SPEAKER_RE = re.compile(r"^\s*(?:\[(?P<bracket>[^\]\n]{1,40})\]\s*:?|(?P<name>[^\W\d][\w .'-]{0,39}?)\s*:)\s+(?=\S)")
 _CLAUSE_RE = re.compile(r"(?<=[,;:—])\s+")
 _ATOM_RE = re.compile(r"(?:<\|[^<>|]{0,64}\|>|\S)+")
+PAUSE_RE = re.compile(r"\[pause(?:\s+(\d{1,6}(?:\.\d{1,6})?)\s*(s|ms))?\s*\]", re.IGNORECASE)
+PAUSE_MARKER_SECONDS = 0.5  # a bare [pause]
+MAX_PAUSE_SECONDS = 10.0  # as engine/ssml.py MAX_BREAK_SECONDS: one marker is at most this long
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +77,37 @@ class _Sentence:
     text: str
     source: str
     block: int  # paragraph or script line it belongs to
+
+
+def pause_seconds(match: re.Match) -> float:
+    """The silence one PAUSE_RE match asks for, at most MAX_PAUSE_SECONDS."""
+    number, unit = match.group(1), (match.group(2) or "s").lower()
+    seconds = PAUSE_MARKER_SECONDS if number is None else float(number) / (1000 if unit == "ms" else 1)
+    return min(seconds, MAX_PAUSE_SECONDS)
+
+
+def has_pauses(text: str) -> bool:
+    """Whether `text` holds a pause marker (it then needs the long form, which can insert exact silence)."""
+    return isinstance(text, str) and PAUSE_RE.search(text) is not None
+
+
+def split_pauses(text: str) -> list[tuple[str, float]]:
+    """`text` cut at its pause markers: [(piece, seconds of silence after it)], the last piece's pause 0
+    unless the text ends with a marker. Pieces are stripped and may be empty (two markers in a row)."""
+    out, cursor = [], 0
+    for match in PAUSE_RE.finditer(text):
+        out.append((text[cursor:match.start()].strip(), pause_seconds(match)))
+        cursor = match.end()
+    out.append((text[cursor:].strip(), 0.0))
+    return out
+
+
+def model_pauses(text: str) -> str:
+    """Pause markers as the model's own pause tags, for a take made of one prompt, which has no join to put
+    exact silence at: up to 0.5 s `<|prosody:pause|>`, longer `<|prosody:long_pause|>`."""
+    tagged = PAUSE_RE.sub(lambda m: " <|prosody:pause|> " if pause_seconds(m) <= 0.5 else " <|prosody:long_pause|> ",
+                          text)
+    return re.sub(r"[ \t]{2,}", " ", tagged)
 
 
 def split_sentences(text: str, language: str = "en") -> list[str]:
@@ -187,14 +227,28 @@ def plan(text: str, *, style: str = "", normalize: bool = True, language: str = 
         speakers = [None] * len(paragraphs)
         pause = PARAGRAPH_PAUSE
 
+    # Blocks: the paragraphs (script lines), each cut at its pause markers. Segments never span two
+    # blocks; `marked[b]` is the explicit silence after block b (None: the paragraph or turn pause).
     sentences: list[_Sentence] = []
-    for block, paragraph in enumerate(paragraphs):
+    block_speakers: list[str | None] = []
+    marked: list[float | None] = []
+    for number, paragraph in enumerate(paragraphs):
         # "auto" decides per paragraph (a paragraph has enough words to tell; a sentence may not).
         reading = language if language != AUTO else "en" if looks_english(paragraph) else "unknown"
-        for sentence in split_sentences(paragraph, language):
-            spoken = normalize_text(sentence, reading) if normalize else sentence
-            for piece, piece_source in _fit(spoken, sentence, max_seconds, style):
-                sentences.append(_Sentence(piece, piece_source, block))
+        pieces = split_pauses(paragraph)
+        for i, (piece, silence) in enumerate(pieces):
+            block = len(block_speakers)
+            found = split_sentences(piece, language) if piece else []
+            for sentence in found:
+                spoken = normalize_text(sentence, reading) if normalize else sentence
+                for part, part_source in _fit(spoken, sentence, max_seconds, style):
+                    sentences.append(_Sentence(part, part_source, block))
+            explicit = silence if i < len(pieces) - 1 else None
+            if found:
+                block_speakers.append(speakers[number])
+                marked.append(explicit)
+            elif explicit is not None and marked:  # nothing spoken between two markers: they add up
+                marked[-1] = (marked[-1] or 0.0) + explicit
 
     if not sentences:
         raise ValueError("the text has nothing to speak, only tags; add the words to say")
@@ -207,8 +261,12 @@ def plan(text: str, *, style: str = "", normalize: bool = True, language: str = 
     for i, group in enumerate(groups):
         last = i == len(groups) - 1
         block = group[-1].block
-        after = 0.0 if last else (pause if groups[i + 1][0].block != block else SENTENCE_PAUSE)
-        speaker = speakers[block]
+        ends_block = last or groups[i + 1][0].block != block
+        if ends_block and marked[block] is not None:
+            after = marked[block]
+        else:
+            after = 0.0 if last else (pause if ends_block else SENTENCE_PAUSE)
+        speaker = block_speakers[block]
         segments.append(Segment(index=i, text=_with_style(style, " ".join(s.text for s in group)),
                                 source=" ".join(s.source for s in group), pause_after=after, speaker=speaker,
                                 voice=None if voices is None else voices[speaker]))
@@ -308,5 +366,6 @@ def _atoms(text: str) -> list[str]:
     return _ATOM_RE.findall(text)
 
 
-__all__ = ["Segment", "plan", "parse_script", "split_sentences", "MIN_SEGMENT_SECONDS", "MAX_SEGMENT_SECONDS",
-           "SENTENCE_PAUSE", "TURN_PAUSE", "PARAGRAPH_PAUSE"]
+__all__ = ["Segment", "plan", "parse_script", "split_sentences", "split_pauses", "has_pauses", "model_pauses",
+           "pause_seconds", "PAUSE_RE", "PAUSE_MARKER_SECONDS", "MAX_PAUSE_SECONDS", "MIN_SEGMENT_SECONDS",
+           "MAX_SEGMENT_SECONDS", "SENTENCE_PAUSE", "TURN_PAUSE", "PARAGRAPH_PAUSE"]

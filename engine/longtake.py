@@ -197,6 +197,7 @@ class LongTake:
         self.takes: list[SegmentTake | None] = [None] * len(segments)
         self.prompts: list = [None] * len(segments)
         self.shaped: list[np.ndarray | None] = [None] * len(segments)
+        self.lengths: list[int] = [0] * len(segments)  # samples of each shaped segment (kept when audio is not)
         self.anchors: dict = {}  # speaker (None in plain text) → zero-shot anchor made from its first segment
         self.reference_rms: float | None = None  # the first segment's, kept through regenerations
         self.metrics = None  # the engine's Metrics of the latest chunk (prompt, reuse, stop reason)
@@ -358,6 +359,7 @@ class LongTake:
         self.seeds[index] = take.seed
         self._make_anchor(self.segments[index], take)
         self.shaped[index] = shape_segment(take.audio, trim_start=index > 0, reference_rms=self.reference_rms)
+        self.lengths[index] = len(self.shaped[index])
         if self.reference_rms is None:
             self.reference_rms = speech_rms(self.shaped[0]) or None
 
@@ -407,12 +409,17 @@ class LongTake:
         return np.concatenate([part for i, s in enumerate(self.segments) for part in (self.shaped[i], _pause(s))])
 
     def spans(self) -> list[tuple[int, int]]:
-        """[start, end) of each segment's samples in `assemble()`."""
+        """[start, end) of each segment's samples in `assemble()` (also after streaming with
+        keep_audio=False: the lengths are kept)."""
         out, at = [], 0
         for i, segment in enumerate(self.segments):
-            out.append((at, at + len(self.shaped[i])))
-            at += len(self.shaped[i]) + len(_pause(segment))
+            out.append((at, at + self.lengths[i]))
+            at += self.lengths[i] + len(_pause(segment))
         return out
+
+    def total_samples(self) -> int:
+        """The assembled take's length in samples: every segment and every pause."""
+        return sum(self.lengths) + sum(len(_pause(s)) for s in self.segments)
 
     def recipe(self) -> dict:
         """Everything needed to make this take again: the segments' texts, voices and seeds."""

@@ -2,6 +2,7 @@
 
     asr = Transcriber.from_flag("auto")      # --asr / HIGGS_ASR: auto | none | <hub id or folder>
     text, note = asr.transcribe(samples, rate)
+    words = asr.words(samples, rate)          # [WordTime(word, start, end)] for captions (studio/captions.py)
 
 "auto" is `openai/whisper-large-v3-turbo` with a GPU and `openai/whisper-base` without one (large-v3-turbo
 runs about 1x real time on two CPU cores; base is several times faster and good enough for a clear clip).
@@ -20,6 +21,7 @@ import numpy as np
 import soxr
 
 from engine.audio import load_audio
+from engine.captions import WordTime
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,39 @@ class Transcriber:
                                    "offline?): type the transcript."
             return self._pipe
 
+    def _prepared(self, audio, sample_rate: int | None) -> np.ndarray:
+        wav, rate = (np.asarray(audio, dtype=np.float32), int(sample_rate)) if sample_rate else load_audio(audio)
+        wav = np.asarray(wav, dtype=np.float32)
+        if wav.ndim > 1:
+            wav = wav.mean(axis=1)
+        if rate != ASR_RATE:
+            wav = soxr.resample(wav, rate, ASR_RATE, quality="HQ").astype(np.float32)
+        return wav[:int(MAX_SECONDS * ASR_RATE)]
+
+    @property
+    def off_note(self) -> str | None:
+        """Why nothing can be transcribed (off, or the model failed to load), or None when it can."""
+        if self.model is None:
+            return "Automatic transcription is off (--asr none)."
+        return None if self._pipeline() is not None else self._failed
+
+    def words(self, audio, sample_rate: int) -> list[WordTime]:
+        """The words heard in `audio` with their times in seconds from its start (transformers'
+        `return_timestamps="word"`); the first MAX_SECONDS only, as one Whisper window. Check `off_note`
+        first: with no model this returns no words."""
+        pipe = self._pipeline() if self.model is not None else None
+        if pipe is None:
+            return []
+        result = pipe({"raw": self._prepared(audio, sample_rate), "sampling_rate": ASR_RATE},
+                      return_timestamps="word")
+        out = []
+        for chunk in result.get("chunks") or []:
+            start, end = chunk.get("timestamp") or (None, None)
+            word = str(chunk.get("text", "")).strip()
+            if word and start is not None:
+                out.append(WordTime(word, float(start), float(end if end is not None else start)))
+        return out
+
     def transcribe(self, audio, sample_rate: int | None = None) -> tuple[str, str | None]:
         """(transcript, note): the clip (samples at `sample_rate`, or a path) as text, or "" and why not."""
         if self.model is None:
@@ -79,12 +114,5 @@ class Transcriber:
         pipe = self._pipeline()
         if pipe is None:
             return "", self._failed
-        wav, rate = (np.asarray(audio, dtype=np.float32), int(sample_rate)) if sample_rate else load_audio(audio)
-        wav = np.asarray(wav, dtype=np.float32)
-        if wav.ndim > 1:
-            wav = wav.mean(axis=1)
-        if rate != ASR_RATE:
-            wav = soxr.resample(wav, rate, ASR_RATE, quality="HQ").astype(np.float32)
-        wav = wav[:int(MAX_SECONDS * ASR_RATE)]
-        result = pipe({"raw": wav, "sampling_rate": ASR_RATE})
+        result = pipe({"raw": self._prepared(audio, sample_rate), "sampling_rate": ASR_RATE})
         return " ".join(str(result.get("text", "")).split()), None

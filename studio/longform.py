@@ -6,7 +6,8 @@ segments the take gives its slot back and waits for its next turn under the admi
 
 * `start_long(service, request, voices=…)`: the take's `TakeHandle` (studio/service.py); its `stream()`
   yields engine-style `Chunk`s, so the HTTP API's streaming code (`/v1/audio/speech`: raw, SSE, every
-  format) sends a long take unchanged; no audio is kept. `stream_long(...)` is that stream.
+  format) sends a long take unchanged; no audio is kept (`handle.take` is the `LongTake`, for its spans and
+  captions). `stream_long(...)` is that stream.
 * `start_long(..., pieces=True)`, `regenerate_segment(...)`, `segment_rows(...)`: what the page's "Long form"
   view needs: the take streams `(LongTake, TakeChunk)` while its segment table fills in, then any row can be
   generated again (new seed or edited text) and the take re-assembled, without redoing the rest.
@@ -23,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from engine.config import SAMPLE_RATE
-from engine.longform import MAX_SEGMENT_SECONDS, plan
+from engine.longform import MAX_SEGMENT_SECONDS, has_pauses, plan
 from engine.longtake import LongTake
+from engine.ssml import read_text
 from engine.tokenizer import estimate_seconds, lint_tags
 from engine.types import Chunk
 from studio.service import StudioService, SynthesisRequest, TakeHandle
@@ -35,9 +37,10 @@ MAX_LONG_INPUT_CHARS = 100_000
 
 
 def wants_long_form(text: str, voices: Mapping[str, str | None] | None = None) -> bool:
-    """Whether a request goes through the long-form path: a script (a `voices` map), or more speech than
-    one segment holds (engine/longform.py MAX_SEGMENT_SECONDS; one prompt is cut at ~81 s in any case)."""
-    return bool(voices) or estimate_seconds(text) > MAX_SEGMENT_SECONDS
+    """Whether a request goes through the long-form path: a script (a `voices` map), a pause marker (only
+    the long form's joins make exact silence), or more speech than one segment holds (engine/longform.py
+    MAX_SEGMENT_SECONDS; one prompt is cut at ~81 s in any case)."""
+    return bool(voices) or has_pauses(text) or estimate_seconds(text) > MAX_SEGMENT_SECONDS
 
 
 @dataclass(frozen=True)
@@ -60,12 +63,13 @@ def _prepare(service: StudioService, request: SynthesisRequest, voices, max_char
         raise ValueError("A script takes its voices from the `voices` map; a one-off reference clip cannot be "
                          "combined with it.")
     default, style = _voice_and_style(service, request)
-    segments = plan(text, style=style, normalize=normalize, voices=dict(voices) if voices else None)
+    read = read_text(text, request.ssml)
+    segments = plan(read.text, style=style, normalize=normalize, voices=dict(voices) if voices else None)
     records = {name: service.resolve_voice(name, request.caller)
                for name in {s.voice for s in segments if s.voice is not None}}
     clone = default is not None or request.ref_audio is not None or bool(records)
-    warnings = [f"segment {segment.index + 1}: {w.tag}: {w.message}"
-                for segment in segments for w in lint_tags(segment.text, clone=clone)]
+    warnings = [*read.warnings, *(f"segment {segment.index + 1}: {w.tag}: {w.message}"
+                                  for segment in segments for w in lint_tags(segment.text, clone=clone))]
     return _Prepared(segments, default, records), warnings
 
 
@@ -125,7 +129,7 @@ def _chunks(service: StudioService, prepared: _Prepared, job, handle: TakeHandle
         job.out.put(Chunk(audio=piece.audio, metrics=_metrics(take, frames, samples, started, None), final=False))
     reason = "cancelled" if handle.cancel.is_set() else "eoc"
     _flag_warning(handle, take)
-    handle.finish()
+    handle.finish(take)  # its spans and texts stay for captions; its audio is not kept
     job.out.put(Chunk(audio=np.zeros(0, np.float32), metrics=_metrics(take, frames, samples, started, reason),
                       final=True))
 

@@ -45,6 +45,8 @@ from typing import Any
 import numpy as np
 
 from engine.config import FRAME_RATE, SAMPLE_RATE
+from engine.longform import has_pauses, model_pauses
+from engine.ssml import read_text
 from engine.tokenizer import CONTROL_TAGS, estimate_seconds, lint_tags
 from engine.types import SEED_LIMIT, Metrics, SamplingParams
 from studio.admission import OWNER, Caller
@@ -70,6 +72,7 @@ class SynthesisRequest:
     ref_audio: tuple[np.ndarray, int] | None = None
     ref_text: str | None = None
     source: str = "api"  # "ui" or "api", recorded in the history
+    ssml: bool | None = None  # the text is SSML: None decides by its `<speak>` root (engine/ssml.py)
     caller: Caller = OWNER  # whose take: its turn in the line, and which voices it may use
 
     def validate(self) -> None:
@@ -264,9 +267,15 @@ class StudioService:
         voice = self.resolve_voice(voice_id, request.caller)
         if style is None and voice is not None and voice.style:
             style = voice.style
-        prompt_text = apply_preset(request.text.strip(), self.resolve_style(style))
+        read = read_text(request.text, request.ssml)
+        text, notes = read.text, list(read.warnings)
+        if has_pauses(text):  # one prompt has no join to put exact silence at (the long form has)
+            text = model_pauses(text)
+            notes.append("pauses in a single take are the model's own pause tags, not exact silence; a long "
+                         "take (the Long form tab, or the API) inserts them exactly")
+        prompt_text = apply_preset(text.strip(), self.resolve_style(style))
         clone = voice is not None or request.ref_audio is not None
-        warnings = [f"{w.tag}: {w.message}" for w in lint_tags(prompt_text, clone=clone)]
+        warnings = [*notes, *(f"{w.tag}: {w.message}" for w in lint_tags(prompt_text, clone=clone))]
         sampling_note = self.engine.info.sampling_note
         if sampling_note:  # a remote server that sets sampling itself: say so rather than pretend
             warnings.append(sampling_note)

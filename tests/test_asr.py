@@ -163,3 +163,17 @@ def test_an_api_voice_without_ref_text_and_no_transcriber_says_so(voices_api, cl
     broken = Transcriber("x", make_pipeline=lambda model, device: lambda x: 1 / 0)
     r = post_voice(voices_api(broken), path, "Broken")
     assert r.status_code == 201 and "transcription failed" in r.json()["warning"]
+
+
+def test_word_times_come_from_the_real_pipelines_word_timestamps(tiny_whisper, clip, monkeypatch):
+    """`Transcriber.words` (captions, studio/captions.py) asks the real pipeline for word timestamps (which
+    need the model's cross-attention alignment heads) and keeps each word with its (start, end)."""
+    gen = tiny_whisper.model.generation_config
+    monkeypatch.setattr(gen, "alignment_heads", [[0, 0], [0, 1]], raising=False)
+    monkeypatch.setattr(gen, "no_timestamps_token_id", tiny_whisper.tokenizer.convert_tokens_to_ids("<|notimestamps|>"),
+                        raising=False)
+    _, mono = clip
+    words = Transcriber("tiny", make_pipeline=lambda model, device: tiny_whisper).words(mono, 44100)
+    assert words and all(w.word.strip() == w.word and w.word for w in words)
+    assert all(0.0 <= w.start <= w.end <= 1.5 + 0.02 for w in words)  # inside the 1.5 s clip (20 ms frames)
+    assert Transcriber(None).words(mono, 44100) == [] and "--asr none" in Transcriber(None).off_note

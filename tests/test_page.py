@@ -208,7 +208,7 @@ def test_the_page_scripts_and_stylesheet_are_the_static_files_the_app_serves(pag
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed: the scripts' syntax is not checked")
-@pytest.mark.parametrize("name", ["live.js", "palette.js", "player-worklet.js", "typeahead.js"])
+@pytest.mark.parametrize("name", ["live.js", "palette.js", "player-worklet.js", "typeahead.js", "captions.js"])
 def test_the_page_scripts_parse(name):
     from studio.assets import STATIC_DIR
 

@@ -70,7 +70,8 @@ def register(app: FastAPI, service, *, api_key: str | None = None, access: Acces
     speech WebSocket, which browsers cannot give an Authorization header."""
     access = access or Access(api_key)
     limiter = anyio.CapacityLimiter(max(8, service.max_queue + 4))  # a thread for every request the line holds
-    speech = SpeechRoutes(service, access, limiter, request_timeout=request_timeout, max_input_chars=max_input_chars)
+    speech = SpeechRoutes(service, access, limiter, request_timeout=request_timeout, max_input_chars=max_input_chars,
+                          transcriber=transcriber)
     voices = VoiceRoutes(service, access, limiter, transcriber=transcriber)
     info = _InfoRoutes(service, access, limiter)
 

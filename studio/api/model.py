@@ -22,6 +22,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from engine.ssml import rate_tag
 from engine.types import DEFAULT_REPEAT_GUARD
 from studio.access import Access
 from studio.aliases import OPENAI_VOICES, Alias
@@ -39,9 +40,8 @@ MB = 2 ** 20  # sizes are stated in MB of 2**20 bytes, as the docs state the lim
 SPEED_RANGE = (0.25, 4.0)
 REQUEST_TIMEOUT_S = 600.0
 
-# `speed` has no direct control in Higgs: it becomes one of the four prosody speed tags.
-SPEED_TAGS = ("<|prosody:speed_very_slow|>", "<|prosody:speed_slow|>", "<|prosody:speed_fast|>",
-               "<|prosody:speed_very_fast|>")
+# `speed` has no direct control in Higgs: it becomes one of the four prosody speed tags (engine/ssml.py
+# rate_tag, the mapping SSML's <prosody rate> shares).
 _TAGS_ONLY_RE = re.compile(r"^(\s*<\|[^<>|]{0,64}\|>)+\s*$")
 
 
@@ -88,8 +88,10 @@ class SpeechRequest(BaseModel):
     ref_text: str | None = None
     clean: bool = False  # speak chat text: markdown, code, URLs and emoji removed first (studio/clean.py)
     clean_actions: Literal["speak", "skip"] = "speak"  # with `clean`: `*actions*` spoken as words, or skipped
+    ssml: bool | None = None  # `input` is SSML: None decides by a leading <speak> (engine/ssml.py)
+    timestamps: Literal["sentence", "word"] | None = None  # captions with the audio (studio/captions.py)
 
-    @field_validator("response_format", "stream_format", mode="before")
+    @field_validator("response_format", "stream_format", "timestamps", mode="before")
     @classmethod
     def _lower(cls, v):
         return v.lower() if isinstance(v, str) else v
@@ -108,15 +110,7 @@ def speed_tag(speed: float) -> str:
     lo, hi = SPEED_RANGE
     if not lo <= speed <= hi:
         raise ValueError(f"speed must be between {lo} and {hi} (got {speed:g}).")
-    if speed <= 0.6:
-        return SPEED_TAGS[0]
-    if speed < 0.9:
-        return SPEED_TAGS[1]
-    if speed >= 1.6:
-        return SPEED_TAGS[3]
-    if speed > 1.15:
-        return SPEED_TAGS[2]
-    return ""
+    return rate_tag(speed)
 
 
 def check_instructions(instructions: str) -> str:

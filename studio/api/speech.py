@@ -25,20 +25,20 @@ from typing import Any
 import anyio
 import numpy as np
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from engine.audio import load_audio
 from engine.config import SAMPLE_RATE
 from engine.generate import codes_sha256
 from engine.remote import RemoteError
+from engine.ssml import SPEED_TAGS, read_text
 from engine.tokenizer import strip_tags
 from engine.types import Metrics, SamplingParams
 from studio.aliases import Alias
 from studio.api.model import (
     MAX_JSON_BYTES,
     MODEL_IDS,
-    SPEED_TAGS,
     ApiError,
     Routes,
     SpeechRequest,
@@ -48,6 +48,7 @@ from studio.api.model import (
     speed_tag,
     validation_message,
 )
+from studio.captions import take_captions
 from studio.clean import clean_text
 from studio.formats import MIME, STREAM_FORMATS, FormatError, StreamEncoder, available_formats, encode_audio, to_pcm16
 from studio.gpu_queue import ServiceBusy, ServiceClosed
@@ -101,10 +102,11 @@ class SpeechRoutes(Routes):
     """The speech route: the request checked and resolved, the take queued, the answer streamed."""
 
     def __init__(self, service, access, limiter, *, request_timeout: float,
-                 max_input_chars: int = MAX_LONG_INPUT_CHARS):
+                 max_input_chars: int = MAX_LONG_INPUT_CHARS, transcriber=None):
         super().__init__(service, access, limiter)
         self.request_timeout = request_timeout
         self.max_input_chars = max_input_chars  # a long input (or a script); one prompt takes MAX_TEXT_CHARS
+        self.transcriber = transcriber  # word times for `timestamps` (studio/asr.py); None: estimated
 
     async def speech(self, request: Request) -> Response:
         self.check_auth(request)
@@ -145,15 +147,32 @@ class SpeechRoutes(Routes):
         fmt = req.response_format
         streamable = fmt in STREAMED_FORMATS and req.stream is not False
         if req.stream_format == "sse":
-            return _TakeResponse(run, self._sse(run, first, fmt, len(req.input), started),
+            return _TakeResponse(run, self._sse(run, first, fmt, len(req.input), started, req.timestamps),
                                  media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
-        if streamable:
+        if streamable and req.timestamps is None:
             return _TakeResponse(run, self._audio_stream(run, first, fmt), media_type=MIME[fmt], headers=headers)
         audio, last = await run.collect(first)
         data, mime = await self.in_thread(encode_audio, audio, SAMPLE_RATE, fmt)
         final = metric_headers(last.metrics, handle.seed, final=True, codes=last.codes)
         headers.update({name: header_value(value) for name, value in final.items()})
+        if req.timestamps is not None:  # Kokoro-FastAPI's captioned speech: the audio and its times in one JSON
+            body = {"audio": base64.b64encode(data).decode(), "audio_format": mime,
+                    **await self._timestamps(handle, req.timestamps, audio)}
+            return JSONResponse(body, headers=headers)
         return Response(data, media_type=mime, headers=headers)
+
+    async def _timestamps(self, handle: TakeHandle, level: str, audio: np.ndarray | None) -> dict[str, Any]:
+        """The finished take's captions as the API answers them: `timestamps` (one per sentence or word),
+        whether any is `estimated`, and the `timestamps_note` saying why (docs/API.md)."""
+        if handle.take is None:
+            return {"timestamps": [], "estimated": False, "timestamps_note": "the take was stopped"}
+        found = await self.in_thread(lambda: take_captions(handle.take, level=level, transcriber=self.transcriber,
+                                                           audio=audio))
+        items = found.as_list()
+        if level == "word":
+            for item in items:
+                item["word"] = item["text"]  # Kokoro-FastAPI's name for it
+        return {"timestamps": items, "estimated": found.estimated, "timestamps_note": found.note}
 
     def _start(self, synth: SynthesisRequest, voices: dict | None) -> TakeHandle:
         """The take's handle: a long input or a script (`voices`: its speakers' voices) goes through the long
@@ -166,7 +185,14 @@ class SpeechRoutes(Routes):
         """The take asked for, the notes for `X-Warnings`, and the alias `voice` named (if it named one)."""
         if not req.input.strip():
             raise ApiError(400, "`input` is empty: send the text to speak.", param="input")
-        text = req.input
+        try:
+            read = read_text(req.input, req.ssml)  # SSML → our text with [pause] markers (engine/ssml.py)
+        except ValueError as exc:
+            raise ApiError(400, f"`input` is not SSML this server reads: {exc}", param="input",
+                           code="invalid_ssml") from None
+        text = read.text
+        if not text.strip():
+            raise ApiError(400, "`input` has no text to speak inside its SSML.", param="input")
         if req.clean:
             if len(text) > self.max_input_chars:  # refused before it is parsed
                 raise ApiError(400, f"`input` is {len(text)} characters; the limit is {self.max_input_chars}.",
@@ -185,7 +211,7 @@ class SpeechRoutes(Routes):
         if req.response_format not in available_formats():
             raise ApiError(400, f"response_format {req.response_format!r} needs ffmpeg, which this server does not "
                                 f"have; ask for one of {', '.join(available_formats())}.", param="response_format")
-        notes: list[str] = []
+        notes: list[str] = list(read.warnings)
         resolved = resolve_voice(self.service, req.voice)
         if resolved.note:
             notes.append(resolved.note)
@@ -229,7 +255,7 @@ class SpeechRoutes(Routes):
                                        **{name: value for name, value in options.items() if value is not None})
             synth = SynthesisRequest(text=text, voice_id=resolved.voice.id if resolved.voice else None,
                                      style=style, params=params, ref_audio=ref_audio, ref_text=req.ref_text,
-                                     source="api")
+                                     source="api", ssml=False)  # read above
             # A long input is checked segment by segment when it is planned; here only its settings are.
             (dataclasses.replace(synth, text="x") if long else synth).validate()
             if style is not None:
@@ -271,7 +297,8 @@ class SpeechRoutes(Routes):
         except FormatError:  # the status line is gone: end the body, keep the server up
             log.exception("encoding the %s stream failed", fmt)
 
-    async def _sse(self, run: _Run, first, fmt: str, input_chars: int, started: float) -> AsyncIterator[bytes]:
+    async def _sse(self, run: _Run, first, fmt: str, input_chars: int, started: float,
+                   timestamps: str | None = None) -> AsyncIterator[bytes]:
         def event(obj) -> bytes:
             return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
@@ -298,6 +325,12 @@ class SpeechRoutes(Routes):
             log.exception("speech SSE stream failed")
             yield event({"type": "error", "error": {"message": f"{type(exc).__name__}: {exc}"}})
             return
+        if timestamps is not None:
+            try:
+                yield event({"type": "speech.audio.timestamps", **await self._timestamps(run.handle, timestamps, None)})
+            except Exception as exc:  # the audio is sent; say in-band why its times are not
+                log.exception("captioning the take failed")
+                yield event({"type": "error", "error": {"message": f"timestamps failed: {type(exc).__name__}: {exc}"}})
         numbers: dict[str, Any] = dataclasses.asdict(last.metrics) if last is not None else {}
         frames = int(numbers.get("frames", 0))
         prompt_tokens = int(numbers.get("prompt_tokens", 0) or input_chars)

@@ -19,6 +19,7 @@ from studio.access import OWNER_ONLY_LONG, Access
 from studio.formats import write_audio
 from studio.longform import regenerate_segment, segment_rows, start_long
 from studio.service import ServiceBusy, SynthesisRequest
+from studio.views.captions import CaptionsPanel
 from studio.views.toasts import warns
 
 HEADERS = ["#", "speaker", "text", "seed", "seconds", "status"]
@@ -44,10 +45,11 @@ class LongFormView:
 
     _files = itertools.count(1)
 
-    def __init__(self, service, out_dir: str | Path, access: Access | None = None):
+    def __init__(self, service, out_dir: str | Path, access: Access | None = None, transcriber=None):
         self.service = service
         self.out_dir = Path(out_dir)
         self.access = access or Access()  # long takes are beyond the public page's limits: the owner's
+        self.captions = CaptionsPanel(self.out_dir, "long-take", transcriber=transcriber)
 
     def voice_choices(self, caller) -> list[tuple[str, str]]:
         return [("None (zero-shot)", "")] + [(v.name, v.id) for v in self.service.list_voices(caller)]
@@ -104,6 +106,12 @@ class LongFormView:
         path = self.out_dir / f"long-take-{next(self._files)}-seed{take.base_seed}.wav"
         return write_audio(path, take.assemble(), SAMPLE_RATE)
 
+    def show_captions(self, take, audio_path):
+        """The take's captions under its player, from its exact segment spans (studio/views/captions.py)."""
+        if take is None or not audio_path:
+            return self.captions.show(None, None, "")
+        return self.captions.show(take, audio_path, Path(audio_path).stem)
+
     # ------------------------------------------------------------------ layout
 
     def build(self, concurrency_id: str) -> None:
@@ -134,6 +142,8 @@ class LongFormView:
             row_text = gr.Textbox(label="Edited text (empty: keep)")
             redo = gr.Button("Regenerate row", elem_id="long-regenerate")
         audio = gr.Audio(label="Long take", type="filepath", interactive=False, elem_id="long-take")
+        self.captions.build()
+        captioned = self.captions.outputs(audio)
 
         preview.click(warns(3)(self.preview), [text, style, voices_map, normalize], [table, spoken, progress],
                       api_visibility="private")
@@ -141,10 +151,12 @@ class LongFormView:
         # Undocumented: callable by gradio_client (by position) but no MCP tool, like the Studio tab's generate.
         go.click(owner(warns(4)(self.generate)), [text, voice, style, voices_map, normalize, seed],
                  [take, table, progress, audio], concurrency_id=concurrency_id, concurrency_limit=1,
-                 api_name="long_generate", api_visibility="undocumented")
+                 api_name="long_generate", api_visibility="undocumented"
+                 ).success(warns(4)(self.show_captions), [take, audio], captioned, api_visibility="private")
         redo.click(owner(warns(4)(self.regenerate)), [take, row, row_seed, row_text], [take, table, progress, audio],
                    concurrency_id=concurrency_id, concurrency_limit=1, api_name="long_regenerate",
-                   api_visibility="undocumented")
+                   api_visibility="undocumented"
+                   ).success(warns(4)(self.show_captions), [take, audio], captioned, api_visibility="private")
 
 
 __all__ = ["LongFormView", "parse_voices_map"]

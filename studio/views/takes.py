@@ -22,6 +22,7 @@ from studio import assets, render
 from studio.formats import available_formats, to_pcm16, write_audio
 from studio.live import NO_VOICE, page_request
 from studio.service import MAX_TAKES, Queued, ServiceBusy, TakeHandle
+from studio.views.captions import CaptionsPanel
 from studio.views.toasts import warns
 
 log = logging.getLogger("higgs.studio")
@@ -59,6 +60,8 @@ class TakesView:
         self.live_id = gr.Textbox("", visible=False, elem_id="live-id")  # set by CLICK_JS in WebAudio mode
         self.result = gr.JSON(label="Result", visible=False)  # the take's metrics and recipe, for API clients
         self.take_audio = gr.Audio(label="Take", type="filepath", interactive=False, elem_id="take")
+        self.captions = CaptionsPanel(self.page.out_dir, "take", transcriber=self.page.transcriber)
+        self.captions.build()
         with gr.Row():
             self.fmt = gr.Dropdown([f for f in available_formats() if f != "pcm"], value="wav",
                                    label="Format", scale=1, min_width=90)
@@ -103,11 +106,14 @@ class TakesView:
 
     def wire(self, gen_event) -> None:
         """The events inside the panel: Keep, the download format, picking a take in the history."""
+        captioned = self.captions.outputs(self.take_audio)
         for i, button in enumerate(self.keep):
             button.click(functools.partial(self._keep, i), [self.variant_ids, self.takes],
                          [self.take_audio, self.download, self.history, self.takes, self.last_seed],
-                         api_visibility="private")
+                         api_visibility="private").success(self._captions, self.takes, captioned,
+                                                            api_visibility="private")
         gen_event.success(self._download_as, [self.fmt, self.takes], self.download, api_visibility="private")
+        gen_event.success(self._captions, self.takes, captioned, api_visibility="private")
         self.fmt.change(self._download_as, [self.fmt, self.takes], self.download, api_visibility="private")
         self.history.select(self._select_take, self.takes,
                             [self.selected, self.hist_audio, self.recipe, self.curl, self.detail],
@@ -276,6 +282,14 @@ class TakesView:
         if take is None:
             return gr.update(label=f"Download {fmt.upper()}")
         return gr.update(value=self.take_file(take, fmt), label=f"Download {fmt.upper()}")
+
+    @warns(4)
+    def _captions(self, takes):
+        """The latest take's captions under its player (studio/views/captions.py)."""
+        take = self.service.take(takes[-1]) if takes else None
+        if take is None:
+            return self.captions.show(None, None, "")
+        return self.captions.show(take, self.take_file(take), f"take-{take.id}-seed{take.seed}")
 
     @warns(5)
     def _select_take(self, takes, evt: gr.SelectData, request: gr.Request):

@@ -1,0 +1,254 @@
+"""Captions (engine/captions.py, studio/captions.py): cues from segment texts and exact sample spans, times
+inside a segment from ASR words or estimated (and marked), SRT and WebVTT that the `srt` and `webvtt-py`
+libraries read back."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import srt
+import webvtt
+
+from engine import Engine
+from engine.captions import Cue, WordTime, cues, to_srt, to_vtt
+from engine.config import SAMPLE_RATE
+from engine.longform import plan
+from engine.longtake import LongTake
+from studio.asr import Transcriber
+from studio.captions import captions, take_captions
+
+SENTENCES = [f"Sentence number {word} is here." for word in (
+    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+    "seventeen eighteen nineteen twenty").split()]
+
+
+def vtt_seconds(stamp: str) -> float:
+    hours, minutes, seconds = stamp.split(":")
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_checkpoint):
+    return Engine.load(tiny_checkpoint, device="cpu", precision="fp32", max_batch=1)
+
+
+@pytest.fixture(scope="module")
+def long_take(engine):
+    segments = plan(" ".join(SENTENCES), normalize=False, min_seconds=4.0, max_seconds=9.0)
+    take = LongTake(engine, segments, seeds=list(range(len(segments))), max_frames=4)  # seeds given: no retries
+    take.run()
+    return take
+
+
+def test_a_long_take_of_twenty_sentences_is_captioned_on_its_exact_sample_offsets(long_take):
+    take = long_take
+    assert len(take.segments) >= 4 and any(s.text.count(".") > 1 for s in take.segments)
+    found = take_captions(take, level="sentence")
+    spans, total = take.spans(), len(take.assemble())
+    assert total == take.total_samples()
+    assert [c.text for c in found.cues] == SENTENCES  # one cue per sentence, in order
+
+    firsts = {c.segment: c for c in reversed(found.cues)}  # each segment's first cue
+    assert sorted(firsts) == list(range(len(spans)))
+    for index, cue in firsts.items():
+        assert abs(cue.start - spans[index][0] / SAMPLE_RATE) <= 1e-3
+    # Monotonic and covering: the cues tile [0, the take's end).
+    assert found.cues[0].start == 0.0 and abs(found.cues[-1].end - total / SAMPLE_RATE) < 1e-9
+    for a, b in zip(found.cues, found.cues[1:]):
+        assert a.start < a.end == b.start
+    # Without an ASR, a cue with a boundary inside a segment is estimated; a one-sentence segment is not.
+    for cue in found.cues:
+        inside = sum(1 for c in found.cues if c.segment == cue.segment) > 1
+        assert cue.estimated == inside
+    assert found.estimated and "estimated" in found.note
+
+    parsed = list(srt.parse(found.srt()))
+    assert [p.content for p in parsed] == SENTENCES
+    for p, cue in zip(parsed, found.cues):
+        assert abs(p.start.total_seconds() - cue.start) <= 1e-3 and abs(p.end.total_seconds() - cue.end) <= 1e-3
+        assert (p.proprietary == "estimated") == cue.estimated
+    vtt = webvtt.from_buffer(io.StringIO(found.vtt()))
+    assert [c.text for c in vtt.captions] == SENTENCES
+    for c, cue in zip(vtt.captions, found.cues):
+        assert abs(vtt_seconds(c.start) - cue.start) <= 1e-3 and abs(vtt_seconds(c.end) - cue.end) <= 1e-3
+        assert c.identifier.endswith("estimated") == cue.estimated
+    assert "\nNOTE " in found.vtt()
+
+
+def test_segment_cues_start_on_the_segments_and_are_not_estimated(long_take):
+    found = take_captions(long_take, level="segment")
+    assert [round(c.start * SAMPLE_RATE) for c in found.cues] == [start for start, _ in long_take.spans()]
+    assert not found.estimated and found.note is None
+    assert "estimated" not in found.srt() and "NOTE" not in found.vtt()
+
+
+def test_word_cues_split_a_segment_by_character_share():
+    (a, b, c) = cues(["Hi there, friend."], [(0, 2400)], 4800, level="word")
+    assert (a.text, b.text, c.text) == ("Hi", "there,", "friend.")
+    # weights len+1: 3, 7, 8 of 18 over the 2400 speech samples; the last cue holds to the take's end
+    assert round(b.start * SAMPLE_RATE) == 400 and round(c.start * SAMPLE_RATE) == 400 + 933
+    assert c.end == 4800 / SAMPLE_RATE and all(x.estimated for x in (a, b, c))
+
+
+def test_asr_words_give_the_times_inside_a_segment_and_a_missed_word_is_estimated():
+    text = "The cat sat. A dog ran far. Birds sang loudly."
+    heard = [WordTime("the", 0.0, 0.1), WordTime("cat", 0.1, 0.3), WordTime("sat", 0.3, 0.5),
+             WordTime("a", 1.0, 1.1), WordTime("dog", 1.1, 1.3), WordTime("ran", 1.3, 1.5), WordTime("far", 1.5, 1.7),
+             WordTime("words", 2.0, 2.2), WordTime("sang", 2.2, 2.4)]  # "Birds" misheard
+    start = 4800
+    found = cues([text], [(start, start + 3 * SAMPLE_RATE)], start + 4 * SAMPLE_RATE, words=[heard])
+    assert [c.text for c in found] == ["The cat sat.", "A dog ran far.", "Birds sang loudly."]
+    assert found[0].start == start / SAMPLE_RATE  # the segment's own start, not the ASR's
+    assert found[1].start == (start + SAMPLE_RATE) / SAMPLE_RATE  # "A" heard at 1.0 s into the segment
+    assert not found[0].estimated  # both its boundaries come from samples and the ASR
+    assert found[1].estimated and found[2].estimated  # "Birds" was not heard: the third start is estimated
+    assert found[1].start < found[2].start < found[2].end
+
+
+def test_asr_times_out_of_order_are_not_trusted():
+    heard = [WordTime("one", 0.0, 0.1), WordTime("two", 5.0, 5.1)]  # past the segment's end
+    found = cues(["One. Two."], [(0, SAMPLE_RATE)], SAMPLE_RATE, words=[heard])
+    assert found[1].estimated and 0 < found[1].start < 1.0
+
+
+class WordPipeline:
+    """transformers' ASR pipeline as `return_timestamps="word"` answers: text plus chunks of (start, end)."""
+
+    def __init__(self, answers):
+        self.answers, self.calls = list(answers), []
+
+    def __call__(self, inputs, return_timestamps=None):
+        self.calls.append((len(inputs["raw"]), inputs["sampling_rate"], return_timestamps))
+        words = self.answers.pop(0)
+        return {"text": " ".join(w for w, _ in words),
+                "chunks": [{"text": f" {w}", "timestamp": (t, t + 0.1)} for w, t in words]}
+
+
+def test_the_transcriber_times_each_segment_of_the_audio():
+    pipe = WordPipeline([[("Hello", 0.0), ("there.", 0.2), ("How", 0.5), ("are", 0.6), ("you?", 0.7)],
+                         [("Fine.", 0.0), ("Thanks.", 0.3)]])
+    asr = Transcriber("fake", make_pipeline=lambda model, device: pipe)
+    audio = np.zeros(3 * SAMPLE_RATE, np.float32)
+    texts = ["Hello there. How are you?", "Yes.", "Fine. Thanks."]
+    spans = [(0, SAMPLE_RATE), (SAMPLE_RATE, SAMPLE_RATE + 2400), (SAMPLE_RATE + 4800, 2 * SAMPLE_RATE)]
+    found = captions(texts, spans, len(audio), audio=audio, transcriber=asr)
+    # Each segment's own samples at 16 kHz; "Yes." is one sentence, with nothing inside it to time.
+    assert pipe.calls == [(16000, 16000, "word"), (12800, 16000, "word")]
+    assert [c.text for c in found.cues] == ["Hello there.", "How are you?", "Yes.", "Fine.", "Thanks."]
+    assert found.cues[1].start == 0.5 and found.cues[4].start == (SAMPLE_RATE + 4800) / SAMPLE_RATE + 0.3
+    assert not found.estimated and found.note is None
+
+
+def test_with_asr_off_the_captions_say_why_they_are_estimated():
+    found = captions(["One. Two."], [(0, SAMPLE_RATE)], SAMPLE_RATE, audio=np.zeros(SAMPLE_RATE, np.float32),
+                     transcriber=Transcriber(None))
+    assert found.estimated and "--asr none" in found.note
+
+
+def test_bad_spans_are_refused_with_a_sentence():
+    with pytest.raises(ValueError, match="ordered"):
+        cues(["a", "b"], [(0, 100), (50, 200)], 300)
+    with pytest.raises(ValueError, match="caption level"):
+        cues(["a"], [(0, 100)], 100, level="paragraph")
+
+
+def test_cue_text_never_ends_a_cue_early():
+    cue = Cue(0.0, 1.0, "a --> b", 0, False)
+    assert next(srt.parse(to_srt([cue]))).content == "a → b"
+    assert webvtt.from_buffer(io.StringIO(to_vtt([cue]))).captions[0].text == "a → b"
+
+
+# ------------------------------------------------------------------------------------------ the HTTP API
+@pytest.fixture(scope="module")
+def api_client(engine):
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from studio import api
+    from studio.service import StudioService
+
+    service = StudioService(engine)
+    app = FastAPI()
+    api.register(app, service, request_timeout=120.0)
+    with TestClient(app) as client:
+        yield client
+    service.close()
+
+
+def test_the_api_answers_audio_and_sentence_timestamps_in_one_json(api_client):
+    import base64
+
+    import soundfile as sf
+
+    r = api_client.post("/v1/audio/speech", json={"input": "Hello there. How are you today?", "timestamps": "sentence",
+                                                  "response_format": "wav", "max_frames": 4, "seed": 1})
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    body = r.json()
+    audio, rate = sf.read(io.BytesIO(base64.b64decode(body["audio"])))
+    assert body["audio_format"] == "audio/wav" and rate == SAMPLE_RATE
+    stamps = body["timestamps"]
+    assert [s["text"] for s in stamps] == ["Hello there.", "How are you today?"]
+    assert stamps[0]["start_time"] == 0.0 and abs(stamps[-1]["end_time"] - len(audio) / rate) < 1e-9
+    assert stamps[0]["end_time"] == stamps[1]["start_time"] and all(s["estimated"] for s in stamps)
+    assert body["estimated"] and "character share" in body["timestamps_note"]
+
+
+def test_the_api_streams_word_timestamps_over_sse_with_exact_breaks(api_client):
+    import json
+
+    r = api_client.post("/v1/audio/speech", json={
+        "input": "<speak>One two.<break time='1s'/>Three <unknown>four</unknown>.</speak>", "timestamps": "word",
+        "stream_format": "sse", "response_format": "pcm", "max_frames": 4, "seed": 2})
+    assert r.status_code == 200 and "<unknown>" in r.headers["x-warnings"]
+    events = [json.loads(line[6:]) for line in r.text.split("\n\n") if line.startswith("data: ")]
+    assert [e["type"] for e in events][-2:] == ["speech.audio.timestamps", "speech.audio.done"]
+    import base64
+    pcm = np.frombuffer(b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta"),
+                        np.int16)
+    stamps = events[-2]["timestamps"]
+    assert [s["word"] for s in stamps] == ["One", "two.", "Three", "four."] == [s["text"] for s in stamps]
+    assert [s["segment"] for s in stamps] == [0, 0, 1, 1]
+    second = round(stamps[2]["start_time"] * SAMPLE_RATE)  # the second segment's first sample
+    assert not np.any(pcm[second - SAMPLE_RATE:second]) and np.any(pcm[second:second + 100])
+    assert abs(stamps[-1]["end_time"] - len(pcm) / SAMPLE_RATE) < 1e-9
+    assert not stamps[2]["estimated"] or stamps[3]["estimated"]  # "Three"'s end is inside its segment
+
+
+def test_bad_ssml_is_a_400_that_says_why(api_client):
+    r = api_client.post("/v1/audio/speech", json={"input": "<speak>Hi <break></speak>", "timestamps": "word"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_ssml"
+    assert "not well-formed" in r.json()["error"]["message"]
+
+
+# ------------------------------------------------------------------------------------------ the page
+def test_the_panel_under_a_player_gives_its_subtitles_the_cue_list_and_downloads(tmp_path):
+    import gradio as gr
+
+    from engine.types import SamplingParams
+    from studio.formats import write_audio
+    from studio.service import StudioService, SynthesisRequest
+    from studio.views.captions import CaptionsPanel
+    from tests.fakes import FakeEngine
+
+    service = StudioService(FakeEngine(frames=25))
+    try:
+        take = service.synthesize(SynthesisRequest(text="<|emotion:awe|>First one. Second one here.",
+                                                   params=SamplingParams(seed=3), source="ui"))
+    finally:
+        service.close()
+    with gr.Blocks():
+        panel = CaptionsPanel(tmp_path, "take")
+        panel.build()
+    wav = write_audio(tmp_path / "take-1.wav", take.audio, take.sample_rate)
+    player, html, srt_button, _ = panel.show(take, wav, "take-1")
+    assert isinstance(player, gr.Audio)  # the take's player, now with its subtitles
+    assert [s["text"] for s in player.subtitles] == ["First one.", "Second one here."]
+    assert player.subtitles[0]["start"] == 0.0 and player.subtitles[-1]["end"] == take.seconds
+    assert 'data-player="take"' in html and html.count('class="estimated"') == 2
+    parsed = list(srt.parse((tmp_path / "take-1.srt").read_text(encoding="utf-8")))
+    assert [p.content for p in parsed] == ["First one.", "Second one here."]
+    assert srt_button["visible"] and srt_button["value"] == str(tmp_path / "take-1.srt")
+    assert (tmp_path / "take-1.vtt").read_text(encoding="utf-8").startswith("WEBVTT\n\nNOTE ")
+    assert panel.show(None, None, "")[1] == '<div class="hs-captions" data-player="take"></div>'
