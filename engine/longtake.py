@@ -244,6 +244,7 @@ class LongTake:
         self.takes.append(None)
         self.prompts.append(None)
         self.shaped.append(None)
+        self.lengths.append(0)
         return True
 
     def _pause_now(self, index: int) -> np.ndarray:
