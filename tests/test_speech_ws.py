@@ -196,10 +196,17 @@ def test_a_reply_streamed_at_an_llms_pace_is_the_long_take_heard_at_once_and_gap
     assert [e["offset"] for e in sentences] == [start for start, _ in take.spans()]
     assert events[-1]["samples"] == len(pcm) and events[-1]["sentences"] == 6
 
-    # Played as it arrives (from the first frame on): the longest wait for audio not yet there.
+    # Played as the page's worklet plays it (studio/static/player-worklet.js: it starts once 60 ms are
+    # buffered): the longest wait for audio not yet there.
+    prebuffer = 0.06 * SAMPLE_RATE
+    buffered = 0
     played_to, gaps = None, []
     for arrived, first, n in frames:
+        buffered += n
+        if played_to is None and buffered < prebuffer:
+            continue
         start = arrived if played_to is None else max(played_to, arrived)
+        n = buffered if played_to is None else n
         if played_to is not None:
             gaps.append(start - played_to)
         played_to = start + n / SAMPLE_RATE
