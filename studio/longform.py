@@ -70,10 +70,21 @@ def _prepare(service: StudioService, request: SynthesisRequest, voices, max_char
                     voices=dict(voices) if voices else None)
     records = {name: service.resolve_voice(name, request.caller)
                for name in {s.voice for s in segments if s.voice is not None}}
+    segments = respell_segments(service, segments, lambda s: records[s.voice] if s.voice is not None else default)
     clone = default is not None or request.ref_audio is not None or bool(records)
     warnings = [f"segment {segment.index + 1}: {w.tag}: {w.message}"
                 for segment in segments for w in lint_tags(segment.text, clone=clone)]
     return _Prepared(segments, default, records), warnings
+
+
+def respell_segments(service: StudioService, segments: list, voice_of=lambda segment: None) -> list:
+    """Planned (normalised) segments with the pronunciation dictionary applied: the text the model reads.
+    `voice_of(segment)` is the segment's saved voice record (None: zero-shot), or its name as the voices map
+    wrote it, for the rules scoped to a voice."""
+    def names(segment) -> tuple[str, ...]:
+        voice = voice_of(segment)
+        return (voice,) if isinstance(voice, str) else (voice.id, voice.name) if voice is not None else ()
+    return [dataclasses.replace(s, text=service.respell(s.text, names(s))) for s in segments]
 
 
 def _new_take(service: StudioService, handle: TakeHandle, prepared: _Prepared, *, keep_audio: bool) -> LongTake:
@@ -156,7 +167,10 @@ def stream_long(service: StudioService, request: SynthesisRequest, **options) ->
 def regenerate_segment(service, take: LongTake, index: int, *, seed: int | None = None,
                        text: str | None = None) -> np.ndarray:
     """Generate one segment again (a new seed, or edited text) on the GPU worker, in turn with other
-    requests, and return the re-assembled take."""
+    requests, and return the re-assembled take. Edited text goes through the pronunciation dictionary."""
+    if text is not None and 0 <= index < len(take.segments):
+        voice = take.segments[index].voice
+        text = service.respell(text, (voice,) if voice else ())
     service.run_exclusive(take.regenerate, index, seed=seed, text=text)
     return take.assemble()
 
@@ -182,6 +196,7 @@ def _metrics(take: LongTake, frames: int, samples: int, started: float, reason: 
 __all__ = [
     "MAX_LONG_INPUT_CHARS",
     "regenerate_segment",
+    "respell_segments",
     "segment_rows",
     "start_long",
     "stream_long",

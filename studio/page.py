@@ -20,6 +20,7 @@ from studio.formats import ffmpeg_path
 from studio.live import CLIP_VOICE, NO_VOICE, LivePlayer
 from studio.service import StudioService
 from studio.views import GPU_QUEUE
+from studio.views.dictionary import DictionaryView
 from studio.views.longform import LongFormView
 from studio.views.private import PrivateVoicesView
 from studio.views.studio import StudioView
@@ -49,6 +50,7 @@ class Page:
         self.private = PrivateVoicesView(self, private_voices) if private_voices is not None else None
         self.voices = VoicesView(self) if private_voices is None else None
         self.long_form = LongFormView(service, self.out_dir, self.access)
+        self.dictionary = DictionaryView(service, self.access, self.out_dir)
 
     def voice_choices(self, caller: Caller) -> list[tuple[str, str]]:
         """The Voice menu for `caller`: a visitor of a public page sees the shared voices and the presets."""
@@ -74,6 +76,7 @@ class Page:
             with gr.Tabs():
                 with gr.Tab("Studio", id="studio"):
                     self.studio.build()
+                    self.dictionary.build()
                 with gr.Tab("Voices", id="voices") as voices_tab:
                     if self.private is not None:
                         self.private.tab()
@@ -88,6 +91,8 @@ class Page:
             demo.load(self.refresh_lists, None, [self.studio.voice, self.studio.style, self.studio.status,
                                                  self.long_form.voice], queue=False, api_visibility="private")
             demo.load(self.alias_table, None, self.studio.aliases, queue=False, api_visibility="private")
+            demo.load(self.dictionary.load, None, [self.dictionary.table, self.dictionary.export,
+                                                   self.dictionary.status], queue=False, api_visibility="private")
             # An explicit private load event, not a callable value: Gradio would publish that one as an API
             # endpoint and an MCP tool.
             demo.load(lambda: render.live_player_html(self.player.issue_token()), None, self.takes.live_panel,

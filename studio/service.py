@@ -45,12 +45,15 @@ from typing import Any
 import numpy as np
 
 from engine.config import FRAME_RATE, SAMPLE_RATE
+from engine.normalize import looks_english
 from engine.tokenizer import CONTROL_TAGS, estimate_seconds, lint_tags
 from engine.types import SEED_LIMIT, Metrics, SamplingParams
 from studio.admission import OWNER, Caller
 from studio.aliases import Alias, VoiceAliases
 from studio.gpu_queue import GpuQueue, Job, Queued, ServiceBusy, ServiceClosed, TooManyTakes
+from studio.loudness import Loudness, measure
 from studio.presets import apply_preset, check_style_prefix
+from studio.pronounce import Dictionary, DictionaryStore
 from studio.voices import Consent, VoiceNotFound
 
 MAX_TEXT_CHARS = 4096  # the OpenAI speech API's `input` limit
@@ -107,6 +110,7 @@ class Take:
     sample_rate: int
     warnings: list[str]
     source: str
+    loudness: Loudness | None = None  # measured on the take as made (studio/loudness.py)
 
     @property
     def stop_reason(self) -> str:
@@ -164,10 +168,11 @@ class StudioService:
 
     def __init__(self, engine, voices=None, presets=None, *, aliases: VoiceAliases | None = None,
                  history_size: int = 50, queue_timeout: float = 600.0, max_queue: int = 64,
-                 visitor_concurrency: int = 2, visitor_queue: int = 4):
+                 visitor_concurrency: int = 2, visitor_queue: int = 4, dictionary: DictionaryStore | None = None):
         self.engine = engine
         self.voices = voices
         self.presets = presets
+        self.dictionary = dictionary  # the owner's pronunciation dictionary (studio/pronounce.py), or None
         # OpenAI's voice names (what chat clients send) → voices and styles; the built-in table by default.
         self.aliases = aliases if aliases is not None else VoiceAliases.build(voices=voices, presets=presets)
         self.max_queue = max_queue
@@ -215,6 +220,23 @@ class StudioService:
             raise ValueError(f"Unknown style preset {style!r}; pick one from the list or write tags like "
                              "<|emotion:contemplation|>.")
         return preset.prefix
+
+    def rules(self) -> Dictionary:
+        """The owner's pronunciation dictionary as it stands (empty without a store)."""
+        return self.dictionary.dictionary if self.dictionary is not None else Dictionary()
+
+    def respell(self, text: str, voice: tuple[str, ...] = (), language: str | None = None) -> str:
+        """`text` (already normalised) as the model will read it: the pronunciation dictionary's rules in scope for
+        `voice` (a voice's id and name) and `language` (None: "en" when the text reads as English) applied."""
+        return self.pronounce(text, voice, language)[0]
+
+    def pronounce(self, text: str, voice: tuple[str, ...] = (), language: str | None = None) -> tuple[str, list]:
+        """`respell`, with the rules that fired."""
+        rules = self.rules()
+        if not rules.rules:
+            return text, []
+        language = language or ("en" if looks_english(text) else None)
+        return rules.spoken(text, voice=voice, language=language)
 
     def resolve_voice(self, voice_id: str | None, caller: Caller = OWNER):
         """A saved voice's id or name → its library record (None for zero-shot). A visitor finds only the
@@ -264,7 +286,8 @@ class StudioService:
         voice = self.resolve_voice(voice_id, request.caller)
         if style is None and voice is not None and voice.style:
             style = voice.style
-        prompt_text = apply_preset(request.text.strip(), self.resolve_style(style))
+        spoken = self.respell(request.text.strip(), (voice.id, voice.name) if voice is not None else ())
+        prompt_text = apply_preset(spoken, self.resolve_style(style))
         clone = voice is not None or request.ref_audio is not None
         warnings = [f"{w.tag}: {w.message}" for w in lint_tags(prompt_text, clone=clone)]
         sampling_note = self.engine.info.sampling_note
@@ -333,12 +356,13 @@ class StudioService:
 
     def _record(self, handle: TakeHandle, prompt_text, voice, style, metrics: Metrics, pieces) -> Take:
         request = handle.request
+        audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         take = Take(
             id=next(self._take_ids), created=time.time(), text=request.text, prompt_text=prompt_text,
             voice_id=voice.id if voice is not None else None, voice_name=voice.name if voice is not None else None,
             style=style, settings=_settings_of(handle.params), seed=handle.seed, metrics=metrics,
-            audio=np.concatenate(pieces) if pieces else np.zeros(0, np.float32), sample_rate=SAMPLE_RATE,
-            warnings=list(handle.warnings), source=request.source)
+            audio=audio, sample_rate=SAMPLE_RATE, warnings=list(handle.warnings), source=request.source,
+            loudness=measure(audio, SAMPLE_RATE))
         with self._history_lock:
             self._history.append(take)
             self._last_batch = metrics.batch

@@ -88,6 +88,10 @@ class SpeechRequest(BaseModel):
     ref_text: str | None = None
     clean: bool = False  # speak chat text: markdown, code, URLs and emoji removed first (studio/clean.py)
     clean_actions: Literal["speak", "skip"] = "speak"  # with `clean`: `*actions*` spoken as words, or skipped
+    # Loudness (studio/loudness.py): a target (podcast, audiobook, broadcast, off, or LUFS) under a true-peak
+    # ceiling in dBTP. Normalising needs the whole take, so such a request is answered once it is complete.
+    loudness: str | float | None = None
+    true_peak: float = -1.0
 
     @field_validator("response_format", "stream_format", mode="before")
     @classmethod

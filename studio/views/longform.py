@@ -17,7 +17,7 @@ from engine.longform import plan
 from engine.types import SamplingParams
 from studio.access import OWNER_ONLY_LONG, Access
 from studio.formats import write_audio
-from studio.longform import regenerate_segment, segment_rows, start_long
+from studio.longform import regenerate_segment, respell_segments, segment_rows, start_long
 from studio.service import ServiceBusy, SynthesisRequest
 from studio.views.toasts import warns
 
@@ -58,6 +58,7 @@ class LongFormView:
         """The plan before generating: the segment table, the text as it will be spoken, the duration."""
         segments = plan(text or "", style=self.service.resolve_style(style or None), normalize=bool(normalize),
                         voices=parse_voices_map(voices_map))
+        segments = respell_segments(self.service, segments, lambda s: s.voice)
         rows = [[s.index + 1, s.speaker or "", s.text, "", round(s.seconds, 1), "planned"] for s in segments]
         seconds = sum(s.seconds + s.pause_after for s in segments)
         return rows, "\n\n".join(s.text for s in segments), f"{len(segments)} segments, about {seconds:.0f} s of speech"
