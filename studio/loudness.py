@@ -242,8 +242,7 @@ def _frame_db(audio: np.ndarray, rate: int, frame_s: float, hop_s: float) -> np.
     squares = np.concatenate([[0.0], np.cumsum(audio ** 2)])
     starts = np.arange(0, audio.size - size + 1, hop)
     mean = (squares[starts + size] - squares[starts]) / size
-    with np.errstate(divide="ignore"):
-        return 10.0 * np.log10(np.maximum(mean, 0.0))
+    return 10.0 * np.log10(np.maximum(mean, 10.0 ** (SILENCE_DB / 10.0)))  # digital silence reads SILENCE_DB
 
 
 def noise_floor_db(audio: np.ndarray, rate: int) -> float:
