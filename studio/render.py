@@ -179,6 +179,13 @@ def recipe_curl(r: dict[str, Any], base_url: str, out: str = "take.wav") -> str:
 
 
 
+def levels_line(loudness, report) -> str:
+    """A take's levels in one line of markdown: loudness, true peak and the ACX verdict."""
+    verdict = "passes" if report.passed else "fails " + ", ".join(n.replace("_", " ") for n in report.failed)
+    return (f"{_num(loudness.lufs, '.1f')} LUFS, true peak {_num(loudness.true_peak_db, '.1f')} dBTP, "
+            f"ACX {verdict}")
+
+
 def acx_html(report) -> str:
     """An ACX report (studio/loudness.py) as a small table: each rule, what was measured, pass or fail
     (rows `acx-<name>` with class `pass` / `fail`)."""

@@ -16,7 +16,9 @@ from engine.config import SAMPLE_RATE
 from engine.longform import plan
 from engine.types import SamplingParams
 from studio.access import OWNER_ONLY_LONG, Access
+from studio import render
 from studio.formats import write_audio
+from studio.loudness import acx_check, measure
 from studio.longform import regenerate_segment, respell_segments, segment_rows, start_long
 from studio.service import ServiceBusy, SynthesisRequest
 from studio.views.toasts import warns
@@ -79,7 +81,8 @@ class LongFormView:
         if take is None:
             return
         note = "; ".join(handle.warnings)
-        yield take, segment_rows(take), f"done: {len(take.segments)} segments. {note}".strip(), self._write(take)
+        path, levels = self._write(take)
+        yield take, segment_rows(take), f"done: {len(take.segments)} segments · {levels}. {note}".strip(), path
 
     def regenerate(self, take, row, seed, text):
         """Generate one row again (a new seed when `seed` is empty or negative, or edited `text`)."""
@@ -90,8 +93,8 @@ class LongFormView:
             raise ValueError(f"Pick a row between 1 and {len(take.segments)}.")
         regenerate_segment(self.service, take, index, seed=None if seed is None or seed < 0 else int(seed),
                            text=(text or "").strip() or None)
-        return take, segment_rows(take), f"row {index + 1} generated again (seed {take.seeds[index]})", \
-            self._write(take)
+        path, levels = self._write(take)
+        return take, segment_rows(take), f"row {index + 1} generated again (seed {take.seeds[index]}) · {levels}", path
 
     @staticmethod
     def _progress(take, done: int, started: float) -> str:
@@ -101,9 +104,12 @@ class LongFormView:
         eta = (time.perf_counter() - started) / max(spoken, 1e-9) * left
         return f"{done} of {len(take.segments)} segments, about {eta:.0f} s left"
 
-    def _write(self, take) -> str:
+    def _write(self, take) -> tuple[str, str]:
+        """The assembled take's file, and a line of its levels (loudness, true peak, the ACX check)."""
+        audio = take.assemble()
         path = self.out_dir / f"long-take-{next(self._files)}-seed{take.base_seed}.wav"
-        return write_audio(path, take.assemble(), SAMPLE_RATE)
+        return write_audio(path, audio, SAMPLE_RATE), render.levels_line(measure(audio, SAMPLE_RATE),
+                                                                           acx_check(audio, SAMPLE_RATE))
 
     # ------------------------------------------------------------------ layout
 

@@ -68,9 +68,8 @@ class TakesView:
             self.loudness = gr.Dropdown(LOUDNESS_CHOICES, value="off", label="Loudness", scale=1, min_width=120,
                                         elem_id="loudness")
             self.download = gr.DownloadButton("Download WAV", scale=2, elem_id="download")
-        with gr.Row():
-            self.acx_button = gr.Button("ACX check", size="sm", scale=0, elem_id="acx-check")
-            self.acx = gr.HTML("", elem_id="acx-report")
+        self.acx_button = gr.Button("ACX check", size="sm", elem_id="acx-check")
+        self.acx = gr.HTML("", elem_id="acx-report")
 
     def side_by_side_row(self):
         """One hidden column per possible take of a Generate: seed and numbers, player, Keep."""
