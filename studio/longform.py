@@ -27,6 +27,7 @@ from engine.longform import MAX_SEGMENT_SECONDS, plan
 from engine.longtake import LongTake
 from engine.tokenizer import estimate_seconds, lint_tags
 from engine.types import Chunk
+from studio.pronounce import Dictionary
 from studio.service import StudioService, SynthesisRequest, TakeHandle
 
 # Default of the --max-input-chars flag: ~100k characters is a long chapter, ~110 minutes of speech.
@@ -77,14 +78,15 @@ def _prepare(service: StudioService, request: SynthesisRequest, voices, max_char
     return _Prepared(segments, default, records), warnings
 
 
-def respell_segments(service: StudioService, segments: list, voice_of=lambda segment: None) -> list:
-    """Planned (normalised) segments with the pronunciation dictionary applied: the text the model reads.
-    `voice_of(segment)` is the segment's saved voice record (None: zero-shot), or its name as the voices map
-    wrote it, for the rules scoped to a voice."""
+def respell_segments(service: StudioService, segments: list, voice_of=lambda segment: None, *,
+                     project: Dictionary | None = None) -> list:
+    """Planned (normalised) segments with the pronunciation dictionary (the owner's, then `project`'s) applied:
+    the text the model reads. `voice_of(segment)` is the segment's saved voice record (None: zero-shot), or its
+    name as the voices map wrote it, for the rules scoped to a voice."""
     def names(segment) -> tuple[str, ...]:
         voice = voice_of(segment)
         return (voice,) if isinstance(voice, str) else (voice.id, voice.name) if voice is not None else ()
-    return [dataclasses.replace(s, text=service.respell(s.text, names(s))) for s in segments]
+    return [dataclasses.replace(s, text=service.respell(s.text, names(s), project=project)) for s in segments]
 
 
 def _new_take(service: StudioService, handle: TakeHandle, prepared: _Prepared, *, keep_audio: bool) -> LongTake:

@@ -263,7 +263,8 @@ class Dictionary:
         """The rules in scope, compiled once per scope: one alternation of every word (longest first), the
         word lookup by precedence, and the regex rules in order."""
         key = (tuple(v.casefold() for v in voice if v), _language(language))
-        if key not in self._cache:
+        compiled = self._cache.get(key)
+        if compiled is None:
             in_scope = [(i, r) for i, r in enumerate(self.rules) if r.applies(voice, language)]
             lookup: dict[tuple[bool, str], Rule] = {}
             for _, rule in sorted((x for x in in_scope if not x[1].regex), key=lambda x: (x[1].scoped, x[0])):
@@ -274,8 +275,8 @@ class Dictionary:
             patterns = [(r, r.compiled()) for _, r in in_scope if r.regex]
             if len(self._cache) > 64:  # scopes are few (voices × languages); bound it all the same
                 self._cache.clear()
-            self._cache[key] = (words, lookup, patterns)
-        return self._cache[key]
+            compiled = self._cache[key] = (words, lookup, patterns)
+        return compiled
 
 
 def _canonical(rules: Iterable[Rule]) -> str:

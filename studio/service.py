@@ -53,7 +53,7 @@ from studio.aliases import Alias, VoiceAliases
 from studio.gpu_queue import GpuQueue, Job, Queued, ServiceBusy, ServiceClosed, TooManyTakes
 from studio.loudness import Loudness, measure
 from studio.presets import apply_preset, check_style_prefix
-from studio.pronounce import Dictionary, DictionaryStore
+from studio.pronounce import Dictionary, DictionaryStore, merged
 from studio.voices import Consent, VoiceNotFound
 
 MAX_TEXT_CHARS = 4096  # the OpenAI speech API's `input` limit
@@ -182,6 +182,8 @@ class StudioService:
         self._history_lock = threading.Lock()  # workers append while page/API threads read
         self._take_ids = itertools.count(1)
         self._last_batch = 0  # the most takes decoded together while the latest finished take ran
+        self._merged: dict[tuple[str, str], Dictionary] = {}  # (owner's version, project's) → merged rules
+        self._rules_lock = threading.Lock()
 
     # ---------------------------------------------------------------- the line
 
@@ -221,18 +223,34 @@ class StudioService:
                              "<|emotion:contemplation|>.")
         return preset.prefix
 
-    def rules(self) -> Dictionary:
-        """The owner's pronunciation dictionary as it stands (empty without a store)."""
-        return self.dictionary.dictionary if self.dictionary is not None else Dictionary()
+    def rules(self, project: Dictionary | None = None) -> Dictionary:
+        """The owner's pronunciation dictionary as it stands (empty without a store), followed by `project`'s
+        rules, which win over it. The merged dictionary is kept while neither changes (it compiles once)."""
+        owner = self.dictionary.dictionary if self.dictionary is not None else Dictionary()
+        if project is None or not project.rules:
+            return owner
+        key = (owner.version, project.version)
+        with self._rules_lock:
+            found = self._merged.get(key)
+        if found is None:
+            found = merged(owner, project)
+            with self._rules_lock:
+                if len(self._merged) >= 16:
+                    self._merged.clear()
+                self._merged[key] = found
+        return found
 
-    def respell(self, text: str, voice: tuple[str, ...] = (), language: str | None = None) -> str:
-        """`text` (already normalised) as the model will read it: the pronunciation dictionary's rules in scope for
-        `voice` (a voice's id and name) and `language` (None: "en" when the text reads as English) applied."""
-        return self.pronounce(text, voice, language)[0]
+    def respell(self, text: str, voice: tuple[str, ...] = (), language: str | None = None, *,
+                project: Dictionary | None = None) -> str:
+        """`text` (already normalised) as the model will read it: the pronunciation rules (the owner's, then
+        `project`'s) in scope for `voice` (a voice's id and name) and `language` (None: "en" when the text
+        reads as English) applied."""
+        return self.pronounce(text, voice, language, project=project)[0]
 
-    def pronounce(self, text: str, voice: tuple[str, ...] = (), language: str | None = None) -> tuple[str, list]:
+    def pronounce(self, text: str, voice: tuple[str, ...] = (), language: str | None = None, *,
+                  project: Dictionary | None = None) -> tuple[str, list]:
         """`respell`, with the rules that fired."""
-        rules = self.rules()
+        rules = self.rules(project)
         if not rules.rules:
             return text, []
         language = language or ("en" if looks_english(text) else None)

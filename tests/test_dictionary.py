@@ -192,6 +192,20 @@ def test_long_form_segments_and_the_preview_speak_the_respelled_text(studio, tmp
     assert spoken == "Win has three cats and a dog."
 
 
+def test_a_projects_rules_win_over_the_owners_and_compile_once(studio):
+    from studio.longform import respell_segments
+
+    service, store = studio
+    store.replace(Dictionary([NGUYEN, Rule.make("SQL", "sequel")]))
+    project = Dictionary([Rule.make("Nguyen", "Nuh-win")])
+    assert service.respell("Nguyen knows SQL.", project=project) == "Nuh-win knows sequel."
+    assert service.rules(project) is service.rules(Dictionary(project.rules))  # kept while neither changes
+    segments = plan("Nguyen knows SQL and the rest.")
+    assert [s.text for s in respell_segments(service, segments, project=project)] == ["Nuh-win knows sequel and the rest."]
+    store.replace(Dictionary())
+    assert service.respell("Nguyen knows SQL.", project=project) == "Nuh-win knows SQL."
+
+
 def test_the_http_api_reads_replaces_and_applies_the_dictionary(studio):
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
