@@ -35,6 +35,8 @@ TARGET_RANGE = (-40.0, -5.0)
 DEFAULT_CEILING = -1.0  # dBTP: EBU R128's and the podcast platforms' ceiling
 CEILING_RANGE = (-9.0, 0.0)
 OVERSAMPLE = 4  # BS.1770-4 Annex 2's true-peak meter oversamples 4×
+PEAK_BLOCK = 1 << 20  # samples oversampled at once (~44 s at 24 kHz)
+PEAK_CONTEXT = 64
 LOOKAHEAD_S = 0.005  # the limiter starts turning down 5 ms before a peak and lets go 5 ms after
 ROUNDS = 5  # gain / limit / measure rounds at most; each corrects the gain by what the limiter took
 TOLERANCE_LU = 0.05
@@ -61,12 +63,25 @@ def _db(linear: float) -> float:
     return 20.0 * math.log10(linear) if linear > 0 else -math.inf
 
 
+def sample_peaks(audio: np.ndarray) -> np.ndarray:
+    """Per sample, the largest absolute value of `audio` oversampled 4× between it and the next sample (the
+    sample itself included). Oversampled a block at a time with PEAK_CONTEXT samples of context on each side,
+    enough for the polyphase filter (10 input samples a side), so a long take never holds 4× its length."""
+    audio = np.asarray(audio, dtype=np.float64).reshape(-1)
+    n = audio.size
+    peaks = np.abs(audio)
+    for start in range(0, n, PEAK_BLOCK):
+        lo, end = max(0, start - PEAK_CONTEXT), min(n, start + PEAK_BLOCK)
+        hi = min(n, end + PEAK_CONTEXT)
+        up = np.abs(resample_poly(audio[lo:hi], OVERSAMPLE, 1))[(start - lo) * OVERSAMPLE:(end - lo) * OVERSAMPLE]
+        peaks[start:end] = np.maximum(peaks[start:end], up.reshape(end - start, OVERSAMPLE).max(axis=1))
+    return peaks
+
+
 def true_peak(audio: np.ndarray) -> float:
     """The largest absolute value of `audio` oversampled 4× (linear; the samples themselves count too)."""
-    audio = np.asarray(audio, dtype=np.float64).reshape(-1)
-    if audio.size == 0:
-        return 0.0
-    return float(max(np.abs(audio).max(), np.abs(resample_poly(audio, OVERSAMPLE, 1)).max()))
+    peaks = sample_peaks(audio)
+    return float(peaks.max()) if peaks.size else 0.0
 
 
 def integrated_lufs(audio: np.ndarray, rate: int) -> float | None:
@@ -125,10 +140,7 @@ def limit(audio: np.ndarray, rate: int, ceiling_db: float) -> np.ndarray:
     if n == 0:
         return audio
     ceiling = 10.0 ** (ceiling_db / 20.0)
-    over = np.abs(resample_poly(audio, OVERSAMPLE, 1))[: n * OVERSAMPLE]
-    over = np.pad(over, (0, n * OVERSAMPLE - over.size))
-    peaks = np.maximum(over.reshape(n, OVERSAMPLE).max(axis=1), np.abs(audio))
-    need = np.minimum(1.0, ceiling / np.maximum(peaks, 1e-12))
+    need = np.minimum(1.0, ceiling / np.maximum(sample_peaks(audio), 1e-12))
     if need.min() >= 1.0:
         return audio
     w = max(1, int(rate * LOOKAHEAD_S))
@@ -329,7 +341,7 @@ class Export:
 def room_tone(seconds: float, rate: int, level_db: float, seed: int = 0) -> np.ndarray:
     """Quiet, steady noise at `level_db` RMS: what a recording's pauses sound like (ACX refuses digital
     silence between chapters' words as much as a noisy room). Seeded, so an export is reproducible."""
-    noise = np.random.default_rng(seed).standard_normal(int(round(seconds * rate)))
+    noise = np.random.default_rng(seed).standard_normal(round(seconds * rate))
     return noise * (10.0 ** (level_db / 20.0))
 
 
@@ -340,7 +352,7 @@ def master(audio: np.ndarray, rate: int, preset: ExportPreset) -> np.ndarray:
     bounds = speech_bounds(audio, rate)
     if bounds is None:
         raise ValueError("The chapter has no speech to export (it is silent).")
-    speech = audio[int(bounds[0] * rate):int(math.ceil(bounds[1] * rate))]
+    speech = audio[int(bounds[0] * rate):math.ceil(bounds[1] * rate)]
     head = room_tone(preset.head_s, rate, preset.room_tone_db, seed=1)
     tail = room_tone(preset.tail_s, rate, preset.room_tone_db, seed=2)
     tone_energy, total = float(np.sum(head ** 2) + np.sum(tail ** 2)), speech.size + head.size + tail.size
@@ -374,6 +386,24 @@ def export(audio: np.ndarray, rate: int, preset: str = "acx") -> Export:
     return Export(proc.stdout, "audio/mpeg", mastered, acx_check(mastered, rate))
 
 
-__all__ = ["AcxReport", "Check", "DEFAULT_CEILING", "EXPORT_PRESETS", "Export", "ExportPreset", "Loudness",
-           "Normalized", "TARGETS", "acx_check", "export", "master", "measure", "noise_floor_db", "normalize",
-           "resolve_target", "room_tone", "speech_bounds", "true_peak"]
+__all__ = [
+    "DEFAULT_CEILING",
+    "EXPORT_PRESETS",
+    "TARGETS",
+    "AcxReport",
+    "Check",
+    "Export",
+    "ExportPreset",
+    "Loudness",
+    "Normalized",
+    "acx_check",
+    "export",
+    "master",
+    "measure",
+    "noise_floor_db",
+    "normalize",
+    "resolve_target",
+    "room_tone",
+    "speech_bounds",
+    "true_peak",
+]

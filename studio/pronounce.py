@@ -438,5 +438,17 @@ class DictionaryStore:
             os.close(fd)  # closing the descriptor releases the flock
 
 
-__all__ = ["Dictionary", "DictionaryStore", "PronunciationError", "Rule", "changed", "from_pls", "from_tsv",
-           "merged", "parse_file", "rules_json", "to_tsv", "MAX_RULES"]
+__all__ = [
+    "MAX_RULES",
+    "Dictionary",
+    "DictionaryStore",
+    "PronunciationError",
+    "Rule",
+    "changed",
+    "from_pls",
+    "from_tsv",
+    "merged",
+    "parse_file",
+    "rules_json",
+    "to_tsv",
+]

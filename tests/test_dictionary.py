@@ -4,6 +4,7 @@ applies it (single takes, long takes, "as it will be spoken", the HTTP API, the 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -201,7 +202,8 @@ def test_a_projects_rules_win_over_the_owners_and_compile_once(studio):
     assert service.respell("Nguyen knows SQL.", project=project) == "Nuh-win knows sequel."
     assert service.rules(project) is service.rules(Dictionary(project.rules))  # kept while neither changes
     segments = plan("Nguyen knows SQL and the rest.")
-    assert [s.text for s in respell_segments(service, segments, project=project)] == ["Nuh-win knows sequel and the rest."]
+    assert [s.text for s in respell_segments(service, segments, project=project)] == \
+        ["Nuh-win knows sequel and the rest."]
     store.replace(Dictionary())
     assert service.respell("Nguyen knows SQL.", project=project) == "Nuh-win knows SQL."
 
@@ -242,7 +244,7 @@ def test_the_page_editor_saves_imports_and_tries_rules(studio, tmp_path):
     view = DictionaryView(service, Access(), tmp_path)
     rows, export, status = view.save([["Nguyen", "Win", False, False, "", ""], ["", "", False, False, "", ""]])
     assert rows == [["Nguyen", "Win", False, False, "", ""]] and store.dictionary == Dictionary([NGUYEN])
-    assert open(export).read() == to_tsv(store.dictionary) and "1 rules" in status
+    assert Path(export).read_text() == to_tsv(store.dictionary) and "1 rules" in status
     upload = tmp_path / "lexicon.pls"
     upload.write_bytes(PLS)
     rows, _, status = view.import_file(str(upload), rows)

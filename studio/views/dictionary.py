@@ -57,8 +57,8 @@ class DictionaryView:
                                       label="Rules", elem_id="dictionary-rules")
             with gr.Row():
                 save = gr.Button("Save rules", variant="primary", elem_id="dictionary-save")
-                upload = gr.UploadButton("Import TSV / JSON / PLS", file_types=[".tsv", ".txt", ".json", ".pls", ".xml"],
-                                         elem_id="dictionary-import")
+                upload = gr.UploadButton("Import TSV / JSON / PLS", elem_id="dictionary-import",
+                                         file_types=[".tsv", ".txt", ".json", ".pls", ".xml"])
                 self.export = gr.DownloadButton("Export TSV", elem_id="dictionary-export")
             with gr.Row():
                 trial = gr.Textbox(label="Try a sentence", scale=1, elem_id="dictionary-try")
@@ -102,5 +102,5 @@ class DictionaryView:
     def _shown(self, dictionary: Dictionary, note: str):
         path = self.out_dir / "dictionary.tsv"
         path.write_text(to_tsv(dictionary), encoding="utf-8")
-        return rows_of(dictionary), str(path), f"{len(dictionary.rules)} rules (version `{dictionary.version or '—'}`). " \
-                                               f"{note}".strip()
+        status = f"{len(dictionary.rules)} rules (version `{dictionary.version or '—'}`). {note}"
+        return rows_of(dictionary), str(path), status.strip()

@@ -15,11 +15,11 @@ import gradio as gr
 from engine.config import SAMPLE_RATE
 from engine.longform import plan
 from engine.types import SamplingParams
-from studio.access import OWNER_ONLY_LONG, Access
 from studio import render
+from studio.access import OWNER_ONLY_LONG, Access
 from studio.formats import write_audio
-from studio.loudness import acx_check, measure
 from studio.longform import regenerate_segment, respell_segments, segment_rows, start_long
+from studio.loudness import acx_check, measure
 from studio.service import ServiceBusy, SynthesisRequest
 from studio.views.toasts import warns
 
