@@ -256,6 +256,13 @@ class StudioService:
         language = language or ("en" if looks_english(text) else None)
         return rules.spoken(text, voice=voice, language=language)
 
+    def pronunciation_key(self, text: str, voice: tuple[str, ...] = (), language: str | None = None, *,
+                          project: Dictionary | None = None) -> str:
+        """A hash of the rules that fire on `text` as `respell` applies them ("" when none do): what a project
+        puts in a segment's cache key, so that changing a rule makes exactly the segments holding its word stale."""
+        language = language or ("en" if looks_english(text) else None)
+        return self.rules(project).fingerprint(text, voice=voice, language=language)
+
     def resolve_voice(self, voice_id: str | None, caller: Caller = OWNER):
         """A saved voice's id or name → its library record (None for zero-shot). A visitor finds only the
         voices shared with visitors, the presets and their own private voices."""

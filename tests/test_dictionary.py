@@ -204,8 +204,11 @@ def test_a_projects_rules_win_over_the_owners_and_compile_once(studio):
     segments = plan("Nguyen knows SQL and the rest.")
     assert [s.text for s in respell_segments(service, segments, project=project)] == \
         ["Nuh-win knows sequel and the rest."]
+    keys = [service.pronunciation_key(s, project=project) for s in ("Nguyen knows SQL.", "The rest.")]
     store.replace(Dictionary())
     assert service.respell("Nguyen knows SQL.", project=project) == "Nuh-win knows SQL."
+    after = [service.pronunciation_key(s, project=project) for s in ("Nguyen knows SQL.", "The rest.")]
+    assert after[0] != keys[0] and after[1] == keys[1] == ""  # only the segment whose rules changed
 
 
 def test_the_http_api_reads_replaces_and_applies_the_dictionary(studio):

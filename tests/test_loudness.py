@@ -108,6 +108,18 @@ def test_targets_are_names_numbers_or_off():
         normalize(speech_like(1.0), RATE, "podcast", ceiling_db=3.0)
 
 
+def test_the_true_peak_read_a_block_at_a_time_equals_the_whole_signals(monkeypatch):
+    from scipy.signal import resample_poly
+
+    from studio import loudness
+
+    x = np.random.default_rng(1).standard_normal(10_007) * 0.1
+    x[999:1003] = [0.5, -0.9, 0.9, -0.5]  # an intersample peak right at a block's edge
+    whole = max(np.abs(x).max(), np.abs(resample_poly(x, 4, 1)).max())
+    monkeypatch.setattr(loudness, "PEAK_BLOCK", 1000)
+    assert loudness.true_peak(x) == pytest.approx(whole, rel=1e-12) and whole > 0.9
+
+
 def test_silence_and_clips_shorter_than_a_block_are_left_as_they_are():
     for clip in (np.zeros(RATE, np.float32), speech_like(0.3)):
         done = normalize(clip, RATE, "podcast")
