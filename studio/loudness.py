@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pyloudnorm
 from scipy.ndimage import minimum_filter1d, uniform_filter1d
-from scipy.signal import resample_poly
+from scipy.signal import lfilter, resample_poly
 
 from studio.formats import FormatError, ffmpeg_path, to_pcm16
 
@@ -40,7 +40,8 @@ PEAK_CONTEXT = 64
 LOOKAHEAD_S = 0.005  # the limiter starts turning down 5 ms before a peak and lets go 5 ms after
 ROUNDS = 5  # gain / limit / measure rounds at most; each corrects the gain by what the limiter took
 TOLERANCE_LU = 0.05
-SILENCE_DB = -120.0  # what a level of digital silence reads as, in reports
+SILENCE_DB = -120.0
+ABSOLUTE_GATE = -70.0  # LUFS: BS.1770-4's absolute gate  # what a level of digital silence reads as, in reports
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,81 @@ def integrated_lufs(audio: np.ndarray, rate: int) -> float | None:
 def measure(audio: np.ndarray, rate: int) -> Loudness:
     peak = true_peak(audio)
     return Loudness(integrated_lufs(audio, rate), _db(peak) if peak > 0 else None)
+
+
+def _window_peak(chunk: np.ndarray, begin: int, end: int) -> float:
+    """The true peak of `chunk[begin:end]`, the samples around it the oversampling filter's context."""
+    up = np.abs(resample_poly(chunk, OVERSAMPLE, 1))[begin * OVERSAMPLE:end * OVERSAMPLE]
+    return max(float(up.max()), float(np.abs(chunk[begin:end]).max()))
+
+
+class LoudnessMeter:
+    """`measure` for audio that arrives in pieces and is not kept (a streamed long take): pyloudnorm's own
+    K-weighting filters run with their state carried from piece to piece, the energy of every 100 ms hop is
+    kept (400 ms blocks start every 100 ms), and the BS.1770-4 gates run over them at the end, as
+    `pyloudnorm.Meter.integrated_loudness` does over a whole signal; the true peak reads each piece once the
+    next PEAK_CONTEXT samples have arrived. Memory: one float per 100 ms. (The filters are pyloudnorm's
+    private `_filters`: the version is pinned.)"""
+
+    def __init__(self, rate: int):
+        meter = pyloudnorm.Meter(rate)
+        self.rate, self._block = rate, meter.block_size
+        self._stages = [(f.passband_gain, f.b, f.a, np.zeros(max(len(f.a), len(f.b)) - 1))
+                        for f in meter._filters.values()]
+        self._hop = round(rate * meter.block_size * (1 - meter.overlap))
+        self._hops: list[float] = []  # the K-weighted sum of squares of every whole hop
+        self._partial, self._partial_n, self._samples = 0.0, 0, 0
+        self._left, self._pending, self._peak = np.zeros(0), np.zeros(0), 0.0
+
+    def feed(self, audio: np.ndarray) -> None:
+        x = np.asarray(audio, dtype=np.float64).reshape(-1)
+        if x.size == 0:
+            return
+        self._samples += x.size
+        self._pending = np.concatenate([self._pending, x])
+        self._read_peaks()
+        y = x
+        for i, (gain, b, a, state) in enumerate(self._stages):
+            y, state = lfilter(b, a, y, zi=state)
+            self._stages[i] = (gain, b, a, state)
+            y = gain * y
+        squares, pos, need = y ** 2, 0, self._hop - self._partial_n
+        while squares.size - pos >= need:  # close the open hop, then every whole hop of this piece
+            self._hops.append(self._partial + float(squares[pos:pos + need].sum()))
+            pos, need, self._partial, self._partial_n = pos + need, self._hop, 0.0, 0
+        self._partial += float(squares[pos:].sum())
+        self._partial_n += squares.size - pos
+
+    def _read_peaks(self) -> None:
+        """The true peak of the pending samples that have PEAK_CONTEXT samples after them."""
+        if self._pending.size <= PEAK_CONTEXT:
+            return
+        chunk = np.concatenate([self._left, self._pending])
+        end = chunk.size - PEAK_CONTEXT
+        self._peak = max(self._peak, _window_peak(chunk, self._left.size, end))
+        self._left, self._pending = chunk[max(0, end - PEAK_CONTEXT):end], chunk[end:]
+
+    def result(self) -> Loudness:
+        """The levels of everything fed so far (the meter can go on being fed)."""
+        chunk = np.concatenate([self._left, self._pending])
+        peak = max(self._peak, _window_peak(chunk, self._left.size, chunk.size)) if self._pending.size else self._peak
+        true_peak_db = _db(peak) if peak > 0 else None
+        seconds = self._samples / self.rate
+        if self._samples < int(self._block * self.rate) + 1:
+            return Loudness(None, true_peak_db)
+        hops = self._hops + ([self._partial] if self._partial_n else [])  # the last block may end in the open hop
+        per_block = round(self._block * self.rate / self._hop)
+        count = int(np.round((seconds - self._block) / (self._hop / self.rate))) + 1  # pyloudnorm's block count
+        z = np.array([sum(hops[j:j + per_block]) for j in range(count)]) / (self._block * self.rate)
+        with np.errstate(divide="ignore"):
+            levels = -0.691 + 10.0 * np.log10(z)
+        gated = z[levels >= ABSOLUTE_GATE]
+        if gated.size == 0:
+            return Loudness(None, true_peak_db)
+        relative = -0.691 + 10.0 * np.log10(gated.mean()) - 10.0
+        kept = z[(levels > relative) & (levels > ABSOLUTE_GATE)]
+        value = -0.691 + 10.0 * np.log10(kept.mean()) if kept.size else -math.inf
+        return Loudness(float(value) if math.isfinite(value) else None, true_peak_db)
 
 
 def rms_db(audio: np.ndarray) -> float:

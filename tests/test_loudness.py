@@ -120,6 +120,21 @@ def test_the_true_peak_read_a_block_at_a_time_equals_the_whole_signals(monkeypat
     assert loudness.true_peak(x) == pytest.approx(whole, rel=1e-12) and whole > 0.9
 
 
+def test_the_streaming_meter_reads_what_the_whole_signal_reads():
+    from studio.loudness import LoudnessMeter
+
+    rng = np.random.default_rng(2)
+    for seconds in (5.05, 3.0, 0.3):  # a block ending in a half hop, whole hops, shorter than one block
+        take, meter, pos = speech_like(seconds), LoudnessMeter(RATE), 0
+        while pos < take.size:
+            step = int(rng.integers(1, 9000))
+            meter.feed(take[pos:pos + step])
+            pos += step
+        whole, streamed = measure(take, RATE), meter.result()
+        assert streamed.true_peak_db == pytest.approx(whole.true_peak_db, abs=1e-9)
+        assert (streamed.lufs is None) == (whole.lufs is None) and streamed.lufs == pytest.approx(whole.lufs, abs=1e-6)
+
+
 def test_silence_and_clips_shorter_than_a_block_are_left_as_they_are():
     for clip in (np.zeros(RATE, np.float32), speech_like(0.3)):
         done = normalize(clip, RATE, "podcast")

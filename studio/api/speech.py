@@ -52,8 +52,8 @@ from studio.clean import clean_text
 from studio.formats import MIME, STREAM_FORMATS, FormatError, StreamEncoder, available_formats, encode_audio, to_pcm16
 from studio.gpu_queue import ServiceBusy, ServiceClosed
 from studio.longform import MAX_LONG_INPUT_CHARS, start_long, wants_long_form
-from studio.loudness import check_ceiling, measure, normalize, resolve_target
-from studio.service import MAX_TEXT_CHARS, SynthesisRequest, Take, TakeHandle
+from studio.loudness import LoudnessMeter, check_ceiling, measure, normalize, resolve_target
+from studio.service import MAX_TEXT_CHARS, SynthesisRequest, TakeHandle
 
 log = logging.getLogger("higgs.api")
 
@@ -287,13 +287,14 @@ class SpeechRoutes(Routes):
         def delta(data: bytes) -> bytes:
             return event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
 
-        last, loudness = None, None
+        last, loudness, meter = None, None, LoudnessMeter(SAMPLE_RATE)
         try:
             if fmt in STREAMED_FORMATS and level is None:
                 async with aclosing(self._encoded(run, first, fmt)) as stream:
                     async for data, chunk in stream:
                         if chunk is not None:
                             last = chunk
+                            meter.feed(chunk.audio)  # a long take keeps no audio: it is measured as it goes
                         if data:
                             yield delta(data)
             else:
@@ -317,7 +318,7 @@ class SpeechRoutes(Routes):
                      "metrics": {"ttfa_ms": numbers.get("ttfa_ms"), "rtf": numbers.get("rtf"),
                                  "frames": frames, "seed": run.handle.seed,
                                  "stop_reason": numbers.get("stop_reason"), "batch": numbers.get("batch"),
-                                 "loudness": loudness or _take_loudness(run.handle),
+                                 "loudness": loudness or meter.result().as_dict(),
                                  "codes_sha256": codes_sha256(last.codes) if last is not None and last.codes is not None
                                  else None,
                                  "wall_ms": round((time.perf_counter() - started) * 1000, 1)}})
@@ -336,13 +337,6 @@ def _loudness_headers(loudness: dict) -> dict[str, str]:
     values = {"X-Loudness-LUFS": loudness.get("lufs"), "X-True-Peak-dBTP": loudness.get("true_peak_dbtp"),
               "X-Loudness-Gain-dB": (loudness.get("normalized") or {}).get("gain_db")}
     return {name: f"{value:.2f}" for name, value in values.items() if value is not None}
-
-
-def _take_loudness(handle: TakeHandle) -> dict | None:
-    """A streamed single take's loudness, measured when the service recorded it (a streamed long take keeps
-    no audio to measure: None)."""
-    take = handle.take
-    return take.loudness.as_dict() if isinstance(take, Take) and take.loudness is not None else None
 
 
 class _TakeResponse(StreamingResponse):
