@@ -1,17 +1,13 @@
-"""Loudness to a standard: measured, normalised, checked against ACX, mastered for export.
+"""Loudness to a standard: measured and normalised (studio/acx.py checks it against ACX and exports it).
 
 * `measure(audio, rate)`: integrated loudness (ITU-R BS.1770-4 through `pyloudnorm`: K-weighting, 400 ms
   blocks, the −70 LUFS and relative gates) and the true peak (4× oversampled with a polyphase filter, as
-  BS.1770 Annex 2 asks, so peaks between samples count).
+  BS.1770 Annex 2 asks, so peaks between samples count). `LoudnessMeter` reads the same of audio that
+  streams by and is not kept.
 * `normalize(audio, rate, target)`: gain to a target (`TARGETS`: −16 LUFS podcast, −18 audiobook,
   −23 broadcast) under a true-peak ceiling. Where the gain would push peaks over it, a look-ahead peak
   limiter takes them down, and the gain is corrected for what the limiter took (a few rounds), so the take
   lands on the target rather than below it.
-* `acx_check(audio, rate)`: Audible's (ACX) submission rules as a report of pass/fail lines: RMS −23…−18 dB,
-  peak ≤ −3 dB (true peak, the stricter reading), noise floor ≤ −60 dB, room tone 0.5–1 s at the head and
-  1–5 s at the tail. A project calls it with a chapter's float32 samples.
-* `export(audio, rate, "acx")`: the ACX preset applied to one chapter: speech trimmed, room tone added at
-  the head and the tail, levelled to −20 dB RMS under −3.5 dBTP, 192 kbps CBR MP3 at 44.1 kHz.
 
 All pure numpy/scipy on float32 mono; nothing here knows about takes or pages.
 """
@@ -19,16 +15,13 @@ All pure numpy/scipy on float32 mono; nothing here knows about takes or pages.
 from __future__ import annotations
 
 import math
-import subprocess
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import pyloudnorm
 from scipy.ndimage import minimum_filter1d, uniform_filter1d
 from scipy.signal import lfilter, resample_poly
-
-from studio.formats import FormatError, ffmpeg_path, to_pcm16
 
 TARGETS = {"podcast": -16.0, "audiobook": -18.0, "broadcast": -23.0}  # LUFS; "off" (None) leaves a take as made
 TARGET_RANGE = (-40.0, -5.0)
@@ -40,8 +33,8 @@ PEAK_CONTEXT = 64
 LOOKAHEAD_S = 0.005  # the limiter starts turning down 5 ms before a peak and lets go 5 ms after
 ROUNDS = 5  # gain / limit / measure rounds at most; each corrects the gain by what the limiter took
 TOLERANCE_LU = 0.05
-SILENCE_DB = -120.0
-ABSOLUTE_GATE = -70.0  # LUFS: BS.1770-4's absolute gate  # what a level of digital silence reads as, in reports
+SILENCE_DB = -120.0  # what a level of digital silence reads as, in reports
+ABSOLUTE_GATE = -70.0  # LUFS: BS.1770-4's absolute gate
 
 
 @dataclass(frozen=True)
@@ -53,14 +46,16 @@ class Loudness:
     true_peak_db: float | None
 
     def as_dict(self) -> dict:
-        return {"lufs": _round(self.lufs), "true_peak_dbtp": _round(self.true_peak_db)}
+        return {"lufs": round_or_none(self.lufs), "true_peak_dbtp": round_or_none(self.true_peak_db)}
 
 
-def _round(value: float | None) -> float | None:
+def round_or_none(value: float | None) -> float | None:
+    """Two decimals for reports; None stays None."""
     return None if value is None else round(value, 2)
 
 
-def _db(linear: float) -> float:
+def to_db(linear: float) -> float:
+    """Linear amplitude → dB (−inf for 0)."""
     return 20.0 * math.log10(linear) if linear > 0 else -math.inf
 
 
@@ -95,7 +90,7 @@ def integrated_lufs(audio: np.ndarray, rate: int) -> float | None:
 
 def measure(audio: np.ndarray, rate: int) -> Loudness:
     peak = true_peak(audio)
-    return Loudness(integrated_lufs(audio, rate), _db(peak) if peak > 0 else None)
+    return Loudness(integrated_lufs(audio, rate), to_db(peak) if peak > 0 else None)
 
 
 def _window_peak(chunk: np.ndarray, begin: int, end: int) -> float:
@@ -154,7 +149,7 @@ class LoudnessMeter:
         """The levels of everything fed so far (the meter can go on being fed)."""
         chunk = np.concatenate([self._left, self._pending])
         peak = max(self._peak, _window_peak(chunk, self._left.size, chunk.size)) if self._pending.size else self._peak
-        true_peak_db = _db(peak) if peak > 0 else None
+        true_peak_db = to_db(peak) if peak > 0 else None
         seconds = self._samples / self.rate
         if self._samples < int(self._block * self.rate) + 1:
             return Loudness(None, true_peak_db)
@@ -175,7 +170,7 @@ class LoudnessMeter:
 
 def rms_db(audio: np.ndarray) -> float:
     audio = np.asarray(audio, dtype=np.float64).reshape(-1)
-    return _db(float(np.sqrt(np.mean(audio ** 2)))) if audio.size else -math.inf
+    return to_db(float(np.sqrt(np.mean(audio ** 2)))) if audio.size else -math.inf
 
 
 def resolve_target(value) -> float | None:
@@ -242,8 +237,8 @@ class Normalized:
                 "before": self.before.as_dict(), "after": self.after.as_dict()}
 
 
-def _level_to(audio: np.ndarray, rate: int, level: Callable[[np.ndarray], float | None], target: float,
-              ceiling_db: float) -> tuple[np.ndarray, float, bool]:
+def level_to(audio: np.ndarray, rate: int, level: Callable[[np.ndarray], float | None], target: float,
+             ceiling_db: float) -> tuple[np.ndarray, float, bool]:
     """`audio` scaled so `level(audio)` is `target`, peaks held under `ceiling_db`: gain, limit, measure
     again, correct the gain by the miss; the last step scales down if a peak still pokes over."""
     x = np.asarray(audio, dtype=np.float64).reshape(-1)
@@ -275,211 +270,10 @@ def normalize(audio: np.ndarray, rate: int, target, ceiling_db: float = DEFAULT_
     if target is None or before.lufs is None:
         out = np.asarray(audio, dtype=np.float32)
         return Normalized(out, before, before, 0.0, False, target)
-    y, gain_db, limited = _level_to(audio, rate, lambda a: integrated_lufs(a, rate), target, ceiling_db)
+    y, gain_db, limited = level_to(audio, rate, lambda a: integrated_lufs(a, rate), target, ceiling_db)
     out = y.astype(np.float32)
     return Normalized(out, before, measure(out, rate), gain_db, limited, target)
 
 
-# ----------------------------------------------------------------------------------------------- ACX
-
-ACX_RMS = (-23.0, -18.0)  # dB RMS
-ACX_PEAK = -3.0  # dB
-ACX_NOISE_FLOOR = -60.0  # dB RMS
-ACX_HEAD = (0.5, 1.0)  # seconds of room tone before the first word
-ACX_TAIL = (1.0, 5.0)  # and after the last
-NOISE_WINDOW_S = 0.5  # the noise floor: the RMS of the quietest half second
-FRAME_S = 0.02  # room tone is where 20 ms frames stay under the speech threshold
-SPEECH_OVER_FLOOR_DB = 20.0
-SPEECH_UNDER_LOUD_DB = 30.0
-SPEECH_MIN_DB = -50.0
-
-
-@dataclass(frozen=True)
-class Check:
-    """One line of a report: what was measured, the rule, pass or fail."""
-
-    name: str
-    value: float | None
-    unit: str
-    rule: str
-    passed: bool
-
-
-@dataclass(frozen=True)
-class AcxReport:
-    checks: tuple[Check, ...]
-
-    @property
-    def passed(self) -> bool:
-        return all(c.passed for c in self.checks)
-
-    @property
-    def failed(self) -> list[str]:
-        return [c.name for c in self.checks if not c.passed]
-
-    def as_dict(self) -> dict:
-        return {"passed": self.passed, "failed": self.failed,
-                "checks": [{**asdict(c), "value": _round(c.value)} for c in self.checks]}
-
-
-def _frame_db(audio: np.ndarray, rate: int, frame_s: float, hop_s: float) -> np.ndarray:
-    """RMS in dB of windows of `frame_s` every `hop_s` (one window for shorter audio)."""
-    size, hop = max(1, int(rate * frame_s)), max(1, int(rate * hop_s))
-    if audio.size <= size:
-        return np.array([rms_db(audio)])
-    squares = np.concatenate([[0.0], np.cumsum(audio ** 2)])
-    starts = np.arange(0, audio.size - size + 1, hop)
-    mean = (squares[starts + size] - squares[starts]) / size
-    return 10.0 * np.log10(np.maximum(mean, 10.0 ** (SILENCE_DB / 10.0)))  # digital silence reads SILENCE_DB
-
-
-def noise_floor_db(audio: np.ndarray, rate: int) -> float:
-    """The RMS of the quietest NOISE_WINDOW_S of `audio` (hop 50 ms), in dB."""
-    audio = np.asarray(audio, dtype=np.float64).reshape(-1)
-    return float(_frame_db(audio, rate, NOISE_WINDOW_S, 0.05).min()) if audio.size else -math.inf
-
-
-def speech_bounds(audio: np.ndarray, rate: int) -> tuple[float, float] | None:
-    """(start, end) in seconds of what is louder than room tone: 20 ms frames over SPEECH_MIN_DB and either
-    SPEECH_OVER_FLOOR_DB over the noise floor or within SPEECH_UNDER_LOUD_DB of the loud frames (a take
-    with no half second of quiet has a "floor" that is speech). None when nothing is."""
-    audio = np.asarray(audio, dtype=np.float64).reshape(-1)
-    if audio.size == 0:
-        return None
-    frames = _frame_db(audio, rate, FRAME_S, FRAME_S)
-    loud = float(np.percentile(frames, 95)) - SPEECH_UNDER_LOUD_DB
-    threshold = max(SPEECH_MIN_DB, min(noise_floor_db(audio, rate) + SPEECH_OVER_FLOOR_DB, loud))
-    loud = np.flatnonzero(frames > threshold)
-    if loud.size == 0:
-        return None
-    return float(loud[0] * FRAME_S), float(min(audio.size / rate, (loud[-1] + 1) * FRAME_S))
-
-
-def acx_check(audio: np.ndarray, rate: int) -> AcxReport:
-    """ACX's rules for one chapter file, each a pass/fail `Check` (`report.failed` names the lines that fail)."""
-    audio = np.asarray(audio, dtype=np.float64).reshape(-1)
-    seconds = audio.size / rate
-    rms, peak, floor = rms_db(audio), _db(true_peak(audio)), noise_floor_db(audio, rate)
-    bounds = speech_bounds(audio, rate)
-    head, tail = (bounds[0], seconds - bounds[1]) if bounds is not None else (None, None)
-
-    def finite(value: float) -> float:
-        return value if math.isfinite(value) else SILENCE_DB
-
-    def within(value, low, high) -> bool:
-        return value is not None and bool(low <= value <= high)
-
-    return AcxReport((
-        Check("rms", finite(rms), "dB", f"{ACX_RMS[0]:g} to {ACX_RMS[1]:g} dB RMS", within(rms, *ACX_RMS)),
-        Check("peak", finite(peak), "dBTP", f"at most {ACX_PEAK:g} dB (true peak)", bool(peak <= ACX_PEAK)),
-        Check("noise_floor", finite(floor), "dB", f"at most {ACX_NOISE_FLOOR:g} dB RMS (quietest 0.5 s)",
-              bool(floor <= ACX_NOISE_FLOOR)),
-        Check("head_room_tone", head, "s", f"{ACX_HEAD[0]:g} to {ACX_HEAD[1]:g} s before the first word",
-              within(head, *ACX_HEAD)),
-        Check("tail_room_tone", tail, "s", f"{ACX_TAIL[0]:g} to {ACX_TAIL[1]:g} s after the last word",
-              within(tail, *ACX_TAIL)),
-    ))
-
-
-# ----------------------------------------------------------------------------------------------- export
-
-@dataclass(frozen=True)
-class ExportPreset:
-    """How a chapter leaves the studio: levels, room tone and the file's format."""
-
-    name: str
-    format: str
-    bitrate_kbps: int
-    sample_rate: int
-    rms_db: float  # the whole file's RMS
-    ceiling_db: float  # true peak
-    head_s: float  # room tone before the first word
-    tail_s: float  # and after the last
-    room_tone_db: float  # RMS of the room tone added
-
-
-EXPORT_PRESETS = {
-    # ACX: 192 kbps CBR MP3 at 44.1 kHz, one file per chapter; −20 dB RMS and −3.5 dBTP sit inside its
-    # −23…−18 dB and −3 dB with room to spare for the MP3 encoder's own overshoot.
-    "acx": ExportPreset("acx", "mp3", 192, 44100, rms_db=-20.0, ceiling_db=-3.5, head_s=0.75, tail_s=2.0,
-                        room_tone_db=-70.0),
-}
-
-
-@dataclass(frozen=True)
-class Export:
-    data: bytes  # the encoded file
-    mime: str
-    audio: np.ndarray  # the mastered samples at the input's rate, before encoding
-    report: AcxReport  # the ACX check of `audio`
-
-
-def room_tone(seconds: float, rate: int, level_db: float, seed: int = 0) -> np.ndarray:
-    """Quiet, steady noise at `level_db` RMS: what a recording's pauses sound like (ACX refuses digital
-    silence between chapters' words as much as a noisy room). Seeded, so an export is reproducible."""
-    noise = np.random.default_rng(seed).standard_normal(round(seconds * rate))
-    return noise * (10.0 ** (level_db / 20.0))
-
-
-def master(audio: np.ndarray, rate: int, preset: ExportPreset) -> np.ndarray:
-    """`audio` with its own leading and trailing quiet cut, levelled so the whole file (room tone included)
-    reads `preset.rms_db` under `preset.ceiling_db`, with the preset's room tone at the head and the tail."""
-    audio = np.asarray(audio, dtype=np.float64).reshape(-1)
-    bounds = speech_bounds(audio, rate)
-    if bounds is None:
-        raise ValueError("The chapter has no speech to export (it is silent).")
-    speech = audio[int(bounds[0] * rate):math.ceil(bounds[1] * rate)]
-    head = room_tone(preset.head_s, rate, preset.room_tone_db, seed=1)
-    tail = room_tone(preset.tail_s, rate, preset.room_tone_db, seed=2)
-    tone_energy, total = float(np.sum(head ** 2) + np.sum(tail ** 2)), speech.size + head.size + tail.size
-
-    def file_rms(body: np.ndarray) -> float | None:  # the whole file's RMS once the room tone is around `body`
-        energy = float(np.sum(body ** 2)) + tone_energy
-        return _db(math.sqrt(energy / total)) if energy > 0 else None
-
-    levelled, _, _ = _level_to(speech, rate, file_rms, preset.rms_db, preset.ceiling_db)
-    return np.concatenate([head, levelled, tail]).astype(np.float32)
-
-
-def export(audio: np.ndarray, rate: int, preset: str = "acx") -> Export:
-    """One chapter through an export preset (`EXPORT_PRESETS`): mastered, checked and encoded with ffmpeg
-    (constant bit rate, resampled to the preset's rate). Raises ValueError for an unknown preset or a
-    silent chapter, FormatError when ffmpeg is missing or fails."""
-    if preset not in EXPORT_PRESETS:
-        raise ValueError(f"Unknown export preset {preset!r}; choose one of {', '.join(EXPORT_PRESETS)}.")
-    spec = EXPORT_PRESETS[preset]
-    mastered = master(audio, rate, spec)
-    exe = ffmpeg_path()
-    if exe is None:
-        raise FormatError("The ACX export needs ffmpeg (MP3), which is not on PATH; install it.")
-    cmd = [exe, "-hide_banner", "-loglevel", "error", "-f", "s16le", "-ar", str(rate), "-ac", "1", "-i", "pipe:0",
-           "-ar", str(spec.sample_rate), "-c:a", "libmp3lame", "-b:a", f"{spec.bitrate_kbps}k", "-f", spec.format,
-           "pipe:1"]  # libmp3lame with -b:a and no -q/-abr is constant bit rate
-    proc = subprocess.run(cmd, input=to_pcm16(mastered).tobytes(), capture_output=True, timeout=600, check=False)
-    if proc.returncode != 0:
-        raise FormatError(f"ffmpeg could not encode the {preset} export: "
-                          f"{proc.stderr.decode(errors='replace').strip()}")
-    return Export(proc.stdout, "audio/mpeg", mastered, acx_check(mastered, rate))
-
-
-__all__ = [
-    "DEFAULT_CEILING",
-    "EXPORT_PRESETS",
-    "TARGETS",
-    "AcxReport",
-    "Check",
-    "Export",
-    "ExportPreset",
-    "Loudness",
-    "Normalized",
-    "acx_check",
-    "export",
-    "master",
-    "measure",
-    "noise_floor_db",
-    "normalize",
-    "resolve_target",
-    "room_tone",
-    "speech_bounds",
-    "true_peak",
-]
+__all__ = ["DEFAULT_CEILING", "TARGETS", "Loudness", "LoudnessMeter", "Normalized", "check_ceiling", "level_to",
+           "limit", "measure", "normalize", "resolve_target", "rms_db", "round_or_none", "to_db", "true_peak"]

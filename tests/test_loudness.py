@@ -1,4 +1,4 @@
-"""studio/loudness.py: BS.1770 loudness of every take, normalisation to a target under a true-peak ceiling, the
+"""studio/loudness.py and studio/acx.py: BS.1770 loudness of every take, normalisation to a target under a true-peak ceiling, the
 ACX check and its export preset, and where the studio shows them (take, page, HTTP API)."""
 
 from __future__ import annotations
@@ -17,17 +17,8 @@ import soxr
 
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from studio import render
-from studio.loudness import (
-    EXPORT_PRESETS,
-    TARGETS,
-    acx_check,
-    export,
-    master,
-    measure,
-    normalize,
-    resolve_target,
-    room_tone,
-)
+from studio.acx import EXPORT_PRESETS, acx_check, export, master, room_tone
+from studio.loudness import TARGETS, measure, normalize, resolve_target
 from studio.service import StudioService, SynthesisRequest
 from tests.fakes import FakeEngine
 

@@ -17,9 +17,10 @@ from engine.longform import plan
 from engine.types import SamplingParams
 from studio import render
 from studio.access import OWNER_ONLY_LONG, Access
+from studio.acx import acx_check
 from studio.formats import write_audio
 from studio.longform import regenerate_segment, respell_segments, segment_rows, start_long
-from studio.loudness import acx_check, measure
+from studio.loudness import measure
 from studio.service import ServiceBusy, SynthesisRequest
 from studio.views.toasts import warns
 

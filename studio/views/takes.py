@@ -19,9 +19,10 @@ import numpy as np
 from engine.audio import load_audio
 from engine.config import SAMPLE_RATE
 from studio import assets, render
+from studio.acx import acx_check
 from studio.formats import available_formats, to_pcm16, write_audio
 from studio.live import NO_VOICE, page_request
-from studio.loudness import DEFAULT_CEILING, TARGETS, acx_check, normalize
+from studio.loudness import DEFAULT_CEILING, TARGETS, normalize
 from studio.service import MAX_TAKES, Queued, ServiceBusy, TakeHandle
 from studio.views.toasts import warns
 
