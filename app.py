@@ -265,6 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     from studio.asr import Transcriber
     from studio.page import Page, launch_kwargs
     from studio.presets import PresetStore
+    from studio.pronounce import DictionaryStore
     from studio.service import StudioService
     from studio.voices import MAX_IMPORT_BYTES
 
@@ -273,7 +274,8 @@ def main(argv: list[str] | None = None) -> None:
     aliases = load_aliases(args, voices, presets)
     try:
         service = StudioService(engine, voices, presets, aliases=aliases, visitor_concurrency=args.visitor_concurrency,
-                                visitor_queue=args.visitor_queue)
+                                visitor_queue=args.visitor_queue,
+                                dictionary=DictionaryStore(voices.root / "dictionary.json"))
     except ValueError as exc:
         sys.exit(f"Cannot start the studio: {exc} (--visitor-concurrency, --visitor-queue)")
     projects, runner = start_projects(args, service)

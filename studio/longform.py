@@ -29,6 +29,7 @@ from engine.longtake import LongTake
 from engine.ssml import read_text
 from engine.tokenizer import estimate_seconds, lint_tags
 from engine.types import Chunk
+from studio.pronounce import Dictionary
 from studio.service import StudioService, SynthesisRequest, TakeHandle
 
 # Default of the --max-input-chars flag: ~100k characters is a long chapter, ~110 minutes of speech.
@@ -67,6 +68,7 @@ def _prepare(service: StudioService, request: SynthesisRequest, voices, max_char
     segments = plan(read.text, style=style, normalize=normalize, voices=dict(voices) if voices else None)
     records = {name: service.resolve_voice(name, request.caller)
                for name in {s.voice for s in segments if s.voice is not None}}
+    segments = respell_segments(service, segments, lambda s: records[s.voice] if s.voice is not None else default)
     clone = default is not None or request.ref_audio is not None or bool(records)
     warnings = [*read.warnings, *(f"segment {segment.index + 1}: {w.tag}: {w.message}"
                                   for segment in segments for w in lint_tags(segment.text, clone=clone))]
@@ -83,6 +85,17 @@ def _voice_and_style(service: StudioService, request: SynthesisRequest):
     if style is None and default is not None and default.style:
         style = default.style
     return default, service.resolve_style(style)
+
+
+def respell_segments(service: StudioService, segments: list, voice_of=lambda segment: None, *,
+                     project: Dictionary | None = None) -> list:
+    """Planned (normalised) segments with the pronunciation dictionary (the owner's, then `project`'s) applied:
+    the text the model reads. `voice_of(segment)` is the segment's saved voice record (None: zero-shot), or its
+    name as the voices map wrote it, for the rules scoped to a voice."""
+    def names(segment) -> tuple[str, ...]:
+        voice = voice_of(segment)
+        return (voice,) if isinstance(voice, str) else (voice.id, voice.name) if voice is not None else ()
+    return [dataclasses.replace(s, text=service.respell(s.text, names(s), project=project)) for s in segments]
 
 
 def _new_take(service: StudioService, handle: TakeHandle, prepared: _Prepared, *, keep_audio: bool,
@@ -169,8 +182,9 @@ def start_open_long(service: StudioService, request: SynthesisRequest, feed) -> 
     prepared = _Prepared([], default, {})
 
     def work(job, handle: TakeHandle) -> None:
-        def more():
-            return job.turn(wait=lambda: feed.next_segment(handle.cancel))
+        def more():  # the next complete sentence, planned, with the pronunciation dictionary applied
+            segment = job.turn(wait=lambda: feed.next_segment(handle.cancel))
+            return None if segment is None else respell_segments(service, [segment], lambda s: default)[0]
 
         take = _new_take(service, handle, prepared, keep_audio=False, more=more)
         for piece in take.stream():
@@ -188,7 +202,10 @@ def stream_long(service: StudioService, request: SynthesisRequest, **options) ->
 def regenerate_segment(service, take: LongTake, index: int, *, seed: int | None = None,
                        text: str | None = None) -> np.ndarray:
     """Generate one segment again (a new seed, or edited text) on the GPU worker, in turn with other
-    requests, and return the re-assembled take."""
+    requests, and return the re-assembled take. Edited text goes through the pronunciation dictionary."""
+    if text is not None and 0 <= index < len(take.segments):
+        voice = take.segments[index].voice
+        text = service.respell(text, (voice,) if voice else ())
     service.run_exclusive(take.regenerate, index, seed=seed, text=text)
     return take.assemble()
 
@@ -214,6 +231,7 @@ def _metrics(take: LongTake, frames: int, samples: int, started: float, reason: 
 __all__ = [
     "MAX_LONG_INPUT_CHARS",
     "regenerate_segment",
+    "respell_segments",
     "segment_rows",
     "start_long",
     "start_open_long",

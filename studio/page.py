@@ -20,6 +20,7 @@ from studio.formats import ffmpeg_path
 from studio.live import CLIP_VOICE, NO_VOICE, LivePlayer
 from studio.service import StudioService
 from studio.views import GPU_QUEUE
+from studio.views.dictionary import DictionaryView
 from studio.views.longform import LongFormView
 from studio.views.private import PrivateVoicesView
 from studio.views.projects import ProjectsView
@@ -54,6 +55,7 @@ class Page:
         # Projects (a library and its job runner, app.py's start_projects) are the owner's: no tab on a public page.
         self.projects = ProjectsView(projects, runner, self.out_dir, self.access) \
             if projects is not None and not self.access.public_page else None
+        self.dictionary = DictionaryView(service, self.access, self.out_dir)
 
     def voice_choices(self, caller: Caller) -> list[tuple[str, str]]:
         """The Voice menu for `caller`: a visitor of a public page sees the shared voices and the presets."""
@@ -79,6 +81,7 @@ class Page:
             with gr.Tabs():
                 with gr.Tab("Studio", id="studio"):
                     self.studio.build()
+                    self.dictionary.build()
                 with gr.Tab("Voices", id="voices") as voices_tab:
                     if self.private is not None:
                         self.private.tab()
@@ -98,6 +101,8 @@ class Page:
             if self.projects is not None:
                 demo.load(*self.projects.load, api_visibility="private")  # the open project, as the server has it
             demo.load(self.alias_table, None, self.studio.aliases, queue=False, api_visibility="private")
+            demo.load(self.dictionary.load, None, [self.dictionary.table, self.dictionary.export,
+                                                   self.dictionary.status], queue=False, api_visibility="private")
             # An explicit private load event, not a callable value: Gradio would publish that one as an API
             # endpoint and an MCP tool.
             demo.load(lambda: render.live_player_html(self.player.issue_token()), None, self.takes.live_panel,

@@ -107,8 +107,9 @@ def _bytes(n) -> str:
 
 
 def metrics_html(metrics: Metrics | None = None, *, state: str = "idle", seconds: float = 0.0,
-                 warnings: list[str] | None = None, note: str = "") -> str:
-    """The live metrics panel. Each value sits in an element with a stable id (`m-ttfa`, `m-rtf`, …)."""
+                 warnings: list[str] | None = None, note: str = "", loudness=None) -> str:
+    """The live metrics panel. Each value sits in an element with a stable id (`m-ttfa`, `m-rtf`, …);
+    `loudness` (studio/loudness.py) once the take is complete."""
     g = (dataclasses.asdict(metrics) if metrics is not None else {}).get  # None: nothing measured yet
     mem_kind = (g("mem_kind") or "").upper() or "memory"
     reused, prompt = g("reused_tokens"), g("prompt_tokens")
@@ -121,6 +122,8 @@ def metrics_html(metrics: Metrics | None = None, *, state: str = "idle", seconds
         ("reused", "Reused prompt", "—" if prompt is None else f"{reused or 0}/{prompt}", "tokens"),
         ("mem", f"Peak {mem_kind}", _bytes(g("peak_mem_bytes")), ""),
         ("seed", "Seed", _num(g("seed"), "d"), ""),
+        ("lufs", "Loudness", _num(loudness.lufs if loudness else None, ".1f"), "LUFS"),
+        ("tp", "True peak", _num(loudness.true_peak_db if loudness else None, ".1f"), "dBTP"),
     ]
     cells = "".join(f'<div class="hs-tile"><div class="k">{k}</div><div class="v" id="m-{i}">{v}</div>'
                     f'<div class="u">{u}</div></div>' for i, k, v, u in tiles)
@@ -165,7 +168,7 @@ def result_json(take, warnings: list[str]) -> dict[str, Any]:
     metrics = take.metrics
     values = dataclasses.asdict(metrics) if dataclasses.is_dataclass(metrics) else dict(vars(metrics))
     return {"take_id": take.id, "seconds": round(take.seconds, 3), "metrics": values, "recipe": take.recipe(),
-            "warnings": list(warnings)}
+            "loudness": take.loudness.as_dict() if take.loudness is not None else None, "warnings": list(warnings)}
 
 
 def recipe_json(take) -> str:
@@ -180,6 +183,25 @@ def recipe_curl(r: dict[str, Any], base_url: str, out: str = "take.wav") -> str:
     return (f"curl -s {base_url.rstrip('/')}/v1/audio/speech -H 'Content-Type: application/json' \\\n"
             f"  -d {shlex.quote(json.dumps(body, ensure_ascii=False))} -o {out}")
 
+
+
+def levels_line(loudness, report) -> str:
+    """A take's levels in one line of markdown: loudness, true peak and the ACX verdict."""
+    verdict = "passes" if report.passed else "fails " + ", ".join(n.replace("_", " ") for n in report.failed)
+    return (f"{_num(loudness.lufs, '.1f')} LUFS, true peak {_num(loudness.true_peak_db, '.1f')} dBTP, "
+            f"ACX {verdict}")
+
+
+def acx_html(report) -> str:
+    """An ACX report (studio/loudness.py) as a small table: each rule, what was measured, pass or fail
+    (rows `acx-<name>` with class `pass` / `fail`)."""
+    rows = "".join(
+        f'<tr id="acx-{_esc(c.name)}" class="{"pass" if c.passed else "fail"}"><td>{"✓" if c.passed else "✗"}</td>'
+        f'<td>{_esc(c.name.replace("_", " "))}</td><td>{_num(c.value, ".2f")} {_esc(c.unit)}</td>'
+        f'<td>{_esc(c.rule)}</td></tr>' for c in report.checks)
+    verdict = "passes" if report.passed else "fails: " + ", ".join(n.replace("_", " ") for n in report.failed)
+    return (f'<div class="hs-acx"><b id="acx-verdict">ACX {_esc(verdict)}</b>'
+            f'<table>{rows}</table></div>')
 
 
 def aliases_md(aliases) -> str:

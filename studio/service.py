@@ -47,12 +47,15 @@ import numpy as np
 from engine.config import FRAME_RATE, SAMPLE_RATE
 from engine.longform import has_pauses, model_pauses
 from engine.ssml import read_text
+from engine.normalize import looks_english
 from engine.tokenizer import CONTROL_TAGS, estimate_seconds, lint_tags
 from engine.types import SEED_LIMIT, Metrics, SamplingParams
 from studio.admission import OWNER, Caller
 from studio.aliases import Alias, VoiceAliases
 from studio.gpu_queue import GpuQueue, Job, Queued, ServiceBusy, ServiceClosed, TooManyTakes
+from studio.loudness import Loudness, measure
 from studio.presets import apply_preset, check_style_prefix
+from studio.pronounce import Dictionary, DictionaryStore, merged
 from studio.voices import Consent, VoiceNotFound
 
 MAX_TEXT_CHARS = 4096  # the OpenAI speech API's `input` limit
@@ -110,6 +113,7 @@ class Take:
     sample_rate: int
     warnings: list[str]
     source: str
+    loudness: Loudness | None = None  # measured on the take as made (studio/loudness.py)
 
     @property
     def stop_reason(self) -> str:
@@ -167,10 +171,11 @@ class StudioService:
 
     def __init__(self, engine, voices=None, presets=None, *, aliases: VoiceAliases | None = None,
                  history_size: int = 50, queue_timeout: float = 600.0, max_queue: int = 64,
-                 visitor_concurrency: int = 2, visitor_queue: int = 4):
+                 visitor_concurrency: int = 2, visitor_queue: int = 4, dictionary: DictionaryStore | None = None):
         self.engine = engine
         self.voices = voices
         self.presets = presets
+        self.dictionary = dictionary  # the owner's pronunciation dictionary (studio/pronounce.py), or None
         # OpenAI's voice names (what chat clients send) → voices and styles; the built-in table by default.
         self.aliases = aliases if aliases is not None else VoiceAliases.build(voices=voices, presets=presets)
         self.max_queue = max_queue
@@ -180,6 +185,8 @@ class StudioService:
         self._history_lock = threading.Lock()  # workers append while page/API threads read
         self._take_ids = itertools.count(1)
         self._last_batch = 0  # the most takes decoded together while the latest finished take ran
+        self._merged: dict[tuple[str, str], Dictionary] = {}  # (owner's version, project's) → merged rules
+        self._rules_lock = threading.Lock()
 
     # ---------------------------------------------------------------- the line
 
@@ -218,6 +225,46 @@ class StudioService:
             raise ValueError(f"Unknown style preset {style!r}; pick one from the list or write tags like "
                              "<|emotion:contemplation|>.")
         return preset.prefix
+
+    def rules(self, project: Dictionary | None = None) -> Dictionary:
+        """The owner's pronunciation dictionary as it stands (empty without a store), followed by `project`'s
+        rules, which win over it. The merged dictionary is kept while neither changes (it compiles once)."""
+        owner = self.dictionary.dictionary if self.dictionary is not None else Dictionary()
+        if project is None or not project.rules:
+            return owner
+        key = (owner.version, project.version)
+        with self._rules_lock:
+            found = self._merged.get(key)
+        if found is None:
+            found = merged(owner, project)
+            with self._rules_lock:
+                if len(self._merged) >= 16:
+                    self._merged.clear()
+                self._merged[key] = found
+        return found
+
+    def respell(self, text: str, voice: tuple[str, ...] = (), language: str | None = None, *,
+                project: Dictionary | None = None) -> str:
+        """`text` (already normalised) as the model will read it: the pronunciation rules (the owner's, then
+        `project`'s) in scope for `voice` (a voice's id and name) and `language` (None: "en" when the text
+        reads as English) applied."""
+        return self.pronounce(text, voice, language, project=project)[0]
+
+    def pronounce(self, text: str, voice: tuple[str, ...] = (), language: str | None = None, *,
+                  project: Dictionary | None = None) -> tuple[str, list]:
+        """`respell`, with the rules that fired."""
+        rules = self.rules(project)
+        if not rules.rules:
+            return text, []
+        language = language or ("en" if looks_english(text) else None)
+        return rules.spoken(text, voice=voice, language=language)
+
+    def pronunciation_key(self, text: str, voice: tuple[str, ...] = (), language: str | None = None, *,
+                          project: Dictionary | None = None) -> str:
+        """A hash of the rules that fire on `text` as `respell` applies them ("" when none do): what a project
+        puts in a segment's cache key, so that changing a rule makes exactly the segments holding its word stale."""
+        language = language or ("en" if looks_english(text) else None)
+        return self.rules(project).fingerprint(text, voice=voice, language=language)
 
     def resolve_voice(self, voice_id: str | None, caller: Caller = OWNER):
         """A saved voice's id or name → its library record (None for zero-shot). A visitor finds only the
@@ -273,7 +320,8 @@ class StudioService:
             text = model_pauses(text)
             notes.append("pauses in a single take are the model's own pause tags, not exact silence; a long "
                          "take (the Long form tab, or the API) inserts them exactly")
-        prompt_text = apply_preset(text.strip(), self.resolve_style(style))
+        spoken = self.respell(text.strip(), (voice.id, voice.name) if voice is not None else ())
+        prompt_text = apply_preset(spoken, self.resolve_style(style))
         clone = voice is not None or request.ref_audio is not None
         warnings = [*notes, *(f"{w.tag}: {w.message}" for w in lint_tags(prompt_text, clone=clone))]
         sampling_note = self.engine.info.sampling_note
@@ -342,12 +390,13 @@ class StudioService:
 
     def _record(self, handle: TakeHandle, prompt_text, voice, style, metrics: Metrics, pieces) -> Take:
         request = handle.request
+        audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         take = Take(
             id=next(self._take_ids), created=time.time(), text=request.text, prompt_text=prompt_text,
             voice_id=voice.id if voice is not None else None, voice_name=voice.name if voice is not None else None,
             style=style, settings=_settings_of(handle.params), seed=handle.seed, metrics=metrics,
-            audio=np.concatenate(pieces) if pieces else np.zeros(0, np.float32), sample_rate=SAMPLE_RATE,
-            warnings=list(handle.warnings), source=request.source)
+            audio=audio, sample_rate=SAMPLE_RATE, warnings=list(handle.warnings), source=request.source,
+            loudness=measure(audio, SAMPLE_RATE))
         with self._history_lock:
             self._history.append(take)
             self._last_batch = metrics.batch

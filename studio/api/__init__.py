@@ -4,7 +4,8 @@
 
 adds `POST /v1/audio/speech`, its text-streaming WebSocket `/v1/audio/speech/stream` (studio/speech_ws.py), the
 voice routes `GET|POST /v1/audio/voices`, `GET|PATCH|DELETE
-/v1/audio/voices/{id}`, `GET /v1/audio/styles`, `GET /v1/models` and `GET /health` (docs/API.md has the
+/v1/audio/voices/{id}`, `GET /v1/audio/styles`, the pronunciation dictionary's `GET|PUT /v1/dictionary`,
+`GET /v1/models` and `GET /health` (docs/API.md has the
 fields and examples). Routes only: they validate, translate the request into a `SynthesisRequest`, and format
 what `StudioService` yields. Generation, queueing and voice storage happen in the service and the library.
 
@@ -14,6 +15,7 @@ what `StudioService` yields. Generation, queueing and voice storage happen in th
 | `speech.py` | `POST /v1/audio/speech`: the request resolved, the take streamed (audio, SSE, buffered) |
 | `voices.py` | the voice library's and the style presets' routes |
 | `projects.py` | `/v1/projects…` and `/v1/jobs…`: books, render jobs, chapter audio (docs/PROJECTS.md) |
+| `dictionary.py` | the pronunciation dictionary's routes (`GET|PUT /v1/dictionary`, `POST /v1/dictionary/apply`) |
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from fastapi.responses import JSONResponse
 from starlette.routing import Mount
 
 from studio.access import Access
+from studio.api.dictionary import DictionaryRoutes
 from studio.api.model import MAX_UPLOAD_BYTES, MODEL_IDS, REQUEST_TIMEOUT_S, ApiError, Routes
 from studio.api.projects import ProjectRoutes
 from studio.api.speech import SpeechRoutes
@@ -74,6 +77,7 @@ def register(app: FastAPI, service, *, api_key: str | None = None, access: Acces
                           transcriber=transcriber)
     voices = VoiceRoutes(service, access, limiter, transcriber=transcriber)
     info = _InfoRoutes(service, access, limiter)
+    dictionary = DictionaryRoutes(service, access, limiter)
 
     def guarded(handler):
         async def endpoint(request: Request):
@@ -96,6 +100,9 @@ def register(app: FastAPI, service, *, api_key: str | None = None, access: Acces
         ("/v1/audio/voices/{voice_id}", voices.update_voice, ["PATCH"]),
         ("/v1/audio/voices/{voice_id}", voices.delete_voice, ["DELETE"]),
         ("/v1/audio/styles", voices.styles, ["GET"]),
+        ("/v1/dictionary", dictionary.get_dictionary, ["GET"]),
+        ("/v1/dictionary", dictionary.put_dictionary, ["PUT"]),
+        ("/v1/dictionary/apply", dictionary.apply, ["POST"]),
         ("/v1/models", info.models, ["GET"]),
         ("/health", info.health, ["GET"]),
     ]

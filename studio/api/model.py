@@ -90,6 +90,10 @@ class SpeechRequest(BaseModel):
     clean_actions: Literal["speak", "skip"] = "speak"  # with `clean`: `*actions*` spoken as words, or skipped
     ssml: bool | None = None  # `input` is SSML: None decides by a leading <speak> (engine/ssml.py)
     timestamps: Literal["sentence", "word"] | None = None  # captions with the audio (studio/captions.py)
+    # Loudness (studio/loudness.py): a target (podcast, audiobook, broadcast, off, or LUFS) under a true-peak
+    # ceiling in dBTP. Normalising needs the whole take, so such a request is answered once it is complete.
+    loudness: str | float | None = None
+    true_peak: float = -1.0
 
     @field_validator("response_format", "stream_format", "timestamps", mode="before")
     @classmethod

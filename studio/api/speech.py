@@ -53,6 +53,7 @@ from studio.clean import clean_text
 from studio.formats import MIME, STREAM_FORMATS, FormatError, StreamEncoder, available_formats, encode_audio, to_pcm16
 from studio.gpu_queue import ServiceBusy, ServiceClosed
 from studio.longform import MAX_LONG_INPUT_CHARS, start_long, wants_long_form
+from studio.loudness import LoudnessMeter, check_ceiling, measure, normalize, resolve_target
 from studio.service import MAX_TEXT_CHARS, SynthesisRequest, TakeHandle
 
 log = logging.getLogger("higgs.api")
@@ -129,6 +130,11 @@ class SpeechRoutes(Routes):
         except ValidationError as exc:
             raise ApiError(422, validation_message(exc)) from None
 
+        try:
+            target, ceiling = resolve_target(req.loudness), check_ceiling(req.true_peak)
+        except ValueError as exc:
+            raise ApiError(400, str(exc), param="loudness") from None
+        level = None if target is None else (target, ceiling)
         synth, notes, alias = await self.build_request(req)
         started = time.perf_counter()
         try:
@@ -145,15 +151,18 @@ class SpeechRoutes(Routes):
             headers["X-Voice-Alias"] = f"{alias.name}={alias.shown}"
         headers = {name: header_value(value) for name, value in headers.items()}
         fmt = req.response_format
-        streamable = fmt in STREAMED_FORMATS and req.stream is not False
+        streamable = fmt in STREAMED_FORMATS and req.stream is not False and level is None
         if req.stream_format == "sse":
-            return _TakeResponse(run, self._sse(run, first, fmt, len(req.input), started, req.timestamps),
+            return _TakeResponse(run, self._sse(run, first, fmt, len(req.input), started, level,
+                                                        req.timestamps),
                                  media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
         if streamable and req.timestamps is None:
             return _TakeResponse(run, self._audio_stream(run, first, fmt), media_type=MIME[fmt], headers=headers)
         audio, last = await run.collect(first)
+        audio, loudness = await self.in_thread(_leveled, audio, level)
         data, mime = await self.in_thread(encode_audio, audio, SAMPLE_RATE, fmt)
         final = metric_headers(last.metrics, handle.seed, final=True, codes=last.codes)
+        final.update(_loudness_headers(loudness))
         headers.update({name: header_value(value) for name, value in final.items()})
         if req.timestamps is not None:  # Kokoro-FastAPI's captioned speech: the audio and its times in one JSON
             body = {"audio": base64.b64encode(data).decode(), "audio_format": mime,
@@ -298,24 +307,26 @@ class SpeechRoutes(Routes):
             log.exception("encoding the %s stream failed", fmt)
 
     async def _sse(self, run: _Run, first, fmt: str, input_chars: int, started: float,
-                   timestamps: str | None = None) -> AsyncIterator[bytes]:
+                   level: tuple[float, float] | None, timestamps: str | None = None) -> AsyncIterator[bytes]:
         def event(obj) -> bytes:
             return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
         def delta(data: bytes) -> bytes:
             return event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
 
-        last = None
+        last, loudness, meter = None, None, LoudnessMeter(SAMPLE_RATE)
         try:
-            if fmt in STREAMED_FORMATS:
+            if fmt in STREAMED_FORMATS and level is None:
                 async with aclosing(self._encoded(run, first, fmt)) as stream:
                     async for data, chunk in stream:
                         if chunk is not None:
                             last = chunk
+                            meter.feed(chunk.audio)  # a long take keeps no audio: it is measured as it goes
                         if data:
                             yield delta(data)
             else:
                 audio, last = await run.collect(first)
+                audio, loudness = await self.in_thread(_leveled, audio, level)
                 data, _ = await self.in_thread(encode_audio, audio, SAMPLE_RATE, fmt)
                 yield delta(data)
         except ApiError as exc:
@@ -340,9 +351,25 @@ class SpeechRoutes(Routes):
                      "metrics": {"ttfa_ms": numbers.get("ttfa_ms"), "rtf": numbers.get("rtf"),
                                  "frames": frames, "seed": run.handle.seed,
                                  "stop_reason": numbers.get("stop_reason"), "batch": numbers.get("batch"),
+                                 "loudness": loudness or meter.result().as_dict(),
                                  "codes_sha256": codes_sha256(last.codes) if last is not None and last.codes is not None
                                  else None,
                                  "wall_ms": round((time.perf_counter() - started) * 1000, 1)}})
+
+
+def _leveled(audio: np.ndarray, level: tuple[float, float] | None) -> tuple[np.ndarray, dict]:
+    """The collected take at `level` (target LUFS, ceiling dBTP; None: as made) and its loudness as the API
+    reports it (with the gain and the levels before when it was normalised)."""
+    if level is None:
+        return audio, measure(audio, SAMPLE_RATE).as_dict()
+    done = normalize(audio, SAMPLE_RATE, *level)
+    return done.audio, {**done.after.as_dict(), "normalized": done.as_dict()}
+
+
+def _loudness_headers(loudness: dict) -> dict[str, str]:
+    values = {"X-Loudness-LUFS": loudness.get("lufs"), "X-True-Peak-dBTP": loudness.get("true_peak_dbtp"),
+              "X-Loudness-Gain-dB": (loudness.get("normalized") or {}).get("gain_db")}
+    return {name: f"{value:.2f}" for name, value in values.items() if value is not None}
 
 
 class _TakeResponse(StreamingResponse):

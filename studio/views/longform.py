@@ -15,9 +15,12 @@ import gradio as gr
 from engine.config import SAMPLE_RATE
 from engine.longform import plan
 from engine.types import SamplingParams
+from studio import render
 from studio.access import OWNER_ONLY_LONG, Access
+from studio.acx import acx_check
 from studio.formats import write_audio
-from studio.longform import regenerate_segment, segment_rows, start_long
+from studio.longform import regenerate_segment, respell_segments, segment_rows, start_long
+from studio.loudness import measure
 from studio.service import ServiceBusy, SynthesisRequest
 from studio.views.captions import CaptionsPanel
 from studio.views.toasts import warns
@@ -60,6 +63,7 @@ class LongFormView:
         """The plan before generating: the segment table, the text as it will be spoken, the duration."""
         segments = plan(text or "", style=self.service.resolve_style(style or None), normalize=bool(normalize),
                         voices=parse_voices_map(voices_map))
+        segments = respell_segments(self.service, segments, lambda s: s.voice)
         rows = [[s.index + 1, s.speaker or "", s.text, "", round(s.seconds, 1), "planned"] for s in segments]
         seconds = sum(s.seconds + s.pause_after for s in segments)
         return rows, "\n\n".join(s.text for s in segments), f"{len(segments)} segments, about {seconds:.0f} s of speech"
@@ -80,7 +84,8 @@ class LongFormView:
         if take is None:
             return
         note = "; ".join(handle.warnings)
-        yield take, segment_rows(take), f"done: {len(take.segments)} segments. {note}".strip(), self._write(take)
+        path, levels = self._write(take)
+        yield take, segment_rows(take), f"done: {len(take.segments)} segments · {levels}. {note}".strip(), path
 
     def regenerate(self, take, row, seed, text):
         """Generate one row again (a new seed when `seed` is empty or negative, or edited `text`)."""
@@ -91,8 +96,8 @@ class LongFormView:
             raise ValueError(f"Pick a row between 1 and {len(take.segments)}.")
         regenerate_segment(self.service, take, index, seed=None if seed is None or seed < 0 else int(seed),
                            text=(text or "").strip() or None)
-        return take, segment_rows(take), f"row {index + 1} generated again (seed {take.seeds[index]})", \
-            self._write(take)
+        path, levels = self._write(take)
+        return take, segment_rows(take), f"row {index + 1} generated again (seed {take.seeds[index]}) · {levels}", path
 
     @staticmethod
     def _progress(take, done: int, started: float) -> str:
@@ -102,9 +107,12 @@ class LongFormView:
         eta = (time.perf_counter() - started) / max(spoken, 1e-9) * left
         return f"{done} of {len(take.segments)} segments, about {eta:.0f} s left"
 
-    def _write(self, take) -> str:
+    def _write(self, take) -> tuple[str, str]:
+        """The assembled take's file, and a line of its levels (loudness, true peak, the ACX check)."""
+        audio = take.assemble()
         path = self.out_dir / f"long-take-{next(self._files)}-seed{take.base_seed}.wav"
-        return write_audio(path, take.assemble(), SAMPLE_RATE)
+        return write_audio(path, audio, SAMPLE_RATE), render.levels_line(measure(audio, SAMPLE_RATE),
+                                                                           acx_check(audio, SAMPLE_RATE))
 
     def show_captions(self, take, audio_path):
         """The take's captions under its player, from its exact segment spans (studio/views/captions.py)."""

@@ -19,14 +19,18 @@ import numpy as np
 from engine.audio import load_audio
 from engine.config import SAMPLE_RATE
 from studio import assets, render
+from studio.acx import acx_check
 from studio.formats import available_formats, to_pcm16, write_audio
 from studio.live import NO_VOICE, page_request
+from studio.loudness import DEFAULT_CEILING, TARGETS, normalize
 from studio.service import MAX_TAKES, Queued, ServiceBusy, TakeHandle
 from studio.views.captions import CaptionsPanel
 from studio.views.toasts import warns
 
 log = logging.getLogger("higgs.studio")
 
+LOUDNESS_CHOICES = [("As made", "off")] + [(f"{name.capitalize()} ({lufs:g} LUFS)", name)
+                                           for name, lufs in TARGETS.items()]
 STREAM_SECONDS = 1.0  # after the first chunk, stream in ~1 s pieces (Gradio's advice for smooth HLS playback)
 
 
@@ -65,7 +69,11 @@ class TakesView:
         with gr.Row():
             self.fmt = gr.Dropdown([f for f in available_formats() if f != "pcm"], value="wav",
                                    label="Format", scale=1, min_width=90)
+            self.loudness = gr.Dropdown(LOUDNESS_CHOICES, value="off", label="Loudness", scale=1, min_width=120,
+                                        elem_id="loudness")
             self.download = gr.DownloadButton("Download WAV", scale=2, elem_id="download")
+        self.acx_button = gr.Button("ACX check", size="sm", elem_id="acx-check")
+        self.acx = gr.HTML("", elem_id="acx-report")
 
     def side_by_side_row(self):
         """One hidden column per possible take of a Generate: seed and numbers, player, Keep."""
@@ -112,21 +120,27 @@ class TakesView:
                          [self.take_audio, self.download, self.history, self.takes, self.last_seed],
                          api_visibility="private").success(self._captions, self.takes, captioned,
                                                             api_visibility="private")
-        gen_event.success(self._download_as, [self.fmt, self.takes], self.download, api_visibility="private")
+        gen_event.success(self._download_as, [self.fmt, self.takes, self.loudness], self.download,
+                          api_visibility="private")
         gen_event.success(self._captions, self.takes, captioned, api_visibility="private")
-        self.fmt.change(self._download_as, [self.fmt, self.takes], self.download, api_visibility="private")
+        for choice in (self.fmt, self.loudness):
+            choice.change(self._download_as, [self.fmt, self.takes, self.loudness], self.download,
+                          api_visibility="private")
+        self.acx_button.click(self._acx_check, [self.takes, self.loudness], self.acx, api_visibility="private")
         self.history.select(self._select_take, self.takes,
                             [self.selected, self.hist_audio, self.recipe, self.curl, self.detail],
                             api_visibility="private")
 
     # ------------------------------------------------------------------ files
 
-    def take_file(self, take, fmt: str = "wav") -> str:
-        """The take as a file in `fmt`, written once; files of takes the history has dropped are removed."""
+    def take_file(self, take, fmt: str = "wav", loudness: str = "off") -> str:
+        """The take as a file in `fmt` at the `loudness` target (studio/loudness.py), written once; files of takes
+        the history has dropped are removed."""
         out_dir = self.page.out_dir
-        path = out_dir / f"take-{take.id}-seed{take.seed}.{fmt}"
+        level = "" if loudness in (None, "", "off") else f"-{loudness}"
+        path = out_dir / f"take-{take.id}-seed{take.seed}{level}.{fmt}"
         if not path.exists():
-            write_audio(path, take.audio, take.sample_rate)
+            write_audio(path, self._leveled(take, loudness), take.sample_rate)
             kept = {f"take-{t.id}-" for t in self.service.history}
             for old in out_dir.glob("take-*"):
                 if old.name[:old.name.index("-", 5) + 1] not in kept:
@@ -199,7 +213,7 @@ class TakesView:
         state = "stopped" if take.stop_reason == "cancelled" else "done"
         wav, dl, rows, takes, last_seed = self.take_outputs(take, takes or [])
         yield {self.metrics: render.metrics_html(take.metrics, state=state, seconds=take.seconds,
-                                                 warnings=handle.warnings),
+                                                 warnings=handle.warnings, loudness=take.loudness),
                self.take_audio: wav, self.download: dl, self.history: rows, self.takes: takes,
                self.last_seed: last_seed, self.result: render.result_json(take, handle.warnings),
                **self._side_by_side([take] + [h.take for h in others if h.take is not None] if others else [])}
@@ -266,7 +280,7 @@ class TakesView:
         if not handle.finished.wait(5.0) or handle.take is None:  # stopped before the first frame
             return render.metrics_html(state="stopped"), *(gr.skip(),) * 5
         take = handle.take
-        return (render.metrics_html(take.metrics, state="stopped", seconds=take.seconds),
+        return (render.metrics_html(take.metrics, state="stopped", seconds=take.seconds, loudness=take.loudness),
                 *self.take_outputs(take, takes or []))
 
     @staticmethod
@@ -276,12 +290,27 @@ class TakesView:
 
     # ------------------------------------------------------------------ history
 
+    @staticmethod
+    def _leveled(take, loudness: str) -> np.ndarray:
+        """The take's samples normalised to `loudness` under the default true-peak ceiling ("off": as made)."""
+        if loudness in (None, "", "off"):
+            return take.audio
+        return normalize(take.audio, take.sample_rate, loudness, DEFAULT_CEILING).audio
+
     @warns(1)
-    def _download_as(self, fmt, takes):
+    def _download_as(self, fmt, takes, loudness="off"):
         take = self.service.take(takes[-1]) if takes else None
         if take is None:
             return gr.update(label=f"Download {fmt.upper()}")
-        return gr.update(value=self.take_file(take, fmt), label=f"Download {fmt.upper()}")
+        return gr.update(value=self.take_file(take, fmt, loudness), label=f"Download {fmt.upper()}")
+
+    @warns(1)
+    def _acx_check(self, takes, loudness="off"):
+        """Audible's (ACX) rules checked on the latest take as it downloads at the chosen loudness."""
+        take = self.service.take(takes[-1]) if takes else None
+        if take is None:
+            raise ValueError("Generate a take first; then check it.")
+        return render.acx_html(acx_check(self._leveled(take, loudness), take.sample_rate))
 
     @warns(4)
     def _captions(self, takes):

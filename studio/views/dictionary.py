@@ -1,0 +1,106 @@
+"""The pronunciation dictionary's editor, a small accordion under the Studio tab: the owner's rules as an editable
+table, import (TSV, JSON, PLS) and export (TSV), and a sentence tried "as it will be spoken". Thin over
+studio/pronounce.py and the service's store; only the owner sees or changes the rules.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gradio as gr
+
+from engine.normalize import looks_english
+from studio.pronounce import TSV_COLUMNS, Dictionary, Rule, merged, parse_file, to_tsv
+from studio.views.toasts import warns
+
+HELP = ("Respelling rules for words the voice gets wrong (`Nguyen` → `Win`), applied to every take after numbers "
+        "and dates are written out. A word matches whole and in any case, unless *case_sensitive*; with *regex* "
+        "it is a regular expression (`\\1` in the respelling names a group). *voice* and *language* (a code such "
+        "as `en`) limit a rule to one voice or language.")
+
+
+def rows_of(dictionary: Dictionary) -> list[list]:
+    return [[r.word, r.respelling, r.regex, r.case_sensitive, r.voice or "", r.language or ""]
+            for r in dictionary.rules]
+
+
+def dictionary_of(rows) -> Dictionary:
+    """The table's rows → a checked dictionary; rows without a word are skipped."""
+    rules = []
+    for n, row in enumerate(rows or [], 1):
+        row = list(row) + [""] * (len(TSV_COLUMNS) - len(row))
+        if not str(row[0] or "").strip():
+            continue
+        try:
+            rules.append(Rule.make(row[0], row[1], regex=_flag(row[2]), case_sensitive=_flag(row[3]),
+                                   voice=row[4] or None, language=row[5] or None))
+        except ValueError as exc:
+            raise ValueError(f"Row {n}: {exc}") from None
+    return Dictionary(rules)
+
+
+def _flag(value) -> bool:
+    return value is True or str(value).strip().lower() in ("true", "yes", "1", "x")
+
+
+class DictionaryView:
+    """Builds the accordion and handles its events."""
+
+    def __init__(self, service, access, out_dir: Path):
+        self.service, self.access, self.out_dir = service, access, Path(out_dir)
+
+    def build(self) -> None:
+        with gr.Accordion("Pronunciation dictionary", open=False, elem_id="dictionary"):
+            gr.Markdown(HELP)
+            self.table = gr.Dataframe(headers=list(TSV_COLUMNS), datatype=["str", "str", "bool", "bool", "str", "str"],
+                                      type="array", interactive=True, column_count=len(TSV_COLUMNS), row_count=3,
+                                      label="Rules", elem_id="dictionary-rules")
+            with gr.Row():
+                save = gr.Button("Save rules", variant="primary", elem_id="dictionary-save")
+                upload = gr.UploadButton("Import TSV / JSON / PLS", elem_id="dictionary-import",
+                                         file_types=[".tsv", ".txt", ".json", ".pls", ".xml"])
+                self.export = gr.DownloadButton("Export TSV", elem_id="dictionary-export")
+            with gr.Row():
+                trial = gr.Textbox(label="Try a sentence", scale=1, elem_id="dictionary-try")
+                spoken = gr.Textbox(label="As it will be spoken", interactive=False, scale=1,
+                                    elem_id="dictionary-spoken")
+            self.status = gr.Markdown("", elem_id="dictionary-status")
+        outputs = [self.table, self.export, self.status]
+        owner = self.access.owner_only
+        save.click(owner(warns(3)(self.save)), [self.table], outputs, api_visibility="private")
+        upload.upload(owner(warns(3)(self.import_file)), [upload, self.table], outputs, api_visibility="private")
+        trial.submit(warns(1)(self.trial), [trial, self.table], spoken, api_visibility="private")
+
+    # ------------------------------------------------------------------ handlers
+
+    def load(self, request: gr.Request):
+        """The page load: the owner's rules and their export; nothing for a visitor."""
+        if not self.access.is_owner(request) or self.service.dictionary is None:
+            return [], None, ""
+        return self._shown(self.service.rules(), "")
+
+    def save(self, rows):
+        return self._shown(self._replace(dictionary_of(rows)), "Saved.")
+
+    def import_file(self, file, rows):
+        """The file's rules added after the table's, and saved."""
+        path = Path(file if isinstance(file, str) else file.name)
+        imported, notes = parse_file(path.name, path.read_bytes())
+        saved = self._replace(merged(dictionary_of(rows), imported))
+        return self._shown(saved, f"Imported {len(imported.rules)} rules. " + "; ".join(notes))
+
+    def trial(self, text, rows):
+        """`text` with the table's rules (saved or not), as the model will read it."""
+        text = text or ""
+        return dictionary_of(rows).apply(text, language="en" if looks_english(text) else None)
+
+    def _replace(self, dictionary: Dictionary) -> Dictionary:
+        if self.service.dictionary is None:
+            raise ValueError("This studio keeps no pronunciation dictionary (it has no studio folder).")
+        return self.service.dictionary.replace(dictionary)
+
+    def _shown(self, dictionary: Dictionary, note: str):
+        path = self.out_dir / "dictionary.tsv"
+        path.write_text(to_tsv(dictionary), encoding="utf-8")
+        status = f"{len(dictionary.rules)} rules (version `{dictionary.version or '—'}`). {note}"
+        return rows_of(dictionary), str(path), status.strip()
