@@ -43,7 +43,7 @@ def _convert_float(input, input_dtype, output_dtype, rounding_mode):
     if input_dtype == tl.float32 and output_dtype == tl.bfloat16:
         bits = np.asarray(input).view(np.uint32)
         if not np.isnan(bits.view(np.float32)).any():  # torch's round to nearest even, as numpy (NaNs: torch's)
-            return ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16).reshape(input.shape)
+            return ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16, order="C").reshape(input.shape)
     if input_dtype == tl.float32 and output_dtype in _TORCH:
         dst, as_int, np_out = _TORCH[output_dtype]
         x = torch.from_numpy(np.ascontiguousarray(input).view(np.float32).copy())
@@ -56,7 +56,7 @@ def _exact_convert_float(input, input_dtype, output_dtype, rounding_mode):
     if input_dtype == tl.bfloat16 and output_dtype == tl.float32:
         bits = np.asarray(input).view(np.uint16)
         if not (((bits & 0x7F80) == 0) & ((bits & 0x7F) != 0)).any():
-            return (bits.astype(np.uint32) << 16).reshape(input.shape)
+            return (bits.astype(np.uint32, order="C") << 16).reshape(input.shape)
     return _original(input, input_dtype, output_dtype, rounding_mode)
 
 
