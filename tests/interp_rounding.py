@@ -4,7 +4,8 @@ The interpreter converts fp32 → bf16 by *truncating* the mantissa (`interprete
 rounding mode: 4890 of 10000 random values differ from torch's round-to-nearest-even), and its fp32 → fp8
 path loses the carry into the exponent (shared/KERNELS.md §2). On hardware both casts are `cvt.rn`
 (round to nearest even). Every kernel stores bf16, so without this fix a CPU test would compare against the
-wrong rounding; with it the interpreter rounds exactly like torch (and like the GPU).
+wrong rounding; with it the interpreter rounds exactly like torch (and like the GPU). The bf16 rounding is
+torch's formula in numpy (no round trip through torch tensors), NaNs aside, which torch itself converts.
 
 Second defect: `tl.dot` on bf16 operands multiplies the raw uint16 storage as integers (numpy has no
 bf16; fp8 operands are decoded first, bf16 ones are not), giving values ~1e11 for O(1) inputs. The fix
@@ -17,7 +18,10 @@ Not a defect but a cost: the interpreter patches `triton.language` (inspect.getm
 tl.math, ...) at every kernel launch and again at every call of a @triton.jit helper inside it, once per
 program and loop step. The launch's patch is still in force during those calls, so re-patching changes
 nothing; `install()` skips it for a helper called on the launching thread whose language modules are
-already patched in this launch (a quarter of the kernel tests' time).
+already patched in this launch (a quarter of the kernel tests' time). Two smaller costs go the same way,
+each bit for bit what the interpreter computed: its bf16 → fp32 upcast (a bit-by-bit decode, run for every
+bf16 load) is one shift where no bf16 subnormal is present (those keep the interpreter's own path), and its
+numpy dtype lookup (a dict rebuilt at every call) is a table. `speed_ups()` installs these three alone.
 """
 
 from __future__ import annotations
@@ -36,11 +40,40 @@ _original = interpreter._convert_float
 
 
 def _convert_float(input, input_dtype, output_dtype, rounding_mode):
+    if input_dtype == tl.float32 and output_dtype == tl.bfloat16:
+        bits = np.asarray(input).view(np.uint32)
+        if not np.isnan(bits.view(np.float32)).any():  # torch's round to nearest even, as numpy (NaNs: torch's)
+            return ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16, order="C").reshape(input.shape)
     if input_dtype == tl.float32 and output_dtype in _TORCH:
         dst, as_int, np_out = _TORCH[output_dtype]
         x = torch.from_numpy(np.ascontiguousarray(input).view(np.float32).copy())
         return x.to(dst).view(as_int).numpy().view(np_out).reshape(input.shape)
+    return _exact_convert_float(input, input_dtype, output_dtype, rounding_mode)
+
+
+def _exact_convert_float(input, input_dtype, output_dtype, rounding_mode):
+    """The interpreter's own conversion, its bf16 → fp32 upcast as one shift where that is bit-identical."""
+    if input_dtype == tl.bfloat16 and output_dtype == tl.float32:
+        bits = np.asarray(input).view(np.uint16)
+        if not (((bits & 0x7F80) == 0) & ((bits & 0x7F) != 0)).any():
+            return (bits.astype(np.uint32, order="C") << 16).reshape(input.shape)
     return _original(input, input_dtype, output_dtype, rounding_mode)
+
+
+_original_np_dtype = interpreter._get_np_dtype
+_NP_DTYPES = {t: _original_np_dtype(t) for t in (
+    tl.int1, tl.float16, tl.float32, tl.float64, tl.int8, tl.uint8, tl.int16, tl.uint16, tl.int32, tl.uint32,
+    tl.int64, tl.uint64, tl.bfloat16, tl.float8e5, tl.float8e5b16, tl.float8e4nv, tl.float8e4b8, tl.float8e4b15)}
+_U64 = np.dtype(np.uint64)
+
+
+def _get_np_dtype(tt_dtype):
+    if isinstance(tt_dtype, tl.block_type):
+        tt_dtype = tt_dtype.element_ty
+    if isinstance(tt_dtype, tl.pointer_type):
+        return _U64
+    found = _NP_DTYPES.get(tt_dtype)
+    return _original_np_dtype(tt_dtype) if found is None else found
 
 
 _original_dot = interpreter.InterpreterBuilder.create_dot
@@ -49,7 +82,7 @@ _original_dot = interpreter.InterpreterBuilder.create_dot
 def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
     def decode(t):
         if t.dtype.scalar == tl.bfloat16:
-            data = _original(t.data, tl.bfloat16, tl.float32, None).view(np.float32)   # exact upcast
+            data = _exact_convert_float(t.data, tl.bfloat16, tl.float32, None).view(np.float32)  # exact
             return interpreter.TensorHandle(data, tl.float32)
         return t
     return _original_dot(self, decode(a), decode(b), d, input_precision, max_num_imprecise_acc)
@@ -89,8 +122,15 @@ def _launch(self, *args, **kwargs):
         stack.pop()
 
 
-def install() -> None:
-    interpreter._convert_float = _convert_float
-    interpreter.InterpreterBuilder.create_dot = _create_dot
+def speed_ups() -> None:
+    """The speed-ups alone, no arithmetic changed (tests/interp_python.py gives them to a subprocess)."""
+    interpreter._convert_float = _exact_convert_float
+    interpreter._get_np_dtype = _get_np_dtype
     interpreter._patch_lang = _patch_lang
     interpreter.GridExecutor.__call__ = _launch
+
+
+def install() -> None:
+    speed_ups()
+    interpreter._convert_float = _convert_float
+    interpreter.InterpreterBuilder.create_dot = _create_dot

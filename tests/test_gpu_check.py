@@ -5,7 +5,9 @@ sections after it still run."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 from bench import gpu_check, gpu_model, gpu_run
@@ -15,8 +17,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_cpu_selftest_contains_deliberate_failures_and_writes_json_lines(tmp_path):
+    # the script's own python (PYTHON), with the test process's interpreter speed-up and nothing else
+    env = {**os.environ, "PYTHON": f"{sys.executable} -m tests.interp_python"}
     out = subprocess.run(["bash", "scripts/gpu_check.sh", "--cpu-selftest", "--out", str(tmp_path)], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
     assert all(set(r) == {"section", "item", "value", "limit", "status"} for r in rows)

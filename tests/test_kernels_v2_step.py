@@ -20,7 +20,7 @@ from kernels import ops
 from kernels.runtime import InterpretedKernels, cubin_ops
 from tests import interp_rounding
 from tests.helpers import cosine, rel_err
-from tests.interp_step import FAST_TILES, TorchReference, Weights, embed_row
+from tests.interp_step import fast_tiles
 
 interp_rounding.install()
 
@@ -38,17 +38,18 @@ FAST_SPLITK = {"bf16": dict(BLOCK_N=64, BLOCK_K=16, SPLIT_K=4), "fp8": dict(BLOC
 def tiny(parity_dir):
     ckpt = load_checkpoint(parity_dir / "tiny_checkpoint", progress=False)
     prompt = json.loads((parity_dir / "zero_shot.json").read_text())
-    return ckpt, torch.tensor(prompt["prompt_ids"]), Weights(parity_dir / "tiny_checkpoint")
+    return ckpt, torch.tensor(prompt["prompt_ids"])
 
 
-def decode_launches(ckpt, ids, variant):
-    """The manifest names one decode step launches, from the backend's launch list."""
+def decode_launches(ckpt, variant):
+    """The manifest names one decode step (at position 3) launches, from the backend's launch list. No
+    prefill before it: which kernels a step launches follows from the variant and the shapes, never from
+    what the KV cache holds."""
     if not (mf.CUBIN_DIR / "sm_90a" / mf.MANIFEST).exists():
         pytest.skip("no committed cubins (python -m kernels.build)")
     kernels = InterpretedKernels(mf.load(90))
     be = CubinBackend(ckpt.dims, ckpt.backbone, ops=cubin_ops(kernels), device="cpu", precision="bf16",
                       max_len=MAX_LEN, variant=variant)
-    be.prefill(ids[:3], None, 0)
     kernels.launches.clear()
     be.decode(torch.full((ckpt.dims.codebooks,), ckpt.dims.boc), 3)
     return list(kernels.launches)
@@ -56,9 +57,9 @@ def decode_launches(ckpt, ids, variant):
 
 @pytest.mark.slow
 def test_launches_per_layer(tiny):
-    ckpt, ids, _ = tiny
+    ckpt, _ = tiny
     layers = ckpt.dims.layers
-    v1, v2, v3 = (decode_launches(ckpt, ids, v) for v in ("v1", "v2", "v3"))
+    v1, v2, v3 = (decode_launches(ckpt, v) for v in ("v1", "v2", "v3"))
     assert v1[-1] == v2[-1] == v3[-1] == "audio_head_norm_bf16"      # the head, after the layers, in all
     assert (len(v1) - 1) / layers == 10
     assert v2[:-1] == V2_LAYER * layers                     # 5 per layer, in this order
@@ -67,57 +68,46 @@ def test_launches_per_layer(tiny):
 
 
 def test_unknown_variant_is_refused(tiny):
-    ckpt, _, _ = tiny
+    ckpt, _ = tiny
     with pytest.raises(ValueError, match="variant must be one of"):
         CubinBackend(ckpt.dims, ckpt.backbone, ops=ops, device="cpu", precision="bf16", max_len=MAX_LEN,
                      variant="v9")
 
 
 @pytest.fixture(scope="module")
-def run(tiny):
+def run(tiny, interp_take):
     """Prefill, then a greedy take of STEPS rows through the backend's device-sampling loop (sampler kernel,
-    fused embedding, v2 step), each step's logits against the reference fed the reference's own rows;
-    then FP8 v1 and v2 teacher-forced on those rows against BF16."""
-    ckpt, ids, w = tiny
+    fused embedding), each step's logits against the reference fed the reference's own rows; then FP8
+    teacher-forced on those rows against BF16. The v2 take and FP8 v1 and v2 are the first STEPS rows and
+    FP8_STEPS logits of the session's `interp_take` (tests/interp_step.py): the same backend, prompt, tiles
+    and rows, so the same bits as running them here; the split-K v3 runs here."""
+    ckpt, ids = tiny
     d = ckpt.dims
-    saved = {name: dict(getattr(ops, name)) for name in FAST_TILES}
-    for name, tiles in FAST_TILES.items():
-        getattr(ops, name).update(tiles)
-    saved_v2, saved_v3 = dict(ops.GEMV2_TILES), dict(ops.SPLITK_TILES)
-    ops.GEMV2_TILES.update(FAST_TILES["GEMV_TILES"])
+    out = dict(ref=interp_take["ref"][:STEPS + 1], ref_rows=interp_take["ref_rows"][:STEPS],
+               kern=interp_take["kern"][:STEPS + 1], kern_rows=interp_take["kern_rows"][:STEPS],
+               fp8_v1=interp_take["fp8_v1"][:FP8_STEPS], fp8_v2=interp_take["fp8_v2"][:FP8_STEPS])
+    saved_v3 = dict(ops.SPLITK_TILES)
     ops.SPLITK_TILES.update(FAST_SPLITK)
     try:
-        ref = TorchReference(w)
-        n0 = len(ids)
-        out = dict(ref=[ref.forward(w.text[ids].float(), 0)], ref_rows=[])
-        for s in range(STEPS):
-            ref_row = out["ref"][-1].argmax(-1)
-            ref_row[s + 1:] = d.boc
-            out["ref_rows"].append(ref_row.tolist())
-            out["ref"].append(ref.forward(embed_row(w, ref_row)[None], n0 + s))
-        for variant, suffix in (("v2", ""), ("v3", "_v3")):
+        with fast_tiles():
+            n0 = len(ids)
             be = CubinBackend(d, ckpt.backbone, ops=ops, device="cpu", precision="bf16", max_len=MAX_LEN,
-                              variant=variant)
+                              variant="v3")
             kern, kern_rows = [be.prefill(ids, None, 0)], []
             be.begin(kern[0], n0, seed=0, temperature=0.0, top_k=0, top_p=1.0, max_rows=STEPS)
             for _ in range(STEPS):
                 rows, _ = be.rows(1)
                 kern_rows.append(rows[0].tolist())
                 kern.append(be.logits.view(d.codebooks, d.codebook_vocab).clone())
-            out["kern" + suffix], out["kern_rows" + suffix] = kern, kern_rows
-
-        for variant in ("v1", "v2", "v3"):
+            out["kern_v3"], out["kern_rows_v3"] = kern, kern_rows
             be8 = CubinBackend(d, ckpt.backbone, ops=ops, device="cpu", precision="fp8", max_len=MAX_LEN,
-                               calibration_steps=2, variant=variant)
+                               calibration_steps=2, variant="v3")
             logits = [be8.prefill(ids, None, 0)]
             for s in range(FP8_STEPS - 1):
                 logits.append(be8.decode(torch.tensor(out["kern_rows"][s]), n0 + s))
-            out[f"fp8_{variant}"] = logits
+            out["fp8_v3"] = logits
         return out
     finally:
-        for name, tiles in saved.items():
-            getattr(ops, name).update(tiles)
-        ops.GEMV2_TILES.update(saved_v2)
         ops.SPLITK_TILES.update(saved_v3)
 
 
