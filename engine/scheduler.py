@@ -29,6 +29,12 @@ remembers whose prompt prefix sits in its first positions, and a take whose pref
 gets that slot and skips those positions. Paging would save memory for short takes but needs a gather
 in attention (a new kernel on the GPU path) for a cache that is at most max_batch × max_len anyway.
 
+Failures never hang a take: a step that raises ends the takes still in it with a sentence naming the
+failure (the worker goes on with the others), a take whose admission fails ends alone, and anything else
+the worker raises ends every take it holds, running or queued, and resets the books; the next submit
+starts a fresh worker. A take that ends gets its step's figures first and is then never touched again by
+the worker (`Take.close` relies on it).
+
 The consumer side (`Take.advance`) runs in the caller's thread: it waits for rows while the worker runs
 ahead, and the caller streams them through its own codec state, so codec work overlaps decode steps.
 """
