@@ -227,7 +227,7 @@ class Scheduler:
             except Exception as exc:  # a device failure ends every take still in the step, and only those
                 failed = [t for t in active if not t.finished]
                 error = RuntimeError(f"the engine's batched decode step failed ({type(exc).__name__}: {exc}); "
-                                     f"it ended the {len(failed)} take(s) decoding in it, the engine takes new ones")
+                                     f"it ended the {len(failed)} take(s) of its batch, the engine takes new ones")
                 error.__cause__ = exc
                 with self.cond:
                     for take in failed:
