@@ -30,7 +30,8 @@ gets that slot and skips those positions. Paging would save memory for short tak
 in attention (a new kernel on the GPU path) for a cache that is at most max_batch × max_len anyway.
 
 Failures never hang a take: a step that raises ends the takes still in it with a sentence naming the
-failure (the worker goes on with the others), a take whose admission fails ends alone, and anything else
+failure (the worker goes on with the others), a take whose admission fails or whose logits cannot be
+sampled (NaN or inf: `sampling.NonFiniteLogits`) ends alone, and anything else
 the worker raises ends every take it holds, running or queued, and resets the books; the next submit
 starts a fresh worker. A take that ends gets its step's figures first and is then never touched again by
 the worker (`Take.close` relies on it).
@@ -285,12 +286,16 @@ class Scheduler:
         try:
             for take in decoding:
                 if take.stopped():
-                    ended.append(take)
+                    ended.append((take, None))
                     continue
                 p = take.params
-                row = sample_row(take.logits, take.u, take.rule, p.temperature, p.top_k, p.top_p)
+                try:
+                    row = sample_row(take.logits, take.u, take.rule, p.temperature, p.top_k, p.top_p)
+                except Exception as exc:  # this take's logits are the problem (NonFiniteLogits): only it ends
+                    ended.append((take, exc))
+                    continue
                 if take.rule.done:
-                    ended.append(take)
+                    ended.append((take, None))
                     continue
                 rows.append(row)
                 slots.append(take.slot)
@@ -308,8 +313,10 @@ class Scheduler:
             for take in decoding:
                 take.decode_s += spent
                 take.batch = max(take.batch, len(decoding))
-            for take in ended:
-                take.finish()
+            for take, error in ended:
+                if error is not None:
+                    self.mark(take.slot, None)  # what the faulty step left in the slot is unknown
+                take.finish(error)
         for take in stepping:
             take.notify()
 

@@ -11,6 +11,7 @@ import torch
 
 from engine.generate import Engine
 from engine.prompt import Prompt, zero_shot_ids
+from engine.sampling import NonFiniteLogits
 from engine.scheduler import Scheduler
 from engine.types import SamplingParams
 
@@ -83,6 +84,27 @@ def test_a_failing_step_ends_its_takes_with_the_reason_and_the_engine_goes_on(en
     out = {}
     joined(batch_of_two(engine, out))
     assert torch.equal(out[0], alone[0]) and torch.equal(out[1], alone[1])
+
+
+def test_a_take_whose_logits_are_not_finite_ends_alone_with_the_reason(engine, alone, monkeypatch):
+    """The colleague's failure: a NaN in one take's logits made `sample` fail with "index 1026 is out of
+    bounds" and ended the whole batch. Now that take ends with `NonFiniteLogits`, its neighbour goes on."""
+    real, calls = engine.runner.decode_rows, []
+
+    def poisoned(rows, slots, positions, stream=None):
+        logits = real(rows, slots, positions, stream)
+        calls.append(1)
+        if len(calls) == 4:
+            slot = next(t.slot for t in engine.scheduler.active if t.params.seed == PARAMS[1].seed)
+            logits[slots.index(slot), 3, 5] = float("nan")  # take 1's row of this step
+        return logits
+
+    monkeypatch.setattr(engine.runner, "decode_rows", poisoned)
+    out = {}
+    joined(batch_of_two(engine, out))
+    assert isinstance(out[1], NonFiniteLogits) and "NaN or inf" in str(out[1]), out[1]
+    assert torch.equal(out[0], alone[0])
+    idle(engine)
 
 
 def test_a_take_that_cannot_be_admitted_ends_alone(engine, alone, monkeypatch):
