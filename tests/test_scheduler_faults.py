@@ -156,7 +156,8 @@ def test_a_worker_that_fails_outside_a_step_ends_every_take_it_holds(engine, alo
 def test_joins_and_cancels_forced_at_each_step_boundary_change_no_codes(engine, alone, monkeypatch):
     """Takes 0 and 1 decode together; at the 3rd step take 2 is submitted (it joins mid-way), at the 10th
     take 1 is cancelled right after its row was sampled (it leaves at the next boundary), and at the 12th
-    a take with take 1's prompt joins and reuses the cancelled take's slot and prefix. The hook runs inside the step, so the interleaving is the same on any machine."""
+    a take with take 1's prompt joins and reuses the cancelled take's slot and prefix. The hook runs inside
+    the step, so the interleaving is the same on any machine."""
     real, steps, threads, out = engine.runner.decode_rows, [], [], {}
     cancel = threading.Event()
 
