@@ -261,3 +261,27 @@ def test_an_export_levels_each_chapter_to_the_loudness_asked(service, studio, re
     for bad in ({"loudness": "loud"}, {"loudness": "-18", "true_peak": "3"}, {"true_peak": "x"}):
         r = client.get(url, params={"format": "wav", **bad})
         assert r.status_code == 400, bad
+
+
+# ------------------------------------------------------------------------------------------- the tab
+def test_the_tab_downloads_captions_and_checks_acx_on_demand_never_on_its_timer(service, studio, rendered, tmp_path,
+                                                                                 monkeypatch):
+    import studio.projects.library as library
+    from studio.views.projects import ProjectsView
+
+    calls = []
+    real = library.acx_check
+    monkeypatch.setattr(library, "acx_check", lambda *a: calls.append(1) or real(*a))
+    view = ProjectsView(Projects(studio[0].store, service), studio[1], tmp_path)
+    for _ in range(3):
+        view.tick(rendered.id, 1, None)  # the one-second timer
+    assert calls == []
+    assert 'id="acx-verdict"' in view.acx_check(rendered.id, 1) and calls == [1]
+    chapter = view.captions(rendered.id, "vtt", 1)["value"]
+    assert chapter.endswith("The book - 01.vtt") and len(webvtt.read(chapter).captions) == 3
+    book = view.captions(rendered.id, "srt", 0)["value"]
+    with open(book, encoding="utf-8") as f:
+        assert len(list(srt.parse(f.read()))) == 6
+    levelled = view.export(rendered.id, "wav", 1, "audiobook")["value"]
+    audio, _ = sf.read(levelled, dtype="float64")
+    assert pyloudnorm.Meter(SR).integrated_loudness(audio) == pytest.approx(-18, abs=0.5)

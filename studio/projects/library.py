@@ -32,7 +32,7 @@ from engine.longtake import CUT_SHORT, shape_segment, speech_rms
 from engine.normalize import AUTO
 from engine.tokenizer import estimate_seconds
 from engine.types import SamplingParams, new_seed
-from studio.acx import acx_check
+from studio.acx import AcxReport, acx_check
 from studio.captions import Captions, captions, shown_texts
 from studio.pronounce import Dictionary, rules_json
 from studio.projects.importing import MAX_TITLE_CHARS, Book, Draft, Limits, checked
@@ -58,7 +58,7 @@ class Projects:
         self._lengths: dict[tuple, int] = {}  # (key, trim_start, reference rms) → shaped samples
         self._rms: dict[str, float | None] = {}
         self._spoken: dict[tuple, tuple[str, str]] = {}
-        self._acx: dict[tuple, dict] = {}
+        self._acx: dict[tuple, AcxReport] = {}
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- settings and planning
@@ -306,7 +306,7 @@ class Projects:
             chapters.append({"index": chapter.position, "title": chapter.title, "skip": chapter.skip, "state": state,
                              "segments": len(mine), "rendered": len(done), "seconds": round(seconds, 2),
                              "characters": len(chapter.text),
-                             "acx": self._acx.get(_acx_key(planned, mine)) if state == "done" else None})
+                             "acx": self._cached_acx(planned, mine) if state == "done" else None})
         return {**self.summary(project), "has_cover": project.cover_type is not None, "cover_type": project.cover_type,
                 "extra": project.extra, "settings": project.settings,
                 "dictionary": {"rules": list(project.dictionary)}, "disk_bytes": self.store.disk_bytes(project_id),
@@ -332,7 +332,7 @@ class Projects:
                          "estimated_seconds": round(estimate_seconds(p.text), 1), "state": state, "key": p.key})
         view = next(c for c in self.view(project_id)["chapters"] if c["index"] == chapter.position)
         if acx and view["state"] == "done":
-            view["acx"] = self.acx(project_id, chapter.position)
+            view["acx"] = self.acx(project_id, chapter.position).as_dict()
         return {**view, "text": chapter.text, "segments": rows}
 
     # ---------------------------------------------------------------- jobs' bookkeeping (jobs.py sets it)
@@ -437,7 +437,7 @@ class Projects:
                         transcriber=transcriber)
         return made, audio.samples, len(mine)
 
-    def acx(self, project_id: str, index: int, owner: str | None = None) -> dict:
+    def acx(self, project_id: str, index: int, owner: str | None = None) -> AcxReport:
         """Chapter `index`'s ACX report (studio/acx.py `acx_check` of its samples as exported), kept under the
         keys its audio is made of, so it is measured once per render, not on every read."""
         self.store.project(project_id, owner)
@@ -446,12 +446,16 @@ class Projects:
         cache = _acx_key(planned, [p for p in planned if p.chapter_id == chapter.id])
         found = self._acx.get(cache)
         if found is None:
-            found = acx_check(self.chapter_pcm(project_id, index), SAMPLE_RATE).as_dict()
+            found = acx_check(self.chapter_pcm(project_id, index), SAMPLE_RATE)
             with self._lock:
                 if len(self._acx) >= ACX_CACHE:
                     self._acx.pop(next(iter(self._acx)))
                 self._acx[cache] = found
         return found
+
+    def _cached_acx(self, planned: list[Planned], mine: list[Planned]) -> dict | None:
+        found = self._acx.get(_acx_key(planned, mine))
+        return found.as_dict() if found is not None else None
 
     def _reference_rms(self, key: str) -> float | None:
         if key not in self._rms:
