@@ -19,10 +19,10 @@ exactly the segments holding its word stale.
 
 from __future__ import annotations
 
+import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
-from functools import partial
 
 import numpy as np
 
@@ -46,6 +46,7 @@ SAMPLING = ("temperature", "top_k", "top_p", "repeat_guard", "max_frames")
 PROJECT_FIELDS = ("title", "author", "language", "settings", "dictionary", "chapters", "order", "merge")
 SPOKEN_CACHE = 20_000  # (rules, text, voice, language) → what is read: the view is read every second
 ACX_CACHE = 64  # chapters' ACX reports kept, each under the keys its audio is made of
+DICTIONARY_CACHE = 64  # projects' rule sets, checked
 
 
 class Projects:
@@ -58,6 +59,7 @@ class Projects:
         self._lengths: dict[tuple, int] = {}  # (key, trim_start, reference rms) → shaped samples
         self._rms: dict[str, float | None] = {}
         self._spoken: dict[tuple, tuple[str, str]] = {}
+        self._dictionaries: dict[str, Dictionary] = {}
         self._acx: dict[tuple, AcxReport] = {}
         self._lock = threading.Lock()
 
@@ -238,39 +240,51 @@ class Projects:
             return render.anchor if render else None
 
         return plan_book(self.store.chapters(project_id), self.store.segments, project.settings, self.checkpoint,
-                         self._voice_identity, anchors, partial(self._spoken_text, project))
+                         self._voice_identity, anchors, self._speller(project))
 
     def dictionary(self, project) -> Dictionary:
-        """The project's own pronunciation rules (they win over the owner's global ones)."""
-        return Dictionary.from_json(list(project.dictionary))
+        """The project's own pronunciation rules (they win over the owner's global ones), checked once per set
+        (a regex rule's check probes it, and the plan is read every second while the tab is open)."""
+        text = json.dumps(list(project.dictionary), sort_keys=True)
+        found = self._dictionaries.get(text)
+        if found is None:
+            found = Dictionary.from_json(list(project.dictionary))
+            with self._lock:
+                if len(self._dictionaries) >= DICTIONARY_CACHE:
+                    self._dictionaries.clear()
+                self._dictionaries[text] = found
+        return found
 
     def plan_stamp(self, project) -> tuple:
         """What the plan depends on beside the store's rows: when it changes, a job reads the plan again."""
         return project.updated, self.service.rules(self.dictionary(project)).version
 
-    def _spoken_text(self, project, text: str, voice_id: str | None) -> tuple[str, str]:
-        """(`text` as the model reads it, the fingerprint of the rules that fired): the service's `respell` and
-        `pronunciation_key` (studio/service.py) with the owner's rules and the project's, scoped to the voice's id
-        and name and the project's language."""
+    def _speller(self, project) -> Callable[[str, str | None], tuple[str, str]] | None:
+        """`spoken(text, voice_id)` for the plan: (`text` as the model reads it, the fingerprint of the rules that
+        fired), the service's `respell` and `pronunciation_key` (studio/service.py) with the owner's rules and
+        the project's, scoped to the voice's id and name and the project's language. None without rules."""
         own = self.dictionary(project)
-        rules = self.service.rules(own)
-        if not rules.rules:
-            return text, ""
-        voice = ()
-        if voice_id is not None:
-            record = self.service.voices.get(voice_id)
-            voice = (record.id, record.name)
+        version = self.service.rules(own).version
+        if not version:
+            return None
         language = project.language or None
-        cache = (rules.version, text, voice, language)
-        found = self._spoken.get(cache)
-        if found is None:
-            found = (self.service.respell(text, voice, language, project=own),
-                     self.service.pronunciation_key(text, voice, language, project=own))
-            with self._lock:
-                if len(self._spoken) >= SPOKEN_CACHE:
-                    self._spoken.clear()
-                self._spoken[cache] = found
-        return found
+
+        def spoken(text: str, voice_id: str | None) -> tuple[str, str]:
+            voice = ()
+            if voice_id is not None:
+                record = self.service.voices.get(voice_id)
+                voice = (record.id, record.name)
+            cache = (version, text, voice, language)
+            found = self._spoken.get(cache)
+            if found is None:
+                found = (self.service.respell(text, voice, language, project=own),
+                         self.service.pronunciation_key(text, voice, language, project=own))
+                with self._lock:
+                    if len(self._spoken) >= SPOKEN_CACHE:
+                        self._spoken.clear()
+                    self._spoken[cache] = found
+            return found
+        return spoken
 
     def _voice_identity(self, voice_id: str) -> str:
         return self.service.voices.get(voice_id).content_hash
