@@ -18,6 +18,7 @@ import soundfile as sf
 import srt
 import webvtt
 
+from engine import Engine
 from studio.formats import ffmpeg_path
 from studio.projects import importing
 from studio.projects.importing import Limits
@@ -25,7 +26,8 @@ from studio.projects.jobs import JobRunner
 from studio.projects.library import Projects
 from studio.projects.store import Store
 from studio.pronounce import Dictionary, DictionaryStore, Rule
-from tests.test_projects import SETTINGS, _client, service, wait  # noqa: F401 (the engine's fixture)
+from studio.service import StudioService
+from tests.test_projects import SETTINGS, _client, wait
 
 SR = 24_000
 # Chapter One's second paragraph holds two sentences in one segment (its second cue's start is estimated).
@@ -46,6 +48,13 @@ class Prompts:
     def build_prompt(self, text, **kwargs):
         self.texts.append(text)
         return self.engine.build_prompt(text, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def service(tiny_checkpoint):
+    service = StudioService(Engine.load(tiny_checkpoint, device="cpu", precision="fp32", max_batch=2), None, None)
+    yield service
+    service.close()
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +211,7 @@ def test_a_chapters_acx_report_is_in_the_api_view_and_measured_once(service, stu
     fresh = Projects(studio[0].store, service)  # no report measured yet (the file's other tests read some)
     client = _client(service, (fresh, studio[1]))
     assert all(c["acx"] is None for c in client.get(f"/v1/projects/{rendered.id}").json()["chapters"])
-    import studio.projects.library as library
+    from studio.projects import library
 
     calls = []
     real = library.acx_check
@@ -266,7 +275,7 @@ def test_an_export_levels_each_chapter_to_the_loudness_asked(service, studio, re
 # ------------------------------------------------------------------------------------------- the tab
 def test_the_tab_downloads_captions_and_checks_acx_on_demand_never_on_its_timer(service, studio, rendered, tmp_path,
                                                                                  monkeypatch):
-    import studio.projects.library as library
+    from studio.projects import library
     from studio.views.projects import ProjectsView
 
     calls = []

@@ -34,11 +34,11 @@ from engine.tokenizer import estimate_seconds
 from engine.types import SamplingParams, new_seed
 from studio.acx import AcxReport, acx_check
 from studio.captions import Captions, captions, shown_texts
-from studio.pronounce import Dictionary, rules_json
 from studio.projects.importing import MAX_TITLE_CHARS, Book, Draft, Limits, checked
 from studio.projects.recipes import Planned, checkpoint_identity, plan_book
 from studio.projects.store import Chapter, ProjectNotFound, SegmentRow, Store
 from studio.projects.types import BookMeta, ChapterAudio
+from studio.pronounce import Dictionary, rules_json
 
 SETTINGS = ("voice", "voices", "style", "seed", "normalize", "temperature", "top_k", "top_p", "repeat_guard",
             "max_frames")

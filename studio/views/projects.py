@@ -18,13 +18,13 @@ from pathlib import Path
 import gradio as gr
 
 from engine.config import SAMPLE_RATE
-from studio.render import acx_html
 from studio.access import Access
 from studio.admission import OWNER
 from studio.formats import write_audio
 from studio.loudness import TARGETS
 from studio.projects import importing
 from studio.projects.export import EXPORT_FORMATS, chapter_export, export, levelled
+from studio.render import acx_html
 from studio.views.toasts import warns
 
 CHAPTER_HEADERS = ["#", "chapter", "state", "segments", "seconds"]
