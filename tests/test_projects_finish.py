@@ -294,3 +294,18 @@ def test_the_tab_downloads_captions_and_checks_acx_on_demand_never_on_its_timer(
     levelled = view.export(rendered.id, "wav", 1, "audiobook")["value"]
     audio, _ = sf.read(levelled, dtype="float64")
     assert pyloudnorm.Meter(SR).integrated_loudness(audio) == pytest.approx(-18, abs=0.5)
+
+
+def test_a_store_made_before_project_dictionaries_gains_the_column(tmp_path):
+    import sqlite3
+
+    Store(tmp_path).close()
+    db = sqlite3.connect(tmp_path / "projects.sqlite3")
+    db.execute("ALTER TABLE projects DROP COLUMN dictionary")  # the folder as the previous release left it
+    db.close()
+    store = Store(tmp_path)
+    project = store.create_project("owner", title="Old", settings={"seed": 1}, chapters=[])
+    assert store.project(project.id).dictionary == []
+    store.update_project(project.id, dictionary=[{"word": "a", "respelling": "b"}])
+    assert store.project(project.id).dictionary == [{"word": "a", "respelling": "b"}]
+    store.close()

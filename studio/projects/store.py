@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,7 @@ class Project:
     cover_type: str | None
     created: float
     updated: float
-    dictionary: list = ()  # the project's pronunciation rules as JSON objects (studio/pronounce.py Rule.to_json)
+    dictionary: list = field(default_factory=list)  # the project's pronunciation rules as JSON objects (studio/pronounce.py Rule.to_json)
 
 
 @dataclass(frozen=True)
