@@ -309,3 +309,18 @@ def test_a_store_made_before_project_dictionaries_gains_the_column(tmp_path):
     store.update_project(project.id, dictionary=[{"word": "a", "respelling": "b"}])
     assert store.project(project.id).dictionary == [{"word": "a", "respelling": "b"}]
     store.close()
+
+
+def test_with_asr_on_a_chapters_times_inside_a_segment_are_heard(studio, rendered):
+    from studio.asr import Transcriber
+    from tests.test_captions import WordPipeline
+
+    projects, _ = studio
+    pipe = WordPipeline([[("The", 0.0), ("sea", 0.02), ("was", 0.04), ("calm.", 0.06), ("Gulls", 0.1),
+                          ("cried.", 0.12)]])
+    found = projects.captions(rendered.id, 0, transcriber=Transcriber("fake", make_pipeline=lambda m, d: pipe))
+    start, end = projects.chapter_audio(rendered.id, 0).spans[1]
+    assert len(pipe.calls) == 1  # only the segment with two sentences is heard, and only its own samples
+    assert pipe.calls[0][0] == pytest.approx((end - start) * 16000 / SR, abs=2)
+    assert found.cues[2].text == "Gulls cried." and found.cues[2].start == pytest.approx(start / SR + 0.1, abs=1e-3)
+    assert not found.estimated and found.note is None
