@@ -294,6 +294,13 @@ def test_the_tab_downloads_captions_and_checks_acx_on_demand_never_on_its_timer(
     levelled = view.export(rendered.id, "wav", 1, "audiobook")["value"]
     audio, _ = sf.read(levelled, dtype="float64")
     assert pyloudnorm.Meter(SR).integrated_loudness(audio) == pytest.approx(-18, abs=0.5)
+    # the project's own rules, as TSV: saving marks the segment holding the word stale
+    assert view.load_rules(rendered.id).startswith("word\trespelling")
+    _, chapters, segments = view.save_rules(rendered.id, "noon\tmidday", 2)
+    assert [row[2] for row in chapters] == ["done", "stale", "done"]
+    assert segments[1][1] == "By noon the wind had turned." and segments[1][4] == "stale"
+    assert segments[0][4] != "stale"
+    assert "noon\tmidday" in view.load_rules(rendered.id)
 
 
 def test_a_store_made_before_project_dictionaries_gains_the_column(tmp_path):

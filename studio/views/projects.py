@@ -24,6 +24,7 @@ from studio.formats import write_audio
 from studio.loudness import TARGETS
 from studio.projects import importing
 from studio.projects.export import EXPORT_FORMATS, chapter_export, export, levelled
+from studio.pronounce import from_tsv, rules_json, to_tsv
 from studio.render import acx_html
 from studio.views.toasts import warns
 
@@ -272,6 +273,20 @@ class ProjectsView:
             gr.Info(f"Captions: {found.note}.")
         return gr.update(value=str(path), label=f"Download {path.name}")
 
+    def load_rules(self, project_id: str) -> str:
+        """The project's own pronunciation rules as TSV (the owner's global ones are in the Studio tab)."""
+        project = self.projects.project(self._id(project_id), OWNER.key)
+        return to_tsv(self.projects.dictionary(project))
+
+    def save_rules(self, project_id: str, text: str, chapter):
+        """Replace the project's rules with the TSV typed; the segments whose rules change turn stale."""
+        project_id = self._id(project_id)
+        active = self.projects.active_job(project_id)
+        if active is not None and self.projects.store.job(active[0]).state == "running":
+            raise ValueError("The project is rendering; pause or cancel it before changing its pronunciation rules.")
+        self.projects.patch(project_id, {"dictionary": rules_json(from_tsv(text or ""))["rules"]}, OWNER.key)
+        return self.show(project_id, chapter)
+
     def acx_check(self, project_id: str, chapter) -> str:
         """The chosen chapter's ACX report (measured once per render of it) as a small table."""
         project_id = self._id(project_id)
@@ -343,6 +358,12 @@ class ProjectsView:
             caption_fmt = gr.Dropdown(CAPTION_FORMATS, value="srt", label="Captions", elem_id="proj-caption-format")
             make_captions = gr.Button("Captions", elem_id="proj-captions")
             download = gr.DownloadButton("Download", elem_id="proj-download")
+        with gr.Accordion("Pronunciation rules of this project", open=False):
+            rules = gr.Textbox(label="word<TAB>respelling[<TAB>regex<TAB>case_sensitive<TAB>voice<TAB>language], one a "
+                                     "line; they win over the Studio tab's dictionary", lines=4, elem_id="proj-rules")
+            with gr.Row():
+                load_rules = gr.Button("Load", elem_id="proj-rules-load")
+                save_rules = gr.Button("Save (changed words turn stale)", elem_id="proj-rules-save")
         with gr.Accordion("New project", open=False):
             with gr.Row():
                 title = gr.Textbox(label="Title (empty: from the book)", elem_id="proj-title")
@@ -371,6 +392,9 @@ class ProjectsView:
         segments.select(owner(self.pick_segment), None, [segment, edited], **private)
         play.click(owner(warns(1)(self.play_chapter)), [self.picker, chapter], player, **private)
         check.click(owner(warns(1)(self.acx_check)), [self.picker, chapter], acx_report, **private)
+        load_rules.click(owner(warns(1)(self.load_rules)), [self.picker], rules, **private)
+        save_rules.click(owner(warns(3)(self.save_rules)), [self.picker, rules, chapter], [summary, chapters, segments],
+                         **private)
         play_segment.click(owner(warns(1)(self.play_segment)), [self.picker, chapter, segment], segment_audio,
                            **private)
         redo.click(owner(warns(3)(self.regenerate)), [self.picker, chapter, segment, seed, edited],
