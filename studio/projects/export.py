@@ -281,8 +281,8 @@ def acx_zip(chapters: Sequence[ChapterAudio], meta: BookMeta) -> Iterator[bytes]
         sink, reports = _Sink(), []
         with zipfile.ZipFile(sink, "w", zipfile.ZIP_STORED) as zf:
             for ch, name in zip(chapters, names):
-                made = acx_chapter(ch)
-                reports.append(made.report.as_dict())
+                made = acx_chapter(ch)  # trimmed, with room tone: its file's length is not the chapter's
+                reports.append({**made.report.as_dict(), "file_seconds": round(made.audio.size / SAMPLE_RATE, 3)})
                 zf.writestr(name, made.data)
                 yield sink.take()
             listing = manifest(chapters, meta, names)
