@@ -274,7 +274,8 @@ class Projects:
             rows.append({"index": p.position, "text": p.source, "spoken": p.text, "speaker": p.speaker,
                          "seed": render.seed if render else p.seed, "retried": bool(render and render.retried),
                          "seconds": round(render.samples / SAMPLE_RATE, 2) if render else None,
-                         "estimated_seconds": round(estimate_seconds(p.text), 1), "state": state, "key": p.key})
+                         "estimated_seconds": round(estimate_seconds(p.text), 1), "state": state, "key": p.key,
+                         **_heard(render)})
         view = next(c for c in self.view(project_id)["chapters"] if c["index"] == chapter.position)
         return {**view, "text": chapter.text, "segments": rows}
 
@@ -350,6 +351,13 @@ class Projects:
         if cache not in self._lengths:
             self._lengths[cache] = len(shape_segment(self.store.read_audio(key), trim_start=trim, reference_rms=ref))
         return self._lengths[cache]
+
+
+def _heard(render) -> dict:
+    """A segment row's listen-and-retry fields (studio/projects/jobs.py): the kept WER and every attempt, or
+    None when it was not listened to."""
+    listen = render.recipe.get("listen") if render is not None else None
+    return {"wer": listen["wer"] if listen else None, "attempts": listen["attempts"] if listen else None}
 
 
 def _title(text: str) -> str:
