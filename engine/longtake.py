@@ -18,7 +18,8 @@ seed and flagged; the first is only flagged, since it has already been heard.
 Listening (`check`): a take given `check(segment_text, audio) -> float | None` (how far the audio is from its
 text, lower is better; the studio's is the word error rate of its ASR, studio/listen.py) scores every
 attempt; a segment scoring above `check_above` is generated again with the next seed, up to `check_retries`
-times, and the best attempt kept (not cut short first, then the lowest score; ties: the first). Every
+times, and the best attempt kept (the lowest score, then not cut short; ties: the first); an attempt the
+check cannot judge falls back on the cut-short rule. Every
 attempt's seed, stop reason and score is kept (`SegmentTake.attempts`) and written to the recipe, whose seed
 is the kept one: the recipe reproduces the take with no retry and no check. Listening needs a whole segment,
 so with a check the first segment is generated whole too (and can be retried): the take's TTFA is then a
@@ -78,21 +79,22 @@ class Attempt:
 
 
 def again(attempts: list[Attempt], *, above: float, retries: int) -> bool:
-    """Whether a segment is generated once more after `attempts`: a take cut short gets at least one retry
-    (as without a check), one scoring above `above` up to `retries`."""
+    """Whether a segment is generated once more after `attempts`. With the check's verdict, the check decides:
+    above `above`, up to `retries` times (a take cut short mid-word is heard so; one that only ran on into
+    silence is not). Without one (no check, or it could not tell), a take cut short gets its one retry."""
     last, made = attempts[-1], len(attempts) - 1
-    if last.stop_reason in CUT_SHORT:
-        return made < max(retries, 1)
-    return last.wer is not None and last.wer > above and made < retries
+    if last.wer is None:
+        return last.stop_reason in CUT_SHORT and made < 1
+    return last.wer > above and made < retries
 
 
 def best(attempts: list[Attempt]) -> int:
-    """The attempt kept: with no scores the latest (a cut-short take's retry, as without a check); otherwise
-    the first of those not cut short with the lowest score (an unscored one counts as the worst)."""
+    """The attempt kept: with no verdicts the latest (a cut-short take's retry, as without a check); otherwise
+    the lowest score (an unscored attempt counts as the worst), then not cut short, then the first."""
     if all(a.wer is None for a in attempts):
         return len(attempts) - 1
-    return min(range(len(attempts)), key=lambda i: (attempts[i].stop_reason in CUT_SHORT,
-                                                    float("inf") if attempts[i].wer is None else attempts[i].wer, i))
+    return min(range(len(attempts)), key=lambda i: (float("inf") if attempts[i].wer is None else attempts[i].wer,
+                                                    attempts[i].stop_reason in CUT_SHORT, i))
 
 
 @dataclass(frozen=True)
@@ -326,7 +328,6 @@ class LongTake:
         prompt = self._prompt(segment, text)
         self.prompts[index] = prompt
         cap = self.max_frames or default_max_frames(text)
-        retries = self.check_retries if self.check is not None else 1
         takes: list[SegmentTake] = []
         attempts: list[Attempt] = []
         while True:
@@ -348,7 +349,7 @@ class LongTake:
                                      stop_reason=m.stop_reason, retried=False, prompt_tokens=m.prompt_tokens,
                                      prefix_len=prompt.prefix_len, reused_tokens=m.reused_tokens))
             if live or not retry or self.cancel.is_set() or not again(attempts, above=self.check_above,
-                                                                       retries=retries):
+                                                                       retries=self.check_retries):
                 break  # audio already heard cannot be taken back: a live segment is only flagged
             seed = _next_seed(seed)
         kept = best(attempts)

@@ -273,7 +273,7 @@ class JobRunner:
         options = {k: settings[k] for k in ("temperature", "top_k", "top_p", "repeat_guard")}
         cap = settings.get("max_frames") or default_max_frames(p.text)
         listening = self.listener is not None and self.listener.off_note is None
-        retries = self.listener.retries if listening else 1
+        retries = self.listener.retries if listening else 0
         above = self.listener.above if listening else 0.0
         seed, started = p.seed, time.perf_counter()
         attempts: list[Attempt] = []
