@@ -19,9 +19,9 @@ Listening (`check`): a take given `check(segment_text, audio) -> float | None` (
 text, lower is better; the studio's is the word error rate of its ASR, studio/listen.py) scores every
 attempt; a segment scoring above `check_above` is generated again with the next seed, up to `check_retries`
 times, and the best attempt kept (the lowest score, then not cut short; ties: the first); an attempt the
-check cannot judge falls back on the cut-short rule. Every
-attempt's seed, stop reason and score is kept (`SegmentTake.attempts`) and written to the recipe, whose seed
-is the kept one: the recipe reproduces the take with no retry and no check. Listening needs a whole segment,
+check cannot judge falls back on the cut-short rule. Every attempt's seed, stop reason and score is kept
+(`SegmentTake.attempts`) and written to the recipe, whose seed is the kept one: the recipe reproduces the
+take with no retry and no check. Listening needs a whole segment,
 so with a check the first segment is generated whole too (and can be retried): the take's TTFA is then a
 whole segment's. A take without a check runs exactly as before.
 
