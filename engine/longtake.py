@@ -440,8 +440,8 @@ class LongTake:
 
     # ---------------------------------------------------------------- editing
     def regenerate(self, index: int, *, seed: int | None = None, text: str | None = None) -> SegmentTake:
-        """Generate segment `index` again (a new seed, or edited text) from the same anchor; the other
-        segments are untouched. A segment that made a zero-shot anchor keeps the old anchor, so the rest
+        """Generate segment `index` again (a new seed: `seed`, or the one after the last its take tried; or
+        edited text) from the same anchor, listening as the take does; the other segments are untouched. A segment that made a zero-shot anchor keeps the old anchor, so the rest
         of the take keeps its voice; the new take is generated from it."""
         if not self.keep_audio:
             raise ValueError("this take was streamed without keeping its audio (keep_audio=False)")
@@ -453,7 +453,8 @@ class LongTake:
                 raise ValueError("the edited segment is empty; type what it should say")
             segment = replace(segment, text=text, source=text)
             self.segments[index] = segment
-        seed = _next_seed(self.seeds[index]) if seed is None else int(seed)
+        tried = self.takes[index].attempts  # the next seed after the last one tried, not a rejected attempt's
+        seed = _next_seed(tried[-1].seed if tried else self.seeds[index]) if seed is None else int(seed)
         generator = self._generate(index, segment.text, seed, retry=self.retry)
         while True:
             try:
@@ -522,8 +523,8 @@ __all__ = [
     "LongTake",
     "SegmentTake",
     "TakeChunk",
-    "anchor_frames",
     "again",
+    "anchor_frames",
     "best",
     "shape_segment",
     "speech_bounds",

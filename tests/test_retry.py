@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -20,20 +19,20 @@ import numpy as np
 import pytest
 import torch
 
-from engine.captions import WordTime
 from engine.config import SAMPLES_PER_FRAME
 from engine.longform import plan
-from engine.longtake import LongTake, again, best, Attempt
-from engine.prompt import Prompt
+from engine.longtake import Attempt, LongTake, again, best
+from engine.prompt import Prompt, VoiceRef
 from engine.tokenizer import SPECIAL
 from engine.types import Chunk, SamplingParams
 from studio.asr import Transcriber
 from studio.listen import Listener, wer, words
-from studio.longform import segment_rows, start_long
+from studio.longform import regenerate_segment, segment_rows, start_long
 from studio.projects import importing
 from studio.projects.importing import Limits
 from studio.projects.jobs import JobRunner
 from studio.projects.library import Projects
+from studio.projects.recipes import anchor_of_render
 from studio.projects.store import Store, as_stored
 from studio.service import StudioService, SynthesisRequest
 from tests.fakes import FakeEngine
@@ -181,6 +180,10 @@ def test_segments_heard_wrong_are_made_again_and_the_best_is_kept(service):
     assert [c["seed"] for c in engine.calls[calls:]] == [1001, 1002, 1003] and len(asr.heard) == heard
     assert "listen" not in again_take.recipe()
 
+    # a row generated again starts after the last seed its take tried (1003 was tried and not kept)
+    regenerate_segment(service, take, 1)
+    assert take.seeds[1] == 1004 and take.takes[1].wer == 0.0 and len(take.takes[1].attempts) == 1
+
 
 def test_a_take_heard_right_is_made_once_and_without_asr_the_take_says_so(service):
     engine = service.engine
@@ -240,8 +243,6 @@ def test_a_project_render_listens_retries_and_records_every_attempt(service, tmp
 
     # the recipe's kept seed makes the stored audio again, with no retry
     anchor = store.render(projects.planned(project.id)[0].key)
-    from studio.projects.recipes import anchor_of_render
-    from engine.prompt import VoiceRef
     codes, transcript = anchor_of_render(store.read_audio(anchor.key), store.read_codes(anchor.key),
                                          anchor.recipe["text"])
     prompt = engine.build_prompt(render.recipe["text"], voice=VoiceRef(torch.from_numpy(codes), transcript))
@@ -249,6 +250,9 @@ def test_a_project_render_listens_retries_and_records_every_attempt(service, tmp
     again_audio = np.concatenate([c.audio for c in engine.generate_stream(prompt=prompt, seed=render.seed,
                                                                           **settings)])
     assert np.array_equal(as_stored(again_audio), store.read_audio(render.key))
+
+    projects.set_segment(project.id, 1, 0)  # regenerate: the seed after the last one tried, not a rejected one
+    assert store.segments(store.chapters(project.id)[1].id)[0].seed == bad.seed + 3
 
     off = JobRunner(projects, service, listener=Listener(None))
     assert off.view(job["id"])["listen"]["on"] is False

@@ -205,7 +205,8 @@ class Projects:
         if seed is None:
             planned = next(p for p in self.planned(project_id) if p.chapter_id == row.id and p.position == target.position)
             render = self.store.render(planned.key)
-            seed = ((render.seed if render else planned.seed) + 1) % 2 ** 63
+            tried = (render.recipe.get("listen") or {}).get("attempts") if render else None  # listen and retry
+            seed = ((tried[-1]["seed"] if tried else render.seed if render else planned.seed) + 1) % 2 ** 63
         self.store.set_segment(row.id, target.position, seed=SamplingParams(seed=seed).seed)
 
     def delete(self, project_id: str, owner: str | None = None) -> None:
