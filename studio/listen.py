@@ -13,6 +13,8 @@ and units written as English words (engine/normalize.py, so Whisper's "23" match
 kept). The reference is the text the model read: style prefix, normalisation and pronunciation dictionary
 applied, so a respelling is heard as it was written. Whisper hears one 30 s window (studio/asr.py
 MAX_SECONDS): a segment that runs longer is judged on its first 30 s, and scores badly, as it should.
+The transcription runs on the take's worker thread, in its turn in the line, one at a time (the pipeline is
+not shared between threads).
 """
 
 from __future__ import annotations
