@@ -111,5 +111,14 @@ def sample_row(logits: torch.Tensor, u: torch.Tensor, rule, temperature: float, 
                top_p: float) -> list[int]:
     """A take's next row on the host: sampled from `logits` with its uniforms `u` [steps, 8] at the rule's
     step, then pushed to its stop rule (engine/delay.py `StopRule`, which forces the delay window);
-    returns the row as the rule kept it, the one to feed back."""
+    returns the row as the rule kept it, the one to feed back. Logits holding NaN or inf (a faulty step)
+    raise `NonFiniteLogits` here: `sample` would otherwise fail inside top-k with "index 1026 is out of
+    bounds" (no finite entry is kept, so the candidate search runs off the vocabulary) or pick garbage."""
+    if not bool(torch.isfinite(logits).all()):
+        raise NonFiniteLogits(f"the model's logits for row {rule.step} hold NaN or inf, so the step that computed "
+                              "them is faulty; nothing can be sampled from them")
     return rule.push(sample(logits, u[rule.step], temperature, top_k, top_p).tolist())
+
+
+class NonFiniteLogits(RuntimeError):
+    """A take's logits are not finite: the device step that gave them failed silently."""

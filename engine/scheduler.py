@@ -29,6 +29,13 @@ remembers whose prompt prefix sits in its first positions, and a take whose pref
 gets that slot and skips those positions. Paging would save memory for short takes but needs a gather
 in attention (a new kernel on the GPU path) for a cache that is at most max_batch × max_len anyway.
 
+Failures never hang a take: a step that raises ends the takes still in it with a sentence naming the
+failure (the worker goes on with the others), a take whose admission fails or whose logits cannot be
+sampled (NaN or inf: `sampling.NonFiniteLogits`) ends alone, and anything else
+the worker raises ends every take it holds, running or queued, and resets the books; the next submit
+starts a fresh worker. A take that ends gets its step's figures first and is then never touched again by
+the worker (`Take.close` relies on it).
+
 The consumer side (`Take.advance`) runs in the caller's thread: it waits for rows while the worker runs
 ahead, and the caller streams them through its own codec state, so codec work overlaps decode steps.
 """
@@ -178,40 +185,85 @@ class Scheduler:
 
     # ---------------------------------------------------------------- the worker
     def _run(self) -> None:
-        while True:
-            with self.cond:
-                for take in [t for t in self.active if t.finished]:
-                    self.active.remove(take)
-                    self.busy.discard(take.slot)
-                while self.waiting and len(self.busy) < self.max_batch and not self._holds:
-                    take = self.waiting.popleft()
-                    if take.stopped():
-                        take.finish()
-                        continue
-                    self._admit(take)
-                if not self.active:
-                    if self.waiting:  # held: wait for the release (or a withdrawal) without spinning
-                        self.cond.wait(0.05)
-                        continue
-                    self.worker = None
-                    self.cond.notify_all()
-                    return
-                active = list(self.active)
-            # The backend's stream current: its launches then wait for nothing queued on torch's default
-            # stream by the listeners' codec pushes (`_on_stream` orders after the caller's stream).
-            on_stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
-            with self.runner.lock, on_stream:
+        """The worker's loop; whatever it raises ends the takes it holds with that reason instead of
+        leaving their callers waiting on a thread that is gone (`_fail`), and the next take starts a new
+        worker on clean books."""
+        try:
+            while self._boundary():
+                self._run_step(list(self.active))
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _boundary(self) -> bool:
+        """The step boundary (module docstring, 1.); False when the worker has nothing left and is gone."""
+        with self.cond:
+            for take in [t for t in self.active if t.finished]:
+                self.active.remove(take)
+                self.busy.discard(take.slot)
+            while self.waiting and len(self.busy) < self.max_batch and not self._holds:
+                take = self.waiting.popleft()
+                if take.stopped():
+                    take.finish()
+                    continue
                 try:
-                    self._step(active)
-                except BaseException as exc:  # a device failure ends every take in the step with it
-                    for take in active:
-                        take.finish(exc)
+                    self._admit(take)
+                except Exception as exc:  # this take's prompt is the problem: only it ends
+                    take.finish(exc)
+            if not self.active:
+                if self.waiting:  # held: wait for the release (or a withdrawal) without spinning
+                    self.cond.wait(0.05)
+                    return True
+                self.worker = None
+                self.cond.notify_all()
+                return False
+            return True
+
+    def _run_step(self, active: list[Take]) -> None:
+        # The backend's stream current: its launches then wait for nothing queued on torch's default
+        # stream by the listeners' codec pushes (`_on_stream` orders after the caller's stream).
+        on_stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+        with self.runner.lock, on_stream:
+            try:
+                self._step(active)
+            except Exception as exc:  # a device failure ends every take still in the step, and only those
+                failed = [t for t in active if not t.finished]
+                error = RuntimeError(f"the engine's batched decode step failed ({type(exc).__name__}: {exc}); "
+                                     f"it ended the {len(failed)} take(s) of its batch, the engine takes new ones")
+                error.__cause__ = exc
+                with self.cond:
+                    for take in failed:
+                        self.keys[take.slot] = None  # what the step left in the slot is unknown
+                for take in failed:
+                    take.finish(error)
+
+    def _fail(self, exc: BaseException) -> None:
+        """The worker itself failed: every take it holds, running or waiting, ends with the reason; the
+        books are reset (no slot kept, no prefix trusted) and the worker is gone, so the next submit
+        starts a fresh one."""
+        error = RuntimeError(f"the engine's scheduler failed ({type(exc).__name__}: {exc}); the takes it "
+                             "held were ended, the engine takes new ones")
+        error.__cause__ = exc
+        with self.cond:
+            held = [*self.active, *self.waiting]
+            for take in self.active:
+                self.busy.discard(take.slot)
+            self.active.clear()
+            self.waiting.clear()
+            self.keys = [None] * self.max_batch
+            self.worker = None
+            self.cond.notify_all()
+        for take in held:
+            take.finish(error)
 
     def _admit(self, take: Take) -> None:
         slot, hit = self._pick(prefix_key(take.prompt))
+        try:
+            take.segments, take.reused = self.runner.plan(take.prompt, hit)
+        except BaseException:
+            self.busy.discard(slot)
+            raise
         take.slot, take.admitted = slot, time.perf_counter()
         take.queued_s = take.admitted - take.started
-        take.segments, take.reused = self.runner.plan(take.prompt, hit)
         self.active.append(take)
 
     def _step(self, active: list[Take]) -> None:
@@ -230,30 +282,42 @@ class Scheduler:
         if not decoding:
             return
         tick = time.perf_counter()
-        rows, slots, positions, stepping = [], [], [], []
-        for take in decoding:
-            if take.stopped():
-                take.finish()
-                continue
-            p = take.params
-            row = sample_row(take.logits, take.u, take.rule, p.temperature, p.top_k, p.top_p)
-            if take.rule.done:
-                take.finish()
-                continue
-            rows.append(row)
-            slots.append(take.slot)
-            positions.append(take.pos)
-            stepping.append(take)
-        if stepping:
-            logits = runner.decode_rows(rows, slots, positions, self.stream)
-            for take, out in zip(stepping, logits):
-                take.logits, take.pos = out, take.pos + 1
-        self.steps += 1
-        self.largest = max(self.largest, len(decoding))
-        spent = time.perf_counter() - tick
-        for take in decoding:
-            take.decode_s += spent
-            take.batch = max(take.batch, len(decoding))
+        rows, slots, positions, stepping, ended = [], [], [], [], []
+        try:
+            for take in decoding:
+                if take.stopped():
+                    ended.append((take, None))
+                    continue
+                p = take.params
+                try:
+                    row = sample_row(take.logits, take.u, take.rule, p.temperature, p.top_k, p.top_p)
+                except Exception as exc:  # this take's logits are the problem (NonFiniteLogits): only it ends
+                    ended.append((take, exc))
+                    continue
+                if take.rule.done:
+                    ended.append((take, None))
+                    continue
+                rows.append(row)
+                slots.append(take.slot)
+                positions.append(take.pos)
+                stepping.append(take)
+            if stepping:
+                logits = runner.decode_rows(rows, slots, positions, self.stream)
+                for take, out in zip(stepping, logits):
+                    take.logits, take.pos = out, take.pos + 1
+            self.steps += 1
+            self.largest = max(self.largest, len(decoding))
+        finally:
+            # The step's figures first, then `finish`: a finished take is its caller's alone (`close`).
+            spent = time.perf_counter() - tick
+            for take in decoding:
+                take.decode_s += spent
+                take.batch = max(take.batch, len(decoding))
+            for take, error in ended:
+                if error is not None:
+                    self.mark(take.slot, None)  # what the faulty step left in the slot is unknown
+                take.finish(error)
+        for take in stepping:
             take.notify()
 
     def _prefill_chunk(self, take: Take) -> None:

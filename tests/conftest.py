@@ -113,9 +113,10 @@ SHARED_FIXTURES = ("demo_studio", "keyed_studio", "public_studio", "interp_take"
 LONGEST_FIRST = ("test_self_check.py", "test_cubin_batch.py", "test_security.py", "test_cubin_backend.py",
                  "test_live_player.py", "test_kernels_v2_step.py", "test_kernels_build.py", "test_quant.py",
                  "test_kernels_step.py", "test_studio_browser.py", "test_projects_view.py", "test_torch_graph.py",
-                 "test_gpu_check.py", "test_codec.py", "test_engine.py", "test_batch.py", "test_wyoming.py",
+                 "test_gpu_check.py", "test_codec.py", "test_engine.py", "test_batch.py", "test_scheduler_faults.py",
+                 "test_wyoming.py",
                  "test_speech_ws.py", "test_remote_servers.py", "test_spaces_browser.py", "test_projects_kill.py",
-                 "test_projects.py",
+                 "test_projects.py", "test_projects_finish.py",
                  "test_captions.py", "test_dictionary.py", "test_loudness.py")
 
 

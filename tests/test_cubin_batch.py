@@ -220,9 +220,13 @@ def prompt(*text):
     return Prompt(ids=zero_shot_ids(list(text)))
 
 
-def wait_for(condition, timeout=600.0):
+def wait_for(condition, out, timeout=300.0):
+    """Until `condition()`, failing at once when a take raised (its rows will never come) and after
+    `timeout` seconds (a step of the interpreter takes seconds on a loaded machine)."""
     deadline = time.monotonic() + timeout
     while not condition():
+        failed = {name: got for name, got in out.items() if isinstance(got, BaseException)}
+        assert not failed, f"a take failed: {failed}"
         assert time.monotonic() < deadline, "the scheduler did not get there"
         time.sleep(0.02)
 
@@ -251,20 +255,24 @@ def test_engine_codes_alone_equal_codes_in_a_batch_with_a_joiner_and_a_cancel(en
     out, cancel = {}, threading.Event()
 
     def run(name, p, params, stop=None):
-        out[name] = engine.predict(prompt=p, params=params, cancel=stop)
+        try:
+            out[name] = engine.predict(prompt=p, params=params, cancel=stop)
+        except Exception as exc:  # the waits below fail on it instead of waiting for rows that never come
+            out[name] = exc
 
     threads = [threading.Thread(target=run, args=("long", first, long))]
     threads[0].start()
-    wait_for(lambda: rows_of(engine, 7) >= 2)                  # decoding alone; the others join mid-way
+    wait_for(lambda: rows_of(engine, 7) >= 2, out)             # decoding alone; the others join mid-way
     threads.append(threading.Thread(target=run, args=("cut", doomed, cut, cancel)))
     threads[1].start()
-    wait_for(lambda: rows_of(engine, 9) >= 1)
+    wait_for(lambda: rows_of(engine, 9) >= 1, out)
     threads.append(threading.Thread(target=run, args=("late", late, short)))
     threads[2].start()
-    wait_for(lambda: rows_of(engine, 9) >= 10)                 # three frames or so, then stop it
+    wait_for(lambda: rows_of(engine, 9) >= 10, out)            # three frames or so, then stop it
     cancel.set()
     for t in threads:
         t.join()
+    assert not [got for got in out.values() if isinstance(got, BaseException)], out
     assert engine.scheduler.largest == 3
     assert torch.equal(out["long"], want_long) and torch.equal(out["late"], want_late)
     assert 0 < len(out["cut"]) < 16

@@ -27,6 +27,7 @@ from engine.types import EngineInfo
 from studio.projects.export import export
 from studio.projects.library import Projects
 from studio.projects.store import TEMP_MARK, Store
+from studio.pronounce import Dictionary
 
 REPO = Path(__file__).resolve().parents[1]
 KILLS = 8
@@ -81,9 +82,16 @@ class Zygote:
         self.log.close()
 
 
+def reader(info: dict) -> SimpleNamespace:
+    """What `Projects` reads of a studio's service to read a book back: the engine's identity, no voice library,
+    and the pronunciation rules as `StudioService.rules` gives them without an owner's dictionary."""
+    return SimpleNamespace(engine=SimpleNamespace(info=EngineInfo(**info)), voices=None,
+                           rules=lambda project=None: project if project is not None else Dictionary())
+
+
 def chapters_pcm(folder: Path, info: dict, project_id: str) -> list[np.ndarray]:
     """Every chapter's samples as the export reads them, from the files in `folder` alone."""
-    service = SimpleNamespace(engine=SimpleNamespace(info=EngineInfo(**info)), voices=None)
+    service = reader(info)
     store = Store(folder)
     try:
         projects = Projects(store, service)
@@ -95,7 +103,7 @@ def chapters_pcm(folder: Path, info: dict, project_id: str) -> list[np.ndarray]:
 def m4b_pcm(folder: Path, info: dict, project_id: str, tmp: Path) -> np.ndarray:
     """The book exported as M4B (studio/projects/export.py, as the export route makes it), decoded back to
     PCM16 by ffmpeg: what a listener of the audiobook hears."""
-    service = SimpleNamespace(engine=SimpleNamespace(info=EngineInfo(**info)), voices=None)
+    service = reader(info)
     store = Store(folder)
     try:
         chapters, meta = Projects(store, service).book(project_id)

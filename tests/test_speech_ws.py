@@ -190,7 +190,9 @@ def test_a_reply_streamed_at_an_llms_pace_is_the_long_take_heard_at_once_and_gap
     assert heard <= ttfa + 0.05
 
     take = long_take(service, texts)
+    made = time.perf_counter()
     expected = to_pcm16(take.run())
+    made = time.perf_counter() - made  # the engine's own time for the whole take, in this run
     pcm = np.frombuffer(audio, "<i2")
     assert len(pcm) == len(expected) and np.array_equal(pcm, expected)  # the stream is the long take
     assert [e["offset"] for e in sentences] == [start for start, _ in take.spans()]
@@ -210,8 +212,12 @@ def test_a_reply_streamed_at_an_llms_pace_is_the_long_take_heard_at_once_and_gap
         if played_to is not None:
             gaps.append(start - played_to)
         played_to = start + n / SAMPLE_RATE
-    print(f"longest gap in playback {1e3 * max(gaps):.1f} ms (planned pause {1e3 * SENTENCE_PAUSE:.0f} ms)")
-    assert max(gaps) <= SENTENCE_PAUSE
+    # A stream cannot be gapless on an engine slower than real time: on a loaded machine the bound grows by
+    # what the engine itself, making the same take offline in this run, fell behind the take's length.
+    behind = max(0.0, made - len(expected) / SAMPLE_RATE)
+    print(f"longest gap in playback {1e3 * max(gaps):.1f} ms (planned pause {1e3 * SENTENCE_PAUSE:.0f} ms; the "
+          f"engine made the take in {made:.2f} s for {len(expected) / SAMPLE_RATE:.2f} s of audio)")
+    assert max(gaps) <= SENTENCE_PAUSE + behind
 
 
 def test_flush_speaks_what_is_buffered_and_timestamps_mark_each_sentence_end(studio):

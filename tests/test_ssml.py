@@ -78,15 +78,15 @@ MALICIOUS = {
 def test_malicious_ssml_is_refused_in_bounded_time_and_memory(name):
     ssml, message = MALICIOUS[name]
     tracemalloc.start()
-    started = time.perf_counter()
+    started = time.thread_time()  # this thread's CPU time: the parser's own work, whatever else runs
     try:
         with pytest.raises(ValueError, match=message):
             from_ssml(ssml)
-        elapsed = time.perf_counter() - started
+        elapsed = time.thread_time() - started
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert elapsed < 2.0, f"{name}: {elapsed:.2f} s"  # ~0.5 s at most here, under load and tracemalloc
+    assert elapsed < 2.0, f"{name}: {elapsed:.2f} s of CPU"  # ~0.5 s at most here, with tracemalloc on
     assert peak < 32 * 2**20, f"{name}: {peak / 2**20:.1f} MB"
 
 

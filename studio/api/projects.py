@@ -21,18 +21,20 @@ from studio.admission import OWNER
 from studio.api.model import FORM_OVERHEAD, ApiError, Routes
 from studio.formats import to_pcm16
 from studio.projects import importing
-from studio.projects.export import chapter_export, export
+from studio.projects.export import Export, chapter_export, export, levelled
 from studio.projects.store import ProjectNotFound
 
 CREATE_FIELDS = ("title", "author", "language", "text", "format", "settings")
+CAPTION_TYPES = {"srt": "application/x-subrip", "vtt": "text/vtt"}
 
 
 class ProjectRoutes(Routes):
     """`/v1/projects…` and `/v1/jobs…` over a `Projects` library and its `JobRunner`."""
 
-    def __init__(self, service, access, limiter, *, projects, runner):
+    def __init__(self, service, access, limiter, *, projects, runner, transcriber=None):
         super().__init__(service, access, limiter)
         self.projects, self.runner = projects, runner
+        self.transcriber = transcriber  # word times inside a segment for captions (studio/asr.py); None: estimated
 
     async def _call(self, fn, *args):
         """`fn(*args)` in a thread, its ValueErrors as 400s and a missing project or job as a 404."""
@@ -143,7 +145,7 @@ class ProjectRoutes(Routes):
         def patch():
             self._owned(project_id)
             if self.projects.active_job(project_id) is not None and any(
-                    k in changes for k in ("chapters", "merge", "order", "settings", "language")):
+                    k in changes for k in ("chapters", "merge", "order", "settings", "language", "dictionary")):
                 job = self.projects.active_job(project_id)[0]
                 state = self.projects.store.job(job).state
                 if state == "running":
@@ -181,24 +183,52 @@ class ProjectRoutes(Routes):
                                  headers={"Content-Length": str(44 + 2 * audio.samples)})
 
     async def export(self, request: Request) -> StreamingResponse:
-        """`?format=m4b|zip|mp3|wav|flac` (m4b by default), `&chapter=N` for one chapter (wav, flac, mp3): the
-        file, streamed as it is made (studio/projects/export.py); the skipped chapters are not in the book."""
+        """`?format=m4b|zip|mp3|wav|flac|acx` (m4b by default), `&chapter=N` for one chapter (wav, flac, mp3, acx),
+        `&loudness=<target>` (and `&true_peak=`) to level each chapter: the file, streamed as it is made
+        (studio/projects/export.py); the skipped chapters are not in the book."""
         self.check_auth(request)
         project_id = request.path_params["project_id"]
         fmt = request.query_params.get("format", "m4b")
         chapter = request.query_params.get("chapter")
         index = None if chapter is None else _int(chapter, "chapter")
+        loudness = request.query_params.get("loudness")
+        true_peak = _float(request.query_params.get("true_peak", "-1"), "true_peak")
 
         def build():
             meta = self.projects.book_meta(project_id, OWNER.key)
             chapters = self.projects.view(project_id, OWNER.key)["chapters"]
             if index is not None:
-                return chapter_export(self.projects.chapter_audio(project_id, index, OWNER.key), meta, fmt, index,
-                                      len(chapters))
+                audio = self.projects.chapter_audio(project_id, index, OWNER.key)
+                return chapter_export(levelled([audio], fmt, loudness, true_peak)[0], meta, fmt, index, len(chapters))
             return export([self.projects.chapter_audio(project_id, c["index"], OWNER.key)
-                           for c in chapters if not c["skip"]], meta, fmt)
+                           for c in chapters if not c["skip"]], meta, fmt, loudness=loudness, true_peak=true_peak)
         made = await self._call(build)
         return StreamingResponse(made.body, media_type=made.media_type, headers=made.headers())
+
+    async def captions(self, request: Request) -> Response:
+        """`?format=srt|vtt|json` (srt by default), `&chapter=N` for one chapter (the book without it, its times
+        from the book's first sample), `&level=sentence|segment|word`: cues whose segment starts are exact."""
+        self.check_auth(request)
+        project_id = request.path_params["project_id"]
+        fmt = request.query_params.get("format", "srt").lower()
+        level = request.query_params.get("level", "sentence").lower()
+        chapter = request.query_params.get("chapter")
+        index = None if chapter is None else _int(chapter, "chapter")
+        if fmt not in (*CAPTION_TYPES, "json"):
+            raise ApiError(400, f"Unknown caption format {fmt!r}; choose srt, vtt or json.", param="format")
+
+        def build():
+            found = self.projects.captions(project_id, index, OWNER.key, level=level, transcriber=self.transcriber)
+            title = self.projects.project(project_id).title
+            return found, title
+        found, title = await self._call(build)
+        headers = {"X-Captions-Estimated": "true" if found.estimated else "false"}
+        if fmt == "json":
+            return JSONResponse({"cues": found.as_list(), "estimated": found.estimated, "note": found.note},
+                                headers=headers)
+        name = f"{title}{'' if index is None else f' - {index + 1:02d}'}.{fmt}"
+        headers.update(Export(name, CAPTION_TYPES[fmt], iter(())).headers())
+        return Response(found.srt() if fmt == "srt" else found.vtt(), media_type=CAPTION_TYPES[fmt], headers=headers)
 
     # ---------------------------------------------------------------- jobs
     async def render(self, request: Request) -> JSONResponse:
@@ -272,6 +302,7 @@ class ProjectRoutes(Routes):
             ("/v1/projects/{project_id}", self.delete_project, ["DELETE"]),
             ("/v1/projects/{project_id}/render", self.render, ["POST"]),
             ("/v1/projects/{project_id}/export", self.export, ["GET"]),
+            ("/v1/projects/{project_id}/captions", self.captions, ["GET"]),
             ("/v1/projects/{project_id}/chapters/{chapter}", self.get_chapter, ["GET"]),
             ("/v1/projects/{project_id}/chapters/{chapter}/audio", self.chapter_audio, ["GET"]),
             ("/v1/projects/{project_id}/chapters/{chapter}/segments/{segment}/regenerate", self.regenerate, ["POST"]),
@@ -285,6 +316,13 @@ def _int(value: str, name: str) -> int:
         return int(value)
     except ValueError:
         raise ApiError(404, f"`{name}` must be a number (got {value!r}).", param=name) from None
+
+
+def _float(value: str, name: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ApiError(400, f"`{name}` must be a number (got {value!r}).", param=name) from None
 
 
 def _wav(audio) -> Iterator[bytes]:

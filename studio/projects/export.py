@@ -1,6 +1,9 @@
 """A project's audio out of the studio: one chapter or the whole book as WAV, FLAC or MP3, the book as an
 M4B audiobook (AAC in MP4 with a chapter marker at each chapter's first sample, title, author and cover),
-or a ZIP of chapter MP3s with a manifest of the recipes that made them.
+or a ZIP of chapter MP3s with a manifest of the recipes that made them; the ACX preset (`acx`: one 192 kbps CBR
+MP3 at 44.1 kHz per chapter with room tone, levelled for Audible, studio/acx.py) in a ZIP with each chapter's
+ACX report; and, for any other format, each chapter levelled to a loudness target (`loudness=`,
+studio/loudness.py).
 
 Every export is a generator of bytes, so the HTTP API and the page stream it without holding a book in
 memory: chapters are read a block at a time from `ChapterAudio.blocks()` and fed to ffmpeg's stdin. MP3
@@ -10,6 +13,8 @@ then read back in chunks and removed, even when the reader stops early. WAV is w
 length is known up front); FLAC through soundfile into a temporary file, for the same reason as MP3.
 
 Validation happens when an export is asked for, before the first byte, so the API can still answer 400.
+A levelled chapter and an ACX chapter are the exceptions to streaming: loudness is measured over the whole
+chapter, so that chapter (one at a time, never the book) is in memory while it is made.
 """
 from __future__ import annotations
 
@@ -26,16 +31,19 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from urllib.parse import quote
 
+import numpy as np
 import soundfile as sf
 
 from engine.config import SAMPLE_RATE
+from studio import acx
 from studio.formats import FormatError, encoder_args, pcm_input_command, to_pcm16
+from studio.loudness import DEFAULT_CEILING, check_ceiling, normalize, resolve_target
 from studio.projects.types import BookMeta, ChapterAudio
 
 CHUNK = 256 * 1024  # bytes per piece of a streamed export
 M4B_ARGS = ["-c:a", "aac", "-b:a", "64k"]  # mono speech at 24 kHz: 64k is transparent enough for a book
 MEDIA_TYPES = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg", "m4b": "audio/mp4",
-               "zip": "application/zip"}
+               "zip": "application/zip", "acx": "application/zip"}
 EXPORT_FORMATS = tuple(MEDIA_TYPES)
 COVER_SUFFIX = {"image/jpeg": ".jpg", "image/png": ".png"}  # what MP4's cover atom can hold
 WAV_MAX_SAMPLES = (2**32 - 1 - 36) // 2  # RIFF sizes are 32-bit: ~24.8 h of 16-bit mono at 24 kHz
@@ -60,18 +68,22 @@ class Export:
 
 
 def export(chapters: Sequence[ChapterAudio], meta: BookMeta, fmt: str, *, chapter: int | None = None,
-           workdir: str | None = None) -> Export:
+           workdir: str | None = None, loudness=None, true_peak: float = DEFAULT_CEILING) -> Export:
     """The download for `fmt` (one of EXPORT_FORMATS). `chapter` (an index into `chapters`) picks one chapter
-    for wav / flac / mp3; without it they hold the whole book in one file. m4b and zip are always the book.
-    Temporary files go to `workdir` (the system's temp folder by default)."""
+    for wav / flac / mp3 / acx; without it they hold the whole book in one file. m4b and zip are always the book.
+    `loudness` (a target of studio/loudness.py: a name, LUFS, or None / "off") levels each chapter to it under
+    `true_peak` dBTP. Temporary files go to `workdir` (the system's temp folder by default)."""
     fmt = _format(fmt)
     check_chapters(chapters)
+    chapters = levelled(chapters, fmt, loudness, true_peak)
     if chapter is not None:
         if fmt in ("m4b", "zip"):
-            raise ExportError(f"A {fmt} holds the whole book; ask for wav, flac or mp3 for one chapter.")
+            raise ExportError(f"A {fmt} holds the whole book; ask for wav, flac, mp3 or acx for one chapter.")
         if not 0 <= chapter < len(chapters):
             raise ExportError(f"There is no chapter {chapter}: the book has chapters 0 to {len(chapters) - 1}.")
         return chapter_export(chapters[chapter], meta, fmt, chapter, len(chapters), workdir=workdir)
+    if fmt == "acx":
+        return Export(f"{_safe_name(meta.title) or 'book'} (ACX).zip", MEDIA_TYPES[fmt], acx_zip(chapters, meta))
     name = f"{_safe_name(meta.title) or 'book'}.{fmt}"
     if fmt == "m4b":
         return Export(name, MEDIA_TYPES[fmt], m4b(chapters, meta, workdir=workdir))
@@ -82,13 +94,15 @@ def export(chapters: Sequence[ChapterAudio], meta: BookMeta, fmt: str, *, chapte
 
 def chapter_export(audio: ChapterAudio, meta: BookMeta, fmt: str, index: int, count: int, *,
                    workdir: str | None = None) -> Export:
-    """Chapter `index` (of `count`) alone as wav / flac / mp3, named and tagged as that chapter of the book;
-    for a caller that reads only the chapter it sends."""
+    """Chapter `index` (of `count`) alone as wav / flac / mp3 (or the ACX preset's MP3), named and tagged as that
+    chapter of the book; for a caller that reads only the chapter it sends."""
     fmt = _format(fmt)
-    if fmt not in ("wav", "flac", "mp3"):
-        raise ExportError(f"One chapter is exported as wav, flac or mp3, not {fmt}.")
+    if fmt not in ("wav", "flac", "mp3", "acx"):
+        raise ExportError(f"One chapter is exported as wav, flac, mp3 or acx, not {fmt}.")
     check_chapters([audio])
     stem = f"{_safe_name(meta.title) or 'book'} - {index + 1:02d} {_safe_name(audio.title)}".rstrip()
+    if fmt == "acx":
+        return Export(f"{stem}.mp3", MEDIA_TYPES["mp3"], iter([acx_chapter(audio).data]))
     tags = _chapter_tags(meta, audio.title, index, count)
     return Export(f"{stem}.{fmt}", MEDIA_TYPES[fmt], _one_file([audio], fmt, tags, workdir))
 
@@ -106,6 +120,33 @@ def _one_file(chapters: Sequence[ChapterAudio], fmt: str, tags: dict[str, str], 
     if fmt == "flac":
         return flac(chapters, workdir=workdir)
     return mp3(chapters, tags, workdir=workdir)
+
+
+def levelled(chapters: Sequence[ChapterAudio], fmt: str, loudness, true_peak: float = DEFAULT_CEILING
+             ) -> list[ChapterAudio]:
+    """The chapters, each normalised to `loudness` (studio/loudness.py `normalize`: the gain to the target, a
+    limiter under `true_peak`) when their blocks are read; unchanged without a target. The ACX preset sets
+    its own levels, so it takes none."""
+    try:
+        target, ceiling = resolve_target(loudness), check_ceiling(true_peak)
+    except ValueError as exc:
+        raise ExportError(str(exc)) from None
+    if target is None:
+        return list(chapters)
+    if fmt == "acx":
+        raise ExportError("The ACX preset levels each chapter to ACX's own range; leave `loudness` out.")
+
+    def level(ch: ChapterAudio) -> ChapterAudio:
+        def blocks() -> Iterator:  # loudness is a property of the whole chapter: it is read whole, once per read
+            yield normalize(_whole(ch), SAMPLE_RATE, target, ceiling).audio
+        return ChapterAudio(ch.title, ch.samples, blocks, {**ch.recipe, "loudness": {"target_lufs": target,
+                                                                                    "true_peak_dbtp": ceiling}},
+                            ch.spans)
+    return [level(ch) for ch in chapters]
+
+
+def _whole(ch: ChapterAudio) -> np.ndarray:
+    return np.concatenate([np.asarray(b, dtype=np.float32) for b in ch.blocks()] or [np.zeros(0, np.float32)])
 
 
 def check_chapters(chapters: Sequence[ChapterAudio]) -> None:
@@ -214,6 +255,41 @@ def mp3_zip(chapters: Sequence[ChapterAudio], meta: BookMeta, *, workdir: str | 
                         entry.write(piece)
                         yield sink.take()
             zf.writestr("manifest.json", json.dumps(manifest(chapters, meta, names), indent=2, ensure_ascii=False),
+                        compress_type=zipfile.ZIP_DEFLATED)
+        yield sink.take()
+    return body()
+
+
+def acx_chapter(ch: ChapterAudio) -> acx.Export:
+    """One chapter through the ACX preset (studio/acx.py): room tone at the head and tail, levelled, 192 kbps
+    CBR MP3 at 44.1 kHz, and the ACX report of what was encoded."""
+    try:
+        return acx.export(_whole(ch), SAMPLE_RATE, "acx")
+    except FormatError as exc:
+        raise ExportError(str(exc)) from None
+    except ValueError as exc:  # a silent chapter
+        raise ExportError(f"Chapter {ch.title!r}: {exc}") from None
+
+
+def acx_zip(chapters: Sequence[ChapterAudio], meta: BookMeta) -> Iterator[bytes]:
+    """ACX's delivery: one MP3 per chapter (the preset's), stored in a ZIP written as it goes, and
+    `manifest.json` with each chapter's recipe and the ACX report of its file."""
+    check_chapters(chapters)
+    names = [f"{i + 1:02d} {_safe_name(ch.title)}".rstrip() + ".mp3" for i, ch in enumerate(chapters)]
+
+    def body() -> Iterator[bytes]:
+        sink, reports = _Sink(), []
+        with zipfile.ZipFile(sink, "w", zipfile.ZIP_STORED) as zf:
+            for ch, name in zip(chapters, names):
+                made = acx_chapter(ch)  # trimmed, with room tone: its file's length is not the chapter's
+                reports.append({**made.report.as_dict(), "file_seconds": round(made.audio.size / SAMPLE_RATE, 3)})
+                zf.writestr(name, made.data)
+                yield sink.take()
+            listing = manifest(chapters, meta, names)
+            listing["preset"] = "acx"
+            for entry, report in zip(listing["chapters"], reports):
+                entry["acx"] = report
+            zf.writestr("manifest.json", json.dumps(listing, indent=2, ensure_ascii=False),
                         compress_type=zipfile.ZIP_DEFLATED)
         yield sink.take()
     return body()

@@ -7,15 +7,21 @@ reads (`chapter_audio`, `book_meta`). Rendering is studio/projects/jobs.py; stat
     projects.patch(project.id, {"chapters": [{"index": 0, "title": "Prologue"}], "order": [1, 0]})
     projects.chapter_audio(project.id, 0)     # ChapterAudio, read from the segment files with the take's joins
     projects.chapter_pcm(project.id, 0)       # the same samples as one array (tests)
+    projects.captions(project.id, 0)          # studio.captions.Captions of a chapter (None: the whole book)
+    projects.acx(project.id, 0)               # the chapter's ACX report (studio/acx.py), cached by its renders
 
 A chapter is planned into segments when its text or the settings change (engine/longform.py, the long
-form's planner); each segment's key (studio/projects/recipes.py) says whether it is rendered.
+form's planner); each segment's key (studio/projects/recipes.py) says whether it is rendered. What the model
+reads of a segment is its planned text through the pronunciation dictionary (the owner's global one, then the
+project's own rules, `patch({"dictionary": ...})`), applied when the book is planned, so a changed rule makes
+exactly the segments holding its word stale.
 """
 
 from __future__ import annotations
 
+import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -26,15 +32,21 @@ from engine.longtake import CUT_SHORT, shape_segment, speech_rms
 from engine.normalize import AUTO
 from engine.tokenizer import estimate_seconds
 from engine.types import SamplingParams, new_seed
+from studio.acx import AcxReport, acx_check
+from studio.captions import Captions, captions, shown_texts
 from studio.projects.importing import MAX_TITLE_CHARS, Book, Draft, Limits, checked
 from studio.projects.recipes import Planned, checkpoint_identity, plan_book
 from studio.projects.store import Chapter, ProjectNotFound, SegmentRow, Store
 from studio.projects.types import BookMeta, ChapterAudio
+from studio.pronounce import Dictionary, rules_json
 
 SETTINGS = ("voice", "voices", "style", "seed", "normalize", "temperature", "top_k", "top_p", "repeat_guard",
             "max_frames")
 SAMPLING = ("temperature", "top_k", "top_p", "repeat_guard", "max_frames")
-PROJECT_FIELDS = ("title", "author", "language", "settings", "chapters", "order", "merge")
+PROJECT_FIELDS = ("title", "author", "language", "settings", "dictionary", "chapters", "order", "merge")
+SPOKEN_CACHE = 20_000  # (rules, text, voice, language) → what is read: the view is read every second
+ACX_CACHE = 64  # chapters' ACX reports kept, each under the keys its audio is made of
+DICTIONARY_CACHE = 64  # projects' rule sets, checked
 
 
 class Projects:
@@ -46,6 +58,9 @@ class Projects:
         self._active: dict[str, tuple[str, list[int] | None]] = {}  # project → its unfinished job (jobs.py)
         self._lengths: dict[tuple, int] = {}  # (key, trim_start, reference rms) → shaped samples
         self._rms: dict[str, float | None] = {}
+        self._spoken: dict[tuple, tuple[str, str]] = {}
+        self._dictionaries: dict[str, Dictionary] = {}
+        self._acx: dict[tuple, AcxReport] = {}
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- settings and planning
@@ -111,8 +126,10 @@ class Projects:
         return self.store.project(project_id, owner)
 
     def patch(self, project_id: str, changes: dict, owner: str | None = None) -> None:
-        """Apply `changes` (docs/PROJECTS.md, PATCH): metadata, settings (every chapter is planned again),
-        chapter edits, then `merge` [i, j] (j's text appended to i's, j removed), then `order`."""
+        """Apply `changes` (docs/PROJECTS.md, PATCH): metadata, settings (every chapter is planned again), the
+        project's pronunciation rules (`dictionary`: `{"rules": [...]}` or a list, the whole set; the segments
+        whose rules change are stale), chapter edits, then `merge` [i, j] (j's text appended to i's, j
+        removed), then `order`."""
         project = self.store.project(project_id, owner)
         unknown = sorted(set(changes) - set(PROJECT_FIELDS))
         if unknown:
@@ -124,6 +141,8 @@ class Projects:
                     raise ValueError(f"`{name}` must be a string.")
                 meta[name] = _title(changes[name]) if name == "title" else changes[name].strip()
         settings = self.settings(changes["settings"], project.settings) if "settings" in changes else project.settings
+        if "dictionary" in changes:  # PronunciationError (a ValueError) names the rule that cannot be used
+            meta["dictionary"] = rules_json(Dictionary.from_json(changes["dictionary"] or []))["rules"]
         language = meta.get("language", project.language)
         replan = settings != project.settings or language != project.language
         chapters = self.store.chapters(project_id)
@@ -222,7 +241,51 @@ class Projects:
             return render.anchor if render else None
 
         return plan_book(self.store.chapters(project_id), self.store.segments, project.settings, self.checkpoint,
-                         self._voice_identity, anchors)
+                         self._voice_identity, anchors, self._speller(project))
+
+    def dictionary(self, project) -> Dictionary:
+        """The project's own pronunciation rules (they win over the owner's global ones), checked once per set
+        (a regex rule's check probes it, and the plan is read every second while the tab is open)."""
+        text = json.dumps(list(project.dictionary), sort_keys=True)
+        found = self._dictionaries.get(text)
+        if found is None:
+            found = Dictionary.from_json(list(project.dictionary))
+            with self._lock:
+                if len(self._dictionaries) >= DICTIONARY_CACHE:
+                    self._dictionaries.clear()
+                self._dictionaries[text] = found
+        return found
+
+    def plan_stamp(self, project) -> tuple:
+        """What the plan depends on beside the store's rows: when it changes, a job reads the plan again."""
+        return project.updated, self.service.rules(self.dictionary(project)).version
+
+    def _speller(self, project) -> Callable[[str, str | None], tuple[str, str]] | None:
+        """`spoken(text, voice_id)` for the plan: (`text` as the model reads it, the fingerprint of the rules that
+        fired), the service's `respell` and `pronunciation_key` (studio/service.py) with the owner's rules and
+        the project's, scoped to the voice's id and name and the project's language. None without rules."""
+        own = self.dictionary(project)
+        version = self.service.rules(own).version
+        if not version:
+            return None
+        language = project.language or None
+
+        def spoken(text: str, voice_id: str | None) -> tuple[str, str]:
+            voice = ()
+            if voice_id is not None:
+                record = self.service.voices.get(voice_id)
+                voice = (record.id, record.name)
+            cache = (version, text, voice, language)
+            found = self._spoken.get(cache)
+            if found is None:
+                found = (self.service.respell(text, voice, language, project=own),
+                         self.service.pronunciation_key(text, voice, language, project=own))
+                with self._lock:
+                    if len(self._spoken) >= SPOKEN_CACHE:
+                        self._spoken.clear()
+                    self._spoken[cache] = found
+            return found
+        return spoken
 
     def _voice_identity(self, voice_id: str) -> str:
         return self.service.voices.get(voice_id).content_hash
@@ -257,12 +320,16 @@ class Projects:
             seconds = sum(renders[p.key].samples for p in done) / SAMPLE_RATE
             chapters.append({"index": chapter.position, "title": chapter.title, "skip": chapter.skip, "state": state,
                              "segments": len(mine), "rendered": len(done), "seconds": round(seconds, 2),
-                             "characters": len(chapter.text)})
+                             "characters": len(chapter.text),
+                             "acx": self._cached_acx(planned, mine) if state == "done" else None})
         return {**self.summary(project), "has_cover": project.cover_type is not None, "cover_type": project.cover_type,
-                "extra": project.extra, "settings": project.settings, "disk_bytes": self.store.disk_bytes(project_id),
+                "extra": project.extra, "settings": project.settings,
+                "dictionary": {"rules": list(project.dictionary)}, "disk_bytes": self.store.disk_bytes(project_id),
                 "job": active[0] if active else None, "chapters": chapters}
 
-    def chapter_view(self, project_id: str, index: int, owner: str | None = None) -> dict:
+    def chapter_view(self, project_id: str, index: int, owner: str | None = None, *, acx: bool = True) -> dict:
+        """The chapter with its segments; once it is rendered, its ACX report (`acx`: computed now when it is not
+        cached; False: only a cached one, for a page's poll)."""
         self.store.project(project_id, owner)
         chapter = self._chapter(project_id, index)
         mine = [p for p in self.planned(project_id) if p.chapter_id == chapter.id]
@@ -270,14 +337,18 @@ class Projects:
         rows = []
         for p in mine:
             render = renders.get(p.key)
-            state = "waiting" if render is None else (
-                f"cut short ({render.stop_reason})" if render.stop_reason in CUT_SHORT else "done")
+            if render is None:  # rendered once under another key (a rule, a seed changed): stale
+                state = "stale" if p.rendered_key and p.rendered_key != p.key else "waiting"
+            else:
+                state = f"cut short ({render.stop_reason})" if render.stop_reason in CUT_SHORT else "done"
             rows.append({"index": p.position, "text": p.source, "spoken": p.text, "speaker": p.speaker,
                          "seed": render.seed if render else p.seed, "retried": bool(render and render.retried),
                          "seconds": round(render.samples / SAMPLE_RATE, 2) if render else None,
                          "estimated_seconds": round(estimate_seconds(p.text), 1), "state": state, "key": p.key,
                          **_heard(render)})
         view = next(c for c in self.view(project_id)["chapters"] if c["index"] == chapter.position)
+        if acx and view["state"] == "done":
+            view["acx"] = self.acx(project_id, chapter.position).as_dict()
         return {**view, "text": chapter.text, "segments": rows}
 
     # ---------------------------------------------------------------- jobs' bookkeeping (jobs.py sets it)
@@ -315,7 +386,11 @@ class Projects:
         reference = next((p for p in planned if p.reference), None)
         rms = self._reference_rms(reference.key) if reference is not None else None
         parts = [(p.key, p.position > 0, None if p.reference else rms, round(p.pause_after * SAMPLE_RATE)) for p in mine]
-        samples = sum(self._shaped_length(key, trim, ref) + pause for key, trim, ref, pause in parts)
+        spans, samples = [], 0
+        for key, trim, ref, pause in parts:
+            length = self._shaped_length(key, trim, ref)
+            spans.append((samples, samples + length))
+            samples += length + pause
 
         def blocks() -> Iterator[np.ndarray]:
             for key, trim, ref, pause in parts:
@@ -327,7 +402,7 @@ class Projects:
                   "segments": [{"text": p.text, "source": p.source, "speaker": p.speaker, "voice": p.voice_id,
                                 "pause_after": p.pause_after, "seed": renders[p.key].seed, "planned_seed": p.seed,
                                 "stop_reason": renders[p.key].stop_reason, "key": p.key} for p in mine]}
-        return ChapterAudio(title=chapter.title, samples=samples, blocks=blocks, recipe=recipe)
+        return ChapterAudio(title=chapter.title, samples=samples, blocks=blocks, recipe=recipe, spans=tuple(spans))
 
     def book(self, project_id: str, owner: str | None = None) -> tuple[list[ChapterAudio], BookMeta]:
         """Every chapter not skipped, in order, and the book's metadata: what a whole-book export reads."""
@@ -340,6 +415,63 @@ class Projects:
         pcm = np.concatenate(list(audio.blocks()) or [np.zeros(0, np.float32)])
         assert len(pcm) == audio.samples
         return pcm
+
+    # ---------------------------------------------------------------- captions and the ACX check
+    def captions(self, project_id: str, index: int | None = None, owner: str | None = None, *,
+                 level: str = "sentence", transcriber=None) -> Captions:
+        """Chapter `index`'s captions (None: the whole book, every chapter not skipped, its times counted from the
+        book's first sample as the M4B's chapters are). Each segment's cue starts at its first sample in the
+        chapter as `chapter_audio` joins it; times inside a segment are the `transcriber`'s (studio/asr.py)
+        when it is on, else estimated and marked (studio/captions.py). ValueError while a chapter is unrendered."""
+        project = self.store.project(project_id, owner)
+        if index is not None:
+            return self._chapter_captions(project_id, index, level, transcriber)[0]
+        found, offset, segments, notes = [], 0, 0, []
+        for chapter in self.store.chapters(project_id):
+            if chapter.skip:
+                continue
+            part, samples, count = self._chapter_captions(project_id, chapter.position, level, transcriber)
+            shift = offset / SAMPLE_RATE
+            found += [replace(c, start=c.start + shift, end=c.end + shift, segment=c.segment + segments)
+                      for c in part.cues]
+            notes += [part.note] if part.note and part.note not in notes else []
+            offset += samples
+            segments += count
+        if not segments:
+            raise ValueError(f"Project {project.title!r} has no chapters to caption (every chapter is skipped).")
+        return Captions(found, "; ".join(notes) or None)
+
+    def _chapter_captions(self, project_id: str, index: int, level: str, transcriber) -> tuple[Captions, int, int]:
+        """(the chapter's captions, its samples, its segments)."""
+        audio = self.chapter_audio(project_id, index)
+        chapter = self._chapter(project_id, index)
+        mine = [p for p in self.planned(project_id) if p.chapter_id == chapter.id]
+        pcm = None
+        if level != "segment" and transcriber is not None and transcriber.off_note is None:
+            pcm = np.concatenate(list(audio.blocks()) or [np.zeros(0, np.float32)])  # heard only with ASR on
+        made = captions(shown_texts(mine), list(audio.spans), audio.samples, level=level, audio=pcm,
+                        transcriber=transcriber)
+        return made, audio.samples, len(mine)
+
+    def acx(self, project_id: str, index: int, owner: str | None = None) -> AcxReport:
+        """Chapter `index`'s ACX report (studio/acx.py `acx_check` of its samples as exported), kept under the
+        keys its audio is made of, so it is measured once per render, not on every read."""
+        self.store.project(project_id, owner)
+        planned = self.planned(project_id)
+        chapter = self._chapter(project_id, index)
+        cache = _acx_key(planned, [p for p in planned if p.chapter_id == chapter.id])
+        found = self._acx.get(cache)
+        if found is None:
+            found = acx_check(self.chapter_pcm(project_id, index), SAMPLE_RATE)
+            with self._lock:
+                if len(self._acx) >= ACX_CACHE:
+                    self._acx.pop(next(iter(self._acx)))
+                self._acx[cache] = found
+        return found
+
+    def _cached_acx(self, planned: list[Planned], mine: list[Planned]) -> dict | None:
+        found = self._acx.get(_acx_key(planned, mine))
+        return found.as_dict() if found is not None else None
 
     def _reference_rms(self, key: str) -> float | None:
         if key not in self._rms:
@@ -359,6 +491,12 @@ def _heard(render) -> dict:
     None when it was not listened to."""
     listen = render.recipe.get("listen") if render is not None else None
     return {"wer": listen["wer"] if listen else None, "attempts": listen["attempts"] if listen else None}
+
+
+def _acx_key(planned: list[Planned], mine: list[Planned]) -> tuple:
+    """What a chapter's audio is made of: its segments' keys and pauses, and the book's loudness reference."""
+    reference = next((p.key for p in planned if p.reference), None)
+    return reference, tuple((p.key, p.position > 0, p.pause_after) for p in mine)
 
 
 def _title(text: str) -> str:

@@ -14,6 +14,12 @@ a previous step, so a job resumed after a kill reproduces what an uninterrupted 
 
 A segment's seed is the project's seed mixed with a hash of its text (not its position), so inserting a
 paragraph does not move the seeds of the others; a seed chosen by hand (regenerate) replaces it.
+
+The pronunciation dictionary (the owner's, then the project's: studio/pronounce.py) is applied here, when the
+book is planned, not when it is stored: a segment row keeps its normalised text, and `spoken(text, voice)`
+gives what the model reads and the fingerprint of the rules that fired on it. The key takes both, and the
+fingerprint only when a rule fires, so a changed rule gives new keys to exactly the segments holding its word
+(and the segments cloned from a zero-shot anchor that holds it); every other key stays as it was.
 """
 
 from __future__ import annotations
@@ -59,9 +65,11 @@ def segment_seed(base_seed: int, text: str) -> int:
     return (int(base_seed) + int.from_bytes(digest[:8], "big")) % SEED_LIMIT
 
 
-def segment_key(*, text: str, voice: str, settings: dict, seed: int, checkpoint: dict) -> str:
+def segment_key(*, text: str, voice: str, settings: dict, seed: int, checkpoint: dict, pronunciation: str = "") -> str:
     recipe = {"v": KEY_VERSION, "text": text, "voice": voice, "seed": int(seed), "checkpoint": checkpoint,
               "settings": {k: settings.get(k) for k in SAMPLING_FIELDS}}
+    if pronunciation:  # only where a rule fires: a book without a dictionary keeps the keys it had
+        recipe["pronunciation"] = pronunciation
     return hashlib.sha256(json.dumps(recipe, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
 
 
@@ -86,17 +94,23 @@ def checkpoint_identity(info) -> dict:
 
 
 def plan_book(chapters, segments_of: Callable, settings: dict, checkpoint: dict, voice_identity: Callable,
-              anchors: Callable) -> list[Planned]:
+              anchors: Callable, spoken: Callable | None = None) -> list[Planned]:
     """Every segment of the book in order with its seed and key. `segments_of(chapter_id)` lists a chapter's
     rows; `voice_identity(voice_id)` is a saved voice's content hash; `anchors(key)` is the identity of the
-    anchor rendered under `key`, or None while it is not rendered. Skipped chapters are planned too (their
-    segments keep keys), but they give the book neither its anchors nor its loudness reference."""
+    anchor rendered under `key`, or None while it is not rendered; `spoken(text, voice_id)` is (the text the
+    model reads, the pronunciation rules' fingerprint) (None: the text as planned, no rules). Skipped chapters
+    are planned too (their segments keep keys), but they give the book neither its anchors nor its loudness
+    reference."""
     default_voice = settings.get("voice") or None
     base_seed = int(settings["seed"])
     rows = [(chapter, row) for chapter in chapters for row in segments_of(chapter.id)]
+    said = [spoken(row.text, row.voice if row.voice is not None else default_voice) if spoken else (row.text, "")
+            for _, row in rows]
 
-    def key_of(row, seed: int, identity: str) -> str:
-        return segment_key(text=row.text, voice=identity, settings=settings, seed=seed, checkpoint=checkpoint)
+    def key_of(n: int, seed: int, identity: str) -> str:
+        text, pronunciation = said[n]
+        return segment_key(text=text, voice=identity, settings=settings, seed=seed, checkpoint=checkpoint,
+                           pronunciation=pronunciation)
 
     def seed_of(row) -> int:
         return row.seed if row.seed is not None else segment_seed(base_seed, row.text)
@@ -109,7 +123,7 @@ def plan_book(chapters, segments_of: Callable, settings: dict, checkpoint: dict,
     for n, (chapter, row) in enumerate(rows):
         speaker = row.speaker or ""
         if not chapter.skip and voice_of(row) is None and speaker not in anchor_keys:
-            anchor_keys[speaker] = key_of(row, seed_of(row), ZERO_SHOT)
+            anchor_keys[speaker] = key_of(n, seed_of(row), ZERO_SHOT)
             anchor_rows.add(n)
     reference = next((n for n, (chapter, _) in enumerate(rows) if not chapter.skip), None)
     known: dict[str, str | None] = {}  # anchor key → its identity (one look-up per speaker)
@@ -118,7 +132,7 @@ def plan_book(chapters, segments_of: Callable, settings: dict, checkpoint: dict,
         voice_id, seed, speaker = voice_of(row), seed_of(row), row.speaker or ""
         anchored_on = None
         if voice_id is not None:
-            key = key_of(row, seed, f"voice:{voice_identity(voice_id)}")
+            key = key_of(n, seed, f"voice:{voice_identity(voice_id)}")
         elif n in anchor_rows:
             key = anchor_keys[speaker]
         else:
@@ -126,8 +140,8 @@ def plan_book(chapters, segments_of: Callable, settings: dict, checkpoint: dict,
             if anchored_on and anchored_on not in known:
                 known[anchored_on] = anchors(anchored_on)
             anchor = known.get(anchored_on)
-            key = key_of(row, seed, f"anchor:{anchor}") if anchor else None
-        out.append(Planned(chapter.id, chapter.position, chapter.skip, row.position, row.text, row.source, row.pause_after,
+            key = key_of(n, seed, f"anchor:{anchor}") if anchor else None
+        out.append(Planned(chapter.id, chapter.position, chapter.skip, row.position, said[n][0], row.source, row.pause_after,
                            row.speaker, voice_id, seed, key, speaker if n in anchor_rows else None, anchored_on,
                            n == reference, row.key))
     return out

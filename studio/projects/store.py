@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS projects (
     id TEXT PRIMARY KEY, owner TEXT NOT NULL, title TEXT NOT NULL, author TEXT NOT NULL DEFAULT '',
     language TEXT NOT NULL DEFAULT '', settings TEXT NOT NULL, extra TEXT NOT NULL DEFAULT '{}',
-    cover_type TEXT, created REAL NOT NULL, updated REAL NOT NULL);
+    cover_type TEXT, created REAL NOT NULL, updated REAL NOT NULL, dictionary TEXT NOT NULL DEFAULT '[]');
 CREATE TABLE IF NOT EXISTS chapters (
     id INTEGER PRIMARY KEY AUTOINCREMENT, project TEXT NOT NULL REFERENCES projects(id) ON DELETE CASCADE,
     position INTEGER NOT NULL, title TEXT NOT NULL, text TEXT NOT NULL, skip INTEGER NOT NULL DEFAULT 0,
@@ -83,6 +83,7 @@ class Project:
     cover_type: str | None
     created: float
     updated: float
+    dictionary: list = field(default_factory=list)  # the project's pronunciation rules as JSON objects (studio/pronounce.py Rule.to_json)
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,9 @@ class Store:
         self._db.execute("PRAGMA synchronous=FULL")  # a committed row survives a power cut, not only a kill
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.executescript(_SCHEMA)
+        columns = {r["name"] for r in self._db.execute("PRAGMA table_info(projects)")}
+        if "dictionary" not in columns:  # a folder made before projects had a pronunciation dictionary
+            self._db.execute("ALTER TABLE projects ADD COLUMN dictionary TEXT NOT NULL DEFAULT '[]'")
 
     def close(self) -> None:
         with self._lock:
@@ -190,7 +194,8 @@ class Store:
             write_atomic(self.cover_path(project_id), cover)
         try:
             with self._tx() as db:
-                db.execute("INSERT INTO projects VALUES (?,?,?,?,?,?,?,?,?,?)",
+                db.execute("INSERT INTO projects (id, owner, title, author, language, settings, extra, cover_type, "
+                           "created, updated) VALUES (?,?,?,?,?,?,?,?,?,?)",
                            (project_id, owner, title, author, language, json.dumps(settings),
                             json.dumps(extra or {}), cover_type if cover is not None else None, now, now))
                 for position, (name, text, skip, segments) in enumerate(chapters):
@@ -214,10 +219,10 @@ class Store:
         return [_project(r) for r in self._rows("SELECT * FROM projects WHERE owner = ? ORDER BY created", (owner,))]
 
     def update_project(self, project_id: str, **fields) -> None:
-        allowed = {"title", "author", "language", "settings", "extra"}
+        allowed = {"title", "author", "language", "settings", "extra", "dictionary"}
         if set(fields) - allowed:
             raise ValueError(f"unknown project field(s) {sorted(set(fields) - allowed)}")
-        values = {k: json.dumps(v) if k in ("settings", "extra") else v for k, v in fields.items()}
+        values = {k: json.dumps(v) if k in ("settings", "extra", "dictionary") else v for k, v in fields.items()}
         with self._tx() as db:
             sets = ", ".join(f"{k} = ?" for k in values)
             db.execute(f"UPDATE projects SET {sets}, updated = ? WHERE id = ?",
@@ -447,7 +452,7 @@ def _insert_segments(db: sqlite3.Connection, chapter_id: int, segments: list[Seg
 
 def _project(r: sqlite3.Row) -> Project:
     return Project(r["id"], r["owner"], r["title"], r["author"], r["language"], json.loads(r["settings"]),
-                   json.loads(r["extra"]), r["cover_type"], r["created"], r["updated"])
+                   json.loads(r["extra"]), r["cover_type"], r["created"], r["updated"], json.loads(r["dictionary"]))
 
 
 def _chapter(r: sqlite3.Row) -> Chapter:

@@ -16,6 +16,7 @@ class ChapterAudio:
     samples: int
     blocks: Callable[[], Iterator[np.ndarray]]
     recipe: dict = field(default_factory=dict)  # the chapter's segments: text as spoken, voice, settings, seeds
+    spans: tuple[tuple[int, int], ...] = ()  # each segment's [start, end) in these samples (its pause after it)
 
 
 @dataclass(frozen=True)

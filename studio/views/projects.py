@@ -3,7 +3,8 @@
 Everything shown comes from the project store on the server (docs/PROJECTS.md), read again by a timer while
 the tab is open, so a closed tab, a reload or another browser shows the same state and the same progress; the
 page only remembers (in the browser) which project was open. Rendering is the store's job, never this
-page's: Render, Pause, Resume and Cancel only ask the job runner. Thin over studio/projects/.
+page's: Render, Pause, Resume and Cancel only ask the job runner. Captions (SRT / WebVTT) and a chapter's ACX
+check are made when asked, never by the timer. Thin over studio/projects/.
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from engine.config import SAMPLE_RATE
 from studio.access import Access
 from studio.admission import OWNER
 from studio.formats import write_audio
+from studio.loudness import TARGETS
 from studio.projects import importing
-from studio.projects.export import EXPORT_FORMATS, chapter_export, export
+from studio.projects.export import EXPORT_FORMATS, chapter_export, export, levelled
+from studio.pronounce import from_tsv, rules_json, to_tsv
+from studio.render import acx_html
 from studio.views.toasts import warns
 
 CHAPTER_HEADERS = ["#", "chapter", "state", "segments", "seconds"]
@@ -30,6 +34,8 @@ POLL_SECONDS = 1.0
 OWNER_ONLY_PROJECTS = ("Projects are the studio's owner's: log in with the studio's key, or use /v1/projects with "
                        "`Authorization: Bearer <key>`.")
 UPLOAD_TYPES = [".txt", ".md", ".markdown", ".epub"]
+LOUDNESS_CHOICES = [("as rendered", "off"), *((f"{name} ({lufs:g} LUFS)", name) for name, lufs in TARGETS.items())]
+CAPTION_FORMATS = ["srt", "vtt"]
 
 
 def chapter_state(chapter: dict) -> str:
@@ -93,10 +99,11 @@ class ProjectsView:
 
     _files = itertools.count(1)
 
-    def __init__(self, projects, runner, out_dir: str | Path, access: Access | None = None):
+    def __init__(self, projects, runner, out_dir: str | Path, access: Access | None = None, *, transcriber=None):
         self.projects, self.runner = projects, runner
         self.out_dir = Path(out_dir)
         self.access = access or Access()
+        self.transcriber = transcriber  # word times inside a segment for the captions (studio/asr.py)
 
     # ------------------------------------------------------------------ reading the server's state
 
@@ -118,7 +125,9 @@ class ProjectsView:
         if not project_id or chapter is None or chapter < 1:
             return None
         count = len(self.projects.store.chapters(project_id))
-        return self.projects.chapter_view(project_id, int(chapter) - 1, OWNER.key) if chapter <= count else None
+        if chapter > count:
+            return None  # the timer reads this every second: a cached ACX report only, never a measurement
+        return self.projects.chapter_view(project_id, int(chapter) - 1, OWNER.key, acx=False)
 
     def show(self, project_id: str, chapter: int | None) -> tuple[str, list, list]:
         """(summary, chapter rows, the chosen chapter's segment rows)."""
@@ -227,25 +236,61 @@ class ProjectsView:
         if not 0 <= index < len(view["segments"]):
             raise ValueError(f"Pick a segment between 1 and {len(view['segments'])}.")
         row = view["segments"][index]
-        if row["state"] == "waiting":
+        if row["state"] in ("waiting", "stale"):
             raise ValueError(f"Segment {index + 1} is not rendered yet.")
         path = self.out_dir / f"segment-{next(self._files)}-seed{row['seed']}.wav"
         return write_audio(path, self.projects.store.read_audio(row["key"]), SAMPLE_RATE)
 
-    def export(self, project_id: str, fmt: str, chapter):
-        """The download: the book (m4b, zip, or wav / flac / mp3 in one file) or one chapter (wav / flac / mp3)."""
+    def export(self, project_id: str, fmt: str, chapter, loudness: str = "off"):
+        """The download: the book (m4b, zip, acx, or wav / flac / mp3 in one file) or one chapter (wav / flac /
+        mp3 / acx), each chapter levelled to `loudness` when one is chosen (not for acx: it levels itself)."""
         project_id = self._id(project_id)
         meta = self.projects.book_meta(project_id, OWNER.key)
         chapters = self.projects.view(project_id, OWNER.key)["chapters"]
+        loudness = None if fmt == "acx" else loudness
         if chapter and fmt not in ("m4b", "zip"):
             index = self._index(project_id, chapter)
-            made = chapter_export(self.projects.chapter_audio(project_id, index, OWNER.key), meta, fmt, index,
-                                  len(chapters))
+            audio = levelled([self.projects.chapter_audio(project_id, index, OWNER.key)], fmt, loudness)[0]
+            made = chapter_export(audio, meta, fmt, index, len(chapters))
         else:
             made = export([self.projects.chapter_audio(project_id, c["index"], OWNER.key)
-                           for c in chapters if not c["skip"]], meta, fmt)
+                           for c in chapters if not c["skip"]], meta, fmt, loudness=loudness)
         path = self._save(made)
         return gr.update(value=path, label=f"Download {Path(path).name}")
+
+    def captions(self, project_id: str, fmt: str, chapter):
+        """The captions as a download: one chapter's, or the book's (chapter 0) timed as the M4B is."""
+        project_id = self._id(project_id)
+        index = self._index(project_id, chapter) if chapter else None
+        found = self.projects.captions(project_id, index, OWNER.key, transcriber=self.transcriber)
+        title = self.projects.project(project_id).title
+        folder = self.out_dir / f"captions-{next(self._files)}"
+        folder.mkdir()
+        stem = "".join(ch for ch in title if ch.isalnum() or ch in " -_").strip() or "book"
+        path = folder / f"{stem}{'' if index is None else f' - {index + 1:02d}'}.{fmt}"
+        path.write_text(found.srt() if fmt == "srt" else found.vtt(), encoding="utf-8")
+        if found.note:
+            gr.Info(f"Captions: {found.note}.")
+        return gr.update(value=str(path), label=f"Download {path.name}")
+
+    def load_rules(self, project_id: str) -> str:
+        """The project's own pronunciation rules as TSV (the owner's global ones are in the Studio tab)."""
+        project = self.projects.project(self._id(project_id), OWNER.key)
+        return to_tsv(self.projects.dictionary(project))
+
+    def save_rules(self, project_id: str, text: str, chapter):
+        """Replace the project's rules with the TSV typed; the segments whose rules change turn stale."""
+        project_id = self._id(project_id)
+        active = self.projects.active_job(project_id)
+        if active is not None and self.projects.store.job(active[0]).state == "running":
+            raise ValueError("The project is rendering; pause or cancel it before changing its pronunciation rules.")
+        self.projects.patch(project_id, {"dictionary": rules_json(from_tsv(text or ""))["rules"]}, OWNER.key)
+        return self.show(project_id, chapter)
+
+    def acx_check(self, project_id: str, chapter) -> str:
+        """The chosen chapter's ACX report (measured once per render of it) as a small table."""
+        project_id = self._id(project_id)
+        return acx_html(self.projects.acx(project_id, self._index(project_id, chapter), OWNER.key))
 
     def _save(self, made) -> str:
         """Write an export's body to a file in the page's folder, a piece at a time."""
@@ -291,7 +336,9 @@ class ProjectsView:
         with gr.Row():
             chapter = gr.Number(1, label="Chapter (click its row)", precision=0, minimum=1, elem_id="proj-chapter")
             play = gr.Button("Play chapter", elem_id="proj-play")
+            check = gr.Button("ACX check", elem_id="proj-acx-check")
         player = gr.Audio(label="Chapter", type="filepath", interactive=False, elem_id="proj-player")
+        acx_report = gr.HTML("", elem_id="proj-acx")
         segments = gr.Dataframe(headers=SEGMENT_HEADERS, interactive=False, wrap=True, elem_id="proj-segments")
         with gr.Row():
             segment = gr.Number(1, label="Segment (click its row)", precision=0, minimum=1, elem_id="proj-segment")
@@ -302,11 +349,21 @@ class ProjectsView:
             redo = gr.Button("Regenerate segment", elem_id="proj-regenerate")
         segment_audio = gr.Audio(label="Segment", type="filepath", interactive=False, elem_id="proj-segment-audio")
         with gr.Row():
-            fmt = gr.Dropdown(list(EXPORT_FORMATS), value="m4b", label="Export as", elem_id="proj-format")
+            fmt = gr.Dropdown(list(EXPORT_FORMATS), value="m4b", label="Export as (acx: Audible's MP3s in a ZIP)",
+                              elem_id="proj-format")
+            loudness = gr.Dropdown(LOUDNESS_CHOICES, value="off", label="Loudness", elem_id="proj-loudness")
             which = gr.Number(0, label="Chapter (0: the book; m4b and zip are always the book)", precision=0,
                               minimum=0, elem_id="proj-export-chapter")
             make = gr.Button("Export", elem_id="proj-export")
+            caption_fmt = gr.Dropdown(CAPTION_FORMATS, value="srt", label="Captions", elem_id="proj-caption-format")
+            make_captions = gr.Button("Captions", elem_id="proj-captions")
             download = gr.DownloadButton("Download", elem_id="proj-download")
+        with gr.Accordion("Pronunciation rules of this project", open=False):
+            rules = gr.Textbox(label="word<TAB>respelling[<TAB>regex<TAB>case_sensitive<TAB>voice<TAB>language], one a "
+                                     "line; they win over the Studio tab's dictionary", lines=4, elem_id="proj-rules")
+            with gr.Row():
+                load_rules = gr.Button("Load", elem_id="proj-rules-load")
+                save_rules = gr.Button("Save (changed words turn stale)", elem_id="proj-rules-save")
         with gr.Accordion("New project", open=False):
             with gr.Row():
                 title = gr.Textbox(label="Title (empty: from the book)", elem_id="proj-title")
@@ -334,11 +391,16 @@ class ProjectsView:
         chapters.select(owner(warns(2)(self.pick_chapter)), [self.picker], [chapter, segments], **private)
         segments.select(owner(self.pick_segment), None, [segment, edited], **private)
         play.click(owner(warns(1)(self.play_chapter)), [self.picker, chapter], player, **private)
+        check.click(owner(warns(1)(self.acx_check)), [self.picker, chapter], acx_report, **private)
+        load_rules.click(owner(warns(1)(self.load_rules)), [self.picker], rules, **private)
+        save_rules.click(owner(warns(3)(self.save_rules)), [self.picker, rules, chapter], [summary, chapters, segments],
+                         **private)
         play_segment.click(owner(warns(1)(self.play_segment)), [self.picker, chapter, segment], segment_audio,
                            **private)
         redo.click(owner(warns(3)(self.regenerate)), [self.picker, chapter, segment, seed, edited],
                    [summary, chapters, segments], **private)
-        make.click(owner(warns(1)(self.export)), [self.picker, fmt, which], download, **private)
+        make.click(owner(warns(1)(self.export)), [self.picker, fmt, which, loudness], download, **private)
+        make_captions.click(owner(warns(1)(self.captions)), [self.picker, caption_fmt, which], download, **private)
 
 
 __all__ = ["ProjectsView", "chapter_rows", "chapter_state", "job_line", "segment_rows", "summary_md"]
