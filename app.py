@@ -79,6 +79,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="transcribe reference clips when the transcript box is empty: auto (whisper-large-v3-turbo "
                         "on a GPU, whisper-base on CPU), none, or a model id or folder (env HIGGS_ASR; default auto, "
                         "none with --demo, which downloads nothing)")
+    p.add_argument("--retry-wer", type=float, default=float(env.get("HIGGS_RETRY_WER") or 0.25),
+                   help="listen and retry, with ASR on: a long take's or project's segment whose transcript's word "
+                        "error rate is above this is generated again with the next seed (env HIGGS_RETRY_WER; "
+                        "default 0.25)")
+    p.add_argument("--retry-max", type=int, default=int(env.get("HIGGS_RETRY_MAX") or 2),
+                   help="most times a segment heard wrong is generated again; the best attempt is kept (env "
+                        "HIGGS_RETRY_MAX; default 2; 0: measure the WER only)")
     p.add_argument("--max-input-chars", type=int, default=int(env.get("HIGGS_MAX_INPUT_CHARS") or 0) or None,
                    help="longest `input` /v1/audio/speech takes as one long take, planned into segments "
                         "(default 100,000; env HIGGS_MAX_INPUT_CHARS)")
@@ -157,10 +164,10 @@ def load_aliases(args: argparse.Namespace, voices, presets):
     return aliases
 
 
-def start_projects(args: argparse.Namespace, service):
-    """The projects library and its render worker (which resumes every unfinished job now), or (None, None)
-    with a remote engine: a project's segments are rendered in process. Exits with one sentence on a bad
-    folder or limit."""
+def start_projects(args: argparse.Namespace, service, listener=None):
+    """The projects library and its render worker (which resumes every unfinished job now, listening with
+    `listener`, studio/listen.py), or (None, None) with a remote engine: a project's segments are rendered in
+    process. Exits with one sentence on a bad folder or limit."""
     if service.engine.is_remote:
         print("Projects are off: they render in process, and this studio drives a remote server.", flush=True)
         return None, None
@@ -181,7 +188,7 @@ def start_projects(args: argparse.Namespace, service):
     limits = Limits(max_chars=args.project_max_chars, max_chapters=args.project_max_chapters,
                     max_bytes=args.project_max_upload_mb * 2 ** 20)
     projects = Projects(store, service, limits=limits)
-    runner = JobRunner(projects, service)
+    runner = JobRunner(projects, service, listener=listener)
     runner.start()
     print(f"Projects: {folder}", flush=True)
     return projects, runner
@@ -263,6 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     from studio.access import Access, friendly_queue_full, host_guard
     from studio.api import MAX_UPLOAD_BYTES
     from studio.asr import Transcriber
+    from studio.listen import Listener
     from studio.page import Page, launch_kwargs
     from studio.presets import PresetStore
     from studio.pronounce import DictionaryStore
@@ -278,11 +286,16 @@ def main(argv: list[str] | None = None) -> None:
                                 dictionary=DictionaryStore(voices.root / "dictionary.json"))
     except ValueError as exc:
         sys.exit(f"Cannot start the studio: {exc} (--visitor-concurrency, --visitor-queue)")
-    projects, runner = start_projects(args, service)
+    asr = Transcriber.from_flag(args.asr or ("none" if args.demo else "auto"))
+    try:
+        listener = Listener(asr, above=args.retry_wer, retries=args.retry_max)
+    except ValueError as exc:
+        sys.exit(f"Cannot start the studio: {exc}")
+    projects, runner = start_projects(args, service, listener)
     access = Access(args.api_key, public_page=args.public_page, public_max_chars=args.public_max_chars,
                     public_max_frames=args.public_max_seconds * FRAME_RATE)
-    asr = Transcriber.from_flag(args.asr or ("none" if args.demo else "auto"))
-    page = Page(service, access, private_voices=voices.private, transcriber=asr, projects=projects, runner=runner)
+    page = Page(service, access, private_voices=voices.private, transcriber=asr, projects=projects, runner=runner,
+                listener=listener)
     if not page.streaming:
         print("ffmpeg is not on PATH: takes play when complete instead of streaming, and mp3/opus/aac downloads are "
               "off. Install ffmpeg (e.g. `apt-get install ffmpeg`) for live streaming.", flush=True)

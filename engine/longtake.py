@@ -15,6 +15,16 @@ take's); later segments are generated whole, ahead of playback, because trimming
 of a segment. A later segment cut short (length cap, repeat guard) is generated once more with the next
 seed and flagged; the first is only flagged, since it has already been heard.
 
+Listening (`check`): a take given `check(segment_text, audio) -> float | None` (how far the audio is from its
+text, lower is better; the studio's is the word error rate of its ASR, studio/listen.py) scores every
+attempt; a segment scoring above `check_above` is generated again with the next seed, up to `check_retries`
+times, and the best attempt kept (the lowest score, then not cut short; ties: the first); an attempt the
+check cannot judge falls back on the cut-short rule. Every attempt's seed, stop reason and score is kept
+(`SegmentTake.attempts`) and written to the recipe, whose seed is the kept one: the recipe reproduces the
+take with no retry and no check. Listening needs a whole segment,
+so with a check the first segment is generated whole too (and can be retried): the take's TTFA is then a
+whole segment's. A take without a check runs exactly as before.
+
 The engine caches one prefix, so a script whose turns alternate between voices prefills each voice
 block again at every change of speaker (still bit-identical to a cold prefill, only slower).
 """
@@ -55,6 +65,39 @@ CUT_SHORT = ("max_frames", "repeat_guard")
 
 
 @dataclass(frozen=True)
+class Attempt:
+    """One generation of a segment: its seed, how it ended, and the check's score (None: not checked, or the
+    check could not tell)."""
+
+    seed: int
+    stop_reason: str
+    wer: float | None = None
+
+    def as_dict(self) -> dict:
+        return {"seed": self.seed, "stop_reason": self.stop_reason,
+                "wer": None if self.wer is None else round(self.wer, 4)}
+
+
+def again(attempts: list[Attempt], *, above: float, retries: int) -> bool:
+    """Whether a segment is generated once more after `attempts`. With the check's verdict, the check decides:
+    above `above`, up to `retries` times (a take cut short mid-word is heard so; one that only ran on into
+    silence is not). Without one (no check, or it could not tell), a take cut short gets its one retry."""
+    last, made = attempts[-1], len(attempts) - 1
+    if last.wer is None:
+        return last.stop_reason in CUT_SHORT and made < 1
+    return last.wer > above and made < retries
+
+
+def best(attempts: list[Attempt]) -> int:
+    """The attempt kept: with no verdicts the latest (a cut-short take's retry, as without a check); otherwise
+    the lowest score (an unscored attempt counts as the worst), then not cut short, then the first."""
+    if all(a.wer is None for a in attempts):
+        return len(attempts) - 1
+    return min(range(len(attempts)), key=lambda i: (float("inf") if attempts[i].wer is None else attempts[i].wer,
+                                                    attempts[i].stop_reason in CUT_SHORT, i))
+
+
+@dataclass(frozen=True)
 class SegmentTake:
     """One generated segment: its prompt's numbers, the raw audio, and how it ended."""
 
@@ -64,10 +107,12 @@ class SegmentTake:
     codes: torch.Tensor
     audio: np.ndarray  # raw engine output, before trimming, fades and gain
     stop_reason: str
-    retried: bool  # the first seed was cut short, so this is the next seed's take
+    retried: bool  # the first seed was cut short, so this is a later seed's take
     prompt_tokens: int
     prefix_len: int
     reused_tokens: int  # prompt positions served by the prefix KV cache
+    wer: float | None = None  # the check's score of this take (None: no check, or it could not tell)
+    attempts: tuple[Attempt, ...] = ()  # every generation of the segment, in order, this one among them
 
     @property
     def flagged(self) -> bool:
@@ -162,14 +207,17 @@ class LongTake:
     `seeds` (one per segment, e.g. from a recipe) reproduce a take exactly: they are used as they are,
     with no retry. `more` opens the take: `segments` may then be empty, and `more()` is called (on the
     streaming thread, so it may block) whenever the take needs its next segment; it returns it, or None
-    when the text has ended. Segment i of an open take gets seed + i, as in a closed one."""
+    when the text has ended. Segment i of an open take gets seed + i, as in a closed one. `check` listens to
+    each segment (module docstring); with `seeds` nothing is retried, so it is not called."""
 
     def __init__(self, engine, segments: list[Segment], *, voice: VoiceRef | None = None,
                  voices: Mapping[str, VoiceRef] | None = None, seed: int | None = None, seeds: list[int] | None = None,
                  temperature: float = DEFAULT_TEMPERATURE, top_k: int = DEFAULT_TOP_K, top_p: float = DEFAULT_TOP_P,
                  max_frames: int | None = None, repeat_guard: int | None = DEFAULT_REPEAT_GUARD,
                  cancel: threading.Event | None = None, keep_audio: bool = True,
-                 more: Callable[[], Segment | None] | None = None):
+                 more: Callable[[], Segment | None] | None = None,
+                 check: Callable[[str, np.ndarray], float | None] | None = None, check_above: float = 0.25,
+                 check_retries: int = 2):
         if not segments and more is None:
             raise ValueError("the plan has no segments; give some text to speak")
         if seeds is not None and more is not None:
@@ -187,6 +235,10 @@ class LongTake:
         # a server that only streams it drops each segment's samples once they are sent (codes are kept).
         self.keep_audio = keep_audio
         self.retry = seeds is None
+        if check_retries < 0:
+            raise ValueError(f"check_retries is how many times a segment may be generated again; got {check_retries}")
+        self.check = check if self.retry else None
+        self.check_above, self.check_retries = float(check_above), int(check_retries)
         if seeds is not None:
             self.seeds = [int(s) for s in seeds]
             self.base_seed = self.seeds[0]
@@ -270,13 +322,15 @@ class LongTake:
 
     # ---------------------------------------------------------------- generation
     def _generate(self, index: int, text: str, seed: int, *, retry: bool, live: bool = False):
-        """Generate segment `index`; yields raw audio chunks when `live`, and returns its SegmentTake."""
+        """Generate segment `index`; yields raw audio chunks when `live`, and returns its SegmentTake: the
+        only attempt, or with `retry` the one kept of those `again` asked for (`best`)."""
         segment = self.segments[index]
         prompt = self._prompt(segment, text)
         self.prompts[index] = prompt
         cap = self.max_frames or default_max_frames(text)
-        take = None
-        for attempt in range(2 if retry else 1):
+        takes: list[SegmentTake] = []
+        attempts: list[Attempt] = []
+        while True:
             chunks = []
             for chunk in self.engine.generate_stream(prompt=prompt, seed=seed, max_frames=cap, cancel=self.cancel,
                                                      **self.options):
@@ -286,13 +340,21 @@ class LongTake:
                     yield chunk.audio
                 last = chunk
             m = last.metrics
-            take = SegmentTake(index=index, text=text, seed=seed, codes=last.codes, audio=np.concatenate(chunks),
-                               stop_reason=m.stop_reason, retried=attempt > 0, prompt_tokens=m.prompt_tokens,
-                               prefix_len=prompt.prefix_len, reused_tokens=m.reused_tokens)
-            if live or m.stop_reason not in CUT_SHORT or self.cancel.is_set():
+            audio = np.concatenate(chunks)
+            heard = None
+            if self.check is not None and retry and not live and not self.cancel.is_set():
+                heard = self.check(text, audio)
+            attempts.append(Attempt(seed, m.stop_reason, None if heard is None else float(heard)))
+            takes.append(SegmentTake(index=index, text=text, seed=seed, codes=last.codes, audio=audio,
+                                     stop_reason=m.stop_reason, retried=False, prompt_tokens=m.prompt_tokens,
+                                     prefix_len=prompt.prefix_len, reused_tokens=m.reused_tokens))
+            if live or not retry or self.cancel.is_set() or not again(attempts, above=self.check_above,
+                                                                       retries=self.check_retries):
                 break  # audio already heard cannot be taken back: a live segment is only flagged
             seed = _next_seed(seed)
-        return take
+        kept = best(attempts)
+        return replace(takes[kept], retried=kept > 0 and attempts[0].stop_reason in CUT_SHORT,
+                       wer=attempts[kept].wer, attempts=tuple(attempts))
 
     def stream(self) -> Iterator[TakeChunk]:
         """Generate every segment in order and yield the take as it is assembled: the first segment as it
@@ -304,7 +366,8 @@ class LongTake:
         started = time.perf_counter()
         emitted = 0
         first = self.segments[0]
-        gen = self._generate(0, first.text, self.seeds[0], retry=False, live=True)
+        live = self.check is None  # listening needs the whole segment: with a check the first is made whole too
+        gen = self._generate(0, first.text, self.seeds[0], retry=not live, live=live)
         raw = np.zeros(0, np.float32)
         while True:
             try:
@@ -377,8 +440,8 @@ class LongTake:
 
     # ---------------------------------------------------------------- editing
     def regenerate(self, index: int, *, seed: int | None = None, text: str | None = None) -> SegmentTake:
-        """Generate segment `index` again (a new seed, or edited text) from the same anchor; the other
-        segments are untouched. A segment that made a zero-shot anchor keeps the old anchor, so the rest
+        """Generate segment `index` again (a new seed: `seed`, or the one after the last its take tried; or
+        edited text) from the same anchor, listening as the take does; the other segments are untouched. A segment that made a zero-shot anchor keeps the old anchor, so the rest
         of the take keeps its voice; the new take is generated from it."""
         if not self.keep_audio:
             raise ValueError("this take was streamed without keeping its audio (keep_audio=False)")
@@ -390,7 +453,8 @@ class LongTake:
                 raise ValueError("the edited segment is empty; type what it should say")
             segment = replace(segment, text=text, source=text)
             self.segments[index] = segment
-        seed = _next_seed(self.seeds[index]) if seed is None else int(seed)
+        tried = self.takes[index].attempts  # the next seed after the last one tried, not a rejected attempt's
+        seed = _next_seed(tried[-1].seed if tried else self.seeds[index]) if seed is None else int(seed)
         generator = self._generate(index, segment.text, seed, retry=self.retry)
         while True:
             try:
@@ -423,13 +487,21 @@ class LongTake:
         return sum(self.lengths) + sum(len(_pause(s)) for s in self.segments)
 
     def recipe(self) -> dict:
-        """Everything needed to make this take again: the segments' texts, voices and seeds."""
-        return {"options": {**self.options, "max_frames": self.max_frames},
-                "segments": [{"text": s.text, "source": s.source, "speaker": s.speaker, "voice": s.voice,
-                              "pause_after": s.pause_after,
-                              "seed": self.seeds[i], "stop_reason": t.stop_reason if t else None,
-                              "flagged": bool(t and t.flagged)}
-                             for i, (s, t) in enumerate(zip(self.segments, self.takes))]}
+        """Everything needed to make this take again: the segments' texts, voices and seeds (the kept ones).
+        A take that listened also records, per segment, the kept score and every attempt, and the policy
+        (`listen`); `from_recipe` reads only the seeds, so the take is made again with no retry."""
+        out = {"options": {**self.options, "max_frames": self.max_frames},
+               "segments": [{"text": s.text, "source": s.source, "speaker": s.speaker, "voice": s.voice,
+                             "pause_after": s.pause_after,
+                             "seed": self.seeds[i], "stop_reason": t.stop_reason if t else None,
+                             "flagged": bool(t and t.flagged),
+                             **({"wer": None if t is None or t.wer is None else round(t.wer, 4),
+                                 "attempts": [a.as_dict() for a in t.attempts] if t else []}
+                                if self.check is not None else {})}
+                            for i, (s, t) in enumerate(zip(self.segments, self.takes))]}
+        if self.check is not None:
+            out["listen"] = {"above": self.check_above, "retries": self.check_retries}
+        return out
 
 
 def _next_seed(seed: int, step: int = 1) -> int:
@@ -442,14 +514,18 @@ def _pause(segment: Segment) -> np.ndarray:
 
 
 __all__ = [
+    "CUT_SHORT",
     "FADE_SECONDS",
     "KEEP_SECONDS",
     "MAX_GAIN_DB",
     "SILENCE_DBFS",
+    "Attempt",
     "LongTake",
     "SegmentTake",
     "TakeChunk",
+    "again",
     "anchor_frames",
+    "best",
     "shape_segment",
     "speech_bounds",
     "speech_rms",

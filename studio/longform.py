@@ -11,6 +11,9 @@ segments the take gives its slot back and waits for its next turn under the admi
 * `start_long(..., pieces=True)`, `regenerate_segment(...)`, `segment_rows(...)`: what the page's "Long form"
   view needs: the take streams `(LongTake, TakeChunk)` while its segment table fills in, then any row can be
   generated again (new seed or edited text) and the take re-assembled, without redoing the rest.
+* `listener=` (studio/listen.py): each segment is transcribed and scored by its word error rate, and one
+  heard wrong is generated again with the next seed (engine/longtake.py); with ASR off the take's warnings
+  say so and nothing is checked. The segment table shows each segment's WER.
 """
 
 from __future__ import annotations
@@ -99,8 +102,9 @@ def respell_segments(service: StudioService, segments: list, voice_of=lambda seg
 
 
 def _new_take(service: StudioService, handle: TakeHandle, prepared: _Prepared, *, keep_audio: bool,
-              more=None) -> LongTake:
-    """The LongTake of a prepared request, its voices encoded (on the GPU worker: encoding is GPU work)."""
+              more=None, listener=None) -> LongTake:
+    """The LongTake of a prepared request, its voices encoded (on the GPU worker: encoding is GPU work), listening
+    with `listener` (studio/listen.py) when it is on; when it is off its note joins the take's warnings."""
     engine, request = service.engine, handle.request
     encode = service.encode_codes
     refs = {name: service.voices.voice_ref(record.id, encode=encode) for name, record in prepared.records.items()}
@@ -110,8 +114,13 @@ def _new_take(service: StudioService, handle: TakeHandle, prepared: _Prepared, *
     elif request.ref_audio is not None:
         audio, sr = request.ref_audio
         voice = engine.encode_voice(np.asarray(audio, dtype=np.float32), int(sr), transcript=request.ref_text)
+    listening = {}
+    if listener is not None:
+        listening = listener.take_options()
+        if listener.off_note is not None:
+            handle.warnings.append(listener.off_note)
     return LongTake(engine, prepared.segments, voice=voice, voices=refs, **handle.params.as_dict(),
-                    cancel=handle.cancel, keep_audio=keep_audio, more=more)
+                    cancel=handle.cancel, keep_audio=keep_audio, more=more, **listening)
 
 
 def _segments(job, take: LongTake) -> Iterator[Any]:
@@ -128,11 +137,20 @@ def _flag_warning(handle: TakeHandle, take: LongTake) -> None:
     if flagged:
         handle.warnings.append(f"segments {', '.join(map(str, flagged))} were cut short (length cap or "
                                "repeated codes); listen to them and regenerate them if needed")
+    misheard = [f"{t.index + 1} (WER {t.wer:.2f})" for t in take.takes if _misheard(take, t)]
+    if misheard:
+        handle.warnings.append(f"segments {', '.join(misheard)} still differ from their text after "
+                               f"{take.check_retries} retries; listen to them and regenerate them if needed")
 
 
-def _chunks(service: StudioService, prepared: _Prepared, job, handle: TakeHandle) -> None:
+def _misheard(take: LongTake, t) -> bool:
+    """A segment whose kept attempt still scores above the take's threshold."""
+    return take.check is not None and t is not None and t.wer is not None and t.wer > take.check_above
+
+
+def _chunks(service: StudioService, prepared: _Prepared, job, handle: TakeHandle, listener=None) -> None:
     """The take as `Chunk`s with running totals, no audio kept (the HTTP API's stream)."""
-    take = _new_take(service, handle, prepared, keep_audio=False)
+    take = _new_take(service, handle, prepared, keep_audio=False, listener=listener)
     started, samples, frames = time.perf_counter(), 0, 0
     for piece in _segments(job, take):
         samples += len(piece.audio)
@@ -147,9 +165,9 @@ def _chunks(service: StudioService, prepared: _Prepared, job, handle: TakeHandle
                       final=True))
 
 
-def _pieces(service: StudioService, prepared: _Prepared, job, handle: TakeHandle) -> None:
+def _pieces(service: StudioService, prepared: _Prepared, job, handle: TakeHandle, listener=None) -> None:
     """The take as `(LongTake, TakeChunk)`, every segment's audio kept (the page's long form)."""
-    take = _new_take(service, handle, prepared, keep_audio=True)
+    take = _new_take(service, handle, prepared, keep_audio=True, listener=listener)
     for piece in _segments(job, take):
         job.out.put((take, piece))
     _flag_warning(handle, take)
@@ -157,18 +175,20 @@ def _pieces(service: StudioService, prepared: _Prepared, job, handle: TakeHandle
 
 
 def start_long(service: StudioService, request: SynthesisRequest, *, voices: Mapping[str, str | None] | None = None,
-               max_chars: int = MAX_LONG_INPUT_CHARS, normalize: bool = True, pieces: bool = False) -> TakeHandle:
+               max_chars: int = MAX_LONG_INPUT_CHARS, normalize: bool = True, pieces: bool = False,
+               listener=None) -> TakeHandle:
     """Validate and plan one long take for `request`; returns its handle (nothing queued until its `stream()`).
 
     `voices` maps the script's speakers to saved voices (id or name; None: zero-shot), or is None for plain
     text spoken in `request.voice_id` (or zero-shot). The stream yields `Chunk`s, the last with `final=True`
     and the take's totals; with `pieces=True`, `(LongTake, TakeChunk)` as the segments are made, every
-    segment's audio kept so that `regenerate_segment` and `take.assemble()` work afterwards. Raises
-    ValueError with a sentence for bad requests."""
+    segment's audio kept so that `regenerate_segment` and `take.assemble()` work afterwards. `listener`
+    (studio/listen.py) listens to every segment and retries those heard wrong (a listening take makes its
+    first segment whole before it streams). Raises ValueError with a sentence for bad requests."""
     prepared, warnings = _prepare(service, request, voices, max_chars, normalize)
     work = _pieces if pieces else _chunks
     return service.handle(request, request.params.resolved(), warnings,
-                          lambda job, handle: work(service, prepared, job, handle))
+                          lambda job, handle: work(service, prepared, job, handle, listener))
 
 
 def start_open_long(service: StudioService, request: SynthesisRequest, feed) -> TakeHandle:
@@ -211,13 +231,18 @@ def regenerate_segment(service, take: LongTake, index: int, *, seed: int | None 
 
 
 def segment_rows(take: LongTake) -> list[list]:
-    """The segment table: #, speaker, text, seed, seconds, status (waiting / done / cut short)."""
+    """The segment table: #, speaker, text, seed, seconds, status (waiting / done / cut short / heard wrong,
+    with the tries a listening take made), WER ("" when not listened to)."""
     rows = []
     for i, segment in enumerate(take.segments):
         t = take.takes[i]
-        status = "waiting" if t is None else f"cut short ({t.stop_reason})" if t.flagged else "done"
+        status = "waiting" if t is None else f"cut short ({t.stop_reason})" if t.flagged else \
+            "heard wrong" if _misheard(take, t) else "done"
+        if take.check is not None and t is not None and len(t.attempts) > 1:
+            status += f" ({len(t.attempts)} tries)"
         rows.append([i + 1, segment.speaker or "", segment.text, take.seeds[i],
-                     round(t.seconds, 2) if t is not None else round(segment.seconds, 1), status])
+                     round(t.seconds, 2) if t is not None else round(segment.seconds, 1), status,
+                     "" if t is None or t.wer is None else round(t.wer, 2)])
     return rows
 
 

@@ -36,7 +36,7 @@ class Page:
 
     def __init__(self, service: StudioService, access: Access | None = None, *,
                  private_voices: PrivateVoices | None = None, transcriber: Transcriber | None = None,
-                 projects=None, runner=None):
+                 projects=None, runner=None, listener=None):
         self.service = service
         self.transcriber = transcriber  # fills an empty transcript box when a clip arrives (studio/asr.py)
         self.access = access or Access()  # no key: whoever reaches the page is the owner
@@ -51,7 +51,7 @@ class Page:
         # keep them in the visitor's browser; the shared library is the owner's, through the API.
         self.private = PrivateVoicesView(self, private_voices) if private_voices is not None else None
         self.voices = VoicesView(self) if private_voices is None else None
-        self.long_form = LongFormView(service, self.out_dir, self.access, transcriber=transcriber)
+        self.long_form = LongFormView(service, self.out_dir, self.access, transcriber=transcriber, listener=listener)
         # Projects (a library and its job runner, app.py's start_projects) are the owner's: no tab on a public page.
         self.projects = ProjectsView(projects, runner, self.out_dir, self.access, transcriber=transcriber) \
             if projects is not None and not self.access.public_page else None

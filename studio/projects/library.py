@@ -224,7 +224,8 @@ class Projects:
         if seed is None:
             planned = next(p for p in self.planned(project_id) if p.chapter_id == row.id and p.position == target.position)
             render = self.store.render(planned.key)
-            seed = ((render.seed if render else planned.seed) + 1) % 2 ** 63
+            tried = (render.recipe.get("listen") or {}).get("attempts") if render else None  # listen and retry
+            seed = ((tried[-1]["seed"] if tried else render.seed if render else planned.seed) + 1) % 2 ** 63
         self.store.set_segment(row.id, target.position, seed=SamplingParams(seed=seed).seed)
 
     def delete(self, project_id: str, owner: str | None = None) -> None:
@@ -343,7 +344,8 @@ class Projects:
             rows.append({"index": p.position, "text": p.source, "spoken": p.text, "speaker": p.speaker,
                          "seed": render.seed if render else p.seed, "retried": bool(render and render.retried),
                          "seconds": round(render.samples / SAMPLE_RATE, 2) if render else None,
-                         "estimated_seconds": round(estimate_seconds(p.text), 1), "state": state, "key": p.key})
+                         "estimated_seconds": round(estimate_seconds(p.text), 1), "state": state, "key": p.key,
+                         **_heard(render)})
         view = next(c for c in self.view(project_id)["chapters"] if c["index"] == chapter.position)
         if acx and view["state"] == "done":
             view["acx"] = self.acx(project_id, chapter.position).as_dict()
@@ -482,6 +484,13 @@ class Projects:
         if cache not in self._lengths:
             self._lengths[cache] = len(shape_segment(self.store.read_audio(key), trim_start=trim, reference_rms=ref))
         return self._lengths[cache]
+
+
+def _heard(render) -> dict:
+    """A segment row's listen-and-retry fields (studio/projects/jobs.py): the kept WER and every attempt, or
+    None when it was not listened to."""
+    listen = render.recipe.get("listen") if render is not None else None
+    return {"wer": listen["wer"] if listen else None, "attempts": listen["attempts"] if listen else None}
 
 
 def _acx_key(planned: list[Planned], mine: list[Planned]) -> tuple:

@@ -1,4 +1,5 @@
-"""The "Long form" tab: a chapter or a script → its segment table (text, speaker, seed, seconds, status),
+"""The "Long form" tab: a chapter or a script → its segment table (text, speaker, seed, seconds, status, and
+the word error rate of what the studio's ASR heard when listen and retry is on, studio/listen.py),
 generated as one take through the GPU queue, any row generated again (new seed or edited text) and the
 whole take re-assembled for download. Thin over studio/longform.py.
 """
@@ -25,7 +26,7 @@ from studio.service import ServiceBusy, SynthesisRequest
 from studio.views.captions import CaptionsPanel
 from studio.views.toasts import warns
 
-HEADERS = ["#", "speaker", "text", "seed", "seconds", "status"]
+HEADERS = ["#", "speaker", "text", "seed", "seconds", "status", "WER"]
 
 
 def parse_voices_map(text: str) -> dict[str, str | None] | None:
@@ -48,8 +49,10 @@ class LongFormView:
 
     _files = itertools.count(1)
 
-    def __init__(self, service, out_dir: str | Path, access: Access | None = None, transcriber=None):
+    def __init__(self, service, out_dir: str | Path, access: Access | None = None, transcriber=None,
+                 listener=None):
         self.service = service
+        self.listener = listener  # listen and retry (studio/listen.py); None: segments are not checked
         self.out_dir = Path(out_dir)
         self.access = access or Access()  # long takes are beyond the public page's limits: the owner's
         self.captions = CaptionsPanel(self.out_dir, "long-take", transcriber=transcriber)
@@ -64,7 +67,7 @@ class LongFormView:
         segments = plan(text or "", style=self.service.resolve_style(style or None), normalize=bool(normalize),
                         voices=parse_voices_map(voices_map))
         segments = respell_segments(self.service, segments, lambda s: s.voice)
-        rows = [[s.index + 1, s.speaker or "", s.text, "", round(s.seconds, 1), "planned"] for s in segments]
+        rows = [[s.index + 1, s.speaker or "", s.text, "", round(s.seconds, 1), "planned", ""] for s in segments]
         seconds = sum(s.seconds + s.pause_after for s in segments)
         return rows, "\n\n".join(s.text for s in segments), f"{len(segments)} segments, about {seconds:.0f} s of speech"
 
@@ -74,7 +77,7 @@ class LongFormView:
                                    params=SamplingParams.of(seed=None if seed is None or seed < 0 else int(seed)))
         take, started = None, time.perf_counter()
         handle = start_long(self.service, request, voices=parse_voices_map(voices_map), normalize=bool(normalize),
-                            pieces=True)
+                            pieces=True, listener=self.listener)
         try:
             for take, piece in handle.stream():
                 if piece.done > piece.segment:
