@@ -320,7 +320,8 @@ def main(argv: list[str] | None = None) -> None:
     from studio import api, assets  # routes go on the running app: launch() builds a new FastAPI app each time
     from studio.longform import MAX_LONG_INPUT_CHARS
     api.register(demo.app, service, access=access, max_input_chars=args.max_input_chars or MAX_LONG_INPUT_CHARS,
-                 transcriber=asr, projects=projects, runner=runner, page_tokens=page.player.check_token)
+                 transcriber=asr, projects=projects, runner=runner, page_tokens=page.player.check_token,
+                 listener=listener)
     page.player.mount(demo.app, access=access)  # the page's WebAudio stream route (studio/live.py)
     assets.mount(demo.app)  # the page's static files (studio/static/): the live player's AudioWorklet
     print(f"OpenAI-compatible API: POST {demo.local_url.rstrip('/')}/v1/audio/speech"

@@ -45,7 +45,10 @@ def test_the_tables_say_each_chapters_state():
     assert job_line({"state": "failed", "done": 1, "total": 3, "eta_s": None, "rtf": None, "error": "disk full"}) == \
         "failed · 1 of 3 segments · error: disk full"
     assert segment_rows({"segments": [{"index": 0, "text": "Hi.", "seed": 7, "seconds": None, "state": "waiting"}]}) \
-        == [[1, "Hi.", "7", 0, "waiting"]]
+        == [[1, "Hi.", "7", 0, "waiting", ""]]
+    heard = {"index": 1, "text": "Ho.", "seed": 9, "seconds": 1.26, "state": "done", "wer": 0.125,
+             "attempts": [{"seed": 8, "wer": 0.6}, {"seed": 9, "wer": 0.125}]}
+    assert segment_rows({"segments": [heard]}) == [[2, "Ho.", "9", 1.3, "done", "0.12 (2 tries)"]]
 
 
 @pytest.fixture(scope="module")

@@ -68,6 +68,8 @@ class SpeakingEngine(FakeEngine):
 
     def generate_stream(self, text=None, *, prompt=None, voice=None, params=None, cancel=None, **options):
         params = SamplingParams.of(params, **options)
+        if prompt is None:  # a single take hands the text, as the real Engine takes it
+            prompt = self.build_prompt(text, voice=voice)
         text = self.texts[tuple(prompt.ids)]
         self.started.append(text)
         self.calls.append({"text": text, **params.as_dict()})
@@ -258,3 +260,33 @@ def test_a_project_render_listens_retries_and_records_every_attempt(service, tmp
     assert off.view(job["id"])["listen"]["on"] is False
     assert "Listen and retry is off" in off.view(job["id"])["listen"]["note"]
     store.close()
+
+
+def test_the_speech_api_listens_to_a_long_input_that_asks_and_only_then(service):
+    """`listen: true` on `POST /v1/audio/speech`: a long input's segments heard wrong are made again with the
+    next seed; without it nothing is transcribed; a single take asked to listen says it cannot."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from studio import api
+
+    engine = service.engine
+    app = FastAPI()
+    asr = FakeTranscriber(engine, {})
+    api.register(app, service, listener=Listener(asr, above=0.25, retries=2))
+    long_input = "\n\n".join(PARAGRAPHS * 2)  # long enough for the long form (~40 s of speech)
+    body = {"model": "higgs-audio-v3", "input": long_input, "response_format": "wav", "seed": 1000}
+    with TestClient(app) as client:
+        plain = client.post("/v1/audio/speech", json=body)
+        assert plain.status_code == 200, plain.text
+        assert asr.heard == [] and [c["seed"] for c in engine.calls] == [1000 + i for i in range(6)]
+        first = engine.calls[0]["text"]
+        asr.wrong[(first, 1000)] = 99  # the first segment, as the engine was given it, is heard wrong
+        engine.calls.clear()
+        listened = client.post("/v1/audio/speech", json={**body, "listen": True})
+        assert listened.status_code == 200, listened.text
+        assert [c["seed"] for c in engine.calls] == [1000, 1001, *(1001 + i for i in range(5))]
+        assert len(asr.heard) == 7
+        assert listened.content != plain.content
+        single = client.post("/v1/audio/speech", json={**body, "input": "Hello there.", "listen": True})
+        assert single.status_code == 200 and "one take" in single.headers["X-Warnings"]

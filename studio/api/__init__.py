@@ -64,7 +64,7 @@ class _InfoRoutes(Routes):
 
 def register(app: FastAPI, service, *, api_key: str | None = None, access: Access | None = None,
              request_timeout: float = REQUEST_TIMEOUT_S, max_input_chars: int = MAX_LONG_INPUT_CHARS,
-             transcriber=None, projects=None, runner=None, page_tokens=None) -> None:
+             transcriber=None, projects=None, runner=None, page_tokens=None, listener=None) -> None:
     """Add the HTTP API to `app` (the FastAPI app that serves the Gradio studio). With `api_key` (or an
     `access` that holds it), every `/v1/*` route needs `Authorization: Bearer <api_key>`; `/health` stays
     open for load balancers. Without a key, writes from other sites are refused (`Access.cross_site_refusal`).
@@ -74,7 +74,7 @@ def register(app: FastAPI, service, *, api_key: str | None = None, access: Acces
     access = access or Access(api_key)
     limiter = anyio.CapacityLimiter(max(8, service.max_queue + 4))  # a thread for every request the line holds
     speech = SpeechRoutes(service, access, limiter, request_timeout=request_timeout, max_input_chars=max_input_chars,
-                          transcriber=transcriber)
+                          transcriber=transcriber, listener=listener)
     voices = VoiceRoutes(service, access, limiter, transcriber=transcriber)
     info = _InfoRoutes(service, access, limiter)
     dictionary = DictionaryRoutes(service, access, limiter)

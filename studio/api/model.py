@@ -88,6 +88,9 @@ class SpeechRequest(BaseModel):
     ref_text: str | None = None
     clean: bool = False  # speak chat text: markdown, code, URLs and emoji removed first (studio/clean.py)
     clean_actions: Literal["speak", "skip"] = "speak"  # with `clean`: `*actions*` spoken as words, or skipped
+    # A long input's segments checked by the studio's ASR and made again when heard wrong (studio/listen.py).
+    # Opt-in: a listening take makes its first segment whole before it streams, so its first audio comes later.
+    listen: bool = False
     ssml: bool | None = None  # `input` is SSML: None decides by a leading <speak> (engine/ssml.py)
     timestamps: Literal["sentence", "word"] | None = None  # captions with the audio (studio/captions.py)
     # Loudness (studio/loudness.py): a target (podcast, audiobook, broadcast, off, or LUFS) under a true-peak

@@ -103,8 +103,9 @@ class SpeechRoutes(Routes):
     """The speech route: the request checked and resolved, the take queued, the answer streamed."""
 
     def __init__(self, service, access, limiter, *, request_timeout: float,
-                 max_input_chars: int = MAX_LONG_INPUT_CHARS, transcriber=None):
+                 max_input_chars: int = MAX_LONG_INPUT_CHARS, transcriber=None, listener=None):
         super().__init__(service, access, limiter)
+        self.listener = listener  # listen and retry for long inputs that ask `listen` (studio/listen.py)
         self.request_timeout = request_timeout
         self.max_input_chars = max_input_chars  # a long input (or a script); one prompt takes MAX_TEXT_CHARS
         self.transcriber = transcriber  # word times for `timestamps` (studio/asr.py); None: estimated
@@ -138,7 +139,7 @@ class SpeechRoutes(Routes):
         synth, notes, alias = await self.build_request(req)
         started = time.perf_counter()
         try:
-            handle = await self.in_thread(self._start, synth, req.voices)
+            handle = await self.in_thread(self._start, synth, req.voices, req.listen)
         except Exception as exc:
             raise _errors(exc) or exc from None
         run = _Run(self, handle)
@@ -183,12 +184,28 @@ class SpeechRoutes(Routes):
                 item["word"] = item["text"]  # Kokoro-FastAPI's name for it
         return {"timestamps": items, "estimated": found.estimated, "timestamps_note": found.note}
 
-    def _start(self, synth: SynthesisRequest, voices: dict | None) -> TakeHandle:
+    def _start(self, synth: SynthesisRequest, voices: dict | None, listen: bool = False) -> TakeHandle:
         """The take's handle: a long input or a script (`voices`: its speakers' voices) goes through the long
-        form, generated segment by segment (studio/longform.py)."""
+        form, generated segment by segment (studio/longform.py), listened to when it asks `listen`. A single
+        take has no segments to make again: `listen` says so in its warnings."""
         if wants_long_form(synth.text, voices):
-            return start_long(self.service, synth, voices=voices or None, max_chars=self.max_input_chars)
-        return self.service.start(synth)
+            return start_long(self.service, synth, voices=voices or None, max_chars=self.max_input_chars,
+                              listener=self._listener(listen))
+        handle = self.service.start(synth)
+        if listen:
+            handle.warnings.append("`listen` checks the segments of a long input; this input is one take, "
+                                   "spoken as it is")
+        return handle
+
+    def _listener(self, listen: bool):
+        """The studio's listener when the request asks for it; asked of a studio without one, a listener that
+        is off, so the take says why nothing was checked."""
+        if not listen:
+            return None
+        if self.listener is not None:
+            return self.listener
+        from studio.listen import Listener
+        return Listener(None)
 
     async def build_request(self, req: SpeechRequest) -> tuple[SynthesisRequest, list[str], Alias | None]:
         """The take asked for, the notes for `X-Warnings`, and the alias `voice` named (if it named one)."""

@@ -29,7 +29,7 @@ from studio.render import acx_html
 from studio.views.toasts import warns
 
 CHAPTER_HEADERS = ["#", "chapter", "state", "segments", "seconds"]
-SEGMENT_HEADERS = ["#", "text", "seed", "seconds", "state"]
+SEGMENT_HEADERS = ["#", "text", "seed", "seconds", "state", "WER"]
 POLL_SECONDS = 1.0
 OWNER_ONLY_PROJECTS = ("Projects are the studio's owner's: log in with the studio's key, or use /v1/projects with "
                        "`Authorization: Bearer <key>`.")
@@ -57,9 +57,17 @@ def chapter_rows(project: dict | None) -> list[list]:
 def segment_rows(chapter: dict | None) -> list[list]:
     if not chapter:
         return []
-    # Seeds as text: they are 63-bit, more than a JavaScript number holds exactly.
+    # Seeds as text: they are 63-bit, more than a JavaScript number holds exactly. WER: what listen and retry
+    # heard (studio/listen.py), with the tries it took; "" when the segment was not listened to.
     return [[s["index"] + 1, s["text"], "" if s.get("seed") is None else str(s["seed"]),
-             round(s.get("seconds") or 0, 1), s["state"]] for s in chapter["segments"]]
+             round(s.get("seconds") or 0, 1), s["state"], _wer(s)] for s in chapter["segments"]]
+
+
+def _wer(segment: dict) -> str:
+    wer, attempts = segment.get("wer"), segment.get("attempts") or []
+    if wer is None:
+        return ""
+    return f"{wer:.2f}" + (f" ({len(attempts)} tries)" if len(attempts) > 1 else "")
 
 
 def job_line(job: dict | None) -> str:
