@@ -1,6 +1,6 @@
 """Text that arrives in pieces (an LLM's reply as it is written) → the sentences to speak, as soon as each is
 complete. Shared by the Wyoming server's streaming events (studio/wyoming.py) and the speech WebSocket
-(studio/speech_ws.py).
+(studio/api/stream.py).
 
     feed = SentenceFeed(style="<|emotion:elation|>")
     feed.add("Dr. Smith paid 3.")    # [] : "3." may go on "5", "Dr." on "Smith"

@@ -1,4 +1,4 @@
-"""`WS /v1/audio/speech/stream` (studio/speech_ws.py) against a StudioService on the demo engine in this process
+"""`WS /v1/audio/speech/stream` (studio/api/stream.py) against a StudioService on the demo engine in this process
 (Starlette's test client): a reply streamed in at an LLM's pace is spoken sentence by sentence, its first audio
 within the engine's own TTFA (+ 50 ms) of the chunk that completed the first sentence, its PCM equal to the long
 take (engine/longtake.py) of the same sentences and seeds, with no gap longer than the planned pause; a close
@@ -24,8 +24,9 @@ from starlette.websockets import WebSocketDisconnect
 from engine.config import SAMPLE_RATE
 from engine.longform import SENTENCE_PAUSE, plan
 from engine.longtake import LongTake
-from studio import api, speech_ws
+from studio import api
 from studio.access import Access
+from studio.api import stream as speech_ws
 from studio.formats import to_pcm16
 from studio.sentences import SentenceBuffer, SentenceFeed
 from studio.service import StudioService

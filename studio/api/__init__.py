@@ -2,7 +2,7 @@
 
     studio.api.register(app, service, api_key=None)
 
-adds `POST /v1/audio/speech`, its text-streaming WebSocket `/v1/audio/speech/stream` (studio/speech_ws.py), the
+adds `POST /v1/audio/speech`, its text-streaming WebSocket `/v1/audio/speech/stream` (studio/api/stream.py), the
 voice routes `GET|POST /v1/audio/voices`, `GET|PATCH|DELETE
 /v1/audio/voices/{id}`, `GET /v1/audio/styles`, the pronunciation dictionary's `GET|PUT /v1/dictionary`,
 `GET /v1/models` and `GET /health` (docs/API.md has the
@@ -13,6 +13,7 @@ what `StudioService` yields. Generation, queueing and voice storage happen in th
 |---|---|
 | `model.py` | the limits, the error body, `SpeechRequest` and its checks, the plumbing every route shares |
 | `speech.py` | `POST /v1/audio/speech`: the request resolved, the take streamed (audio, SSE, buffered) |
+| `stream.py` | `WS /v1/audio/speech/stream`: text in as it is written, the open long take's audio out |
 | `voices.py` | the voice library's and the style presets' routes |
 | `projects.py` | `/v1/projects…` and `/v1/jobs…`: books, render jobs, chapter audio (docs/PROJECTS.md) |
 | `dictionary.py` | the pronunciation dictionary's routes (`GET|PUT /v1/dictionary`, `POST /v1/dictionary/apply`) |
@@ -32,11 +33,11 @@ from studio.api.dictionary import DictionaryRoutes
 from studio.api.model import MAX_UPLOAD_BYTES, MODEL_IDS, REQUEST_TIMEOUT_S, ApiError, Routes
 from studio.api.projects import ProjectRoutes
 from studio.api.speech import SpeechRoutes
+from studio.api.stream import ROUTE as STREAM_ROUTE
+from studio.api.stream import SpeechStream
 from studio.api.voices import VoiceRoutes
 from studio.formats import available_formats
 from studio.longform import MAX_LONG_INPUT_CHARS
-from studio.speech_ws import ROUTE as STREAM_ROUTE
-from studio.speech_ws import SpeechStream
 
 log = logging.getLogger("higgs.api")
 

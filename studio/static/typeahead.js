@@ -1,4 +1,4 @@
-// "Type as you go": with the toggle on, the text box is streamed through WS /v1/audio/speech/stream (studio/speech_ws.py)
+// "Type as you go": with the toggle on, the text box is streamed through WS /v1/audio/speech/stream (studio/api/stream.py)
 // as it is typed, and each sentence is spoken as soon as it is finished. Runs once when the toggle mounts, as its
 // gr.HTML component's js_on_load. It plays through the live player's AudioContext and AudioWorklet (live.js,
 // player-worklet.js; `window.__hsLive`), one worklet node per stream, and authenticates with the page's token.
