@@ -282,6 +282,13 @@ def test_app_serves_wyoming_beside_the_page_with_the_flag(tmp_path):
 
     port = free_port()
     with running_studio(tmp_path, "--wyoming", f"tcp://127.0.0.1:{port}"):
+        # The Wyoming server starts after the page and the API answer (app.py start_wyoming), so the studio
+        # being up is not yet the port listening: wait for the line it prints once it listens.
+        log, deadline = tmp_path / "app.log", time.monotonic() + 60
+        while "Wyoming (Home Assistant): tcp://" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.05)
+
         async def run():
             async with client(port) as c:
                 await c.write_event(Describe().event())
