@@ -19,9 +19,9 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from engine.config import SAMPLE_RATE
 from engine.types import SamplingParams
 from studio.formats import to_pcm16
+from studio.sentences import SentenceBuffer
 from studio.service import StudioService, SynthesisRequest
 from studio.voices import VoiceLibrary
-from studio.sentences import SentenceBuffer
 from studio.wyoming import LANGUAGES, WYOMING, WyomingServer
 from tests.fakes import add_voices
 from tests.studio_server import free_port
