@@ -534,6 +534,17 @@ def test_threads_adding_the_same_voice_get_one(lib):
     assert len(lib.list()) == 1 and len({v.id for v in made}) == 1
 
 
+def test_the_same_voice_saved_by_another_thread_meanwhile_is_no_name_clash(lib, monkeypatch):
+    # The interleaving the race above can hit: this add looked for its content before the other thread
+    # saved it, and checks the name after.
+    first = lib.add(clip(), name="Same", transcript="Hi.", consent=CONSENT)
+    monkeypatch.setattr(lib, "_by_content", lambda content_hash: None)
+    assert lib.add(clip(), name="Same", transcript="Hi.", consent=CONSENT).id == first.id
+    assert len(lib.list()) == 1
+    with pytest.raises(VoiceError, match="already called"):  # different content under that name still clashes
+        lib.add(clip(pitch=300), name="Same", transcript="Hi.", consent=CONSENT)
+
+
 def test_processes_adding_at_once_all_land(lib, tmp_path):
     # Each process gets ready, waits for the same go signal, then both add the same voice and three of
     # their own: only the fcntl lock orders them (the thread lock is per process).

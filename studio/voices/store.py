@@ -121,7 +121,9 @@ class VoiceLibrary:
                              seed=seed, consent=consent, trim_long=trim_long)
         existing = self._by_content(staged.content_hash)
         if existing is None:
-            self._check_name_free(staged.record["name"])
+            # Unlocked, before the encode: a thread that saved this very content meanwhile is no clash
+            # (`_commit` returns its voice); the check under the lock is `_commit`'s own.
+            self._check_name_free(staged.record["name"], content=staged.content_hash)
             if encode is not None:
                 staged.codes = check_codes(encode(staged.pcm.astype(np.float32) / 32768.0), len(staged.pcm)
                                             // SAMPLES_PER_FRAME)
@@ -289,10 +291,10 @@ class VoiceLibrary:
     def _by_content(self, digest: str) -> Voice | None:
         return next((v for v in self.list() if v.content_hash == digest), None)
 
-    def _check_name_free(self, name: str, *, besides: str | None = None) -> None:
+    def _check_name_free(self, name: str, *, besides: str | None = None, content: str | None = None) -> None:
         key = name.casefold()
         for voice in self.list():
-            if voice.name.casefold() == key and voice.id != besides:
+            if voice.name.casefold() == key and voice.id != besides and voice.content_hash != content:
                 raise VoiceError(f"A different voice is already called {voice.name!r}; choose another name.")
 
     def _read(self, path: Path) -> Voice | None:
