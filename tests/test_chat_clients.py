@@ -19,16 +19,11 @@ from studio.presets import PresetStore
 from studio.service import StudioService
 from studio.voices import VoiceLibrary
 from studio.voices.catalog import VoiceCatalog
+from tests.fakes import add_voices
 
 openai = pytest.importorskip("openai")
 
 TAKE = {"seed": 21, "max_frames": 12, "stream": False}  # one buffered body: the codes' hash in its headers
-
-
-def tone(pitch: float) -> tuple[int, np.ndarray]:
-    rate = 16000
-    t = np.arange(2 * rate) / rate
-    return rate, (0.4 * np.sin(2 * np.pi * pitch * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +39,7 @@ def studio(tmp_path_factory):
     catalog = VoiceCatalog(VoiceLibrary(root / "voices"))
     presets = PresetStore(root / "presets.json")
     service = StudioService(Engine.load(demo_checkpoint(), device="cpu"), catalog, presets)
-    for name, pitch in (("Narrator", 130.0), ("Ann", 220.0)):
-        rate, samples = tone(pitch)
-        service.save_voice(samples, rate, name=name, transcript="A test tone.", consent=True)
+    add_voices(catalog, service, (("Narrator", 130.0), ("Ann", 220.0)))
     service.aliases = VoiceAliases.build(["alloy=Narrator", "nova=Sad"], voices=catalog, presets=presets)
     app = FastAPI()
     api.register(app, service)
