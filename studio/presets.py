@@ -8,7 +8,6 @@ known tags: an unknown tag would be read aloud.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import re
@@ -20,6 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engine.tokenizer import CONTROL_TAGS, ControlTag
+from studio.durable import file_lock
 from studio.text import clean_line
 
 BUILTIN_PATH = Path(__file__).resolve().parents[1] / "presets" / "styles.json"
@@ -214,9 +214,5 @@ class PresetStore:
     def _locked(self) -> Iterator[None]:
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+            with file_lock(self.path.with_name(self.path.name + ".lock")):
                 yield
-            finally:
-                os.close(fd)  # closing the descriptor releases the flock
