@@ -69,8 +69,7 @@ def cues(texts: list[str], spans: list[tuple[int, int]], total: int, *, level: s
     """The cues of a take whose segment i says `texts[i]` over samples `spans[i]` = [start, end) of the
     take's `total` samples. `level` is "segment", "sentence" or "word"; `words[i]` (optional) are the
     ASR's words of segment i."""
-    if level not in LEVELS:
-        raise ValueError(f"caption level must be one of {', '.join(LEVELS)}, got {level!r}")
+    _check_level(level)
     if len(texts) != len(spans):
         raise ValueError(f"{len(texts)} segment texts for {len(spans)} spans")
     if words is not None and len(words) != len(spans):
@@ -83,19 +82,27 @@ def cues(texts: list[str], spans: list[tuple[int, int]], total: int, *, level: s
     out: list[Cue] = []
     for i, (text, (start, end)) in enumerate(zip(texts, spans)):
         region_end = spans[i + 1][0] if i + 1 < len(spans) else total
-        units = _units(caption_text(text), level, language)
-        if not units:
+        parts = units(text, level, language)
+        if not parts:
             continue
         heard = words[i] if words is not None else None
-        starts, guessed = _unit_starts(units, start, end, heard, sample_rate)
+        starts, guessed = _unit_starts(parts, start, end, heard, sample_rate)
         bounds = [*starts, region_end]
-        for k, unit in enumerate(units):
-            estimated = guessed[k] or (k + 1 < len(units) and guessed[k + 1])
+        for k, unit in enumerate(parts):
+            estimated = guessed[k] or (k + 1 < len(parts) and guessed[k + 1])
             out.append(Cue(bounds[k] / sample_rate, bounds[k + 1] / sample_rate, unit, i, estimated))
     return out
 
 
-def _units(text: str, level: str, language: str) -> list[str]:
+def _check_level(level: str) -> None:
+    if level not in LEVELS:
+        raise ValueError(f"caption level must be one of {', '.join(LEVELS)}, got {level!r}")
+
+
+def units(text: str, level: str = "sentence", language: str = "en") -> list[str]:
+    """The cues' texts of one segment at `level`: its caption text whole, its sentences, or its words."""
+    _check_level(level)
+    text = caption_text(text)
     if not text:
         return []
     if level == "segment":
@@ -195,4 +202,4 @@ def to_vtt(items: list[Cue]) -> str:
     return head + "\n".join(blocks)
 
 
-__all__ = ["ESTIMATED_NOTE", "LEVELS", "Cue", "WordTime", "caption_text", "cues", "to_srt", "to_vtt"]
+__all__ = ["ESTIMATED_NOTE", "LEVELS", "Cue", "WordTime", "caption_text", "cues", "to_srt", "to_vtt", "units"]

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from studio.formats import FormatError, ffmpeg_path, to_pcm16
+from studio.formats import FormatError, ffmpeg_path, pcm_input_command, to_pcm16
 from studio.loudness import SILENCE_DB, level_to, rms_db, round_or_none, to_db, true_peak
 
 ACX_RMS = (-23.0, -18.0)  # dB RMS
@@ -186,12 +186,10 @@ def export(audio: np.ndarray, rate: int, preset: str = "acx") -> Export:
         raise ValueError(f"Unknown export preset {preset!r}; choose one of {', '.join(EXPORT_PRESETS)}.")
     spec = EXPORT_PRESETS[preset]
     mastered = master(audio, rate, spec)
-    exe = ffmpeg_path()
-    if exe is None:
+    if ffmpeg_path() is None:
         raise FormatError("The ACX export needs ffmpeg (MP3), which is not on PATH; install it.")
-    cmd = [exe, "-hide_banner", "-loglevel", "error", "-f", "s16le", "-ar", str(rate), "-ac", "1", "-i", "pipe:0",
-           "-ar", str(spec.sample_rate), "-c:a", "libmp3lame", "-b:a", f"{spec.bitrate_kbps}k", "-f", spec.format,
-           "pipe:1"]  # libmp3lame with -b:a and no -q/-abr is constant bit rate
+    cmd = [*pcm_input_command(rate, preset), "-ar", str(spec.sample_rate), "-c:a", "libmp3lame",
+           "-b:a", f"{spec.bitrate_kbps}k", "-f", spec.format, "pipe:1"]  # -b:a without -q/-abr: constant bit rate
     proc = subprocess.run(cmd, input=to_pcm16(mastered).tobytes(), capture_output=True, timeout=600, check=False)
     if proc.returncode != 0:
         raise FormatError(f"ffmpeg could not encode the {preset} export: "

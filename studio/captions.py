@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.captions import Cue, cues, to_srt, to_vtt
+from engine.captions import Cue, cues, to_srt, to_vtt, units
 from engine.config import SAMPLE_RATE
 from engine.longtake import LongTake
 
@@ -55,17 +55,13 @@ def captions(texts: list[str], spans: list[tuple[int, int]], total: int, *, leve
         if audio is None and off is None:
             off = "the take's audio was not kept"
         if off is None:  # a segment of one unit has nothing inside it to time
-            words = [transcriber.words(audio[start:end], sample_rate) if _several(text, level) else None
+            words = [transcriber.words(audio[start:end], sample_rate) if len(units(text, level)) > 1 else None
                      for text, (start, end) in zip(texts, spans)]
             note = None
         else:
             note = f"{note} ({off.rstrip('.')})"
     found = cues(texts, spans, total, level=level, words=words, sample_rate=sample_rate)
     return Captions(found, note if any(c.estimated for c in found) else None)
-
-
-def _several(text: str, level: str) -> bool:
-    return len(cues([text], [(0, 1)], 1, level=level)) > 1
 
 
 def take_captions(take, *, level: str = "sentence", transcriber=None, audio: np.ndarray | None = None) -> Captions:

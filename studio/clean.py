@@ -103,10 +103,8 @@ def _inline(children, actions: Actions) -> str:
             continue
         elif kind == "text":
             parts.append(tok.content)
-        elif kind == "softbreak":
+        elif kind in ("softbreak", "hardbreak"):
             parts.append("\n")  # a script's lines ("Alice: ...") stay lines
-        elif kind == "hardbreak":
-            parts.append("\n")
         # code_inline, image, html_inline, strong/s marks: nothing spoken
     return "".join(parts)
 

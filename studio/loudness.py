@@ -82,9 +82,10 @@ def true_peak(audio: np.ndarray) -> float:
 
 def integrated_lufs(audio: np.ndarray, rate: int) -> float | None:
     audio = np.asarray(audio, dtype=np.float64).reshape(-1)
-    if audio.size < int(pyloudnorm.Meter(rate).block_size * rate) + 1:
+    meter = pyloudnorm.Meter(rate)
+    if audio.size < int(meter.block_size * rate) + 1:
         return None
-    value = pyloudnorm.Meter(rate).integrated_loudness(audio)
+    value = meter.integrated_loudness(audio)
     return float(value) if math.isfinite(value) else None
 
 

@@ -8,11 +8,8 @@ known tags: an unknown tag would be read aloud.
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import re
-import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engine.tokenizer import CONTROL_TAGS, ControlTag
+from studio.durable import file_lock, replace_file
 from studio.text import clean_line
 
 BUILTIN_PATH = Path(__file__).resolve().parents[1] / "presets" / "styles.json"
@@ -194,29 +192,11 @@ class PresetStore:
     def _write_user(self, presets: list[StylePreset]) -> None:
         payload = json.dumps({"format": STORE_FORMAT, "presets": [p.to_json() for p in presets]},
                              ensure_ascii=False, indent=1)
-        fd, tmp = tempfile.mkstemp(prefix=".presets-", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        replace_file(self.path.parent, self.path.name, payload.encode("utf-8"))
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
         with self._lock:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+            with file_lock(self.path.with_name(self.path.name + ".lock")):
                 yield
-            finally:
-                os.close(fd)  # closing the descriptor releases the flock

@@ -18,18 +18,16 @@ Regular expressions run with the `regex` module's timeout: a pattern is refused 
 raises `PronunciationError` naming the rule rather than hanging a worker.
 
 `DictionaryStore` keeps the owner's global dictionary in one JSON file beside the voice library (an
-fsynced replace under a file lock, as studio/voices/disk.py writes the library). Files: JSON, TSV, and PLS
+fsynced replace under a file lock, studio/durable.py). Files: JSON, TSV, and PLS
 (the W3C lexicon ElevenLabs imports), of which the `<alias>` entries are read with defusedxml.
 """
 
 from __future__ import annotations
 
 import csv
-import fcntl
 import hashlib
 import io
 import json
-import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -41,8 +39,8 @@ from defusedxml import ElementTree
 from defusedxml.common import DefusedXmlException
 
 from engine.tokenizer import TAG_RE
+from studio.durable import file_lock, replace_file
 from studio.text import clean_line
-from studio.voices.disk import replace_file
 
 FORMAT = "higgs-studio-dictionary/1"
 MAX_RULES = 2000
@@ -430,12 +428,8 @@ class DictionaryStore:
     @contextmanager
     def _locked(self) -> Iterator[None]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path.with_name(self.path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with file_lock(self.path.with_name(self.path.name + ".lock")):
             yield
-        finally:
-            os.close(fd)  # closing the descriptor releases the flock
 
 
 __all__ = [

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import time
 import zlib
 from dataclasses import dataclass, field
 
@@ -36,6 +35,7 @@ from studio.projects.recipes import anchor_of_render
 from studio.projects.store import Store, as_stored
 from studio.service import StudioService, SynthesisRequest
 from tests.fakes import FakeEngine
+from tests.test_projects import wait
 
 PARAGRAPHS = ["The boat left the harbour at dawn, and the sea beyond the wall was calm and grey for many miles.",
               "Gulls followed it out past the lighthouse, crying over the wake, until the land was only a line.",
@@ -204,14 +204,6 @@ def test_a_take_heard_right_is_made_once_and_without_asr_the_take_says_so(servic
     assert not any("Listen" in w for w in handle.warnings)
 
 
-def _wait(runner, job_id, timeout=30):
-    deadline = time.monotonic() + timeout
-    while (view := runner.view(job_id))["state"] not in ("done", "failed", "cancelled"):
-        assert time.monotonic() < deadline, view
-        time.sleep(0.02)
-    return view
-
-
 def test_a_project_render_listens_retries_and_records_every_attempt(service, tmp_path):
     engine = service.engine
     store = Store(tmp_path / "projects")
@@ -227,7 +219,7 @@ def test_a_project_render_listens_retries_and_records_every_attempt(service, tmp
     runner = JobRunner(projects, service, listener=Listener(asr, above=0.25, retries=2))
     runner.start()
     try:
-        job = _wait(runner, runner.render(project.id).id)
+        job = wait(runner, runner.render(project.id).id, timeout=30)
     finally:
         runner.stop()
     assert job["state"] == "done" and job["rendered"] == 2

@@ -1,5 +1,6 @@
 """The voice library's durable writes: fsynced files renamed into place, the root's lock, and the staged
 all-or-nothing write of several voices with the sweep that finishes or removes one a crash interrupted.
+One-file writes and the file lock come from studio/durable.py.
 
     with root_lock(root).hold():
         replace_file(voice_dir, "voice.json", data)        # one file, atomically
@@ -12,7 +13,6 @@ before the renames, so the next open after a crash completes it (a mark) or remo
 
 from __future__ import annotations
 
-import fcntl
 import io
 import logging
 import os
@@ -20,45 +20,20 @@ import shutil
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
 import soundfile as sf
 
 from engine.config import SAMPLE_RATE
+from studio.durable import file_lock, fsync_dir, replace_file, write_file
 from studio.voices.model import ID_RE
 
 log = logging.getLogger(__name__)
 
 STAGE_PREFIX = ".stage-"  # a write in progress: one directory per voice, then COMMIT_MARK, then renames
 COMMIT_MARK = "COMMIT"
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_file(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def replace_file(folder: Path, name: str, data: bytes) -> None:
-    """`folder/name` becomes `data` in one rename: a crash leaves the old file or the new one."""
-    tmp = folder / f".{Path(name).stem}-{uuid.uuid4().hex}.tmp"
-    try:
-        write_file(tmp, data)
-        os.replace(tmp, folder / name)
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(folder)
 
 
 def wav_bytes(pcm: np.ndarray) -> bytes:
@@ -80,27 +55,15 @@ class RootLock:
         self._lockfile = root / ".lock"
         self._rlock = threading.RLock()
         self._depth = 0
-        self._fd = -1
 
     @contextmanager
     def hold(self) -> Iterator[None]:
-        with self._rlock:
-            if self._depth == 0:
-                fd = os.open(self._lockfile, os.O_RDWR | os.O_CREAT, 0o644)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                except BaseException:
-                    os.close(fd)
-                    raise
-                self._fd = fd
+        with self._rlock, (file_lock(self._lockfile) if self._depth == 0 else nullcontext()):
             self._depth += 1
             try:
                 yield
             finally:
                 self._depth -= 1
-                if self._depth == 0:
-                    os.close(self._fd)  # closing releases the flock
-                    self._fd = -1
 
 
 _ROOT_LOCKS: dict[Path, RootLock] = {}
