@@ -111,8 +111,12 @@ class SegmentTake:
     prompt_tokens: int
     prefix_len: int
     reused_tokens: int  # prompt positions served by the prefix KV cache
-    wer: float | None = None  # the check's score of this take (None: no check, or it could not tell)
     attempts: tuple[Attempt, ...] = ()  # every generation of the segment, in order, this one among them
+
+    @property
+    def wer(self) -> float | None:
+        """The check's score of this take, its own attempt's (None: no check, or it could not tell)."""
+        return next((a.wer for a in self.attempts if a.seed == self.seed), None)
 
     @property
     def flagged(self) -> bool:
@@ -361,7 +365,7 @@ class LongTake:
             seed = _next_seed(seed)
         kept = best(attempts)
         return replace(takes[kept], retried=kept > 0 and attempts[0].stop_reason in CUT_SHORT,
-                       wer=attempts[kept].wer, attempts=tuple(attempts))
+                       attempts=tuple(attempts))
 
     def stream(self) -> Iterator[TakeChunk]:
         """Generate every segment in order and yield the take as it is assembled: the first segment as it
