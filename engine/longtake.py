@@ -111,8 +111,12 @@ class SegmentTake:
     prompt_tokens: int
     prefix_len: int
     reused_tokens: int  # prompt positions served by the prefix KV cache
-    wer: float | None = None  # the check's score of this take (None: no check, or it could not tell)
     attempts: tuple[Attempt, ...] = ()  # every generation of the segment, in order, this one among them
+
+    @property
+    def wer(self) -> float | None:
+        """The check's score of this take, its own attempt's (None: no check, or it could not tell)."""
+        return next((a.wer for a in self.attempts if a.seed == self.seed), None)
 
     @property
     def flagged(self) -> bool:
@@ -228,7 +232,7 @@ class LongTake:
             self._check_voice(segment)
         if seeds is not None and len(seeds) != len(segments):
             raise ValueError(f"give one seed per segment: {len(seeds)} seeds for {len(segments)} segments")
-        self.engine, self.segments, self.voice, self.more = engine, list(segments), voice, more
+        self.engine, self.voice, self.more = engine, voice, more
         self.options = dict(temperature=temperature, top_k=top_k, top_p=top_p, repeat_guard=repeat_guard)
         self.max_frames = max_frames
         # An HTTP stream of a 100k-character input is ~2 hours of audio (~1.3 GB as raw + shaped float32):
@@ -240,16 +244,19 @@ class LongTake:
         self.check = check if self.retry else None
         self.check_above, self.check_retries = float(check_above), int(check_retries)
         if seeds is not None:
-            self.seeds = [int(s) for s in seeds]
-            self.base_seed = self.seeds[0]
+            self.base_seed = int(seeds[0])
         else:
             self.base_seed = new_seed() if seed is None else int(seed)
-            self.seeds = [_next_seed(self.base_seed, i) for i in range(len(segments))]
         self.cancel = cancel or threading.Event()
-        self.takes: list[SegmentTake | None] = [None] * len(segments)
-        self.prompts: list = [None] * len(segments)
-        self.shaped: list[np.ndarray | None] = [None] * len(segments)
-        self.lengths: list[int] = [0] * len(segments)  # samples of each shaped segment (kept when audio is not)
+        # One entry per segment in each (`_add`); an open take's grow as its segments come.
+        self.segments: list[Segment] = []
+        self.seeds: list[int] = []
+        self.takes: list[SegmentTake | None] = []
+        self.prompts: list = []
+        self.shaped: list[np.ndarray | None] = []
+        self.lengths: list[int] = []  # samples of each shaped segment (kept when audio is not)
+        for i, segment in enumerate(segments):
+            self._add(segment, int(seeds[i]) if seeds is not None else _next_seed(self.base_seed, i))
         self.anchors: dict = {}  # speaker (None in plain text) → zero-shot anchor made from its first segment
         self.reference_rms: float | None = None  # the first segment's, kept through regenerations
         self.metrics = None  # the engine's Metrics of the latest chunk (prompt, reuse, stop reason)
@@ -291,13 +298,17 @@ class LongTake:
                 self.segments[-1] = replace(self.segments[-1], pause_after=0.0)
             return False
         self._check_voice(segment)
-        self.segments.append(replace(segment, index=index))
-        self.seeds.append(_next_seed(self.base_seed, index))
+        self._add(replace(segment, index=index), _next_seed(self.base_seed, index))
+        return True
+
+    def _add(self, segment: Segment, seed: int) -> None:
+        """One more segment for the take, with its seed; nothing of it is made yet."""
+        self.segments.append(segment)
+        self.seeds.append(seed)
         self.takes.append(None)
         self.prompts.append(None)
         self.shaped.append(None)
         self.lengths.append(0)
-        return True
 
     def _pause_now(self, index: int) -> np.ndarray:
         """The pause streamed right after segment `index`: a closed take's at once, an open take's none (it
@@ -354,7 +365,7 @@ class LongTake:
             seed = _next_seed(seed)
         kept = best(attempts)
         return replace(takes[kept], retried=kept > 0 and attempts[0].stop_reason in CUT_SHORT,
-                       wer=attempts[kept].wer, attempts=tuple(attempts))
+                       attempts=tuple(attempts))
 
     def stream(self) -> Iterator[TakeChunk]:
         """Generate every segment in order and yield the take as it is assembled: the first segment as it

@@ -227,22 +227,15 @@ class Scheduler:
                 self._step(active)
             except Exception as exc:  # a device failure ends every take still in the step, and only those
                 failed = [t for t in active if not t.finished]
-                error = RuntimeError(f"the engine's batched decode step failed ({type(exc).__name__}: {exc}); "
-                                     f"it ended the {len(failed)} take(s) of its batch, the engine takes new ones")
-                error.__cause__ = exc
-                with self.cond:
-                    for take in failed:
-                        self.keys[take.slot] = None  # what the step left in the slot is unknown
+                error = _failure("batched decode step", exc, f"it ended the {len(failed)} take(s) of its batch")
                 for take in failed:
-                    take.finish(error)
+                    self._end_faulty(take, error)
 
     def _fail(self, exc: BaseException) -> None:
         """The worker itself failed: every take it holds, running or waiting, ends with the reason; the
         books are reset (no slot kept, no prefix trusted) and the worker is gone, so the next submit
         starts a fresh one."""
-        error = RuntimeError(f"the engine's scheduler failed ({type(exc).__name__}: {exc}); the takes it "
-                             "held were ended, the engine takes new ones")
-        error.__cause__ = exc
+        error = _failure("scheduler", exc, "the takes it held were ended")
         with self.cond:
             held = [*self.active, *self.waiting]
             for take in self.active:
@@ -254,6 +247,11 @@ class Scheduler:
             self.cond.notify_all()
         for take in held:
             take.finish(error)
+
+    def _end_faulty(self, take: Take, error: BaseException) -> None:
+        """End a take a fault reached; what the fault left in its slot is unknown, so no prefix is kept there."""
+        self.mark(take.slot, None)
+        take.finish(error)
 
     def _admit(self, take: Take) -> None:
         slot, hit = self._pick(prefix_key(take.prompt))
@@ -314,9 +312,10 @@ class Scheduler:
                 take.decode_s += spent
                 take.batch = max(take.batch, len(decoding))
             for take, error in ended:
-                if error is not None:
-                    self.mark(take.slot, None)  # what the faulty step left in the slot is unknown
-                take.finish(error)
+                if error is None:
+                    take.finish()
+                else:
+                    self._end_faulty(take, error)
         for take in stepping:
             take.notify()
 
@@ -327,3 +326,11 @@ class Scheduler:
         if key is not None:  # the prefix is complete in this slot
             self.mark(take.slot, key)
         take.prefill_s = time.perf_counter() - take.admitted
+
+
+def _failure(what: str, exc: BaseException, ended: str) -> RuntimeError:
+    """The sentence a take ended by a fault gets: what failed, why, what it ended; the fault is its cause."""
+    error = RuntimeError(f"the engine's {what} failed ({type(exc).__name__}: {exc}); {ended}, the engine takes "
+                         "new ones")
+    error.__cause__ = exc
+    return error

@@ -33,12 +33,13 @@ for response bodies.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -164,6 +165,41 @@ class TakeHandle:
         """Record the end (the worker calls it, so the take lands even when the consumer has gone)."""
         self.take = take
         self.finished.set()
+
+
+_END = object()
+
+
+class LoopTake:
+    """A take followed into an asyncio loop: a thread of its own follows `handle.stream()` (it blocks while the
+    take waits its turn and between chunks) and hands each item to the loop. Started at once."""
+
+    def __init__(self, handle: TakeHandle, loop: asyncio.AbstractEventLoop, *, name: str = "higgs-take"):
+        self.handle, self._loop = handle, loop
+        self._items: asyncio.Queue = asyncio.Queue()
+        threading.Thread(target=self._pump, name=name, daemon=True).start()
+
+    def _pump(self) -> None:
+        try:
+            for item in self.handle.stream():
+                self._hand(item)
+            self._hand(_END)
+        except Exception as exc:  # handed to the loop as the last item, where the client hears it
+            self._hand(exc)
+
+    def _hand(self, item) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
+        except RuntimeError:  # the loop has stopped (the server is shutting down)
+            self.handle.cancel.set()
+
+    async def items(self) -> AsyncIterator[Any]:
+        """The stream's items as they come; what it raised, if anything, comes as the last item."""
+        while (item := await self._items.get()) is not _END:
+            yield item
+
+    def cancel(self) -> None:
+        self.handle.cancel.set()  # the engine ends the take at its next step; its slot goes to the next one
 
 
 class StudioService:
@@ -479,5 +515,5 @@ def _check_unicode(what: str, value: str | None) -> None:
 
 
 
-__all__ = ["MAX_TAKES", "MAX_TEXT_CHARS", "Queued", "ServiceBusy", "ServiceClosed", "StudioService", "SynthesisRequest",
+__all__ = ["MAX_TAKES", "MAX_TEXT_CHARS", "LoopTake", "Queued", "ServiceBusy", "ServiceClosed", "StudioService", "SynthesisRequest",
            "Take", "TakeHandle", "TooManyTakes"]

@@ -53,7 +53,7 @@ from studio.formats import to_pcm16
 from studio.gpu_queue import ServiceBusy, ServiceClosed
 from studio.longform import start_long, wants_long_form
 from studio.sentences import SentenceBuffer
-from studio.service import StudioService, SynthesisRequest, TakeHandle
+from studio.service import LoopTake, StudioService, SynthesisRequest, TakeHandle
 
 log = logging.getLogger("higgs.wyoming")
 
@@ -64,41 +64,20 @@ PROGRAM = "higgs-studio"
 ATTRIBUTION = Attribution(name="Boson AI", url="https://huggingface.co/bosonai")
 WIDTH, CHANNELS = 2, 1  # PCM16 mono
 AHEAD = 2  # a stream's takes in flight: the one being sent and the next (a visitor's running share is 2)
-_END = object()
 
 
-class _Take:
-    """One take streamed into the event loop: a thread follows `handle.stream()` (it blocks while the take
-    waits its turn and between chunks) and hands each chunk to the loop."""
+class _Take(LoopTake):
+    """One take of a connection streamed into its event loop."""
 
     def __init__(self, handle: TakeHandle, loop: asyncio.AbstractEventLoop):
-        self.handle, self._loop = handle, loop
-        self._items: asyncio.Queue = asyncio.Queue()
-        threading.Thread(target=self._pump, name="higgs-wyoming-take", daemon=True).start()
-
-    def _pump(self) -> None:
-        try:
-            for chunk in self.handle.stream():
-                self._hand(chunk)
-            self._hand(_END)
-        except Exception as exc:  # raised again on the loop, where the client hears it
-            self._hand(exc)
-
-    def _hand(self, item) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
-        except RuntimeError:  # the loop has stopped (the server is shutting down)
-            self.handle.cancel.set()
+        super().__init__(handle, loop, name="higgs-wyoming-take")
 
     async def audio(self) -> AsyncIterator[np.ndarray]:
-        while (item := await self._items.get()) is not _END:
+        async for item in self.items():
             if isinstance(item, Exception):
                 raise item
             if len(item.audio):
                 yield item.audio
-
-    def cancel(self) -> None:
-        self.handle.cancel.set()  # the engine ends the take at its next step; its slot goes to the next one
 
 
 class WyomingServer:

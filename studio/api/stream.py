@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 from collections.abc import Callable
 from typing import Literal
 
@@ -46,14 +45,13 @@ from studio.formats import StreamEncoder, to_pcm16
 from studio.gpu_queue import ServiceBusy, ServiceClosed
 from studio.longform import MAX_LONG_INPUT_CHARS, start_open_long
 from studio.sentences import SentenceFeed
-from studio.service import SynthesisRequest
+from studio.service import LoopTake, SynthesisRequest
 
 log = logging.getLogger("higgs.ws")
 
 ROUTE = "/v1/audio/speech/stream"
 WEBSOCKET = Caller("websocket", owner=True)  # the key holder's streams: one share beside the page's takes
 POLICY_VIOLATION = 1008  # WebSocket close code: not allowed (no key)
-_END = object()
 
 
 class StreamConfig(BaseModel):
@@ -158,38 +156,21 @@ class _Session:
 
     def __init__(self, ws: WebSocket, feed: SentenceFeed, handle, config: StreamConfig):
         self.ws, self.feed, self.handle, self.config = ws, feed, handle, config
-        self.loop = asyncio.get_running_loop()
-        self.items: asyncio.Queue = asyncio.Queue()
         self.sentences = 0
 
     async def run(self) -> None:
         await _send(self.ws, {"type": "ready", "sample_rate": SAMPLE_RATE, "format": self.config.response_format,
                               "seed": self.handle.seed})
-        threading.Thread(target=self._pump, name="higgs-ws-take", daemon=True).start()
+        source = LoopTake(self.handle, asyncio.get_running_loop(), name="higgs-ws-take")
         reader = asyncio.create_task(self._read())
         try:
-            await self._send_take()
+            await self._send_take(source)
             await self.ws.close()  # one stream, one take: after `done` (or its error) the socket closes
         except (WebSocketDisconnect, RuntimeError, OSError):
             pass  # the client went away; the finally below stops the take
         finally:
             self.handle.cancel.set()  # a no-op once finished; else the engine stops at its next step
             reader.cancel()
-
-    def _pump(self) -> None:
-        """Follow the take's blocking stream on a thread of its own; hand each item to the event loop."""
-        try:
-            for item in self.handle.stream():
-                self._hand(item)
-            self._hand(_END)
-        except Exception as exc:
-            self._hand(exc)
-
-    def _hand(self, item) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.items.put_nowait, item)
-        except RuntimeError:  # the loop is gone
-            self.handle.cancel.set()
 
     async def _read(self) -> None:
         """The client's messages; a bad one is answered and the stream goes on; a close cancels the take (after
@@ -226,13 +207,13 @@ class _Session:
         if message.get("end") is True:
             self.feed.end()
 
-    async def _send_take(self) -> None:
+    async def _send_take(self, source: LoopTake) -> None:
         encoder = None
         if self.config.response_format == "opus":
             encoder = await run_in_threadpool(StreamEncoder, "opus", SAMPLE_RATE)
         sent, current, ended, ending, take = 0, -1, -1, None, None
         try:
-            while (item := await self.items.get()) is not _END:
+            async for item in source.items():
                 if isinstance(item, Exception):
                     await _error(self.ws, *_describe(item))
                     return
