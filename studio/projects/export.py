@@ -31,7 +31,6 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from urllib.parse import quote
 
-import numpy as np
 import soundfile as sf
 
 from engine.config import SAMPLE_RATE
@@ -138,15 +137,11 @@ def levelled(chapters: Sequence[ChapterAudio], fmt: str, loudness, true_peak: fl
 
     def level(ch: ChapterAudio) -> ChapterAudio:
         def blocks() -> Iterator:  # loudness is a property of the whole chapter: it is read whole, once per read
-            yield normalize(_whole(ch), SAMPLE_RATE, target, ceiling).audio
+            yield normalize(ch.whole(), SAMPLE_RATE, target, ceiling).audio
         return ChapterAudio(ch.title, ch.samples, blocks, {**ch.recipe, "loudness": {"target_lufs": target,
                                                                                     "true_peak_dbtp": ceiling}},
                             ch.spans)
     return [level(ch) for ch in chapters]
-
-
-def _whole(ch: ChapterAudio) -> np.ndarray:
-    return np.concatenate([np.asarray(b, dtype=np.float32) for b in ch.blocks()] or [np.zeros(0, np.float32)])
 
 
 def check_chapters(chapters: Sequence[ChapterAudio]) -> None:
@@ -264,7 +259,7 @@ def acx_chapter(ch: ChapterAudio) -> acx.Export:
     """One chapter through the ACX preset (studio/acx.py): room tone at the head and tail, levelled, 192 kbps
     CBR MP3 at 44.1 kHz, and the ACX report of what was encoded."""
     try:
-        return acx.export(_whole(ch), SAMPLE_RATE, "acx")
+        return acx.export(ch.whole(), SAMPLE_RATE, "acx")
     except FormatError as exc:
         raise ExportError(str(exc)) from None
     except ValueError as exc:  # a silent chapter
