@@ -193,13 +193,13 @@ class ProjectRoutes(Routes):
         true_peak = _float(request.query_params.get("true_peak", "-1"), "true_peak")
 
         def build():
-            meta = self.projects.book_meta(project_id, OWNER.key)
-            chapters = self.projects.view(project_id, OWNER.key)["chapters"]
             if index is not None:
+                meta = self.projects.book_meta(project_id, OWNER.key)
                 audio = self.projects.chapter_audio(project_id, index, OWNER.key)
-                return chapter_export(levelled([audio], fmt, loudness, true_peak)[0], meta, fmt, index, len(chapters))
-            return export([self.projects.chapter_audio(project_id, c["index"], OWNER.key)
-                           for c in chapters if not c["skip"]], meta, fmt, loudness=loudness, true_peak=true_peak)
+                return chapter_export(levelled([audio], fmt, loudness, true_peak)[0], meta, fmt, index,
+                                      len(self.projects.store.chapters(project_id)))
+            chapters, meta = self.projects.book(project_id, OWNER.key)
+            return export(chapters, meta, fmt, loudness=loudness, true_peak=true_peak)
         made = await self._call(build)
         return StreamingResponse(made.body, media_type=made.media_type, headers=made.headers())
 
