@@ -243,9 +243,7 @@ class JobRunner:
             if p.key in renders and p.rendered_key != p.key:
                 self.store.set_segment(p.chapter_id, p.position, key=p.key)
             chapters[p.chapter_id] = chapters.get(p.chapter_id, True) and p.key in renders
-        for chapter_id, complete in chapters.items():
-            if complete:
-                self.store.mark_finished(chapter_id)
+        self.store.mark_finished(chapter_id for chapter_id, complete in chapters.items() if complete)
 
     @staticmethod
     def _selected(planned: list[Planned], chapters: list[int] | None) -> list[Planned]:
