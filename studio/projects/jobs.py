@@ -207,8 +207,9 @@ class JobRunner:
                 if job.state != "running":
                     return
                 project = self.projects.project(job.project)
-                if plan is None or plan[0] != self.projects.plan_stamp(project):  # an edit, a rule changed
-                    plan = (self.projects.plan_stamp(project), self.projects.planned(job.project))
+                stamp = self.projects.plan_stamp(project)
+                if plan is None or plan[0] != stamp:  # an edit, a rule changed
+                    plan = (stamp, self.projects.planned(job.project))
                 planned = plan[1]
                 selected = self._selected(planned, job.chapters)
                 renders = self.store.renders(p.key for p in selected if p.key)
