@@ -35,14 +35,14 @@ import soundfile as sf
 
 from engine.config import SAMPLE_RATE
 from studio import acx
-from studio.formats import FormatError, encoder_args, pcm_input_command, to_pcm16
+from studio.formats import MIME, FormatError, encoder_args, pcm_input_command, to_pcm16
 from studio.loudness import DEFAULT_CEILING, check_ceiling, normalize, resolve_target
 from studio.projects.types import BookMeta, ChapterAudio
 
 CHUNK = 256 * 1024  # bytes per piece of a streamed export
 M4B_ARGS = ["-c:a", "aac", "-b:a", "64k"]  # mono speech at 24 kHz: 64k is transparent enough for a book
-MEDIA_TYPES = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg", "m4b": "audio/mp4",
-               "zip": "application/zip", "acx": "application/zip"}
+MEDIA_TYPES = {**{fmt: MIME[fmt] for fmt in ("wav", "flac", "mp3")}, "m4b": "audio/mp4", "zip": "application/zip",
+               "acx": "application/zip"}
 EXPORT_FORMATS = tuple(MEDIA_TYPES)
 COVER_SUFFIX = {"image/jpeg": ".jpg", "image/png": ".png"}  # what MP4's cover atom can hold
 WAV_MAX_SAMPLES = (2**32 - 1 - 36) // 2  # RIFF sizes are 32-bit: ~24.8 h of 16-bit mono at 24 kHz
