@@ -28,6 +28,7 @@ def main() -> None:
     from engine.generate import Engine
     from studio import api  # noqa: F401
     from studio.projects import jobs, library  # noqa: F401
+    from tests.studio_server import free_port
 
     engine = Engine.load(demo_checkpoint(), device="cpu", precision="fp32", max_batch=2)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # killed children are reaped without a wait
@@ -36,7 +37,7 @@ def main() -> None:
         command, _, folder = line.strip().partition(" ")
         if command != "start" or not folder:
             continue
-        port = _free_port()
+        port = free_port()
         pid = os.fork()
         if pid == 0:
             os.makedirs(folder, exist_ok=True)
@@ -65,14 +66,6 @@ def _serve(engine, folder: str, port: int) -> None:
     app = FastAPI()
     api.register(app, service, projects=projects, runner=runner)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 if __name__ == "__main__":

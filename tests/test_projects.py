@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import time
 import zipfile
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -50,15 +51,24 @@ class Counting:
         return self.engine.generate_stream(*args, prompt=prompt, **kwargs)
 
 
-@pytest.fixture
-def studio(service, tmp_path):
-    store = Store(tmp_path / "projects")
+@contextmanager
+def running(service, folder):
+    """(the projects library, its started job runner) over a store in `folder`; stopped and closed after."""
+    store = Store(folder)
     projects = Projects(store, service, limits=Limits(max_chars=5000, max_chapters=8, max_bytes=200_000))
     runner = JobRunner(projects, service)
     runner.start()
-    yield projects, runner
-    runner.stop()
-    store.close()
+    try:
+        yield projects, runner
+    finally:
+        runner.stop()
+        store.close()
+
+
+@pytest.fixture
+def studio(service, tmp_path):
+    with running(service, tmp_path / "projects") as studio:
+        yield studio
 
 
 def wait(runner, job_id, states=("done", "failed", "cancelled"), timeout=60):

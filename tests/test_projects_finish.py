@@ -21,13 +21,11 @@ import webvtt
 from engine import Engine
 from studio.formats import ffmpeg_path
 from studio.projects import importing
-from studio.projects.importing import Limits
-from studio.projects.jobs import JobRunner
 from studio.projects.library import Projects
 from studio.projects.store import Store
 from studio.pronounce import Dictionary, DictionaryStore, Rule
 from studio.service import StudioService
-from tests.test_projects import SETTINGS, _client, wait
+from tests.test_projects import SETTINGS, _client, running, wait
 
 SR = 24_000
 # Chapter One's second paragraph holds two sentences in one segment (its second cue's start is estimated).
@@ -61,13 +59,8 @@ def service(tiny_checkpoint):
 def studio(service, tmp_path_factory):
     """One store for the file: renders are keyed by what makes them, so each test's new copy of the book
     finds the first one's renders and renders nothing (only what a test changes is made)."""
-    store = Store(tmp_path_factory.mktemp("finish") / "projects")
-    projects = Projects(store, service, limits=Limits(max_chars=5000, max_chapters=8, max_bytes=200_000))
-    runner = JobRunner(projects, service)
-    runner.start()
-    yield projects, runner
-    runner.stop()
-    store.close()
+    with running(service, tmp_path_factory.mktemp("finish") / "projects") as studio:
+        yield studio
 
 
 @pytest.fixture

@@ -8,20 +8,15 @@ studio/projects/ does the work.
 from __future__ import annotations
 
 import json
-import struct
-from collections.abc import Iterator
 from dataclasses import replace
 
-import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from engine.config import SAMPLE_RATE
 from studio.admission import OWNER
 from studio.api.model import FORM_OVERHEAD, ApiError, Routes
-from studio.formats import to_pcm16
 from studio.projects import importing
-from studio.projects.export import Export, chapter_export, export, levelled
+from studio.projects.export import Export, chapter_export, export, levelled, wav
 from studio.projects.store import ProjectNotFound
 
 CREATE_FIELDS = ("title", "author", "language", "text", "format", "settings")
@@ -177,10 +172,13 @@ class ProjectRoutes(Routes):
     async def chapter_audio(self, request: Request) -> StreamingResponse:
         """The chapter as a 16-bit WAV, streamed a segment at a time (the page's player)."""
         self.check_auth(request)
-        audio = await self._call(self.projects.chapter_audio, request.path_params["project_id"],
-                                 _int(request.path_params["chapter"], "chapter"), OWNER.key)
-        return StreamingResponse(_wav(audio), media_type="audio/wav",
-                                 headers={"Content-Length": str(44 + 2 * audio.samples)})
+        project_id, index = request.path_params["project_id"], _int(request.path_params["chapter"], "chapter")
+
+        def chapter_wav():
+            audio = self.projects.chapter_audio(project_id, index, OWNER.key)
+            return audio.samples, wav([audio])
+        samples, body = await self._call(chapter_wav)
+        return StreamingResponse(body, media_type="audio/wav", headers={"Content-Length": str(44 + 2 * samples)})
 
     async def export(self, request: Request) -> StreamingResponse:
         """`?format=m4b|zip|mp3|wav|flac|acx` (m4b by default), `&chapter=N` for one chapter (wav, flac, mp3, acx),
@@ -195,13 +193,13 @@ class ProjectRoutes(Routes):
         true_peak = _float(request.query_params.get("true_peak", "-1"), "true_peak")
 
         def build():
-            meta = self.projects.book_meta(project_id, OWNER.key)
-            chapters = self.projects.view(project_id, OWNER.key)["chapters"]
             if index is not None:
+                meta = self.projects.book_meta(project_id, OWNER.key)
                 audio = self.projects.chapter_audio(project_id, index, OWNER.key)
-                return chapter_export(levelled([audio], fmt, loudness, true_peak)[0], meta, fmt, index, len(chapters))
-            return export([self.projects.chapter_audio(project_id, c["index"], OWNER.key)
-                           for c in chapters if not c["skip"]], meta, fmt, loudness=loudness, true_peak=true_peak)
+                return chapter_export(levelled([audio], fmt, loudness, true_peak)[0], meta, fmt, index,
+                                      len(self.projects.store.chapters(project_id)))
+            chapters, meta = self.projects.book(project_id, OWNER.key)
+            return export(chapters, meta, fmt, loudness=loudness, true_peak=true_peak)
         made = await self._call(build)
         return StreamingResponse(made.body, media_type=made.media_type, headers=made.headers())
 
@@ -323,15 +321,6 @@ def _float(value: str, name: str) -> float:
         return float(value)
     except ValueError:
         raise ApiError(400, f"`{name}` must be a number (got {value!r}).", param=name) from None
-
-
-def _wav(audio) -> Iterator[bytes]:
-    data = 2 * audio.samples
-    yield (b"RIFF" + struct.pack("<I", 36 + data) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, SAMPLE_RATE,
-                                                                               2 * SAMPLE_RATE, 2, 16)
-           + b"data" + struct.pack("<I", data))
-    for block in audio.blocks():
-        yield to_pcm16(np.asarray(block, dtype=np.float32)).tobytes()
 
 
 __all__ = ["ProjectRoutes"]

@@ -31,19 +31,18 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from urllib.parse import quote
 
-import numpy as np
 import soundfile as sf
 
 from engine.config import SAMPLE_RATE
 from studio import acx
-from studio.formats import FormatError, encoder_args, pcm_input_command, to_pcm16
+from studio.formats import MIME, FormatError, encoder_args, pcm_input_command, to_pcm16
 from studio.loudness import DEFAULT_CEILING, check_ceiling, normalize, resolve_target
 from studio.projects.types import BookMeta, ChapterAudio
 
 CHUNK = 256 * 1024  # bytes per piece of a streamed export
 M4B_ARGS = ["-c:a", "aac", "-b:a", "64k"]  # mono speech at 24 kHz: 64k is transparent enough for a book
-MEDIA_TYPES = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg", "m4b": "audio/mp4",
-               "zip": "application/zip", "acx": "application/zip"}
+MEDIA_TYPES = {**{fmt: MIME[fmt] for fmt in ("wav", "flac", "mp3")}, "m4b": "audio/mp4", "zip": "application/zip",
+               "acx": "application/zip"}
 EXPORT_FORMATS = tuple(MEDIA_TYPES)
 COVER_SUFFIX = {"image/jpeg": ".jpg", "image/png": ".png"}  # what MP4's cover atom can hold
 WAV_MAX_SAMPLES = (2**32 - 1 - 36) // 2  # RIFF sizes are 32-bit: ~24.8 h of 16-bit mono at 24 kHz
@@ -138,15 +137,11 @@ def levelled(chapters: Sequence[ChapterAudio], fmt: str, loudness, true_peak: fl
 
     def level(ch: ChapterAudio) -> ChapterAudio:
         def blocks() -> Iterator:  # loudness is a property of the whole chapter: it is read whole, once per read
-            yield normalize(_whole(ch), SAMPLE_RATE, target, ceiling).audio
+            yield normalize(ch.whole(), SAMPLE_RATE, target, ceiling).audio
         return ChapterAudio(ch.title, ch.samples, blocks, {**ch.recipe, "loudness": {"target_lufs": target,
                                                                                     "true_peak_dbtp": ceiling}},
                             ch.spans)
     return [level(ch) for ch in chapters]
-
-
-def _whole(ch: ChapterAudio) -> np.ndarray:
-    return np.concatenate([np.asarray(b, dtype=np.float32) for b in ch.blocks()] or [np.zeros(0, np.float32)])
 
 
 def check_chapters(chapters: Sequence[ChapterAudio]) -> None:
@@ -264,7 +259,7 @@ def acx_chapter(ch: ChapterAudio) -> acx.Export:
     """One chapter through the ACX preset (studio/acx.py): room tone at the head and tail, levelled, 192 kbps
     CBR MP3 at 44.1 kHz, and the ACX report of what was encoded."""
     try:
-        return acx.export(_whole(ch), SAMPLE_RATE, "acx")
+        return acx.export(ch.whole(), SAMPLE_RATE, "acx")
     except FormatError as exc:
         raise ExportError(str(exc)) from None
     except ValueError as exc:  # a silent chapter

@@ -207,8 +207,9 @@ class JobRunner:
                 if job.state != "running":
                     return
                 project = self.projects.project(job.project)
-                if plan is None or plan[0] != self.projects.plan_stamp(project):  # an edit, a rule changed
-                    plan = (self.projects.plan_stamp(project), self.projects.planned(job.project))
+                stamp = self.projects.plan_stamp(project)
+                if plan is None or plan[0] != stamp:  # an edit, a rule changed
+                    plan = (stamp, self.projects.planned(job.project))
                 planned = plan[1]
                 selected = self._selected(planned, job.chapters)
                 renders = self.store.renders(p.key for p in selected if p.key)
@@ -243,9 +244,7 @@ class JobRunner:
             if p.key in renders and p.rendered_key != p.key:
                 self.store.set_segment(p.chapter_id, p.position, key=p.key)
             chapters[p.chapter_id] = chapters.get(p.chapter_id, True) and p.key in renders
-        for chapter_id, complete in chapters.items():
-            if complete:
-                self.store.mark_finished(chapter_id)
+        self.store.mark_finished(chapter_id for chapter_id, complete in chapters.items() if complete)
 
     @staticmethod
     def _selected(planned: list[Planned], chapters: list[int] | None) -> list[Planned]:

@@ -234,14 +234,15 @@ class Projects:
 
     # ---------------------------------------------------------------- the plan with keys
     def planned(self, project_id: str) -> list[Planned]:
-        project = self.store.project(project_id)
+        return self._plan(self.store.project(project_id), self.store.chapters(project_id))
 
+    def _plan(self, project, chapters: list[Chapter]) -> list[Planned]:
         def anchors(key: str) -> str | None:
             render = self.store.render(key)
             return render.anchor if render else None
 
-        return plan_book(self.store.chapters(project_id), self.store.segments, project.settings, self.checkpoint,
-                         self._voice_identity, anchors, self._speller(project))
+        return plan_book(chapters, self.store.segments, project.settings, self.checkpoint, self._voice_identity,
+                         anchors, self._speller(project))
 
     def dictionary(self, project) -> Dictionary:
         """The project's own pronunciation rules (they win over the owner's global ones), checked once per set
@@ -291,8 +292,13 @@ class Projects:
         return self.service.voices.get(voice_id).content_hash
 
     def _chapter(self, project_id: str, index: int) -> Chapter:
+        return _pick(self.store.chapters(project_id), index)
+
+    def _read(self, project_id: str, owner: str | None) -> tuple:
+        """(the project, its chapters, its plan): what a view or a read of the audio starts from, read once."""
+        project = self.store.project(project_id, owner)
         chapters = self.store.chapters(project_id)
-        return chapters[_index(index, len(chapters))]
+        return project, chapters, self._plan(project, chapters)
 
     # ---------------------------------------------------------------- views
     def summary(self, project) -> dict:
@@ -300,39 +306,42 @@ class Projects:
                 "created": project.created, "updated": project.updated}
 
     def view(self, project_id: str, owner: str | None = None) -> dict:
-        project = self.store.project(project_id, owner)
-        planned = self.planned(project_id)
+        project, chapters, planned = self._read(project_id, owner)
         renders = self.store.renders(p.key for p in planned if p.key)
         active = self.active_job(project_id)
-        chapters = []
-        for chapter in self.store.chapters(project_id):
-            mine = [p for p in planned if p.chapter_id == chapter.id]
-            done = [p for p in mine if p.key in renders]
-            covered = active is not None and (active[1] is None or chapter.position in active[1])
-            if mine and len(done) == len(mine):
-                state = "done"
-            elif covered and not chapter.skip:
-                state = "rendering"
-            elif chapter.finished:
-                state = "stale"
-            else:
-                state = "not started"
-            seconds = sum(renders[p.key].samples for p in done) / SAMPLE_RATE
-            chapters.append({"index": chapter.position, "title": chapter.title, "skip": chapter.skip, "state": state,
-                             "segments": len(mine), "rendered": len(done), "seconds": round(seconds, 2),
-                             "characters": len(chapter.text),
-                             "acx": self._cached_acx(planned, mine) if state == "done" else None})
+        by_chapter: dict[int, list[Planned]] = {}
+        for p in planned:
+            by_chapter.setdefault(p.chapter_id, []).append(p)
+        rows = [self._chapter_row(c, by_chapter.get(c.id, []), planned, renders, active) for c in chapters]
         return {**self.summary(project), "has_cover": project.cover_type is not None, "cover_type": project.cover_type,
                 "extra": project.extra, "settings": project.settings,
                 "dictionary": {"rules": list(project.dictionary)}, "disk_bytes": self.store.disk_bytes(project_id),
-                "job": active[0] if active else None, "chapters": chapters}
+                "job": active[0] if active else None, "chapters": rows}
+
+    def _chapter_row(self, chapter: Chapter, mine: list[Planned], planned: list[Planned], renders: dict,
+                     active: tuple | None) -> dict:
+        """A chapter as the project's view lists it: its state, how much is rendered, a cached ACX report."""
+        done = [p for p in mine if p.key in renders]
+        covered = active is not None and (active[1] is None or chapter.position in active[1])
+        if mine and len(done) == len(mine):
+            state = "done"
+        elif covered and not chapter.skip:
+            state = "rendering"
+        elif chapter.finished:
+            state = "stale"
+        else:
+            state = "not started"
+        seconds = sum(renders[p.key].samples for p in done) / SAMPLE_RATE
+        return {"index": chapter.position, "title": chapter.title, "skip": chapter.skip, "state": state,
+                "segments": len(mine), "rendered": len(done), "seconds": round(seconds, 2),
+                "characters": len(chapter.text), "acx": self._cached_acx(planned, mine) if state == "done" else None}
 
     def chapter_view(self, project_id: str, index: int, owner: str | None = None, *, acx: bool = True) -> dict:
         """The chapter with its segments; once it is rendered, its ACX report (`acx`: computed now when it is not
         cached; False: only a cached one, for a page's poll)."""
-        self.store.project(project_id, owner)
-        chapter = self._chapter(project_id, index)
-        mine = [p for p in self.planned(project_id) if p.chapter_id == chapter.id]
+        project, chapters, planned = self._read(project_id, owner)
+        chapter = _pick(chapters, index)
+        mine = [p for p in planned if p.chapter_id == chapter.id]
         renders = self.store.renders(p.key for p in mine if p.key)
         rows = []
         for p in mine:
@@ -346,9 +355,9 @@ class Projects:
                          "seconds": round(render.samples / SAMPLE_RATE, 2) if render else None,
                          "estimated_seconds": round(estimate_seconds(p.text), 1), "state": state, "key": p.key,
                          **_heard(render)})
-        view = next(c for c in self.view(project_id)["chapters"] if c["index"] == chapter.position)
+        view = self._chapter_row(chapter, mine, planned, renders, self.active_job(project_id))
         if acx and view["state"] == "done":
-            view["acx"] = self.acx(project_id, chapter.position).as_dict()
+            view["acx"] = self._acx_report(project, planned, chapter).as_dict()
         return {**view, "text": chapter.text, "segments": rows}
 
     # ---------------------------------------------------------------- jobs' bookkeeping (jobs.py sets it)
@@ -365,24 +374,23 @@ class Projects:
 
     # ---------------------------------------------------------------- what an export reads
     def book_meta(self, project_id: str, owner: str | None = None) -> BookMeta:
-        project = self.store.project(project_id, owner)
-        return BookMeta(title=project.title, author=project.author, language=project.language,
-                        cover=self.store.cover(project_id), cover_type=project.cover_type or "image/jpeg",
-                        extra=dict(project.extra))
+        return _meta(self.store.project(project_id, owner), self.store.cover(project_id))
 
     def chapter_audio(self, project_id: str, index: int, owner: str | None = None) -> ChapterAudio:
         """Chapter `index` as the export reads it: each segment's stored audio shaped for the take (silence
         trimmed, loudness matched to the book's first segment, faded) and followed by its pause, as
         engine/longtake.py joins a long take. ValueError while a segment is not rendered."""
-        project = self.store.project(project_id, owner)
-        planned = self.planned(project_id)
-        chapter = self._chapter(project_id, index)
+        project, chapters, planned = self._read(project_id, owner)
+        return self._chapter_audio(project, planned, _pick(chapters, index))
+
+    def _chapter_audio(self, project, planned: list[Planned], chapter: Chapter) -> ChapterAudio:
         mine = [p for p in planned if p.chapter_id == chapter.id]
         renders = self.store.renders(p.key for p in mine if p.key)
         missing = [p for p in mine if p.key not in renders]
         if missing:
-            raise ValueError(f"Chapter {index} ({chapter.title!r}) is not rendered yet: {len(mine) - len(missing)} of "
-                             f"{len(mine)} segments. Render it first (POST /v1/projects/{project_id}/render).")
+            raise ValueError(f"Chapter {chapter.position} ({chapter.title!r}) is not rendered yet: "
+                             f"{len(mine) - len(missing)} of {len(mine)} segments. Render it first "
+                             f"(POST /v1/projects/{project.id}/render).")
         reference = next((p for p in planned if p.reference), None)
         rms = self._reference_rms(reference.key) if reference is not None else None
         parts = [(p.key, p.position > 0, None if p.reference else rms, round(p.pause_after * SAMPLE_RATE)) for p in mine]
@@ -406,13 +414,14 @@ class Projects:
 
     def book(self, project_id: str, owner: str | None = None) -> tuple[list[ChapterAudio], BookMeta]:
         """Every chapter not skipped, in order, and the book's metadata: what a whole-book export reads."""
-        meta = self.book_meta(project_id, owner)
-        return [self.chapter_audio(project_id, c.position) for c in self.store.chapters(project_id) if not c.skip], meta
+        project, chapters, planned = self._read(project_id, owner)
+        return ([self._chapter_audio(project, planned, c) for c in chapters if not c.skip],
+                _meta(project, self.store.cover(project_id)))
 
     def chapter_pcm(self, project_id: str, index: int) -> np.ndarray:
         """The chapter's samples in one array (what the tests compare; an export streams `blocks`)."""
         audio = self.chapter_audio(project_id, index)
-        pcm = np.concatenate(list(audio.blocks()) or [np.zeros(0, np.float32)])
+        pcm = audio.whole()
         assert len(pcm) == audio.samples
         return pcm
 
@@ -423,14 +432,14 @@ class Projects:
         book's first sample as the M4B's chapters are). Each segment's cue starts at its first sample in the
         chapter as `chapter_audio` joins it; times inside a segment are the `transcriber`'s (studio/asr.py)
         when it is on, else estimated and marked (studio/captions.py). ValueError while a chapter is unrendered."""
-        project = self.store.project(project_id, owner)
+        project, chapters, planned = self._read(project_id, owner)
         if index is not None:
-            return self._chapter_captions(project_id, index, level, transcriber)[0]
+            return self._chapter_captions(project, planned, _pick(chapters, index), level, transcriber)[0]
         found, offset, segments, notes = [], 0, 0, []
-        for chapter in self.store.chapters(project_id):
+        for chapter in chapters:
             if chapter.skip:
                 continue
-            part, samples, count = self._chapter_captions(project_id, chapter.position, level, transcriber)
+            part, samples, count = self._chapter_captions(project, planned, chapter, level, transcriber)
             shift = offset / SAMPLE_RATE
             found += [replace(c, start=c.start + shift, end=c.end + shift, segment=c.segment + segments)
                       for c in part.cues]
@@ -441,14 +450,14 @@ class Projects:
             raise ValueError(f"Project {project.title!r} has no chapters to caption (every chapter is skipped).")
         return Captions(found, "; ".join(notes) or None)
 
-    def _chapter_captions(self, project_id: str, index: int, level: str, transcriber) -> tuple[Captions, int, int]:
+    def _chapter_captions(self, project, planned: list[Planned], chapter: Chapter, level: str, transcriber
+                          ) -> tuple[Captions, int, int]:
         """(the chapter's captions, its samples, its segments)."""
-        audio = self.chapter_audio(project_id, index)
-        chapter = self._chapter(project_id, index)
-        mine = [p for p in self.planned(project_id) if p.chapter_id == chapter.id]
+        audio = self._chapter_audio(project, planned, chapter)
+        mine = [p for p in planned if p.chapter_id == chapter.id]
         pcm = None
         if level != "segment" and transcriber is not None and transcriber.off_note is None:
-            pcm = np.concatenate(list(audio.blocks()) or [np.zeros(0, np.float32)])  # heard only with ASR on
+            pcm = audio.whole()  # heard only with ASR on
         made = captions(shown_texts(mine), list(audio.spans), audio.samples, level=level, audio=pcm,
                         transcriber=transcriber)
         return made, audio.samples, len(mine)
@@ -456,13 +465,14 @@ class Projects:
     def acx(self, project_id: str, index: int, owner: str | None = None) -> AcxReport:
         """Chapter `index`'s ACX report (studio/acx.py `acx_check` of its samples as exported), kept under the
         keys its audio is made of, so it is measured once per render, not on every read."""
-        self.store.project(project_id, owner)
-        planned = self.planned(project_id)
-        chapter = self._chapter(project_id, index)
+        project, chapters, planned = self._read(project_id, owner)
+        return self._acx_report(project, planned, _pick(chapters, index))
+
+    def _acx_report(self, project, planned: list[Planned], chapter: Chapter) -> AcxReport:
         cache = _acx_key(planned, [p for p in planned if p.chapter_id == chapter.id])
         found = self._acx.get(cache)
         if found is None:
-            found = acx_check(self.chapter_pcm(project_id, index), SAMPLE_RATE)
+            found = acx_check(self._chapter_audio(project, planned, chapter).whole(), SAMPLE_RATE)
             with self._lock:
                 if len(self._acx) >= ACX_CACHE:
                     self._acx.pop(next(iter(self._acx)))
@@ -497,6 +507,15 @@ def _acx_key(planned: list[Planned], mine: list[Planned]) -> tuple:
     """What a chapter's audio is made of: its segments' keys and pauses, and the book's loudness reference."""
     reference = next((p.key for p in planned if p.reference), None)
     return reference, tuple((p.key, p.position > 0, p.pause_after) for p in mine)
+
+
+def _meta(project, cover: bytes | None) -> BookMeta:
+    return BookMeta(title=project.title, author=project.author, language=project.language, cover=cover,
+                    cover_type=project.cover_type or "image/jpeg", extra=dict(project.extra))
+
+
+def _pick(chapters: list[Chapter], index: int) -> Chapter:
+    return chapters[_index(index, len(chapters))]
 
 
 def _title(text: str) -> str:

@@ -293,9 +293,12 @@ class Store:
                 db.execute("UPDATE projects SET updated = ? WHERE id = (SELECT project FROM chapters WHERE id = ?)",
                            (time.time(), chapter_id))
 
-    def mark_finished(self, chapter_id: int) -> None:
+    def mark_finished(self, chapter_ids: Iterable[int]) -> None:
+        """The chapters are finished, in one transaction; one already marked is not written again (a job
+        marks every complete chapter after each segment it renders)."""
         with self._tx() as db:
-            db.execute("UPDATE chapters SET finished = 1 WHERE id = ?", (chapter_id,))
+            db.executemany("UPDATE chapters SET finished = 1 WHERE id = ? AND finished = 0",
+                           [(cid,) for cid in chapter_ids])
 
     # ---------------------------------------------------------------- renders
     def render_paths(self, key: str) -> tuple[Path, Path]:

@@ -18,6 +18,11 @@ class ChapterAudio:
     recipe: dict = field(default_factory=dict)  # the chapter's segments: text as spoken, voice, settings, seeds
     spans: tuple[tuple[int, int], ...] = ()  # each segment's [start, end) in these samples (its pause after it)
 
+    def whole(self) -> np.ndarray:
+        """The chapter's samples in one array, for what is measured over the whole chapter (loudness, the ACX
+        check, heard words); one chapter at a time, never the book."""
+        return np.concatenate([np.asarray(b, dtype=np.float32) for b in self.blocks()] or [np.zeros(0, np.float32)])
+
 
 @dataclass(frozen=True)
 class BookMeta:

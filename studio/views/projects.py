@@ -253,16 +253,15 @@ class ProjectsView:
         """The download: the book (m4b, zip, acx, or wav / flac / mp3 in one file) or one chapter (wav / flac /
         mp3 / acx), each chapter levelled to `loudness` when one is chosen (not for acx: it levels itself)."""
         project_id = self._id(project_id)
-        meta = self.projects.book_meta(project_id, OWNER.key)
-        chapters = self.projects.view(project_id, OWNER.key)["chapters"]
         loudness = None if fmt == "acx" else loudness
         if chapter and fmt not in ("m4b", "zip"):
+            meta = self.projects.book_meta(project_id, OWNER.key)
             index = self._index(project_id, chapter)
             audio = levelled([self.projects.chapter_audio(project_id, index, OWNER.key)], fmt, loudness)[0]
-            made = chapter_export(audio, meta, fmt, index, len(chapters))
+            made = chapter_export(audio, meta, fmt, index, len(self.projects.store.chapters(project_id)))
         else:
-            made = export([self.projects.chapter_audio(project_id, c["index"], OWNER.key)
-                           for c in chapters if not c["skip"]], meta, fmt, loudness=loudness)
+            chapters, meta = self.projects.book(project_id, OWNER.key)
+            made = export(chapters, meta, fmt, loudness=loudness)
         path = self._save(made)
         return gr.update(value=path, label=f"Download {Path(path).name}")
 
