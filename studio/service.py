@@ -47,8 +47,8 @@ import numpy as np
 
 from engine.config import FRAME_RATE, SAMPLE_RATE
 from engine.longform import has_pauses, model_pauses
-from engine.ssml import read_text
 from engine.normalize import looks_english
+from engine.ssml import read_text
 from engine.tokenizer import CONTROL_TAGS, estimate_seconds, lint_tags
 from engine.types import SEED_LIMIT, Metrics, SamplingParams
 from studio.admission import OWNER, Caller

@@ -27,7 +27,7 @@ import numpy as np
 import soundfile as sf
 
 from engine.config import SAMPLE_RATE
-from studio.durable import file_lock, fsync_dir, replace_file, write_file
+from studio.durable import file_lock, fsync_dir, write_file
 from studio.voices.model import ID_RE
 
 log = logging.getLogger(__name__)
