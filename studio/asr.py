@@ -9,6 +9,13 @@ runs about 1x real time on two CPU cores; base is several times faster and good 
 The model loads on first use (downloading it then, with the hub's progress in the server's log). Off, or
 when the model cannot be loaded (offline without a cached copy), the transcript stays empty and `note`
 says so in one line: never an error, since the user can always type the transcript.
+
+One call runs at a time (the pipeline is not safe to share between threads): the page's reference clips, the
+captions and listen-and-retry all use the same transcriber. Whisper hears one 30 s window per call:
+`transcribe` hears a clip's first 30 s (a reference clip is no longer), `words` cuts longer audio into windows
+of at most 30 s, each ending at its quietest 20 ms in its last 5 s, and shifts each window's word times by
+its start. On a ZeroGPU Space the model runs on the CPU: the GPU is attached only inside the engine's
+decorated calls (studio/zerogpu.py).
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ GPU_MODEL = "openai/whisper-large-v3-turbo"
 CPU_MODEL = "openai/whisper-base"
 ASR_RATE = 16_000  # what Whisper's feature extractor takes
 MAX_SECONDS = 30.0  # one Whisper window: a reference clip is at most this long
+CUT_SEARCH_SECONDS = 5.0  # a long audio's window ends at the quietest 20 ms of its last 5 s
+CUT_FRAME = ASR_RATE // 50  # 20 ms
 
 
 def _default_pipeline(model: str, device: str):
@@ -47,7 +56,8 @@ class Transcriber:
         self._make = make_pipeline
         self._pipe = None
         self._failed: str | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # loading
+        self._run_lock = threading.Lock()  # one transcription at a time
 
     @classmethod
     def from_flag(cls, flag: str | None) -> "Transcriber":
@@ -57,7 +67,9 @@ class Transcriber:
             return cls(None)
         import torch
 
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        from studio import zerogpu
+
+        device = "cpu" if zerogpu.active() else "cuda" if torch.cuda.is_available() else "cpu"
         if flag.lower() == "auto":
             flag = GPU_MODEL if device == "cuda" else CPU_MODEL
         return cls(flag, device=device)
@@ -75,13 +87,18 @@ class Transcriber:
             return self._pipe
 
     def _prepared(self, audio, sample_rate: int | None) -> np.ndarray:
+        """`audio` (samples at `sample_rate`, or a path) as mono float32 at ASR_RATE."""
         wav, rate = (np.asarray(audio, dtype=np.float32), int(sample_rate)) if sample_rate else load_audio(audio)
         wav = np.asarray(wav, dtype=np.float32)
         if wav.ndim > 1:
             wav = wav.mean(axis=1)
         if rate != ASR_RATE:
             wav = soxr.resample(wav, rate, ASR_RATE, quality="HQ").astype(np.float32)
-        return wav[:int(MAX_SECONDS * ASR_RATE)]
+        return wav
+
+    def _heard(self, pipe, wav: np.ndarray, **options) -> dict:
+        with self._run_lock:
+            return pipe({"raw": wav, "sampling_rate": ASR_RATE}, **options)
 
     @property
     def off_note(self) -> str | None:
@@ -92,20 +109,28 @@ class Transcriber:
 
     def words(self, audio, sample_rate: int) -> list[WordTime]:
         """The words heard in `audio` with their times in seconds from its start (transformers'
-        `return_timestamps="word"`); the first MAX_SECONDS only, as one Whisper window. Check `off_note`
-        first: with no model this returns no words."""
+        `return_timestamps="word"`), window by window for audio longer than one Whisper window. Check
+        `off_note` first: with no model this returns no words."""
         pipe = self._pipeline() if self.model is not None else None
         if pipe is None:
             return []
-        result = pipe({"raw": self._prepared(audio, sample_rate), "sampling_rate": ASR_RATE},
-                      return_timestamps="word")
+        wav = self._prepared(audio, sample_rate)
         out = []
-        for chunk in result.get("chunks") or []:
-            start, end = chunk.get("timestamp") or (None, None)
-            word = str(chunk.get("text", "")).strip()
-            if word and start is not None:
-                out.append(WordTime(word, float(start), float(end if end is not None else start)))
+        for start, end in windows(wav):
+            result = self._heard(pipe, wav[start:end], return_timestamps="word")
+            offset = start / ASR_RATE
+            for chunk in result.get("chunks") or []:
+                begin, finish = chunk.get("timestamp") or (None, None)
+                word = str(chunk.get("text", "")).strip()
+                if word and begin is not None:
+                    finish = begin if finish is None else finish
+                    out.append(WordTime(word, offset + float(begin), offset + float(finish)))
         return out
+
+    def through(self, run: Callable) -> "LinedTranscriber":
+        """This transcriber with each call made by `run(fn, *args)`: the GPU line's `run_exclusive`
+        (studio/service.py `transcriber_for`), so that a caption's transcription takes its turn with takes."""
+        return LinedTranscriber(self, run)
 
     def transcribe(self, audio, sample_rate: int | None = None) -> tuple[str, str | None]:
         """(transcript, note): the clip (samples at `sample_rate`, or a path) as text, or "" and why not."""
@@ -114,5 +139,43 @@ class Transcriber:
         pipe = self._pipeline()
         if pipe is None:
             return "", self._failed
-        result = pipe({"raw": self._prepared(audio, sample_rate), "sampling_rate": ASR_RATE})
+        result = self._heard(pipe, self._prepared(audio, sample_rate)[:int(MAX_SECONDS * ASR_RATE)])
         return " ".join(str(result.get("text", "")).split()), None
+
+
+class LinedTranscriber:
+    """A Transcriber whose calls go through `run` (see `Transcriber.through`); its off note is the transcriber's.
+    `run` may raise TimeoutError (the line's ServiceBusy) when no slot came free in time."""
+
+    def __init__(self, transcriber: Transcriber, run: Callable):
+        self.transcriber, self.run = transcriber, run
+
+    @property
+    def off_note(self) -> str | None:
+        return self.transcriber.off_note
+
+    def words(self, audio, sample_rate: int) -> list[WordTime]:
+        return self.run(self.transcriber.words, audio, sample_rate)
+
+    def transcribe(self, audio, sample_rate: int | None = None) -> tuple[str, str | None]:
+        return self.run(self.transcriber.transcribe, audio, sample_rate)
+
+    def through(self, run: Callable) -> "LinedTranscriber":
+        return LinedTranscriber(self.transcriber, run)
+
+
+def windows(wav: np.ndarray) -> list[tuple[int, int]]:
+    """[start, end) sample ranges of 16 kHz `wav` that cover it, each at most MAX_SECONDS long and, where
+    the audio goes on, ending at the quietest 20 ms of its last CUT_SEARCH_SECONDS (a pause, with speech)."""
+    limit, search = int(MAX_SECONDS * ASR_RATE), int(CUT_SEARCH_SECONDS * ASR_RATE)
+    out, start = [], 0
+    while len(wav) - start > limit:
+        lo = start + limit - search
+        frames = wav[lo:start + limit][: search // CUT_FRAME * CUT_FRAME].reshape(-1, CUT_FRAME)
+        quietest = int(np.argmin(np.square(frames, dtype=np.float64).mean(axis=1)))
+        end = lo + quietest * CUT_FRAME + CUT_FRAME // 2
+        out.append((start, end))
+        start = end
+    if len(wav) > start or not out:
+        out.append((start, len(wav)))
+    return out

@@ -47,7 +47,8 @@ def captions(texts: list[str], spans: list[tuple[int, int]], total: int, *, leve
              audio: np.ndarray | None = None, transcriber=None, sample_rate: int = SAMPLE_RATE) -> Captions:
     """Cues for segments `texts` over `spans` of a `total`-sample take. With a `transcriber` that is on and
     the take's `audio`, each segment (of more than one unit) is transcribed for its word times; otherwise
-    the times inside a segment are estimated, and `note` says why."""
+    the times inside a segment are estimated, and `note` says why. Pass the page's or the API's transcriber
+    through the line (studio/service.py `transcriber_for`): transcribing is device work."""
     note = "no speech recognition: times inside a segment are estimated from character share"
     words = None
     if level != "segment":
@@ -55,9 +56,12 @@ def captions(texts: list[str], spans: list[tuple[int, int]], total: int, *, leve
         if audio is None and off is None:
             off = "the take's audio was not kept"
         if off is None:  # a segment of one unit has nothing inside it to time
-            words = [transcriber.words(audio[start:end], sample_rate) if len(units(text, level)) > 1 else None
-                     for text, (start, end) in zip(texts, spans)]
-            note = None
+            try:
+                words = [transcriber.words(audio[start:end], sample_rate) if len(units(text, level)) > 1 else None
+                         for text, (start, end) in zip(texts, spans)]
+                note = None
+            except TimeoutError:  # the GPU line's ServiceBusy: no slot came free for the transcription in time
+                note = f"{note} (the GPU was busy: no slot for the transcription)"
         else:
             note = f"{note} ({off.rstrip('.')})"
     found = cues(texts, spans, total, level=level, words=words, sample_rate=sample_rate)

@@ -108,10 +108,12 @@ class GpuQueue:
             return
         yield from self._results(job)
 
-    def run_exclusive(self, fn: Callable[..., Any], *args, timeout: float | None = None, **kwargs) -> Any:
-        """Run `fn(*args, **kwargs)` (e.g. encoding a voice) in a slot, in turn with generations: it holds one
-        slot while it runs, and the engine's lock keeps its device work apart from the batch's steps."""
-        job = self._submit(lambda j: j.out.put(("value", fn(*args, **kwargs))), threading.Event(), OWNER)
+    def run_exclusive(self, fn: Callable[..., Any], *args, timeout: float | None = None, caller: Caller = OWNER,
+                      **kwargs) -> Any:
+        """Run `fn(*args, **kwargs)` (e.g. encoding a voice) in a slot, in `caller`'s turn with generations: it
+        holds one slot while it runs, and the engine's lock keeps its device work apart from the batch's steps.
+        Not from inside a job: that job already holds a slot."""
+        job = self._submit(lambda j: j.out.put(("value", fn(*args, **kwargs))), threading.Event(), caller)
         for _ in self._wait_turn(job, self.timeout if timeout is None else timeout):
             pass
         results = list(self._results(job))  # to the end: the slot is free when this returns

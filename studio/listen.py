@@ -13,14 +13,13 @@ and units written as English words (engine/normalize.py, so Whisper's "23" match
 kept). The reference is the text the model read: style prefix, normalisation and pronunciation dictionary
 applied, so a respelling is heard as it was written. Whisper hears one 30 s window (studio/asr.py
 MAX_SECONDS): a segment that runs longer is judged on its first 30 s, and scores badly, as it should.
-The transcription runs on the take's worker thread, in its turn in the line, one at a time (the pipeline is
-not shared between threads).
+The transcription runs on the take's worker thread, in its turn in the line; the transcriber runs one call at
+a time, whoever makes it.
 """
 
 from __future__ import annotations
 
 import re
-import threading
 
 import jiwer
 import numpy as np
@@ -63,7 +62,6 @@ class Listener:
             raise ValueError(f"--retry-max is how many times a segment may be generated again, 0 … {MAX_RETRIES}; "
                              f"got {retries}")
         self.transcriber, self.above, self.retries = transcriber, float(above), int(retries)
-        self._lock = threading.Lock()  # one transcription at a time: the ASR pipeline is not shared safely
 
     @property
     def off_note(self) -> str | None:
@@ -78,8 +76,7 @@ class Listener:
         a text with no words)."""
         if self.transcriber is None:
             return None
-        with self._lock:
-            heard, note = self.transcriber.transcribe(np.asarray(audio, dtype=np.float32), sample_rate)
+        heard, note = self.transcriber.transcribe(np.asarray(audio, dtype=np.float32), sample_rate)
         return None if note is not None else wer(text, heard)
 
     def take_options(self) -> dict:

@@ -71,7 +71,8 @@ def _prepare(service: StudioService, request: SynthesisRequest, voices, max_char
     segments = plan(read.text, style=style, normalize=normalize, voices=dict(voices) if voices else None)
     records = {name: service.resolve_voice(name, request.caller)
                for name in {s.voice for s in segments if s.voice is not None}}
-    segments = respell_segments(service, segments, lambda s: records[s.voice] if s.voice is not None else default)
+    segments = respell_segments(service, segments, lambda s: records[s.voice] if s.voice is not None else default,
+                                only=request.dictionary)
     clone = default is not None or request.ref_audio is not None or bool(records)
     warnings = [*read.warnings, *(f"segment {segment.index + 1}: {w.tag}: {w.message}"
                                   for segment in segments for w in lint_tags(segment.text, clone=clone))]
@@ -91,14 +92,15 @@ def _voice_and_style(service: StudioService, request: SynthesisRequest):
 
 
 def respell_segments(service: StudioService, segments: list, voice_of=lambda segment: None, *,
-                     project: Dictionary | None = None) -> list:
-    """Planned (normalised) segments with the pronunciation dictionary (the owner's, then `project`'s) applied:
-    the text the model reads. `voice_of(segment)` is the segment's saved voice record (None: zero-shot), or its
-    name as the voices map wrote it, for the rules scoped to a voice."""
+                     project: Dictionary | None = None, only: Dictionary | None = None) -> list:
+    """Planned (normalised) segments with the pronunciation dictionary (the owner's, then `project`'s; or `only`
+    these rules) applied: the text the model reads. `voice_of(segment)` is the segment's saved voice record
+    (None: zero-shot), or its name as the voices map wrote it, for the rules scoped to a voice."""
     def names(segment) -> tuple[str, ...]:
         voice = voice_of(segment)
         return (voice,) if isinstance(voice, str) else (voice.id, voice.name) if voice is not None else ()
-    return [dataclasses.replace(s, text=service.respell(s.text, names(s), project=project)) for s in segments]
+    return [dataclasses.replace(s, text=service.respell(s.text, names(s), project=project, only=only))
+            for s in segments]
 
 
 def _new_take(service: StudioService, handle: TakeHandle, prepared: _Prepared, *, keep_audio: bool,
@@ -204,7 +206,8 @@ def start_open_long(service: StudioService, request: SynthesisRequest, feed) -> 
     def work(job, handle: TakeHandle) -> None:
         def more():  # the next complete sentence, planned, with the pronunciation dictionary applied
             segment = job.turn(wait=lambda: feed.next_segment(handle.cancel))
-            return None if segment is None else respell_segments(service, [segment], lambda s: default)[0]
+            return None if segment is None else respell_segments(service, [segment], lambda s: default,
+                                                                 only=request.dictionary)[0]
 
         take = _new_take(service, handle, prepared, keep_audio=False, more=more)
         for piece in take.stream():

@@ -53,7 +53,8 @@ class Page:
         self.voices = VoicesView(self) if private_voices is None else None
         self.long_form = LongFormView(service, self.out_dir, self.access, transcriber=transcriber, listener=listener)
         # Projects (a library and its job runner, app.py's start_projects) are the owner's: no tab on a public page.
-        self.projects = ProjectsView(projects, runner, self.out_dir, self.access, transcriber=transcriber) \
+        self.projects = ProjectsView(projects, runner, self.out_dir, self.access,
+                                     transcriber=service.transcriber_for(transcriber)) \
             if projects is not None and not self.access.public_page else None
         self.dictionary = DictionaryView(service, self.access, self.out_dir)
 

@@ -208,7 +208,8 @@ class Dictionary:
         return self.spoken(text, voice=voice, language=language)[1]
 
     def spoken(self, text: str, *, voice: Sequence[str] = (), language: str | None = None) -> tuple[str, list[Rule]]:
-        """(`text` as it will be spoken, the rules that fired on it)."""
+        """(`text` as it will be spoken, the rules that fired on it in this dictionary's order): a dictionary of
+        those rules alone speaks `text` the same way (a take's recipe keeps them)."""
         return self._run(text, tuple(voice), language)
 
     def affects(self, text: str, *, voice: Sequence[str] = (), language: str | None = None) -> bool:
@@ -255,7 +256,7 @@ class Dictionary:
             if tag is not None:
                 pieces.append(tag.group())
                 cursor = tag.end()
-        return "".join(pieces), list(fired)
+        return "".join(pieces), list(dict.fromkeys(r for r in self.rules if r in fired))  # in the rules' order
 
     def _compiled(self, voice: tuple[str, ...], language: str | None):
         """The rules in scope, compiled once per scope: one alternation of every word (longest first), the

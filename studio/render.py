@@ -179,10 +179,10 @@ def recipe_curl(r: dict[str, Any], base_url: str, out: str = "take.wav") -> str:
     """A curl command that reproduces a take's recipe through the OpenAI-compatible route (PRODUCT §7.7)."""
     body = {"model": "higgs-audio-v3-tts", "input": r["text"], "voice": r["voice_id"] or "default",
             **({"instructions": r["style"]} if r["style"] else {}), "response_format": "wav",
-            **{k: r[k] for k in ("seed", "temperature", "top_p", "top_k", "max_frames", "repeat_guard")}}
+            **{k: r[k] for k in ("seed", "temperature", "top_p", "top_k", "max_frames", "repeat_guard")},
+            **({"dictionary": r["dictionary"]} if "dictionary" in r else {})}  # the rules that fired, pinned
     return (f"curl -s {base_url.rstrip('/')}/v1/audio/speech -H 'Content-Type: application/json' \\\n"
             f"  -d {shlex.quote(json.dumps(body, ensure_ascii=False))} -o {out}")
-
 
 
 def levels_line(loudness, report) -> str:

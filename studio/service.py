@@ -78,6 +78,9 @@ class SynthesisRequest:
     source: str = "api"  # "ui" or "api", recorded in the history
     ssml: bool | None = None  # the text is SSML: None decides by its `<speak>` root (engine/ssml.py)
     caller: Caller = OWNER  # whose take: its turn in the line, and which voices it may use
+    # Pronunciation rules for this take instead of the studio's (studio/pronounce.py): a recipe's, which holds
+    # the rules that fired when the take was made. None: the owner's dictionary as it stands.
+    dictionary: Dictionary | None = None
 
     def validate(self) -> None:
         """Raise ValueError with a sentence the user can act on (the sampling settings were checked when
@@ -115,6 +118,7 @@ class Take:
     warnings: list[str]
     source: str
     loudness: Loudness | None = None  # measured on the take as made (studio/loudness.py)
+    pronunciations: tuple = ()  # the pronunciation rules that fired on its text (studio/pronounce.py Rule)
 
     @property
     def stop_reason(self) -> str:
@@ -125,9 +129,11 @@ class Take:
         return len(self.audio) / self.sample_rate
 
     def recipe(self) -> dict[str, Any]:
-        """Everything needed to reproduce this take (PRODUCT §7.7)."""
+        """Everything needed to reproduce this take (PRODUCT §7.7): with `dictionary`, the pronunciation rules
+        that fired on it (none: `[]`), so that the recipe reads the text as it was read whatever the studio's
+        dictionary holds by then (the speech API's `dictionary` field takes it)."""
         return {"text": self.text, "voice_id": self.voice_id, "style": self.style, "seed": self.seed,
-                **self.settings}
+                **self.settings, "dictionary": [rule.to_json() for rule in self.pronunciations]}
 
 
 def _settings_of(params: SamplingParams) -> dict[str, Any]:
@@ -235,9 +241,16 @@ class StudioService:
         """Requests waiting or running."""
         return self.line.depth
 
-    def run_exclusive(self, fn: Callable[..., Any], *args, timeout: float | None = None, **kwargs) -> Any:
-        """Run `fn(*args, **kwargs)` (e.g. encoding a voice) in a slot, in turn with generations."""
-        return self.line.run_exclusive(fn, *args, timeout=timeout, **kwargs)
+    def run_exclusive(self, fn: Callable[..., Any], *args, timeout: float | None = None, caller: Caller = OWNER,
+                      **kwargs) -> Any:
+        """Run `fn(*args, **kwargs)` (e.g. encoding a voice) in a slot, in `caller`'s turn with generations."""
+        return self.line.run_exclusive(fn, *args, timeout=timeout, caller=caller, **kwargs)
+
+    def transcriber_for(self, transcriber, caller: Caller = OWNER):
+        """`transcriber` (studio/asr.py) with its calls made as device work in `caller`'s turn in the line:
+        captions asked by the page or the API. None stays None."""
+        return None if transcriber is None else transcriber.through(
+            lambda fn, *args: self.run_exclusive(fn, *args, caller=caller))
 
     def close(self) -> None:
         self.line.close()
@@ -280,16 +293,17 @@ class StudioService:
         return found
 
     def respell(self, text: str, voice: tuple[str, ...] = (), language: str | None = None, *,
-                project: Dictionary | None = None) -> str:
+                project: Dictionary | None = None, only: Dictionary | None = None) -> str:
         """`text` (already normalised) as the model will read it: the pronunciation rules (the owner's, then
-        `project`'s) in scope for `voice` (a voice's id and name) and `language` (None: "en" when the text
-        reads as English) applied."""
-        return self.pronounce(text, voice, language, project=project)[0]
+        `project`'s; or `only` these, a recipe's) in scope for `voice` (a voice's id and name) and `language`
+        (None: "en" when the text reads as English) applied."""
+        return self.pronounce(text, voice, language, project=project, only=only)[0]
 
     def pronounce(self, text: str, voice: tuple[str, ...] = (), language: str | None = None, *,
-                  project: Dictionary | None = None) -> tuple[str, list]:
-        """`respell`, with the rules that fired."""
-        rules = self.rules(project)
+                  project: Dictionary | None = None, only: Dictionary | None = None) -> tuple[str, list]:
+        """`respell`, with the rules that fired, in the order they apply: as a dictionary of their own they
+        read `text` the same way."""
+        rules = self.rules(project) if only is None else only
         if not rules.rules:
             return text, []
         language = language or ("en" if looks_english(text) else None)
@@ -356,7 +370,8 @@ class StudioService:
             text = model_pauses(text)
             notes.append("pauses in a single take are the model's own pause tags, not exact silence; a long "
                          "take (the Long form tab, or the API) inserts them exactly")
-        spoken = self.respell(text.strip(), (voice.id, voice.name) if voice is not None else ())
+        spoken, fired = self.pronounce(text.strip(), (voice.id, voice.name) if voice is not None else (),
+                                       only=request.dictionary)
         prompt_text = apply_preset(spoken, self.resolve_style(style))
         clone = voice is not None or request.ref_audio is not None
         warnings = [*notes, *(f"{w.tag}: {w.message}" for w in lint_tags(prompt_text, clone=clone))]
@@ -364,7 +379,7 @@ class StudioService:
         if sampling_note:  # a remote server that sets sampling itself: say so rather than pretend
             warnings.append(sampling_note)
         return self.handle(request, request.params.resolved(), warnings,
-                           lambda job, handle: self._generate(job, handle, prompt_text, voice, style))
+                           lambda job, handle: self._generate(job, handle, prompt_text, voice, style, fired))
 
     def stream(self, request: SynthesisRequest, *, positions: bool = False) -> Iterator[Any]:
         """Validate, queue, generate: yields the engine's Chunks (the last has `final=True`), and with
@@ -373,7 +388,7 @@ class StudioService:
         chunk whose `metrics.stop_reason` is "cancelled". Use `start()` for the take's handle."""
         yield from self.start(request).stream(positions=positions)
 
-    def _generate(self, job: Job, handle: TakeHandle, prompt_text: str, voice, style) -> None:
+    def _generate(self, job: Job, handle: TakeHandle, prompt_text: str, voice, style, fired=()) -> None:
         engine, request = self.engine, handle.request
         if voice is not None and engine.is_remote:
             ref = engine.encode_voice(voice.wav(), SAMPLE_RATE, transcript=voice.transcript or None)  # the clip travels
@@ -403,7 +418,7 @@ class StudioService:
         if not last.final:
             last = dataclasses.replace(last, audio=np.zeros(0, np.float32), final=True,
                                        metrics=dataclasses.replace(last.metrics, stop_reason="cancelled"))
-        handle.finish(self._record(handle, prompt_text, voice, style, last.metrics, pieces))
+        handle.finish(self._record(handle, prompt_text, voice, style, last.metrics, pieces, fired))
         job.out.put(last)
 
     def variants(self, handle: TakeHandle, takes: int) -> list[TakeHandle]:
@@ -424,7 +439,7 @@ class StudioService:
             raise RuntimeError("The generation was cancelled before it produced audio.")
         return handle.take
 
-    def _record(self, handle: TakeHandle, prompt_text, voice, style, metrics: Metrics, pieces) -> Take:
+    def _record(self, handle: TakeHandle, prompt_text, voice, style, metrics: Metrics, pieces, fired=()) -> Take:
         request = handle.request
         audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
         take = Take(
@@ -432,7 +447,7 @@ class StudioService:
             voice_id=voice.id if voice is not None else None, voice_name=voice.name if voice is not None else None,
             style=style, settings=_settings_of(handle.params), seed=handle.seed, metrics=metrics,
             audio=audio, sample_rate=SAMPLE_RATE, warnings=list(handle.warnings), source=request.source,
-            loudness=measure(audio, SAMPLE_RATE))
+            loudness=measure(audio, SAMPLE_RATE), pronunciations=tuple(fired))
         with self._history_lock:
             self._history.append(take)
             self._last_batch = metrics.batch

@@ -252,3 +252,70 @@ def test_the_panel_under_a_player_gives_its_subtitles_the_cue_list_and_downloads
     assert srt_button["visible"] and srt_button["value"] == str(tmp_path / "take-1.srt")
     assert (tmp_path / "take-1.vtt").read_text(encoding="utf-8").startswith("WEBVTT\n\nNOTE ")
     assert panel.show(None, None, "")[1] == '<div class="hs-captions" data-player="take"></div>'
+
+
+# ------------------------------------------------------------------------------------------ long audio, the line
+def test_audio_longer_than_one_whisper_window_is_heard_window_by_window():
+    from studio.asr import ASR_RATE, MAX_SECONDS, windows
+
+    rng = np.random.default_rng(0)
+    audio = (0.1 * rng.standard_normal(70 * SAMPLE_RATE)).astype(np.float32)
+    for pause in (27.0, 54.0):  # a quiet 300 ms inside each window's last 5 s
+        audio[int(pause * SAMPLE_RATE):int((pause + 0.3) * SAMPLE_RATE)] = 0.0
+    pipe = WordPipeline([[("one", 1.0)], [("two", 2.0)], [("three", 3.0)], [("four", 0.5)]])
+    asr = Transcriber("fake", make_pipeline=lambda model, device: pipe)
+    heard = asr.words(audio, SAMPLE_RATE)
+    lengths = [n for n, _, _ in pipe.calls]
+    assert len(lengths) == 3 and max(lengths) <= MAX_SECONDS * ASR_RATE and sum(lengths) == 70 * ASR_RATE
+    cuts = np.cumsum(lengths)[:-1] / ASR_RATE  # each window ends inside the pause
+    assert 27.0 < cuts[0] < 27.3 and 54.0 < cuts[1] < 54.3
+    assert [w.word for w in heard] == ["one", "two", "three"]
+    assert heard[0].start == 1.0 and heard[1].start == cuts[0] + 2.0 and heard[2].start == cuts[1] + 3.0
+    assert windows(np.zeros(10, np.float32)) == [(0, 10)] and windows(np.zeros(0, np.float32)) == [(0, 0)]
+    assert asr.transcribe(audio, SAMPLE_RATE) == ("four", None)  # a clip is heard for its first window only
+    assert pipe.calls[-1][0] == MAX_SECONDS * ASR_RATE
+
+
+def test_a_caption_transcription_takes_its_turn_in_the_gpu_line():
+    """The page's and the API's transcriptions are device work: with the one slot busy, a caption's words wait
+    for the take ahead of them, and they are heard on the line's worker, not the handler's thread."""
+    import threading
+
+    from studio.admission import Caller
+    from studio.service import StudioService, SynthesisRequest
+    from tests.fakes import FakeEngine
+
+    heard_at = []  # (the take ahead had finished, on the main thread) at each transcription
+
+    class Watching(WordPipeline):
+        def __call__(self, inputs, return_timestamps=None):
+            heard_at.append((handle.finished.is_set(), threading.current_thread() is threading.main_thread()))
+            return super().__call__(inputs, return_timestamps)
+
+    asr = Transcriber("fake", make_pipeline=lambda model, device: Watching([[("Hi.", 0.0)]]))
+    service = StudioService(FakeEngine(frames=40, delay=0.01), None, None)
+    try:
+        handle = service.start(SynthesisRequest(text="A take that holds the slot.", caller=Caller("v1")))
+        chunks = handle.stream()
+        next(chunks)  # the take is running: it holds the line's one slot
+        drain = threading.Thread(target=lambda: list(chunks))
+        drain.start()
+        words = service.transcriber_for(asr, Caller("v2")).words(np.zeros(SAMPLE_RATE, np.float32), SAMPLE_RATE)
+        drain.join()
+    finally:
+        service.close()
+    assert [w.word for w in words] == ["Hi."]
+    assert heard_at == [(True, False)]
+    assert service.transcriber_for(None) is None
+
+
+def test_with_the_line_busy_the_captions_are_estimated_and_say_so():
+    from studio.gpu_queue import ServiceBusy
+
+    def busy(fn, *args):
+        raise ServiceBusy("no slot")
+
+    asr = Transcriber("fake", make_pipeline=lambda model, device: WordPipeline([])).through(busy)
+    found = captions(["One. Two."], [(0, SAMPLE_RATE)], SAMPLE_RATE, audio=np.zeros(SAMPLE_RATE, np.float32),
+                     transcriber=asr)
+    assert found.estimated and "GPU was busy" in found.note

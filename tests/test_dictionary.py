@@ -57,6 +57,46 @@ def test_a_rule_changes_the_spoken_text_and_the_prompt_ids(studio):
     assert after.text == text  # the history keeps what was typed
 
 
+def test_a_takes_recipe_pins_the_rules_that_fired_and_replays_the_same_prompt(studio):
+    from studio import render
+
+    service, store = studio
+    tomato = Rule.make("tomato", "tomahto")
+    store.replace(Dictionary([Rule.make("Smith", "Smyth"), NGUYEN, tomato]))
+    text = "Dr. Nguyen ate a tomato."
+    take = service.synthesize(SynthesisRequest(text=text))
+    recipe = take.recipe()
+    assert recipe["dictionary"] == [NGUYEN.to_json(), tomato.to_json()]  # the ones that fired, in their order
+    store.replace(Dictionary([Rule.make("Nguyen", "Nwen"), Rule.make("ate", "eight")]))  # the studio's rules move on
+    assert service.synthesize(SynthesisRequest(text=text)).prompt_text == "Dr. Nwen eight a tomato."
+    again = service.synthesize(SynthesisRequest(text=recipe["text"], dictionary=Dictionary.from_json(recipe["dictionary"])))
+    assert again.prompt_text == take.prompt_text == "Dr. Win ate a tomahto."
+    assert again.recipe()["dictionary"] == recipe["dictionary"]
+    plain = service.synthesize(SynthesisRequest(text="Nothing to respell.", dictionary=Dictionary()))
+    assert plain.recipe()["dictionary"] == [] and plain.prompt_text == "Nothing to respell."
+    assert '"dictionary": [{"word": "Nguyen"' in render.recipe_curl(recipe, "http://host/")
+
+
+def test_the_speech_api_reads_a_recipes_rules_instead_of_the_studios(studio):
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from studio import api
+
+    service, store = studio
+    store.replace(Dictionary([Rule.make("Nguyen", "Nwen")]))
+    app = FastAPI()
+    api.register(app, service, request_timeout=5.0)
+    with TestClient(app) as client:
+        r = client.post("/v1/audio/speech", json={"input": "Hi Nguyen.", "response_format": "pcm",
+                                                  "dictionary": [NGUYEN.to_json()]})
+        assert r.status_code == 200 and service.engine.started[-1] == "Hi Win."
+        r = client.post("/v1/audio/speech", json={"input": "Hi Nguyen.", "response_format": "pcm", "dictionary": []})
+        assert r.status_code == 200 and service.engine.started[-1] == "Hi Nguyen."
+        bad = client.post("/v1/audio/speech", json={"input": "Hi.", "dictionary": [{"word": "x"}]})
+        assert bad.status_code == 400 and "Rule 1" in bad.json()["error"]["message"]
+
+
 def test_changing_a_rule_marks_exactly_the_segments_holding_its_word():
     segments = ["Nguyen opened the door.", "The hall was dark.", "Ms. NGUYEN lit a lamp.", "SQL is a language.",
                 "Nguyenville is a town."]

@@ -92,7 +92,7 @@ def test_stream_yields_chunks_and_records_take(svc):
     assert handle.take is take and handle.finished.is_set()
     assert take.seed == 5 and take.stop_reason == "eoc" and len(take.audio) == 3 * 960
     assert take.recipe() == {"text": "Hello there.", "voice_id": None, "style": None, "seed": 5, "temperature": 0.8,
-                             "top_k": 30, "top_p": 0.8, "max_frames": None, "repeat_guard": 32}
+                             "top_k": 30, "top_p": 0.8, "max_frames": None, "repeat_guard": 32, "dictionary": []}
 
 
 def test_random_seed_is_drawn_and_recorded(svc):

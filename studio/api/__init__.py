@@ -108,8 +108,8 @@ def register(app: FastAPI, service, *, api_key: str | None = None, access: Acces
         ("/health", info.health, ["GET"]),
     ]
     if projects is not None:
-        routes += ProjectRoutes(service, access, limiter, projects=projects, runner=runner,
-                                transcriber=transcriber).routes()
+        routes += ProjectRoutes(service, access, limiter, projects=projects, runner=runner,  # the owner's
+                                transcriber=service.transcriber_for(transcriber)).routes()
     for path, handler, methods in routes:
         app.add_api_route(path, guarded(handler), methods=methods, include_in_schema=True)
     app.add_api_websocket_route(STREAM_ROUTE, SpeechStream(service, access, page_tokens=page_tokens,

@@ -97,6 +97,9 @@ class SpeechRequest(BaseModel):
     # ceiling in dBTP. Normalising needs the whole take, so such a request is answered once it is complete.
     loudness: str | float | None = None
     true_peak: float = -1.0
+    # Pronunciation rules to read `input` with instead of the studio's dictionary (GET /v1/dictionary's
+    # shape, or a bare list): a take's recipe gives the rules that fired on it, `[]` for none.
+    dictionary: list | dict | None = None
 
     @field_validator("response_format", "stream_format", "timestamps", mode="before")
     @classmethod

@@ -54,6 +54,7 @@ from studio.formats import MIME, STREAM_FORMATS, FormatError, StreamEncoder, ava
 from studio.gpu_queue import ServiceBusy, ServiceClosed
 from studio.longform import MAX_LONG_INPUT_CHARS, start_long, wants_long_form
 from studio.loudness import LoudnessMeter, check_ceiling, measure, normalize, resolve_target
+from studio.pronounce import Dictionary
 from studio.service import MAX_TEXT_CHARS, SynthesisRequest, TakeHandle
 
 log = logging.getLogger("higgs.api")
@@ -176,7 +177,8 @@ class SpeechRoutes(Routes):
         whether any is `estimated`, and the `timestamps_note` saying why (docs/API.md)."""
         if handle.take is None:
             return {"timestamps": [], "estimated": False, "timestamps_note": "the take was stopped"}
-        found = await self.in_thread(lambda: take_captions(handle.take, level=level, transcriber=self.transcriber,
+        transcriber = self.service.transcriber_for(self.transcriber, handle.request.caller)  # in the caller's turn
+        found = await self.in_thread(lambda: take_captions(handle.take, level=level, transcriber=transcriber,
                                                            audio=audio))
         items = found.as_list()
         if level == "word":
@@ -279,9 +281,10 @@ class SpeechRoutes(Routes):
             params = SamplingParams.of(seed=req.seed, repeat_guard=req.repeat_guard,
                                        max_frames=req.max_frames if req.max_frames is not None else req.max_new_tokens,
                                        **{name: value for name, value in options.items() if value is not None})
+            rules = None if req.dictionary is None else Dictionary.from_json(req.dictionary)  # a recipe's
             synth = SynthesisRequest(text=text, voice_id=resolved.voice.id if resolved.voice else None,
                                      style=style, params=params, ref_audio=ref_audio, ref_text=req.ref_text,
-                                     source="api", ssml=False)  # read above
+                                     source="api", ssml=False, dictionary=rules)  # read above
             # A long input is checked segment by segment when it is planned; here only its settings are.
             (dataclasses.replace(synth, text="x") if long else synth).validate()
             if style is not None:

@@ -9,14 +9,16 @@ from pathlib import Path
 import gradio as gr
 
 from studio import assets
+from studio.admission import OWNER, Caller
 from studio.captions import Captions, captions_html, take_captions
 
 
 class CaptionsPanel:
     """Build it right after the player it captions (`player_id` is that player's elem_id)."""
 
-    def __init__(self, out_dir: Path, player_id: str, *, transcriber=None, level: str = "sentence"):
+    def __init__(self, out_dir: Path, player_id: str, *, transcriber=None, level: str = "sentence", service=None):
         self.out_dir, self.player_id, self.transcriber, self.level = Path(out_dir), player_id, transcriber, level
+        self.service = service  # its GPU line runs the transcriptions, in the asking caller's turn
 
     def build(self) -> None:
         self.html = gr.HTML(captions_html(None, self.player_id), js_on_load=assets.script("captions.js"),
@@ -29,11 +31,15 @@ class CaptionsPanel:
         """What `show` updates: the player (its subtitles), the cue list, the two downloads."""
         return [player, self.html, self.srt, self.vtt]
 
-    def show(self, take, audio_path: str | None, name: str) -> tuple:
-        """The updates for `take` (a studio Take or a LongTake) playing from `audio_path`; files `name`.srt/.vtt."""
+    def show(self, take, audio_path: str | None, name: str, caller: Caller = OWNER) -> tuple:
+        """The updates for `take` (a studio Take or a LongTake) playing from `audio_path`; files `name`.srt/.vtt.
+        `caller` is whose turn in the GPU line the transcription takes."""
         if take is None or audio_path is None:
             return gr.skip(), captions_html(None, self.player_id), gr.update(visible=False), gr.update(visible=False)
-        found: Captions = take_captions(take, level=self.level, transcriber=self.transcriber)
+        transcriber = self.transcriber
+        if self.service is not None:
+            transcriber = self.service.transcriber_for(transcriber, caller)
+        found: Captions = take_captions(take, level=self.level, transcriber=transcriber)
         srt_path, vtt_path = self.out_dir / f"{name}.srt", self.out_dir / f"{name}.vtt"
         srt_path.write_text(found.srt(), encoding="utf-8")
         vtt_path.write_text(found.vtt(), encoding="utf-8")

@@ -55,7 +55,7 @@ class LongFormView:
         self.listener = listener  # listen and retry (studio/listen.py); None: segments are not checked
         self.out_dir = Path(out_dir)
         self.access = access or Access()  # long takes are beyond the public page's limits: the owner's
-        self.captions = CaptionsPanel(self.out_dir, "long-take", transcriber=transcriber)
+        self.captions = CaptionsPanel(self.out_dir, "long-take", transcriber=transcriber, service=service)
 
     def voice_choices(self, caller) -> list[tuple[str, str]]:
         return [("None (zero-shot)", "")] + [(v.name, v.id) for v in self.service.list_voices(caller)]
@@ -118,7 +118,8 @@ class LongFormView:
                                                                            acx_check(audio, SAMPLE_RATE))
 
     def show_captions(self, take, audio_path):
-        """The take's captions under its player, from its exact segment spans (studio/views/captions.py)."""
+        """The take's captions under its player, from its exact segment spans (studio/views/captions.py); the
+        tab is the owner's, and so is the transcription's turn in the line."""
         if take is None or not audio_path:
             return self.captions.show(None, None, "")
         return self.captions.show(take, audio_path, Path(audio_path).stem)

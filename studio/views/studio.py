@@ -214,13 +214,16 @@ class StudioView:
         gr.Info(f"Saved preset {preset.name!r}.")
         return gr.update(choices=self.page.style_choices(), value=preset.prefix)
 
-    def _transcribe(self, clip, text):
+    def _transcribe(self, clip, text, request: gr.Request):
         """A new clip and an empty transcript box: fill the box with the clip's transcript (still editable),
-        or say in one line why not."""
+        or say in one line why not. The transcription takes the visitor's turn in the GPU line."""
         if clip is None or (text or "").strip():
             return gr.skip(), gr.skip()
+        transcriber = self.service.transcriber_for(self.transcriber, self.access.page_caller(request))
         try:
-            transcript, note = self.transcriber.transcribe(clip)
+            transcript, note = transcriber.transcribe(clip)
+        except TimeoutError:  # the line's ServiceBusy
+            return gr.skip(), "The GPU is busy: type the transcript, or upload the clip again in a moment."
         except ValueError as exc:  # an unreadable clip: saving or generating will say so too
             return gr.skip(), str(exc)
         return (transcript or gr.skip()), (note or "")

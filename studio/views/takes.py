@@ -64,7 +64,8 @@ class TakesView:
         self.live_id = gr.Textbox("", visible=False, elem_id="live-id")  # set by CLICK_JS in WebAudio mode
         self.result = gr.JSON(label="Result", visible=False)  # the take's metrics and recipe, for API clients
         self.take_audio = gr.Audio(label="Take", type="filepath", interactive=False, elem_id="take")
-        self.captions = CaptionsPanel(self.page.out_dir, "take", transcriber=self.page.transcriber)
+        self.captions = CaptionsPanel(self.page.out_dir, "take", transcriber=self.page.transcriber,
+                                      service=self.service)
         self.captions.build()
         with gr.Row():
             self.fmt = gr.Dropdown([f for f in available_formats() if f != "pcm"], value="wav",
@@ -313,12 +314,13 @@ class TakesView:
         return render.acx_html(acx_check(self._leveled(take, loudness), take.sample_rate))
 
     @warns(4)
-    def _captions(self, takes):
+    def _captions(self, takes, request: gr.Request):
         """The latest take's captions under its player (studio/views/captions.py)."""
         take = self.service.take(takes[-1]) if takes else None
         if take is None:
             return self.captions.show(None, None, "")
-        return self.captions.show(take, self.take_file(take), f"take-{take.id}-seed{take.seed}")
+        return self.captions.show(take, self.take_file(take), f"take-{take.id}-seed{take.seed}",
+                                  self.access.page_caller(request))
 
     @warns(5)
     def _select_take(self, takes, evt: gr.SelectData, request: gr.Request):
