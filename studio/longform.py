@@ -193,13 +193,14 @@ def start_long(service: StudioService, request: SynthesisRequest, *, voices: Map
                           lambda job, handle: work(service, prepared, job, handle, listener))
 
 
-def start_open_long(service: StudioService, request: SynthesisRequest, feed) -> TakeHandle:
+def start_open_long(service: StudioService, request: SynthesisRequest, feed, listener=None) -> TakeHandle:
     """One open long take for text still being written: `feed` (studio/sentences.py `SentenceFeed`) hands it
     its segments as they complete. Every segment takes its turn in
     the line, and while the take waits for text it holds no slot. `request.text` is ignored; the rest is
     checked now (ValueError with a sentence). The take's style is the request's, resolved here for the feed:
     `feed.style` is set. Its stream yields `(LongTake, TakeChunk)`: the take's segments, seeds and TTFA grow
-    as it goes."""
+    as it goes. `listener` (studio/listen.py) listens to every sentence, each then made whole before it
+    streams."""
     default, feed.style = _voice_and_style(service, dataclasses.replace(request, text="x"))
     prepared = _Prepared([], default, {})
 
@@ -209,7 +210,7 @@ def start_open_long(service: StudioService, request: SynthesisRequest, feed) -> 
             return None if segment is None else respell_segments(service, [segment], lambda s: default,
                                                                  only=request.dictionary)[0]
 
-        take = _new_take(service, handle, prepared, keep_audio=False, more=more)
+        take = _new_take(service, handle, prepared, keep_audio=False, more=more, listener=listener)
         for piece in take.stream():
             job.out.put((take, piece))
         handle.finish()

@@ -238,6 +238,76 @@ def test_flush_speaks_what_is_buffered_and_timestamps_mark_each_sentence_end(stu
         ("sentence_end", spans[1][1])]
 
 
+class ScriptedAsr:
+    """transformers' ASR pipeline as the studio's Transcriber calls it: each call hears the next of `answers`
+    (a transcript, or the words with their times for `return_timestamps="word"`)."""
+
+    def __init__(self, answers):
+        self.answers, self.calls = list(answers), []
+
+    def __call__(self, inputs, return_timestamps=None):
+        self.calls.append((len(inputs["raw"]), return_timestamps))
+        answer = self.answers.pop(0)
+        if return_timestamps == "word":
+            return {"text": " ".join(w for w, _ in answer),
+                    "chunks": [{"text": f" {w}", "timestamp": (t, t + 0.05)} for w, t in answer]}
+        return {"text": answer}
+
+
+def scripted_app(service, answers, *, listen: bool = False) -> TestClient:
+    from studio.asr import Transcriber
+    from studio.listen import Listener
+
+    asr = Transcriber("fake", make_pipeline=lambda model, device: ScriptedAsr(answers))
+    app = FastAPI()
+    api.register(app, service, api_key=KEY, transcriber=asr, listener=Listener(asr) if listen else None)
+    return TestClient(app)
+
+
+def test_word_timestamps_come_from_the_asr_shifted_to_each_sentences_offset(studio):
+    service, _, open_client, _ = studio
+    client = scripted_app(service, [[("One", 0.1), ("two", 0.3)], [("Three", 0.2), ("four", 0.4)]])
+    with client.websocket_connect(speech_ws.ROUTE, headers=dict(AUTH)) as ws:
+        ws.send_json({**CONFIG, "timestamps": "word"})
+        ws.receive_json()
+        ws.send_json({"text": "One two. Three four.", "end": True})
+        events, audio, _ = events_until_done(ws)
+    offsets = {e["index"]: e["offset"] / SAMPLE_RATE for e in events if e["type"] == "sentence"}
+    words = [e for e in events if e["type"] == "words"]
+    assert [e["index"] for e in words] == [0, 1] and events[-1]["type"] == "done"
+    assert [[w["word"] for w in e["words"]] for e in words] == [["One", "two."], ["Three", "four."]]
+    assert words[1]["words"][1]["start"] == round(offsets[1] + 0.4, 3) and not words[1]["words"][1]["estimated"]
+    assert [e["words"][0]["start"] for e in words] == [0.0, round(offsets[1], 3)]  # a sentence's exact offset
+    assert not words[0]["estimated"] and words[0]["note"] is None
+    with open_client.websocket_connect(speech_ws.ROUTE) as ws:  # a studio without ASR estimates, and says so
+        ws.send_json({**CONFIG, "timestamps": "word"})
+        ws.receive_json()
+        ws.send_json({"text": "One two.", "end": True})
+        events, _, _ = events_until_done(ws)
+    (timed,) = [e for e in events if e["type"] == "words"]
+    assert timed["estimated"] and "no transcriber" in timed["note"] and [w["word"] for w in timed["words"]] == [
+        "One", "two."]
+
+
+def test_listen_checks_each_sentence_and_makes_a_misheard_one_again(studio):
+    service, _, open_client, _ = studio
+    client = scripted_app(service, ["One two.", "something else entirely", "Three four."], listen=True)
+    with client.websocket_connect(speech_ws.ROUTE, headers=dict(AUTH)) as ws:
+        ws.send_json({**CONFIG, "listen": True})
+        assert "warnings" not in ws.receive_json()
+        ws.send_json({"text": "One two. Three four.", "end": True})
+        events, audio, _ = events_until_done(ws)
+    heard = [(e["index"], e["seed"], e["wer"], e["tries"]) for e in events if e["type"] == "sentence"]
+    assert heard == [(0, SEED, 0.0, 1), (1, SEED + 2, 0.0, 2)]  # sentence 1: seed + 1 heard wrong, seed + 2 kept
+    with open_client.websocket_connect(speech_ws.ROUTE) as ws:  # no ASR: the stream says so and goes on
+        ws.send_json({**CONFIG, "listen": True})
+        ready = ws.receive_json()
+        assert "Listen and retry is off" in ready["warnings"][0]
+        ws.send_json({"text": "One two.", "end": True})
+        events, audio, _ = events_until_done(ws)
+    assert events[-1]["type"] == "done" and "wer" not in events[0]
+
+
 def test_opus_comes_as_ogg_pages_of_the_same_take(studio):
     from tests.studio_server import need_ffmpeg
 
@@ -255,13 +325,13 @@ def test_closing_mid_way_cancels_the_take_at_the_next_step(studio, monkeypatch):
     service, client, *_ = studio
     handles = []
     start = speech_ws.start_open_long
-    monkeypatch.setattr(speech_ws, "start_open_long", lambda *a: handles.append(start(*a)) or handles[-1])
+    monkeypatch.setattr(speech_ws, "start_open_long", lambda *a, **k: handles.append(start(*a, **k)) or handles[-1])
     with client.websocket_connect(speech_ws.ROUTE, headers=dict(AUTH)) as ws:
         ws.send_json({"seed": SEED, "max_frames": 1500})  # a minute of audio: far from done when closed
-        ws.receive_json()
+        assert ws.receive_json()["type"] == "ready"
         ws.send_json({"text": "A long first sentence that takes its time. And"})
-        while ws.receive().get("bytes") is None:
-            pass
+        while (message := ws.receive()).get("bytes") is None:  # the first audio; an error or a close fails here
+            assert message.get("type") == "websocket.send" and '"error"' not in message.get("text", ""), message
     handle = handles[0]
     assert handle.cancel.wait(5)
     closed = time.perf_counter()

@@ -104,7 +104,8 @@ def test_stop_ends_a_long_take(page):
     pg.wait_for_function("() => [...document.querySelectorAll('#m-state, #live-state')]"
                          ".some((e) => e.innerText === 'streaming')", timeout=120_000)
     pg.click("#stop-btn")
-    pg.wait_for_function("() => document.querySelector('#m-state')?.innerText === 'stopped'", timeout=30_000)
+    # Not a speed claim: a loaded 2-core machine once took over 30 s to show the stop.
+    pg.wait_for_function("() => document.querySelector('#m-state')?.innerText === 'stopped'", timeout=90_000)
     assert pg.inner_text("#m-stop") == "cancelled"
     assert int(pg.inner_text("#m-frames")) < 3000
 

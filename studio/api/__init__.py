@@ -113,7 +113,8 @@ def register(app: FastAPI, service, *, api_key: str | None = None, access: Acces
     for path, handler, methods in routes:
         app.add_api_route(path, guarded(handler), methods=methods, include_in_schema=True)
     app.add_api_websocket_route(STREAM_ROUTE, SpeechStream(service, access, page_tokens=page_tokens,
-                                                           max_chars=max_input_chars))
+                                                           max_chars=max_input_chars, transcriber=transcriber,
+                                                           listener=listener))
     # Gradio's app may already hold routes; ours are specific paths, so order only matters against a
     # catch-all mount at "/" (mount_gradio_app): move ours in front of anything mounted.
     _routes_first(app, len(routes) + 1)

@@ -2,11 +2,13 @@
 "Streaming text in").
 
     → {"voice": "Narrator", "style": "...", "seed": 7, "response_format": "pcm", "timestamps": false}   config
-    ← {"type": "ready", "sample_rate": 24000, "format": "pcm", "seed": 7}
+    ← {"type": "ready", "sample_rate": 24000, "format": "pcm", "seed": 7}      (+ "warnings": [...] if any)
     → {"text": "Hello th"}  {"text": "ere. How"}  …  {"flush": true}  …  {"end": true}
     ← {"type": "sentence", "index": 0, "text": "Hello there.", "offset": 0}   before that sentence's audio
+                                                      (+ "seed", "wer", "tries" with "listen": true)
     ← binary frames: PCM16 LE mono 24 kHz (or Ogg Opus pages)
-    ← {"type": "sentence_end", "index": 0, "offset": 31200}                  with "timestamps": true
+    ← {"type": "sentence_end", "index": 0, "offset": 31200}                  with "timestamps": true / "sentence"
+    ← {"type": "words", "index": 0, "words": [{"word", "start", "end", "estimated"}], ...}  with "word"
     ← {"type": "done", "samples": 96000, "seconds": 4.0, "sentences": 3, "seed": 7, "ttfa_ms": 81.5}
     ← {"type": "error", "message": "a sentence", "code": "..."}              bad message: the stream goes on
 
@@ -15,6 +17,12 @@ are found by the long form's rules as the text arrives (studio/sentences.py), ea
 soon as it is complete, from the same anchor as a long take's segments (the first sentence's voice, or the
 saved voice), with seed + i and the planned pause between them. So the audio is exactly the long take of those
 sentences; when text comes faster than speech, each sentence is generated while the one before is played.
+
+`"listen": true` has the studio's ASR check each sentence and make it again with the next seed when heard wrong
+(studio/listen.py): each sentence is then made whole before it streams, so audio starts a sentence later.
+`"timestamps": "word"` times each sentence's words (seconds from the stream's first sample) by the studio's
+ASR, in the stream's turn in the GPU line, once the sentence's audio is sent, or estimates them from character
+share and says so (`estimated`, `note`); every `words` event comes before `done`.
 
 Who may connect: the key rule of `/v1` (`Authorization: Bearer <key>` when the studio has one), or the page's
 token (studio/live.py) in the config's `token`, as browsers cannot set headers on a WebSocket. A keyless
@@ -36,13 +44,17 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+import numpy as np
+
 from engine.config import SAMPLE_RATE
 from engine.types import DEFAULT_REPEAT_GUARD, SamplingParams
 from studio.access import Access, check_limits, visitor
 from studio.admission import Caller
 from studio.api.model import DEFAULT_VOICE, validation_message
+from studio.captions import captions
 from studio.formats import StreamEncoder, to_pcm16
 from studio.gpu_queue import ServiceBusy, ServiceClosed
+from studio.listen import Listener
 from studio.longform import MAX_LONG_INPUT_CHARS, start_open_long
 from studio.sentences import SentenceFeed
 from studio.service import LoopTake, SynthesisRequest
@@ -70,7 +82,10 @@ class StreamConfig(BaseModel):
     normalize: bool = True  # numbers, dates, units … as words (English; engine/normalize.py)
     language: str = "auto"  # "en", "fr", …: the sentence rules and whether to normalise ("auto": by the text)
     response_format: Literal["pcm", "opus"] = "pcm"
-    timestamps: bool = False  # also a `sentence_end` event when a sentence's last sample has been sent
+    # `sentence_end` events when a sentence's last sample has been sent (true or "sentence"); "word" adds a `words`
+    # event per sentence (the studio's ASR, or estimated)
+    timestamps: bool | Literal["sentence", "word"] = False
+    listen: bool = False  # check each sentence with the studio's ASR, make it again when heard wrong
     token: str | None = None  # the page's token (studio/live.py) when no Authorization header can be sent
 
 
@@ -78,8 +93,10 @@ class SpeechStream:
     """The route's handler: who the socket is, its config, then the text in and the take out."""
 
     def __init__(self, service, access: Access, *, page_tokens: Callable[[str | None], bool] | None = None,
-                 max_chars: int = MAX_LONG_INPUT_CHARS):
+                 max_chars: int = MAX_LONG_INPUT_CHARS, transcriber=None, listener=None):
         self.service, self.access, self.page_tokens, self.max_chars = service, access, page_tokens, max_chars
+        self.transcriber = transcriber  # word times for `"timestamps": "word"` (studio/asr.py); None: estimated
+        self.listener = listener  # `"listen": true` (studio/listen.py); None: a listener that is off, and says so
 
     async def __call__(self, ws: WebSocket) -> None:
         refusal = self.access.cross_site_refusal(ws.headers.get("origin"), ws.headers.get("host"))
@@ -101,12 +118,15 @@ class SpeechStream:
                     await ws.close(POLICY_VIOLATION)
                     return
                 try:
-                    feed, handle = await run_in_threadpool(self._start, config, keyed, ws)
+                    feed, handle, notes = await run_in_threadpool(self._start, config, keyed, ws)
                 except ValueError as exc:
                     await _error(ws, str(exc), "bad_request")
                     continue
                 break
-            await _Session(ws, feed, handle, config).run()
+            words = None
+            if config.timestamps == "word":
+                words = self.service.transcriber_for(self.transcriber, handle.request.caller) or _NO_ASR
+            await _Session(ws, feed, handle, config, notes=notes, words=words).run()
         except WebSocketDisconnect:
             return
         except Exception as exc:  # one bad stream never takes the server down
@@ -128,7 +148,8 @@ class SpeechStream:
             return None
 
     def _start(self, config: StreamConfig, keyed: bool, ws: WebSocket):
-        """The stream's feed and its take's handle, checked now (ValueError with a sentence)."""
+        """The stream's feed, its take's handle and the notes for `ready`, checked now (ValueError with a
+        sentence)."""
         caller, limit = WEBSOCKET, self.max_chars
         fields = {k: v for k, v in config.model_dump().items() if k in
                   ("temperature", "top_p", "top_k", "seed", "max_frames", "repeat_guard") and v is not None}
@@ -148,19 +169,27 @@ class SpeechStream:
         request = SynthesisRequest(text="", voice_id=voice_id, style=style, params=params, caller=caller,
                                    source="ws")
         feed = SentenceFeed(normalize=config.normalize, language=config.language, limit=limit)
-        return feed, start_open_long(self.service, request, feed)
+        listener, notes = None, []
+        if config.listen:
+            listener = self.listener if self.listener is not None else Listener(None)
+            if listener.off_note is not None:
+                notes.append(listener.off_note)
+                listener = None
+        return feed, start_open_long(self.service, request, feed, listener=listener), notes
 
 
 class _Session:
     """One accepted stream: a reader of the client's messages and a sender of the take, side by side."""
 
-    def __init__(self, ws: WebSocket, feed: SentenceFeed, handle, config: StreamConfig):
+    def __init__(self, ws: WebSocket, feed: SentenceFeed, handle, config: StreamConfig, *, notes=(), words=None):
         self.ws, self.feed, self.handle, self.config = ws, feed, handle, config
+        self.notes, self.words = list(notes), words  # words: the transcriber for word times, or None
         self.sentences = 0
+        self.timing: list[asyncio.Task] = []  # the sentences' word times being made, in order
 
     async def run(self) -> None:
         await _send(self.ws, {"type": "ready", "sample_rate": SAMPLE_RATE, "format": self.config.response_format,
-                              "seed": self.handle.seed})
+                              "seed": self.handle.seed, **({"warnings": self.notes} if self.notes else {})})
         source = LoopTake(self.handle, asyncio.get_running_loop(), name="higgs-ws-take")
         reader = asyncio.create_task(self._read())
         try:
@@ -171,6 +200,8 @@ class _Session:
         finally:
             self.handle.cancel.set()  # a no-op once finished; else the engine stops at its next step
             reader.cancel()
+            for task in self.timing:
+                task.cancel()
 
     async def _read(self) -> None:
         """The client's messages; a bad one is answered and the stream goes on; a close cancels the take (after
@@ -212,6 +243,7 @@ class _Session:
         if self.config.response_format == "opus":
             encoder = await run_in_threadpool(StreamEncoder, "opus", SAMPLE_RATE)
         sent, current, ended, ending, take = 0, -1, -1, None, None
+        heard: list[np.ndarray] = []  # the current sentence's audio, for its word times
         try:
             async for item in source.items():
                 if isinstance(item, Exception):
@@ -220,14 +252,18 @@ class _Session:
                 take, piece = item
                 segment = take.segments[piece.segment]
                 if piece.segment != current:  # the first samples of a new sentence
-                    current = piece.segment
+                    current, start, heard = piece.segment, sent, []
                     self.sentences += 1
                     await _send(self.ws, {"type": "sentence", "index": current, "text": segment.source or segment.text,
-                                          "offset": sent})
+                                          "offset": sent, **_listened(take, current)})
                 pcm = to_pcm16(piece.audio)
+                if self.words is not None:
+                    heard.append(np.asarray(piece.audio, dtype=np.float32))
                 if self.config.timestamps and piece.done > piece.segment > ended:  # its last sample is here
                     ended = piece.segment
                     ending = (piece.segment, sent + len(pcm))  # an open take sends the pause with the next one
+                    if self.words is not None:
+                        self._time_words(ended, segment.source or segment.text, start, np.concatenate(heard))
                 data = pcm.tobytes()
                 if encoder is not None and data:
                     data = await run_in_threadpool(encoder.feed, data)
@@ -237,11 +273,13 @@ class _Session:
                 if ending is not None:
                     await _send(self.ws, {"type": "sentence_end", "index": ending[0], "offset": ending[1]})
                     ending = None
+                await self._send_words(wait=False)
             if encoder is not None:
                 tail = await run_in_threadpool(encoder.close)
                 encoder = None
                 if tail:
                     await self.ws.send_bytes(tail)
+            await self._send_words(wait=True)
             ttfa = take.ttfa_ms if take is not None else None
             await _send(self.ws, {"type": "done", "samples": sent, "seconds": round(sent / SAMPLE_RATE, 3),
                                   "sentences": self.sentences, "seed": self.handle.seed,
@@ -249,6 +287,50 @@ class _Session:
         finally:
             if encoder is not None:
                 await run_in_threadpool(encoder.kill)
+
+
+    def _time_words(self, index: int, text: str, start: int, audio: np.ndarray) -> None:
+        """Time sentence `index`'s words (its audio began at sample `start`) in a worker thread: through the
+        line's `run_exclusive` when the ASR is on, which waits for a free slot."""
+        def timed() -> dict:
+            found = captions([text], [(0, len(audio))], len(audio), level="word", audio=audio,
+                             transcriber=self.words)
+            shift = start / SAMPLE_RATE
+            return {"type": "words", "index": index, "estimated": found.estimated, "note": found.note,
+                    "words": [{"word": c.text, "start": round(c.start + shift, 3), "end": round(c.end + shift, 3),
+                               "estimated": c.estimated} for c in found.cues]}
+        self.timing.append(asyncio.ensure_future(run_in_threadpool(timed)))
+
+    async def _send_words(self, *, wait: bool) -> None:
+        """Send the sentences' word times that are ready, in order (all of them with `wait`)."""
+        while self.timing and (wait or self.timing[0].done()):
+            task = self.timing.pop(0)
+            try:
+                event = await task
+            except Exception as exc:  # the audio is sent; say in-band why its times are not
+                log.exception("timing a sentence's words failed")
+                event = {"type": "error", "message": f"word times failed: {type(exc).__name__}: {exc}",
+                         "code": "failed"}
+            await _send(self.ws, event)
+
+
+class _NoAsr:
+    """The transcriber of a studio without one: word times are estimated, and the note says why."""
+
+    off_note = "no transcriber is configured"
+
+
+_NO_ASR = _NoAsr()
+
+
+def _listened(take, index: int) -> dict:
+    """What a listening take knows of sentence `index` when it starts to stream (it was made whole first):
+    the kept seed, its WER and how many tries it took; {} for a take that does not listen."""
+    if take.check is None or index >= len(take.takes) or take.takes[index] is None:
+        return {}
+    kept = take.takes[index]
+    return {"seed": take.seeds[index], "wer": None if kept.wer is None else round(kept.wer, 4),
+            "tries": len(kept.attempts)}
 
 
 def _describe(exc: Exception) -> tuple[str, str]:
