@@ -214,7 +214,7 @@ class StudioView:
         gr.Info(f"Saved preset {preset.name!r}.")
         return gr.update(choices=self.page.style_choices(), value=preset.prefix)
 
-    def _transcribe(self, clip, text, request: gr.Request):
+    def _transcribe(self, clip, text, request: gr.Request = None):
         """A new clip and an empty transcript box: fill the box with the clip's transcript (still editable),
         or say in one line why not. The transcription takes the visitor's turn in the GPU line."""
         if clip is None or (text or "").strip():
