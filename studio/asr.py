@@ -60,7 +60,7 @@ class Transcriber:
         self._run_lock = threading.Lock()  # one transcription at a time
 
     @classmethod
-    def from_flag(cls, flag: str | None) -> "Transcriber":
+    def from_flag(cls, flag: str | None) -> Transcriber:
         """`none` turns it off; `auto` (or empty) picks by hardware; anything else names the model."""
         flag = (flag or "auto").strip()
         if flag.lower() == "none":
@@ -127,7 +127,7 @@ class Transcriber:
                     out.append(WordTime(word, offset + float(begin), offset + float(finish)))
         return out
 
-    def through(self, run: Callable) -> "LinedTranscriber":
+    def through(self, run: Callable) -> LinedTranscriber:
         """This transcriber with each call made by `run(fn, *args)`: the GPU line's `run_exclusive`
         (studio/service.py `transcriber_for`), so that a caption's transcription takes its turn with takes."""
         return LinedTranscriber(self, run)
@@ -160,7 +160,7 @@ class LinedTranscriber:
     def transcribe(self, audio, sample_rate: int | None = None) -> tuple[str, str | None]:
         return self.run(self.transcriber.transcribe, audio, sample_rate)
 
-    def through(self, run: Callable) -> "LinedTranscriber":
+    def through(self, run: Callable) -> LinedTranscriber:
         return LinedTranscriber(self.transcriber, run)
 
 

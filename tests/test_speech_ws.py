@@ -296,7 +296,7 @@ def test_listen_checks_each_sentence_and_makes_a_misheard_one_again(studio):
         ws.send_json({**CONFIG, "listen": True})
         assert "warnings" not in ws.receive_json()
         ws.send_json({"text": "One two. Three four.", "end": True})
-        events, audio, _ = events_until_done(ws)
+        events, _, _ = events_until_done(ws)
     heard = [(e["index"], e["seed"], e["wer"], e["tries"]) for e in events if e["type"] == "sentence"]
     assert heard == [(0, SEED, 0.0, 1), (1, SEED + 2, 0.0, 2)]  # sentence 1: seed + 1 heard wrong, seed + 2 kept
     with open_client.websocket_connect(speech_ws.ROUTE) as ws:  # no ASR: the stream says so and goes on
@@ -304,7 +304,7 @@ def test_listen_checks_each_sentence_and_makes_a_misheard_one_again(studio):
         ready = ws.receive_json()
         assert "Listen and retry is off" in ready["warnings"][0]
         ws.send_json({"text": "One two.", "end": True})
-        events, audio, _ = events_until_done(ws)
+        events, _, _ = events_until_done(ws)
     assert events[-1]["type"] == "done" and "wer" not in events[0]
 
 

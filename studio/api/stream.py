@@ -40,11 +40,10 @@ import logging
 from collections.abc import Callable
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.websockets import WebSocket, WebSocketDisconnect
-
-import numpy as np
 
 from engine.config import SAMPLE_RATE
 from engine.types import DEFAULT_REPEAT_GUARD, SamplingParams

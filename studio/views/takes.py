@@ -314,7 +314,7 @@ class TakesView:
         return render.acx_html(acx_check(self._leveled(take, loudness), take.sample_rate))
 
     @warns(4)
-    def _captions(self, takes, request: gr.Request):
+    def _captions(self, takes, request: gr.Request = None):
         """The latest take's captions under its player (studio/views/captions.py)."""
         take = self.service.take(takes[-1]) if takes else None
         if take is None:
