@@ -271,7 +271,7 @@ def test_word_timestamps_come_from_the_asr_shifted_to_each_sentences_offset(stud
         ws.send_json({**CONFIG, "timestamps": "word"})
         ws.receive_json()
         ws.send_json({"text": "One two. Three four.", "end": True})
-        events, audio, _ = events_until_done(ws)
+        events, _, _ = events_until_done(ws)
     offsets = {e["index"]: e["offset"] / SAMPLE_RATE for e in events if e["type"] == "sentence"}
     words = [e for e in events if e["type"] == "words"]
     assert [e["index"] for e in words] == [0, 1] and events[-1]["type"] == "done"
