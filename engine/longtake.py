@@ -520,8 +520,13 @@ def _next_seed(seed: int, step: int = 1) -> int:
     return (seed + step) % 2**63
 
 
+def pause_samples(seconds: float) -> int:
+    """The exact silence a pause of `seconds` puts after a segment, in samples."""
+    return round(seconds * SAMPLE_RATE)
+
+
 def _pause(segment: Segment) -> np.ndarray:
-    return np.zeros(round(segment.pause_after * SAMPLE_RATE), np.float32)
+    return np.zeros(pause_samples(segment.pause_after), np.float32)
 
 
 __all__ = [
@@ -537,6 +542,7 @@ __all__ = [
     "again",
     "anchor_frames",
     "best",
+    "pause_samples",
     "shape_segment",
     "speech_bounds",
     "speech_rms",

@@ -28,7 +28,7 @@ import numpy as np
 
 from engine.config import SAMPLE_RATE
 from engine.longform import plan
-from engine.longtake import CUT_SHORT, shape_segment, speech_rms
+from engine.longtake import CUT_SHORT, pause_samples, shape_segment, speech_rms
 from engine.normalize import AUTO
 from engine.tokenizer import estimate_seconds
 from engine.types import SamplingParams, new_seed
@@ -393,7 +393,7 @@ class Projects:
                              f"(POST /v1/projects/{project.id}/render).")
         reference = next((p for p in planned if p.reference), None)
         rms = self._reference_rms(reference.key) if reference is not None else None
-        parts = [(p.key, p.position > 0, None if p.reference else rms, round(p.pause_after * SAMPLE_RATE)) for p in mine]
+        parts = [(p.key, p.position > 0, None if p.reference else rms, pause_samples(p.pause_after)) for p in mine]
         spans, samples = [], 0
         for key, trim, ref, pause in parts:
             length = self._shaped_length(key, trim, ref)
