@@ -76,28 +76,32 @@ def noise_floor_db(audio: np.ndarray, rate: int) -> float:
     return float(_frame_db(audio, rate, NOISE_WINDOW_S, 0.05).min()) if audio.size else -math.inf
 
 
-def speech_bounds(audio: np.ndarray, rate: int) -> tuple[float, float] | None:
+def speech_bounds(audio: np.ndarray, rate: int, floor: float | None = None) -> tuple[float, float] | None:
     """(start, end) in seconds of what is louder than room tone: 20 ms frames over SPEECH_MIN_DB and either
-    SPEECH_OVER_FLOOR_DB over the noise floor or within SPEECH_UNDER_LOUD_DB of the loud frames (a take
-    with no half second of quiet has a "floor" that is speech). None when nothing is."""
+    SPEECH_OVER_FLOOR_DB over the noise floor (`floor`, when the caller has measured it) or within
+    SPEECH_UNDER_LOUD_DB of the loud frames (a take with no half second of quiet has a "floor" that is
+    speech). None when nothing is."""
     audio = np.asarray(audio, dtype=np.float64).reshape(-1)
     if audio.size == 0:
         return None
     frames = _frame_db(audio, rate, FRAME_S, FRAME_S)
     loud = float(np.percentile(frames, 95)) - SPEECH_UNDER_LOUD_DB
-    threshold = max(SPEECH_MIN_DB, min(noise_floor_db(audio, rate) + SPEECH_OVER_FLOOR_DB, loud))
+    floor = noise_floor_db(audio, rate) if floor is None else floor
+    threshold = max(SPEECH_MIN_DB, min(floor + SPEECH_OVER_FLOOR_DB, loud))
     loud = np.flatnonzero(frames > threshold)
     if loud.size == 0:
         return None
     return float(loud[0] * FRAME_S), float(min(audio.size / rate, (loud[-1] + 1) * FRAME_S))
 
 
-def acx_check(audio: np.ndarray, rate: int) -> AcxReport:
-    """ACX's rules for one chapter file, each a pass/fail `Check` (`report.failed` names the lines that fail)."""
+def acx_check(audio: np.ndarray, rate: int, *, peak_db: float | None = None) -> AcxReport:
+    """ACX's rules for one chapter file, each a pass/fail `Check` (`report.failed` names the lines that fail).
+    `peak_db`: the true peak in dB when the caller has measured it already (studio/loudness.py `measure`)."""
     audio = np.asarray(audio, dtype=np.float64).reshape(-1)
     seconds = audio.size / rate
-    rms, peak, floor = rms_db(audio), to_db(true_peak(audio)), noise_floor_db(audio, rate)
-    bounds = speech_bounds(audio, rate)
+    rms, floor = rms_db(audio), noise_floor_db(audio, rate)
+    peak = to_db(true_peak(audio)) if peak_db is None else peak_db
+    bounds = speech_bounds(audio, rate, floor)
     head, tail = (bounds[0], seconds - bounds[1]) if bounds is not None else (None, None)
 
     def finite(value: float) -> float:

@@ -194,10 +194,12 @@ class Dictionary:
 
     @property
     def version(self) -> str:
-        """A stable hash of the rules (16 hex digits; "" for no rules): the same rules, the same version."""
-        if not self.rules:
-            return ""
-        return hashlib.sha256(_canonical(self.rules).encode()).hexdigest()[:16]
+        """A stable hash of the rules (16 hex digits; "" for no rules): the same rules, the same version.
+        Hashed once: the rules never change."""
+        found = self._cache.get("version")
+        if found is None:
+            found = self._cache["version"] = digest(self.rules)
+        return found
 
     def apply(self, text: str, *, voice: Sequence[str] = (), language: str | None = None) -> str:
         """`text` as it will be spoken: every rule in scope applied, control tags left as they are."""
@@ -218,8 +220,7 @@ class Dictionary:
     def fingerprint(self, text: str, *, voice: Sequence[str] = (), language: str | None = None) -> str:
         """A hash of the rules that fire on `text` ("" when none do): a segment's cache key takes it, so
         changing a rule changes the key of exactly the segments holding its word."""
-        fired = self.matches(text, voice=voice, language=language)
-        return hashlib.sha256(_canonical(fired).encode()).hexdigest()[:16] if fired else ""
+        return digest(self.matches(text, voice=voice, language=language))
 
     # ------------------------------------------------------------------------------------------------
 
@@ -280,6 +281,12 @@ class Dictionary:
 
 def _canonical(rules: Iterable[Rule]) -> str:
     return json.dumps([r.to_json() for r in rules], sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def digest(rules: Sequence[Rule]) -> str:
+    """A stable hash of `rules` in their order (16 hex digits; "" for none): a dictionary's version, and the
+    fingerprint of the rules that fired on a text."""
+    return hashlib.sha256(_canonical(rules).encode()).hexdigest()[:16] if rules else ""
 
 
 def merged(*dictionaries: Dictionary) -> Dictionary:

@@ -56,7 +56,7 @@ from studio.aliases import Alias, VoiceAliases
 from studio.gpu_queue import GpuQueue, Job, Queued, ServiceBusy, ServiceClosed, TooManyTakes
 from studio.loudness import Loudness, measure
 from studio.presets import apply_preset, check_style_prefix
-from studio.pronounce import Dictionary, DictionaryStore, merged
+from studio.pronounce import Dictionary, DictionaryStore, digest, merged
 from studio.voices import Consent, VoiceNotFound
 
 MAX_TEXT_CHARS = 4096  # the OpenAI speech API's `input` limit
@@ -313,8 +313,7 @@ class StudioService:
                           project: Dictionary | None = None) -> str:
         """A hash of the rules that fire on `text` as `respell` applies them ("" when none do): what a project
         puts in a segment's cache key, so that changing a rule makes exactly the segments holding its word stale."""
-        language = language or ("en" if looks_english(text) else None)
-        return self.rules(project).fingerprint(text, voice=voice, language=language)
+        return digest(self.pronounce(text, voice, language, project=project)[1])
 
     def resolve_voice(self, voice_id: str | None, caller: Caller = OWNER):
         """A saved voice's id or name → its library record (None for zero-shot). A visitor finds only the

@@ -38,7 +38,7 @@ from studio.projects.importing import MAX_TITLE_CHARS, Book, Draft, Limits, chec
 from studio.projects.recipes import Planned, checkpoint_identity, plan_book
 from studio.projects.store import Chapter, ProjectNotFound, SegmentRow, Store
 from studio.projects.types import BookMeta, ChapterAudio
-from studio.pronounce import Dictionary, rules_json
+from studio.pronounce import Dictionary, digest, rules_json
 
 SETTINGS = ("voice", "voices", "style", "seed", "normalize", "temperature", "top_k", "top_p", "repeat_guard",
             "max_frames")
@@ -263,7 +263,7 @@ class Projects:
 
     def _speller(self, project) -> Callable[[str, str | None], tuple[str, str]] | None:
         """`spoken(text, voice_id)` for the plan: (`text` as the model reads it, the fingerprint of the rules that
-        fired), the service's `respell` and `pronunciation_key` (studio/service.py) with the owner's rules and
+        fired), from one pass of the service's `pronounce` (studio/service.py) with the owner's rules and
         the project's, scoped to the voice's id and name and the project's language. None without rules."""
         own = self.dictionary(project)
         version = self.service.rules(own).version
@@ -278,9 +278,9 @@ class Projects:
                 voice = (record.id, record.name)
             cache = (version, text, voice, language)
             found = self._spoken.get(cache)
-            if found is None:
-                found = (self.service.respell(text, voice, language, project=own),
-                         self.service.pronunciation_key(text, voice, language, project=own))
+            if found is None:  # one pass of the rules: the text as spoken, and the key of the rules that fired
+                said, fired = self.service.pronounce(text, voice, language, project=own)
+                found = (said, digest(fired))
                 with self._lock:
                     if len(self._spoken) >= SPOKEN_CACHE:
                         self._spoken.clear()

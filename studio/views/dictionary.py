@@ -9,7 +9,6 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.normalize import looks_english
 from studio.pronounce import TSV_COLUMNS, Dictionary, Rule, merged, parse_file, to_tsv
 from studio.views.toasts import warns
 
@@ -91,8 +90,7 @@ class DictionaryView:
 
     def trial(self, text, rows):
         """`text` with the table's rules (saved or not), as the model will read it."""
-        text = text or ""
-        return dictionary_of(rows).apply(text, language="en" if looks_english(text) else None)
+        return self.service.respell(text or "", only=dictionary_of(rows))
 
     def _replace(self, dictionary: Dictionary) -> Dictionary:
         if self.service.dictionary is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import time
 from pathlib import Path
 
@@ -114,8 +115,10 @@ class LongFormView:
         """The assembled take's file, and a line of its levels (loudness, true peak, the ACX check)."""
         audio = take.assemble()
         path = self.out_dir / f"long-take-{next(self._files)}-seed{take.base_seed}.wav"
-        return write_audio(path, audio, SAMPLE_RATE), render.levels_line(measure(audio, SAMPLE_RATE),
-                                                                           acx_check(audio, SAMPLE_RATE))
+        levels = measure(audio, SAMPLE_RATE)
+        peak = -math.inf if levels.true_peak_db is None else levels.true_peak_db  # None: digital silence
+        return write_audio(path, audio, SAMPLE_RATE), render.levels_line(
+            levels, acx_check(audio, SAMPLE_RATE, peak_db=peak))
 
     def show_captions(self, take, audio_path):
         """The take's captions under its player, from its exact segment spans (studio/views/captions.py); the
