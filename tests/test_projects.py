@@ -210,6 +210,21 @@ def test_a_render_stores_every_segment_and_an_edited_paragraph_is_all_that_rende
         service.engine = counting.engine
 
 
+def test_a_render_writes_each_segments_row_once(studio, monkeypatch):
+    """A job's worker keeps the book's plan between steps; the rows it has keyed since are not written again
+    at every step (a book of n segments made n²/2 transactions)."""
+    projects, runner = studio
+    project = projects.create("owner", importing.from_text(BOOK, markdown=True), SETTINGS)
+    writes = []
+    set_segment = projects.store.set_segment
+    monkeypatch.setattr(projects.store, "set_segment",
+                        lambda *a, **k: (writes.append((a, k.get("key"))), set_segment(*a, **k))[1])
+    job = wait(runner, runner.render(project.id).id)
+    assert job["state"] == "done" and job["rendered"] == 5
+    keyed = [w for w in writes if w[1] is not None]
+    assert len(keyed) == len(set(keyed)) == 5
+
+
 def test_segment_files_are_complete_flac_and_codes(studio):
     projects, runner = studio
     project = projects.create("owner", importing.from_text("One line here. And one more line after it."), SETTINGS)
