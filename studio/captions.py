@@ -52,7 +52,7 @@ def captions(texts: list[str], spans: list[tuple[int, int]], total: int, *, leve
     note = "no speech recognition: times inside a segment are estimated from character share"
     words = None
     if level != "segment":
-        off = transcriber.off_note if transcriber is not None else "Automatic transcription is not configured."
+        off = transcriber.off_note if transcriber is not None else "no transcriber is configured"
         if audio is None and off is None:
             off = "the take's audio was not kept"
         if off is None:  # a segment of one unit has nothing inside it to time
@@ -72,8 +72,9 @@ def take_captions(take, *, level: str = "sentence", transcriber=None, audio: np.
     """Captions of a studio `Take` (studio/service.py) or a `LongTake`; `audio` is the take's, for a long
     take streamed without keeping it (None: the take's own, if it kept it)."""
     if isinstance(take, LongTake):
-        if audio is None and take.keep_audio and all(s is not None for s in take.shaped):
-            audio = take.assemble()
+        listening = level != "segment" and transcriber is not None and transcriber.off_note is None
+        if audio is None and listening and take.keep_audio and all(s is not None for s in take.shaped):
+            audio = take.assemble()  # only the transcriber reads it
         return captions(shown_texts(take.segments), take.spans(), take.total_samples(), level=level, audio=audio,
                         transcriber=transcriber)
     audio = np.asarray(take.audio if audio is None else audio)

@@ -37,6 +37,7 @@ from studio.api.stream import ROUTE as STREAM_ROUTE
 from studio.api.stream import SpeechStream
 from studio.api.voices import VoiceRoutes
 from studio.formats import available_formats
+from studio.listen import Listener
 from studio.longform import MAX_LONG_INPUT_CHARS
 
 log = logging.getLogger("higgs.api")
@@ -73,6 +74,7 @@ def register(app: FastAPI, service, *, api_key: str | None = None, access: Acces
     `page_tokens(token) -> bool` (studio/live.py `LivePlayer.check_token`) lets the page's own script open the
     speech WebSocket, which browsers cannot give an Authorization header."""
     access = access or Access(api_key)
+    listener = listener if listener is not None else Listener(None)  # off, and says why, to a take that asks
     limiter = anyio.CapacityLimiter(max(8, service.max_queue + 4))  # a thread for every request the line holds
     speech = SpeechRoutes(service, access, limiter, request_timeout=request_timeout, max_input_chars=max_input_chars,
                           transcriber=transcriber, listener=listener)

@@ -106,7 +106,7 @@ class SpeechRoutes(Routes):
     def __init__(self, service, access, limiter, *, request_timeout: float,
                  max_input_chars: int = MAX_LONG_INPUT_CHARS, transcriber=None, listener=None):
         super().__init__(service, access, limiter)
-        self.listener = listener  # listen and retry for long inputs that ask `listen` (studio/listen.py)
+        self.listener = listener  # listen and retry for long inputs that ask `listen` (studio/listen.py; maybe off)
         self.request_timeout = request_timeout
         self.max_input_chars = max_input_chars  # a long input (or a script); one prompt takes MAX_TEXT_CHARS
         self.transcriber = transcriber  # word times for `timestamps` (studio/asr.py); None: estimated
@@ -192,22 +192,12 @@ class SpeechRoutes(Routes):
         take has no segments to make again: `listen` says so in its warnings."""
         if wants_long_form(synth.text, voices):
             return start_long(self.service, synth, voices=voices or None, max_chars=self.max_input_chars,
-                              listener=self._listener(listen))
+                              listener=self.listener if listen else None)
         handle = self.service.start(synth)
         if listen:
             handle.warnings.append("`listen` checks the segments of a long input; this input is one take, "
                                    "spoken as it is")
         return handle
-
-    def _listener(self, listen: bool):
-        """The studio's listener when the request asks for it; asked of a studio without one, a listener that
-        is off, so the take says why nothing was checked."""
-        if not listen:
-            return None
-        if self.listener is not None:
-            return self.listener
-        from studio.listen import Listener
-        return Listener(None)
 
     async def build_request(self, req: SpeechRequest) -> tuple[SynthesisRequest, list[str], Alias | None]:
         """The take asked for, the notes for `X-Warnings`, and the alias `voice` named (if it named one)."""

@@ -53,7 +53,6 @@ from studio.api.model import DEFAULT_VOICE, validation_message
 from studio.captions import captions
 from studio.formats import StreamEncoder, to_pcm16
 from studio.gpu_queue import ServiceBusy, ServiceClosed
-from studio.listen import Listener
 from studio.longform import MAX_LONG_INPUT_CHARS, start_open_long
 from studio.sentences import SentenceFeed
 from studio.service import LoopTake, SynthesisRequest
@@ -95,7 +94,7 @@ class SpeechStream:
                  max_chars: int = MAX_LONG_INPUT_CHARS, transcriber=None, listener=None):
         self.service, self.access, self.page_tokens, self.max_chars = service, access, page_tokens, max_chars
         self.transcriber = transcriber  # word times for `"timestamps": "word"` (studio/asr.py); None: estimated
-        self.listener = listener  # `"listen": true` (studio/listen.py); None: a listener that is off, and says so
+        self.listener = listener  # `"listen": true` (studio/listen.py; register's is off, and says so, without ASR)
 
     async def __call__(self, ws: WebSocket) -> None:
         refusal = self.access.cross_site_refusal(ws.headers.get("origin"), ws.headers.get("host"))
@@ -122,9 +121,7 @@ class SpeechStream:
                     await _error(ws, str(exc), "bad_request")
                     continue
                 break
-            words = None
-            if config.timestamps == "word":
-                words = self.service.transcriber_for(self.transcriber, handle.request.caller) or _NO_ASR
+            words = self.service.transcriber_for(self.transcriber, handle.request.caller)  # None: estimated
             await _Session(ws, feed, handle, config, notes=notes, words=words).run()
         except WebSocketDisconnect:
             return
@@ -168,12 +165,10 @@ class SpeechStream:
         request = SynthesisRequest(text="", voice_id=voice_id, style=style, params=params, caller=caller,
                                    source="ws")
         feed = SentenceFeed(normalize=config.normalize, language=config.language, limit=limit)
-        listener, notes = None, []
-        if config.listen:
-            listener = self.listener if self.listener is not None else Listener(None)
-            if listener.off_note is not None:
-                notes.append(listener.off_note)
-                listener = None
+        listener, notes = self.listener if config.listen else None, []
+        if listener is not None and listener.off_note is not None:
+            notes.append(listener.off_note)
+            listener = None
         return feed, start_open_long(self.service, request, feed, listener=listener), notes
 
 
@@ -182,7 +177,8 @@ class _Session:
 
     def __init__(self, ws: WebSocket, feed: SentenceFeed, handle, config: StreamConfig, *, notes=(), words=None):
         self.ws, self.feed, self.handle, self.config = ws, feed, handle, config
-        self.notes, self.words = list(notes), words  # words: the transcriber for word times, or None
+        self.notes, self.words = list(notes), words  # words: the transcriber for word times (None: estimated)
+        self.word_times = config.timestamps == "word"
         self.sentences = 0
         self.timing: list[asyncio.Task] = []  # the sentences' word times being made, in order
 
@@ -256,12 +252,12 @@ class _Session:
                     await _send(self.ws, {"type": "sentence", "index": current, "text": segment.source or segment.text,
                                           "offset": sent, **_listened(take, current)})
                 pcm = to_pcm16(piece.audio)
-                if self.words is not None:
+                if self.word_times:
                     heard.append(np.asarray(piece.audio, dtype=np.float32))
                 if self.config.timestamps and piece.done > piece.segment > ended:  # its last sample is here
                     ended = piece.segment
                     ending = (piece.segment, sent + len(pcm))  # an open take sends the pause with the next one
-                    if self.words is not None:
+                    if self.word_times:
                         self._time_words(ended, segment.source or segment.text, start, np.concatenate(heard))
                 data = pcm.tobytes()
                 if encoder is not None and data:
@@ -311,15 +307,6 @@ class _Session:
                 event = {"type": "error", "message": f"word times failed: {type(exc).__name__}: {exc}",
                          "code": "failed"}
             await _send(self.ws, event)
-
-
-class _NoAsr:
-    """The transcriber of a studio without one: word times are estimated, and the note says why."""
-
-    off_note = "no transcriber is configured"
-
-
-_NO_ASR = _NoAsr()
 
 
 def _listened(take, index: int) -> dict:
