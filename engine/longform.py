@@ -52,7 +52,7 @@ _CLAUSE_RE = re.compile(r"(?<=[,;:—])\s+")
 _ATOM_RE = re.compile(r"(?:<\|[^<>|]{0,64}\|>|\S)+")
 PAUSE_RE = re.compile(r"\[pause(?:\s+(\d{1,6}(?:\.\d{1,6})?)\s*(s|ms))?\s*\]", re.IGNORECASE)
 PAUSE_MARKER_SECONDS = 0.5  # a bare [pause]
-MAX_PAUSE_SECONDS = 10.0  # as engine/ssml.py MAX_BREAK_SECONDS: one marker is at most this long
+MAX_PAUSE_SECONDS = 10.0  # one marker (and one SSML <break>, engine/ssml.py) is at most this long
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,10 +28,12 @@ from xml.etree.ElementTree import Element, ParseError
 import defusedxml
 import defusedxml.ElementTree as SafeET
 
+from .longform import MAX_PAUSE_SECONDS
+
 MAX_SSML_CHARS = 100_000  # the long form's input limit (studio/longform.py MAX_LONG_INPUT_CHARS)
 MAX_DEPTH = 16  # <speak><p><s><prosody><emphasis>… real documents nest 4–5 deep
 MAX_ELEMENTS = 10_000  # one per ~10 characters of the limit: a break after every word of a chapter
-MAX_BREAK_SECONDS = 10.0  # the cap SSML services put on one <break> (and on one [pause] marker)
+MAX_BREAK_SECONDS = MAX_PAUSE_SECONDS  # the cap SSML services put on one <break>: one [pause] marker's
 
 # SSML's named break strengths (W3C SSML 1.1 §3.2.3 leaves the durations to the processor).
 BREAK_STRENGTHS = {"none": 0.0, "x-weak": 0.1, "weak": 0.2, "medium": 0.4, "strong": 0.75, "x-strong": 1.25}
@@ -82,7 +84,7 @@ def rate_tag(factor: float) -> str:
 
 def pause_marker(seconds: float) -> str:
     """The plain-text pause the planner reads (engine/longform.py PAUSE_RE)."""
-    return f" [pause {seconds:g}s] "
+    return f" [pause {f'{seconds:.6f}'.rstrip('0').rstrip('.')}s] "  # never 1e-05: PAUSE_RE reads plain decimals
 
 
 def from_ssml(ssml: str) -> SsmlText:

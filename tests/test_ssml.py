@@ -106,6 +106,12 @@ def test_pause_markers_cut_segments_and_set_their_pause():
     assert plan("[pause 3s] Hi.")[0].pause_after == 0.0  # no join before the first speech
 
 
+def test_a_tiny_break_is_still_a_pause_and_never_read_aloud():
+    for time_ in ("0.01ms", "0.00001s", "0s"):
+        segments = plan(from_ssml(f"<speak>One.<break time='{time_}'/>Two.</speak>").text, normalize=False)
+        assert [s.text for s in segments] == ["One.", "Two."], time_  # "1e-05s" was once spoken as text
+
+
 def test_a_break_is_exactly_that_much_silence_in_the_take(tiny_checkpoint):
     engine = Engine.load(tiny_checkpoint, device="cpu", precision="fp32")
     text = read_text('<speak>The boat left at dawn.<break time="1.5s"/>The sea was calm.</speak>').text

@@ -29,6 +29,7 @@ import numpy as np
 import soundfile as sf
 
 from engine.config import SAMPLE_RATE
+from studio.durable import fsync_dir, write_file
 
 DB_NAME = "projects.sqlite3"
 TEMP_MARK = ".tmp-"  # in the name of every file being written; swept at start
@@ -422,17 +423,10 @@ def write_atomic(path: Path, data: bytes) -> None:
     """`data` at `path`, never half-written: a temporary file beside it, fsynced, renamed over it, the folder
     fsynced (so the rename itself is on disk before anything refers to the file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f"{path.name}{TEMP_MARK}{os.getpid()}-{threading.get_ident()}")
-    with open(temp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    temp = path.with_name(f"{path.name}{TEMP_MARK}{os.getpid()}-{threading.get_ident()}")  # what sweep() finds
+    write_file(temp, data)
     os.replace(temp, path)
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+    fsync_dir(path.parent)
 
 
 def as_stored(audio: np.ndarray) -> np.ndarray:
