@@ -17,7 +17,6 @@ import contextlib
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import httpx
 
 from bench.common import Table, machine_line
 from bench.longform import PARAGRAPH
+from tests.studio_server import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -77,9 +77,7 @@ def main(argv=None) -> Table:
     parser.add_argument("--chapters", type=int, default=10)
     parser.add_argument("--max-frames", type=int, default=None)
     args = parser.parse_args(argv)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     folder = Path(tempfile.mkdtemp(prefix="higgs-bench-projects-"))
     log = open(folder / "app.log", "w")

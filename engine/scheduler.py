@@ -242,7 +242,7 @@ class Scheduler:
                 self.busy.discard(take.slot)
             self.active.clear()
             self.waiting.clear()
-            self.keys = [None] * self.max_batch
+            self.forget_prefixes()  # the condition's lock is re-entrant
             self.worker = None
             self.cond.notify_all()
         for take in held:

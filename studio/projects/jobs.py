@@ -38,7 +38,7 @@ from engine.tokenizer import estimate_seconds
 from engine.types import SEED_LIMIT, SamplingParams
 from studio.admission import Caller
 from studio.projects.library import Projects
-from studio.projects.recipes import Planned, anchor_identity, anchor_of_render
+from studio.projects.recipes import SAMPLING_FIELDS, Planned, anchor_identity, anchor_of_render
 from studio.projects.store import UNFINISHED, JobRow, ProjectNotFound, as_stored
 from studio.service import SynthesisRequest
 
@@ -273,7 +273,7 @@ class JobRunner:
         else:
             voice = None
         prompt = engine.build_prompt(p.text, voice=voice)
-        options = {k: settings[k] for k in ("temperature", "top_k", "top_p", "repeat_guard")}
+        options = {k: settings[k] for k in SAMPLING_FIELDS if k != "max_frames"}  # the cap is per segment
         cap = settings.get("max_frames") or default_max_frames(p.text)
         listening = self.listener is not None and self.listener.off_note is None
         retries = self.listener.retries if listening else 0
@@ -301,8 +301,7 @@ class JobRunner:
         if p.anchor_of is not None:
             anchor = anchor_identity(*anchor_of_render(as_stored(audio), codes, p.text))
         recipe = {"text": p.text, "voice": p.voice_id, "speaker": p.speaker, "planned_seed": p.seed, "seed": seed,
-                  "settings": {k: settings.get(k) for k in ("temperature", "top_k", "top_p", "repeat_guard",
-                                                            "max_frames")},
+                  "settings": {k: settings.get(k) for k in SAMPLING_FIELDS},
                   "anchored_on": p.anchored_on, "checkpoint": self.projects.checkpoint}
         if listening:
             recipe["listen"] = {"wer": attempts[kept].as_dict()["wer"], "kept": kept, "above": above,

@@ -31,18 +31,17 @@ from engine.longform import plan
 from engine.longtake import CUT_SHORT, pause_samples, shape_segment, speech_rms
 from engine.normalize import AUTO
 from engine.tokenizer import estimate_seconds
-from engine.types import SamplingParams, new_seed
+from engine.types import SEED_LIMIT, SamplingParams, new_seed
 from studio.acx import AcxReport, acx_check
 from studio.captions import Captions, captions, shown_texts
 from studio.projects.importing import MAX_TITLE_CHARS, Book, Draft, Limits, checked
-from studio.projects.recipes import Planned, checkpoint_identity, plan_book
+from studio.projects.recipes import SAMPLING_FIELDS, Planned, checkpoint_identity, plan_book
 from studio.projects.store import Chapter, ProjectNotFound, SegmentRow, Store
 from studio.projects.types import BookMeta, ChapterAudio
 from studio.pronounce import Dictionary, digest, rules_json
 
 SETTINGS = ("voice", "voices", "style", "seed", "normalize", "temperature", "top_k", "top_p", "repeat_guard",
             "max_frames")
-SAMPLING = ("temperature", "top_k", "top_p", "repeat_guard", "max_frames")
 PROJECT_FIELDS = ("title", "author", "language", "settings", "dictionary", "chapters", "order", "merge")
 SPOKEN_CACHE = 20_000  # (rules, text, voice, language) → what is read: the view is read every second
 ACX_CACHE = 64  # chapters' ACX reports kept, each under the keys its audio is made of
@@ -74,8 +73,8 @@ class Projects:
             raise ValueError(f"Unknown setting(s) {', '.join(unknown)}; a project's settings are {', '.join(SETTINGS)}.")
         out = {"voice": None, "voices": None, "style": None, "seed": None, "normalize": True,
                **SamplingParams().as_dict(), **(base or {}), **given}
-        params = SamplingParams.of(**{k: out.get(k) for k in SAMPLING}, seed=out.get("seed"))  # ValueError
-        out.update({k: getattr(params, k) for k in SAMPLING})
+        params = SamplingParams.of(**{k: out.get(k) for k in SAMPLING_FIELDS}, seed=out.get("seed"))  # ValueError
+        out.update({k: getattr(params, k) for k in SAMPLING_FIELDS})
         out["seed"] = params.seed if params.seed is not None else new_seed()
         if not isinstance(out["normalize"], bool):
             raise ValueError("`normalize` must be true or false.")
@@ -225,7 +224,7 @@ class Projects:
             planned = next(p for p in self.planned(project_id) if p.chapter_id == row.id and p.position == target.position)
             render = self.store.render(planned.key)
             tried = (render.recipe.get("listen") or {}).get("attempts") if render else None  # listen and retry
-            seed = ((tried[-1]["seed"] if tried else render.seed if render else planned.seed) + 1) % 2 ** 63
+            seed = ((tried[-1]["seed"] if tried else render.seed if render else planned.seed) + 1) % SEED_LIMIT
         self.store.set_segment(row.id, target.position, seed=SamplingParams(seed=seed).seed)
 
     def delete(self, project_id: str, owner: str | None = None) -> None:
