@@ -116,7 +116,7 @@ def prepare_reference(audio: AudioSource, *, sample_rate: int | None = None, max
         if not trim_long:
             raise ReferenceAudioError(f"The reference clip is {seconds:.1f} s long after trimming silence; the limit "
                                       f"is {max_seconds:g} s. Cut a shorter clip (3-15 s of clear speech works best).")
-        wav = wav[:_quiet_cut(wav, rate, int(max_seconds * rate))]
+        wav = wav[:quiet_cut(wav, rate, int(max_seconds * rate))]
         notes.append(f"cut to the first {len(wav) / rate:.1f} s (the limit is {max_seconds:g} s)")
 
     if rate != SAMPLE_RATE:
@@ -175,10 +175,10 @@ def _frame_rms(wav: np.ndarray, rate: int) -> tuple[np.ndarray, int, int]:
     return np.sqrt(np.maximum(power[starts + frame] - power[starts], 0.0) / frame), hop, frame
 
 
-def _quiet_cut(wav: np.ndarray, rate: int, limit: int) -> int:
-    """Where to end a clip that must be at most `limit` samples: the quietest frame in its last second,
-    so the cut falls between words rather than inside one."""
-    window = wav[max(0, limit - rate):limit]
+def quiet_cut(wav: np.ndarray, rate: int, limit: int, search_s: float = 1.0) -> int:
+    """Where to end a clip that must be at most `limit` samples: the quietest 20 ms frame in its last
+    `search_s` seconds, so the cut falls between words rather than inside one."""
+    window = wav[max(0, limit - int(search_s * rate)):limit]
     rms, hop, frame = _frame_rms(window, rate)
     return max(0, limit - len(window)) + int(np.argmin(rms)) * hop + frame // 2
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import numpy as np
 import soxr
 
-from engine.audio import load_audio
+from engine.audio import load_audio, quiet_cut
 from engine.captions import WordTime
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,6 @@ CPU_MODEL = "openai/whisper-base"
 ASR_RATE = 16_000  # what Whisper's feature extractor takes
 MAX_SECONDS = 30.0  # one Whisper window: a reference clip is at most this long
 CUT_SEARCH_SECONDS = 5.0  # a long audio's window ends at the quietest 20 ms of its last 5 s
-CUT_FRAME = ASR_RATE // 50  # 20 ms
 
 
 def _default_pipeline(model: str, device: str):
@@ -167,13 +166,10 @@ class LinedTranscriber:
 def windows(wav: np.ndarray) -> list[tuple[int, int]]:
     """[start, end) sample ranges of 16 kHz `wav` that cover it, each at most MAX_SECONDS long and, where
     the audio goes on, ending at the quietest 20 ms of its last CUT_SEARCH_SECONDS (a pause, with speech)."""
-    limit, search = int(MAX_SECONDS * ASR_RATE), int(CUT_SEARCH_SECONDS * ASR_RATE)
+    limit = int(MAX_SECONDS * ASR_RATE)
     out, start = [], 0
     while len(wav) - start > limit:
-        lo = start + limit - search
-        frames = wav[lo:start + limit][: search // CUT_FRAME * CUT_FRAME].reshape(-1, CUT_FRAME)
-        quietest = int(np.argmin(np.square(frames, dtype=np.float64).mean(axis=1)))
-        end = lo + quietest * CUT_FRAME + CUT_FRAME // 2
+        end = start + quiet_cut(wav[start:], ASR_RATE, limit, search_s=CUT_SEARCH_SECONDS)
         out.append((start, end))
         start = end
     if len(wav) > start or not out:
