@@ -107,3 +107,21 @@ def add_voices(library, service, names_and_pitches) -> None:
         wav = (0.3 * np.sin(2 * np.pi * pitch * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
         library.add((SAMPLE_RATE, wav), name=name, transcript=f"I am the {name.lower()}.",
                     consent=Consent("the test suite"), encode=service.encode_codes)
+
+
+class AsrPipeline:
+    """transformers' ASR pipeline as `studio.asr.Transcriber` calls it (`make_pipeline=lambda m, d: pipe`):
+    each call hears the next of `answers`, a transcript (`{"text"}`), or words with their start times, which
+    `return_timestamps="word"` answers as text plus chunks of (start, start + 0.1). `calls` records each
+    call's (samples, sampling rate, return_timestamps)."""
+
+    def __init__(self, answers):
+        self.answers, self.calls = list(answers), []
+
+    def __call__(self, inputs, return_timestamps=None):
+        self.calls.append((len(inputs["raw"]), inputs["sampling_rate"], return_timestamps))
+        answer = self.answers.pop(0)
+        if isinstance(answer, str):
+            return {"text": answer}
+        return {"text": " ".join(w for w, _ in answer),
+                "chunks": [{"text": f" {w}", "timestamp": (t, t + 0.1)} for w, t in answer]}

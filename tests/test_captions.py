@@ -18,6 +18,7 @@ from engine.longform import plan
 from engine.longtake import LongTake
 from studio.asr import Transcriber
 from studio.captions import captions, take_captions
+from tests.fakes import AsrPipeline
 
 SENTENCES = [f"Sentence number {word} is here." for word in (
     "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
@@ -113,21 +114,8 @@ def test_asr_times_out_of_order_are_not_trusted():
     assert found[1].estimated and 0 < found[1].start < 1.0
 
 
-class WordPipeline:
-    """transformers' ASR pipeline as `return_timestamps="word"` answers: text plus chunks of (start, end)."""
-
-    def __init__(self, answers):
-        self.answers, self.calls = list(answers), []
-
-    def __call__(self, inputs, return_timestamps=None):
-        self.calls.append((len(inputs["raw"]), inputs["sampling_rate"], return_timestamps))
-        words = self.answers.pop(0)
-        return {"text": " ".join(w for w, _ in words),
-                "chunks": [{"text": f" {w}", "timestamp": (t, t + 0.1)} for w, t in words]}
-
-
 def test_the_transcriber_times_each_segment_of_the_audio():
-    pipe = WordPipeline([[("Hello", 0.0), ("there.", 0.2), ("How", 0.5), ("are", 0.6), ("you?", 0.7)],
+    pipe = AsrPipeline([[("Hello", 0.0), ("there.", 0.2), ("How", 0.5), ("are", 0.6), ("you?", 0.7)],
                          [("Fine.", 0.0), ("Thanks.", 0.3)]])
     asr = Transcriber("fake", make_pipeline=lambda model, device: pipe)
     audio = np.zeros(3 * SAMPLE_RATE, np.float32)
@@ -262,7 +250,7 @@ def test_audio_longer_than_one_whisper_window_is_heard_window_by_window():
     audio = (0.1 * rng.standard_normal(70 * SAMPLE_RATE)).astype(np.float32)
     for pause in (27.0, 54.0):  # a quiet 300 ms inside each window's last 5 s
         audio[int(pause * SAMPLE_RATE):int((pause + 0.3) * SAMPLE_RATE)] = 0.0
-    pipe = WordPipeline([[("one", 1.0)], [("two", 2.0)], [("three", 3.0)], [("four", 0.5)]])
+    pipe = AsrPipeline([[("one", 1.0)], [("two", 2.0)], [("three", 3.0)], [("four", 0.5)]])
     asr = Transcriber("fake", make_pipeline=lambda model, device: pipe)
     heard = asr.words(audio, SAMPLE_RATE)
     lengths = [n for n, _, _ in pipe.calls]
@@ -287,7 +275,7 @@ def test_a_caption_transcription_takes_its_turn_in_the_gpu_line():
 
     heard_at = []  # (the take ahead had finished, on the main thread) at each transcription
 
-    class Watching(WordPipeline):
+    class Watching(AsrPipeline):
         def __call__(self, inputs, return_timestamps=None):
             heard_at.append((handle.finished.is_set(), threading.current_thread() is threading.main_thread()))
             return super().__call__(inputs, return_timestamps)
@@ -315,7 +303,7 @@ def test_with_the_line_busy_the_captions_are_estimated_and_say_so():
     def busy(fn, *args):
         raise ServiceBusy("no slot")
 
-    asr = Transcriber("fake", make_pipeline=lambda model, device: WordPipeline([])).through(busy)
+    asr = Transcriber("fake", make_pipeline=lambda model, device: AsrPipeline([])).through(busy)
     found = captions(["One. Two."], [(0, SAMPLE_RATE)], SAMPLE_RATE, audio=np.zeros(SAMPLE_RATE, np.float32),
                      transcriber=asr)
     assert found.estimated and "GPU was busy" in found.note

@@ -314,10 +314,10 @@ def test_a_store_made_before_project_dictionaries_gains_the_column(tmp_path):
 
 def test_with_asr_on_a_chapters_times_inside_a_segment_are_heard(studio, rendered):
     from studio.asr import Transcriber
-    from tests.test_captions import WordPipeline
+    from tests.fakes import AsrPipeline
 
     projects, _ = studio
-    pipe = WordPipeline([[("The", 0.0), ("sea", 0.02), ("was", 0.04), ("calm.", 0.06), ("Gulls", 0.1),
+    pipe = AsrPipeline([[("The", 0.0), ("sea", 0.02), ("was", 0.04), ("calm.", 0.06), ("Gulls", 0.1),
                           ("cried.", 0.12)]])
     found = projects.captions(rendered.id, 0, transcriber=Transcriber("fake", make_pipeline=lambda m, d: pipe))
     start, end = projects.chapter_audio(rendered.id, 0).spans[1]

@@ -31,6 +31,7 @@ from studio.formats import to_pcm16
 from studio.sentences import SentenceBuffer, SentenceFeed
 from studio.service import StudioService
 from studio.voices import VoiceLibrary
+from tests.fakes import AsrPipeline
 
 SEED = 7
 FRAMES = 30  # per sentence: the demo's random weights run to the cap
@@ -238,27 +239,11 @@ def test_flush_speaks_what_is_buffered_and_timestamps_mark_each_sentence_end(stu
         ("sentence_end", spans[1][1])]
 
 
-class ScriptedAsr:
-    """transformers' ASR pipeline as the studio's Transcriber calls it: each call hears the next of `answers`
-    (a transcript, or the words with their times for `return_timestamps="word"`)."""
-
-    def __init__(self, answers):
-        self.answers, self.calls = list(answers), []
-
-    def __call__(self, inputs, return_timestamps=None):
-        self.calls.append((len(inputs["raw"]), return_timestamps))
-        answer = self.answers.pop(0)
-        if return_timestamps == "word":
-            return {"text": " ".join(w for w, _ in answer),
-                    "chunks": [{"text": f" {w}", "timestamp": (t, t + 0.05)} for w, t in answer]}
-        return {"text": answer}
-
-
 def scripted_app(service, answers, *, listen: bool = False) -> TestClient:
     from studio.asr import Transcriber
     from studio.listen import Listener
 
-    asr = Transcriber("fake", make_pipeline=lambda model, device: ScriptedAsr(answers))
+    asr = Transcriber("fake", make_pipeline=lambda model, device: AsrPipeline(answers))
     app = FastAPI()
     api.register(app, service, api_key=KEY, transcriber=asr, listener=Listener(asr) if listen else None)
     return TestClient(app)
