@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import functools
 import itertools
 import threading
 import time
@@ -117,12 +118,17 @@ class Take:
     sample_rate: int
     warnings: list[str]
     source: str
-    loudness: Loudness | None = None  # measured on the take as made (studio/loudness.py)
     pronunciations: tuple = ()  # the pronunciation rules that fired on its text (studio/pronounce.py Rule)
 
     @property
     def stop_reason(self) -> str:
         return self.metrics.stop_reason or ""
+
+    @functools.cached_property
+    def loudness(self) -> Loudness:
+        """The take's levels as made (studio/loudness.py), measured when first asked for: by the page or
+        the API, off the GPU line, not in the slot the take was made in."""
+        return measure(self.audio, self.sample_rate)
 
     @property
     def seconds(self) -> float:
@@ -446,7 +452,7 @@ class StudioService:
             voice_id=voice.id if voice is not None else None, voice_name=voice.name if voice is not None else None,
             style=style, settings=_settings_of(handle.params), seed=handle.seed, metrics=metrics,
             audio=audio, sample_rate=SAMPLE_RATE, warnings=list(handle.warnings), source=request.source,
-            loudness=measure(audio, SAMPLE_RATE), pronunciations=tuple(fired))
+            pronunciations=tuple(fired))
         with self._history_lock:
             self._history.append(take)
             self._last_batch = metrics.batch
