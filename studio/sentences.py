@@ -91,9 +91,14 @@ class SentenceFeed:
             raise ValueError("The text has ended; open a new stream to say more.")
 
     def _queue(self, sentences: list[str]) -> list[str]:
+        """Plan and queue `sentences`. A sentence cut into pieces keeps no `source` on its first piece (the
+        planner puts the whole sentence there): each piece then shows what it speaks, as
+        studio/captions.py `shown_texts` does for a closed take, and never the whole sentence again."""
         for sentence in sentences:
-            for segment in plan(sentence, style=self.style, normalize=self.normalize, language=self.language):
-                self._segments.put(dataclasses.replace(segment, pause_after=SENTENCE_PAUSE))
+            pieces = plan(sentence, style=self.style, normalize=self.normalize, language=self.language)
+            for segment in pieces:
+                source = segment.source if len(pieces) == 1 else ""
+                self._segments.put(dataclasses.replace(segment, pause_after=SENTENCE_PAUSE, source=source))
         return sentences
 
     def next_segment(self, cancel: threading.Event) -> Segment | None:

@@ -130,6 +130,20 @@ def test_the_feed_gives_out_planned_sentences_once_complete_and_ends_on_end():
     assert buffer.text == "x" * 6  # the refused piece lost nothing
 
 
+def test_a_sentence_cut_into_pieces_shows_each_piece_once():
+    """The planner cuts a sentence of over 20 s at clauses and puts the whole sentence on its first piece;
+    a stream shows (`source or text`) each piece's own words, never the whole sentence and then its pieces."""
+    feed, cancel = SentenceFeed(normalize=False), threading.Event()
+    sentence = ", ".join(f"clause number {i} of a sentence that goes on" for i in range(14)) + "."
+    feed.add(sentence + " Next one.")
+    feed.end()
+    shown = []
+    while (segment := feed.next_segment(cancel)) is not None:
+        shown.append(segment.source or segment.text)
+    assert len(shown) > 2 and shown[-1] == "Next one."
+    assert " ".join(shown[:-1]) == sentence  # every word once, in order
+
+
 def test_a_take_waiting_for_text_holds_no_slot_and_takes_its_turn_again():
     """`Job.turn(wait=...)`: with one slot, a take waiting for its next text lets another take run meanwhile."""
     from studio.gpu_queue import GpuQueue
