@@ -202,17 +202,18 @@ def check_ceiling(value: float) -> float:
     return float(value)
 
 
-def limit(audio: np.ndarray, rate: int, ceiling_db: float) -> np.ndarray:
+def limit(audio: np.ndarray, rate: int, ceiling_db: float, peaks: np.ndarray | None = None) -> np.ndarray:
     """A look-ahead peak limiter: every oversampled peak over `ceiling_db` is taken down to it, the gain
     easing in and out over LOOKAHEAD_S. The gain curve is a running minimum of the needed gain over ±w,
     then averaged over ±w/2: each average covers only minima that include the peak's own need, so no peak
-    escapes, and the gain never jumps."""
+    escapes, and the gain never jumps. `peaks`: `sample_peaks(audio)` when the caller has them."""
     audio = np.asarray(audio, dtype=np.float64).reshape(-1)
     n = audio.size
     if n == 0:
         return audio
     ceiling = 10.0 ** (ceiling_db / 20.0)
-    need = np.minimum(1.0, ceiling / np.maximum(sample_peaks(audio), 1e-12))
+    peaks = sample_peaks(audio) if peaks is None else peaks
+    need = np.minimum(1.0, ceiling / np.maximum(peaks, 1e-12))
     if need.min() >= 1.0:
         return audio
     w = max(1, int(rate * LOOKAHEAD_S))
@@ -247,9 +248,11 @@ def level_to(audio: np.ndarray, rate: int, level: Callable[[np.ndarray], float |
     if start is None:
         return x, 0.0, False
     gain_db, y, limited = target - start, x, False
+    peaks = sample_peaks(x)  # oversampled once: the oversampling is linear, so a gain scales the peaks
     for _ in range(ROUNDS):
-        scaled = x * 10.0 ** (gain_db / 20.0)
-        y = limit(scaled, rate, ceiling_db - 0.05)
+        factor = 10.0 ** (gain_db / 20.0)
+        scaled = x * factor
+        y = limit(scaled, rate, ceiling_db - 0.05, peaks * factor)
         limited = limited or not np.array_equal(y, scaled)
         reached = level(y)
         if reached is None or abs(reached - target) <= TOLERANCE_LU:
