@@ -201,6 +201,13 @@ class LivePlayer:
                                      "add ?player=gradio to its address to use the basic player.")
                 self._cond.wait(left)
 
+    def handle(self, live_id: str) -> TakeHandle | None:
+        """The take of stream `live_id` while the registry holds it (until the page's event has shown it),
+        without claiming it."""
+        with self._cond:
+            entry = self._entries.get(live_id)
+            return entry.handle if entry is not None else None
+
     def wait(self, live_id: str) -> None:
         """Block until stream `live_id` has ended and its take (if any) is recorded, then forget it."""
         with self._cond:

@@ -197,6 +197,38 @@ def test_stop_cancels_a_live_take_through_the_page(page, client):
     assert page.service.queue_depth == 0 and page.service.history[-1].stop_reason == "cancelled"
 
 
+def test_stop_before_the_pages_event_stops_the_live_take_and_shows_it(page, client):
+    """On a busy server Stop's handler can run before the page's event has claimed the live take (the event is
+    sent at the first sound, and Stop's `cancels=` then ends it unseen): STOP_JS hands Stop the live id, and
+    the take is stopped and shown all the same. A take that ended on its own is left to the page's event."""
+    page.service.engine.frames = 10_000
+    live_id = "stop-first-123"
+    got = []
+
+    def stream():
+        with post(client, {TOKEN_HEADER: page.player.issue_token()}, live_id=live_id) as r:
+            got.extend(messages(r))
+
+    streamer = threading.Thread(target=stream)
+    streamer.start()
+    deadline = time.monotonic() + 10
+    while page.player.handle(live_id) is None:
+        assert time.monotonic() < deadline, "the stream never started its take"
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert not page.takes._active  # the page's event has not run
+    metrics, take_audio, _, rows, takes, _ = page.takes.stop([], live_id)
+    streamer.join(10)
+    assert "stopped" in metrics and take_audio.endswith(".wav") and takes == [got[-1]["take_id"]] == [rows[0][0]]
+    assert got[-1]["type"] == "done" and got[-1]["stop_reason"] == "cancelled"
+    assert page.service.queue_depth == 0
+
+    page.service.engine.frames = 3
+    with post(client, {TOKEN_HEADER: page.player.issue_token()}, live_id="ends-alone-12") as r:
+        assert messages(r)[-1]["stop_reason"] != "cancelled"
+    assert page.takes.stop([], "ends-alone-12") == ({"__type__": "update"},) * 6  # nothing to stop or show
+
+
 def test_a_stream_nobody_claims_fails_the_gradio_event_with_a_sentence(page):
     with pytest.raises(ValueError, match="did not reach the server"):
         page.player.claim("never-came-1", timeout=0.05)

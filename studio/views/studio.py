@@ -26,6 +26,9 @@ from studio.views.toasts import warns
 # Generate's `js=`: in WebAudio mode the browser's player (static/live.js) starts the stream and puts its
 # live id in the event's last input, so the page's handler follows the same take.
 CLICK_JS = "(...args) => window.__hsLive ? window.__hsLive.start(args) : args"
+# Stop's `js=`: the live id of the take the browser's player has just stopped (live.js's capturing click listener
+# runs first), so Stop's handler finds that take even when the page's event has not reached its handler yet.
+STOP_JS = "(takes, id) => [takes, (window.__hsLive?.take?.stopped && window.__hsLive.take.id) || '']"
 
 
 class StudioView:
@@ -160,8 +163,10 @@ class StudioView:
                                             concurrency_id=TAKES_QUEUE, concurrency_limit=self.service.slots,
                                             js=CLICK_JS)
         t.wire(gen_event)
-        self.stop_btn.click(t.stop, [t.takes], [t.metrics, t.take_audio, t.download, t.history, t.takes, t.last_seed],
-                            cancels=[gen_event], queue=False, api_name="stop", api_visibility="undocumented")
+        self.stop_btn.click(t.stop, [t.takes, t.live_id],
+                            [t.metrics, t.take_audio, t.download, t.history, t.takes, t.last_seed],
+                            cancels=[gen_event], queue=False, api_name="stop", api_visibility="undocumented",
+                            js=STOP_JS)
         t.use_settings.click(t._use_settings, t.selected, self.settings, api_visibility="private")
 
     def _wire_editing(self):

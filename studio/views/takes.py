@@ -269,11 +269,19 @@ class TakesView:
                        self.metrics: render.metrics_html(item.metrics, state="streaming", seconds=sent / SAMPLE_RATE,
                                                          warnings=handle.warnings)}
 
-    def stop(self, takes, request: gr.Request):
-        """Cancel this session's running take; show what was generated before the stop."""
+    def stop(self, takes, live_id: str = "", request: gr.Request = None):
+        """Cancel this session's running take; show what was generated before the stop. `live_id`: the take the
+        browser's player has just stopped (STOP_JS), found through the player when the page's event has not
+        registered it yet (it is sent as the stream's first sound plays: on a busy server Stop can come first,
+        and its `cancels=` then ends that event before it shows anything)."""
         key = request.session_hash if request else "local"
         with self._lock:
             handle, others = self._active.pop(key, None), self._variants.pop(key, [])
+        if handle is None and live_id:
+            handle = self.player.handle(live_id)
+            if handle is not None and handle.finished.is_set() and handle.take is not None \
+                    and handle.take.stop_reason != "cancelled":
+                handle = None  # it ended on its own just before the click: the page's event shows it
         if handle is None:  # nothing running (the take had already finished on its own)
             return (gr.skip(),) * 6
         for h in (handle, *others):
