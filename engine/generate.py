@@ -20,10 +20,11 @@ docs/ARCHITECTURE.md). Which engines batch:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -146,16 +147,36 @@ class Engine:
         if len(per) != len(items):
             raise ValueError(f"got {len(items)} takes but {len(per)} sets of sampling parameters")
 
+        # Each take's thread releases `arrived` once: when its take waits in the scheduler, or when it failed
+        # before that. Admission is held until all have, so the takes start at one step boundary, as one batch,
+        # however the threads are scheduled (on a loaded machine the first could otherwise end before the last
+        # began).
+        arrived = threading.Semaphore(0)
+
         def one(item, p):
-            text, prompt = (item, None) if isinstance(item, str) else (None, item)
-            result = {}
-            waves = [c.audio for c in self._take(text, prompt, voice if text is not None else None, p, {}, None,
-                                                 audio=audio, result=result)]
+            release = [arrived.release]
+
+            def submitted():
+                if release:
+                    release.pop()()
+
+            try:
+                text, prompt = (item, None) if isinstance(item, str) else (None, item)
+                result = {}
+                waves = [c.audio for c in self._take(text, prompt, voice if text is not None else None, p, {}, None,
+                                                     audio=audio, result=result, submitted=submitted)]
+            finally:
+                submitted()
             wave = np.concatenate(waves) if waves else np.zeros(0, np.float32)
             return Chunk(audio=wave, metrics=result["metrics"], final=True, codes=result["frames"])
 
+        held = self.scheduler.held() if self.scheduler is not None else contextlib.nullcontext()
         with ThreadPoolExecutor(max_workers=max(len(items), 1), thread_name_prefix="take") as pool:
-            return list(pool.map(one, items, per))
+            with held:
+                futures = [pool.submit(one, item, p) for item, p in zip(items, per)]
+                for _ in futures:
+                    arrived.acquire()
+            return [f.result() for f in futures]
 
     def synthesize(self, codes) -> np.ndarray:
         """Codes [T, 8] in 0..1023 → float32 mono 24 kHz waveform of exactly 960·T samples."""
@@ -206,8 +227,8 @@ class Engine:
             raise ValueError("this checkpoint has no codec weights, so it can produce codes (predict) but not audio")
         return self.codec
 
-    def _take(self, text, prompt, voice, params, options, cancel, *, audio: bool, result: dict | None = None
-              ) -> Iterator[Chunk]:
+    def _take(self, text, prompt, voice, params, options, cancel, *, audio: bool, result: dict | None = None,
+              submitted: Callable[[], None] | None = None) -> Iterator[Chunk]:
         # Validate eagerly (before the generator starts) so bad arguments raise at the call.
         params = SamplingParams.of(params, **options).resolved()
         if prompt is None:
@@ -222,13 +243,17 @@ class Engine:
         rule = StopRule(self.dims.codebooks, self.dims.boc, self.dims.eoc, int(max_frames), params.repeat_guard)
         if len(prompt.ids) + rule.max_rows > self.dims.max_positions:
             self.runner.ensure_room(len(prompt.ids) + rule.max_rows)  # raises the sentence
-        return self._loop(prompt, rule, params, cancel, audio, result)
+        return self._loop(prompt, rule, params, cancel, audio, result, submitted)
 
-    def _loop(self, prompt, rule: StopRule, params: SamplingParams, cancel, audio, result) -> Iterator[Chunk]:
+    def _loop(self, prompt, rule: StopRule, params: SamplingParams, cancel, audio, result,
+              submitted=None) -> Iterator[Chunk]:
+        """The take, decoded in the scheduler's batch (`submitted` is called once it waits there) or alone."""
         started = time.perf_counter()
         stream = self.codec.stream() if audio else None
         if self.scheduler is not None:
             take = self.scheduler.submit(Take(prompt, rule, params, cancel, started, self.dims.codebooks))
+            if submitted is not None:
+                submitted()
             try:
                 yield from self._drain(take, rule, params, stream, cancel, started, result)
             finally:

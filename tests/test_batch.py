@@ -3,6 +3,7 @@ takes at step boundaries. Parity checkpoint (fp32, and weight-only int8) and a t
 
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -110,6 +111,22 @@ def test_codes_alone_equal_codes_in_a_batch(engines, parity_dir, precision, temp
     for chunk, ref in zip(got, want):
         assert torch.equal(chunk.codes, ref)
         assert chunk.metrics.batch >= 2 and chunk.metrics.seed is not None
+
+
+def test_a_batch_starts_as_one_even_when_its_threads_start_late(fp32, parity_dir, monkeypatch):
+    """generate_batch holds admission until every take waits: a thread descheduled for longer than the first
+    take lasts (a loaded machine) still joins that take's batch."""
+    real, calls = fp32._take, []
+
+    def late(*args, **kwargs):
+        calls.append(None)
+        if len(calls) > 1:
+            time.sleep(0.5)  # 30 frames of the first take take ~60 ms
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fp32, "_take", late)
+    got = fp32.generate_batch(prompts(parity_dir), settings(2, 0.8))
+    assert [chunk.metrics.batch for chunk in got] == [2, 2]
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
