@@ -115,7 +115,7 @@ def test_heard_latency(browser, studio_url):
     assert pg.evaluate("window.__hsLive.supported") and not pg.is_visible("#live")
     outside, inside, ttfa, stages = [], [], [], []
     for i in range(5):
-        generate(pg, f"Take {i}: long enough to tell the first sound from the end of the take.", 110)  # 4.4 s
+        generate(pg, f"Take {i}: long enough to tell the first sound from the end of the take.", 50)  # 2 s
         pg.wait_for_function(LIVE_ENDED, timeout=180_000)
         pg.wait_for_function(TAKE_DONE, timeout=180_000)
         t, take = live(pg), finished(pg)
