@@ -73,6 +73,27 @@ def interp_take(parity_dir) -> dict:
     return greedy_take(parity_dir)
 
 
+# ------------------------------------------------------------------------------------------ torch threads
+# A file marked `demo_threads` runs the demo engine in process as the app runs it: one torch thread
+# (engine.generate.tune_threads: the demo is all small ops, where OpenMP's threads cost more than they save).
+# Beside the second test worker on the 2-core CI machine a 20k-character long take took 17.0 s with torch's two
+# threads, 7.1 s with one. Every other test keeps torch's own count, so what the CPU paths claim (batch
+# invariance, parity) is checked with the threads a big model runs with. The count is set when a file starts,
+# before its own fixtures (autouse comes first in its scope), so the threads its engines start take it up.
+_TORCH_THREADS: list[int] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def torch_threads(request):
+    import torch
+
+    if not _TORCH_THREADS:
+        _TORCH_THREADS.append(torch.get_num_threads())
+    want = 1 if request.node.get_closest_marker("demo_threads") else _TORCH_THREADS[0]
+    if torch.get_num_threads() != want:
+        torch.set_num_threads(want)
+
+
 # ------------------------------------------------------------------------------------------ shared studios
 
 # Started once per test process for the files that only need one running. Files share a studio's voice

@@ -25,6 +25,9 @@ from studio.service import StudioService, SynthesisRequest
 from studio.voices import VoiceLibrary
 from tests.fakes import add_voices
 
+# The demo engine in process, with the app's one torch thread (tests/conftest.py).
+pytestmark = pytest.mark.demo_threads
+
 SENTENCE = "The tide came in over the flats, slow and grey, and the birds lifted off the sand. "
 
 

@@ -12,6 +12,8 @@ from engine.longform import PARAGRAPH_PAUSE, SENTENCE_PAUSE, plan
 from engine.longtake import FADE_SECONDS, KEEP_SECONDS, MAX_GAIN_DB, WINDOW, LongTake, shape_segment, speech_rms
 from engine.demo import demo_checkpoint
 
+pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)
+
 # A join may not step by more than this between neighbouring samples (−60 dBFS): the fades take every
 # segment to within ~1e-4 of zero at its ends, while the demo's noise-like audio steps by ~0.1.
 JOIN_STEP = 1e-3

@@ -17,6 +17,8 @@ from engine.longform import plan
 from engine.longtake import LongTake
 from engine.prompt import VoiceRef
 
+pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)
+
 TEXT = 151672
 TTS = 151667
 AUDIO = 151670

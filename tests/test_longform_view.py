@@ -13,6 +13,8 @@ from engine.demo import demo_checkpoint
 from studio.service import StudioService
 from studio.views.longform import LongFormView, parse_voices_map
 
+pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)
+
 PARAGRAPHS = "\n\n".join(
     f"Paragraph {n} begins here, calm and slow. It goes on for a while about the sea and the sky. "
     f"Then it ends with a short remark." for n in ("one", "two", "three", "four"))

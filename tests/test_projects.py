@@ -25,6 +25,8 @@ from studio.projects.library import Projects
 from studio.projects.store import Store
 from studio.service import StudioService
 
+pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)
+
 SETTINGS = {"seed": 11, "max_frames": 12}
 BOOK = ("# The book\n\n## One\n\nThe boat left at dawn.\n\nThe sea was calm.\n\n"
         "## Two\n\nGulls followed it out.\n\nBy noon the wind had turned.\n\n## Three\n\nNobody spoke.")

@@ -27,6 +27,8 @@ from studio.pronounce import Dictionary, DictionaryStore, Rule
 from studio.service import StudioService
 from tests.test_projects import SETTINGS, _client, running, wait
 
+pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)
+
 SR = 24_000
 # Chapter One's second paragraph holds two sentences in one segment (its second cue's start is estimated).
 BOOK = ("# The book\n\n## One\n\nThe boat left at dawn.\n\nThe sea was calm. Gulls cried.\n\n"

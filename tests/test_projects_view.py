@@ -17,6 +17,8 @@ import pytest
 from studio.views.projects import chapter_rows, chapter_state, job_line, segment_rows, summary_md
 from tests.test_studio_browser import CHROMIUM, CHROMIUM_ARGS
 
+pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)
+
 # 3 chapters of 3 one-sentence paragraphs, every sentence different (so none is found rendered already): 9
 # segments, each a short take on the demo (a fraction of a second: the test pauses the render through the API
 # to know what a page shows).

@@ -33,6 +33,8 @@ from studio.service import StudioService
 from studio.voices import VoiceLibrary
 from tests.fakes import AsrPipeline
 
+pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)
+
 SEED = 7
 FRAMES = 30  # per sentence: the demo's random weights run to the cap
 KEY = "SECRET"

@@ -26,6 +26,8 @@ from studio.wyoming import LANGUAGES, WYOMING, WyomingServer
 from tests.fakes import add_voices
 from tests.studio_server import free_port
 
+pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)
+
 SEED = 7
 PARAMS = SamplingParams.of(seed=SEED, max_frames=30)  # short takes: the demo's random weights run to the cap
 WAIT = 120.0  # seconds any one event may take on a busy 2-core machine
