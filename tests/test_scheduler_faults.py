@@ -124,27 +124,32 @@ def test_a_take_that_cannot_be_admitted_ends_alone(engine, alone, monkeypatch):
 
 
 def test_a_worker_that_fails_outside_a_step_ends_every_take_it_holds(engine, alone, monkeypatch):
-    """The boundary itself raises while one take decodes and another waits: both end with the sentence,
-    none hangs, the books are reset and a new worker serves the next take."""
-    real, calls = Scheduler._boundary, []
+    """The boundary itself raises while one take runs and another waits: both end with the sentence, none
+    hangs, the books are reset and a new worker serves the next take. The boundary hook itself submits the
+    waiting take (held) before it raises, so the order is the same however the test's threads are scheduled."""
+    real, threads, holds, out = Scheduler._boundary, [], [], {}
 
     def boundary(self):
-        calls.append(1)
-        if len(calls) == 4:
+        if self.active and len(threads) == 1:  # take 0 runs: take 2 is submitted now, and waits behind a hold
+            holds.append(self.held())
+            holds[0].__enter__()
+            threads.append(start(engine, 2, out))
+            deadline = time.monotonic() + 30
+            while not self.waiting and time.monotonic() < deadline:
+                time.sleep(0.005)
             raise RuntimeError("injected scheduler fault")
         return real(self)
 
     monkeypatch.setattr(Scheduler, "_boundary", boundary)
-    out = {}
-    with engine.scheduler.held():  # take 2 waits in the queue when the worker fails
-        threads = [start(engine, 0, out)]
-        while not engine.scheduler.waiting:
+    threads.append(start(engine, 0, out))
+    try:
+        deadline = time.monotonic() + 30
+        while len(threads) < 2 and time.monotonic() < deadline:
             time.sleep(0.005)
-    while not engine.scheduler.active:
-        time.sleep(0.005)
-    with engine.scheduler.held():
-        threads.append(start(engine, 2, out))
         joined(threads)
+    finally:
+        for hold in holds:
+            hold.__exit__(None, None, None)
     for i in (0, 2):
         assert isinstance(out[i], RuntimeError) and "scheduler failed" in str(out[i]), out[i]
         assert "injected scheduler fault" in str(out[i])
