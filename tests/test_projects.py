@@ -130,10 +130,12 @@ def test_an_epub_with_three_chapters_and_a_cover_gives_three_titled_chapters():
 
 
 def _zip(members: dict[str, bytes]) -> bytes:
+    """The members zipped with a fixed date: the bytes are the same in every test process (xdist's workers must
+    collect the same tests)."""
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
         for name, data in members.items():
-            z.writestr(name, data)
+            z.writestr(zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0)), data, zipfile.ZIP_DEFLATED)
     return out.getvalue()
 
 
@@ -145,7 +147,7 @@ def _zip(members: dict[str, bytes]) -> bytes:
     (_zip({"META-INF/container.xml": b"<x/>", "bomb.xhtml": b"a" * 5_000_000}), "ZIP bomb"),
     (_zip({"META-INF/container.xml": b"<x/>", "META-INF/encryption.xml":
            b'<encryption><CipherReference URI="OEBPS/ch1.xhtml"/></encryption>'}), "DRM"),
-])
+], ids=["not a zip", "no container", "broken container", "ZIP bomb", "DRM"])
 def test_malformed_bombed_and_drm_epubs_are_refused_with_the_reason(data, message):
     with pytest.raises(ImportRefused, match=message):
         importing.from_file("book.epub", data)
