@@ -170,10 +170,9 @@ def test_the_gradio_event_follows_the_live_take_into_the_history(page, client):
     assert outputs[page.takes.take_audio].endswith(".wav") and outputs[page.takes.history][0][0] == take_id
 
 
-def test_stop_cancels_a_live_take_through_the_page(page, client):
-    page.service.engine.frames = 10_000
-    live_id = "stop-me-12345"
-    got = []
+def live_stream(page, client, live_id: str) -> tuple[threading.Thread, list[dict]]:
+    """The browser's side of a live take in a thread: the stream's messages land in the list."""
+    got: list[dict] = []
 
     def stream():
         with post(client, {TOKEN_HEADER: page.player.issue_token()}, live_id=live_id) as r:
@@ -181,6 +180,13 @@ def test_stop_cancels_a_live_take_through_the_page(page, client):
 
     streamer = threading.Thread(target=stream)
     streamer.start()
+    return streamer, got
+
+
+def test_stop_cancels_a_live_take_through_the_page(page, client):
+    page.service.engine.frames = 10_000
+    live_id = "stop-me-12345"
+    streamer, got = live_stream(page, client, live_id)
     updates = page.takes.generate(text="", style="", voice="", clip=None, clip_text="", temperature=0.8,
                                   top_p=0.8, top_k=30, seed=-1, max_frames=0, repeat_guard=32, takes_n=1, takes=[],
                                   live_id=live_id, request=None)
@@ -203,14 +209,7 @@ def test_stop_before_the_pages_event_stops_the_live_take_and_shows_it(page, clie
     the take is stopped and shown all the same. A take that ended on its own is left to the page's event."""
     page.service.engine.frames = 10_000
     live_id = "stop-first-123"
-    got = []
-
-    def stream():
-        with post(client, {TOKEN_HEADER: page.player.issue_token()}, live_id=live_id) as r:
-            got.extend(messages(r))
-
-    streamer = threading.Thread(target=stream)
-    streamer.start()
+    streamer, got = live_stream(page, client, live_id)
     deadline = time.monotonic() + 10
     while page.player.handle(live_id) is None:
         assert time.monotonic() < deadline, "the stream never started its take"
