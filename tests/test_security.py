@@ -37,6 +37,7 @@ import pytest
 import soundfile as sf
 
 from tests.fakes import ScriptedEngine
+from tests.probes import memory_kb, server_pid
 from tests.studio_server import KEY, REPO, free_port, running_studio
 from tests.test_api import ffmpeg_children, wait_for
 
@@ -70,26 +71,6 @@ def bomb(path: Path, seconds: float, rate: int = 192_000, layout: str = "7.1") -
     subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", f"anullsrc=r={rate}:cl={layout}",
                     "-t", str(seconds), "-c:a", "flac", "-compression_level", "8", str(path)], check=True, timeout=120)
     return path.read_bytes()
-
-
-def server_pid(url: str) -> int:
-    """The pid of the `app.py` child serving `url`."""
-    port = url.rsplit(":", 1)[1]
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            args = cmdline.read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"app.py" in args and port.encode() in args:
-            return int(cmdline.parent.name)
-    raise AssertionError(f"no app.py process serves {url}")
-
-
-def memory_kb(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise AssertionError(field)
 
 
 def run_event(client: httpx.Client, fn_index: int, data: list, *, headers: dict | None = None,
