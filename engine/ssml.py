@@ -13,9 +13,11 @@ Higgs reads plain text with inline control tags (SPEC D2), so SSML is translated
 * every other element (`<s>`, `<phoneme>`, `<say-as>`, `<audio>`, `<voice>` …) is dropped and its text
   kept, and the warning names what was dropped.
 
-The parser is defusedxml's: a DTD (so every entity declaration: billion laughs, external entities) is
-refused; the input is refused above MAX_SSML_CHARS and MAX_ELEMENTS, and nesting above MAX_DEPTH, before
-anything is translated, so time and memory stay bounded by the size limit.
+SSML is known by its root: `<speak>` after any XML prolog (a declaration, comments, processing
+instructions). A DOCTYPE is refused before anything is parsed, and the parser is defusedxml's, which
+refuses one anywhere else (so every entity declaration: billion laughs, external entities); the input is
+refused above MAX_SSML_CHARS and MAX_ELEMENTS, and nesting above MAX_DEPTH, before anything is translated,
+so time and memory stay bounded by the size limit.
 """
 
 from __future__ import annotations
@@ -42,7 +44,13 @@ RATES = {"x-slow": 0.5, "slow": 0.75, "medium": 1.0, "default": 1.0, "fast": 1.3
 SPEED_TAGS = ("<|prosody:speed_very_slow|>", "<|prosody:speed_slow|>", "<|prosody:speed_fast|>",
               "<|prosody:speed_very_fast|>")
 
-_SPEAK_RE = re.compile(r"^\s*(?:<\?xml[^>]*\?>\s*)?<speak[\s>/]")
+_ROOT_RE = re.compile(r"<(?:[\w.-]+:)?speak[\s>/]")  # the root element, with or without a namespace prefix
+_SPACE_RE = re.compile(r"[\ufeff \t\r\n]*")
+_PROLOG_ITEMS = (("<?", "?>"), ("<!--", "-->"))  # what may come before the root: (opens, closes)
+_DOCTYPE_RE = re.compile(r"<!DOCTYPE", re.IGNORECASE)
+_DTD_REFUSED = ("SSML may not contain a DOCTYPE (a DTD or entities): its declarations can expand without bound "
+                "or read files on this server. Remove the <!DOCTYPE …> and write plain characters instead of "
+                "entities.")
 _TIME_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|ms)\s*$", re.IGNORECASE)
 _RATE_RE = re.compile(r"^\s*([+-]?)(\d+(?:\.\d+)?)\s*(%?)\s*$")
 
@@ -56,8 +64,27 @@ class SsmlText:
 
 
 def is_ssml(text: str) -> bool:
-    """Whether `text` is SSML by its look: it starts with `<speak` (after an optional XML declaration)."""
-    return isinstance(text, str) and _SPEAK_RE.match(text) is not None
+    """Whether `text` is SSML by its look: its first element is `<speak>`, after any XML prolog. A prolog
+    that declares a DOCTYPE counts too, whatever follows it: only an XML document has one, and reading it
+    as SSML is what refuses it."""
+    if not isinstance(text, str):
+        return False
+    at, doctype = _after_prolog(text)
+    return doctype or _ROOT_RE.match(text, at) is not None
+
+
+def _after_prolog(text: str) -> tuple[int, bool]:
+    """Where `text`'s first element may start once its XML prolog (a byte-order mark, the declaration,
+    comments, processing instructions, whitespace) is skipped, and whether a DOCTYPE stands there. Linear in
+    the prolog's length: each item's end is found with one `find`."""
+    at = _SPACE_RE.match(text).end()
+    while (item := next(((o, c) for o, c in _PROLOG_ITEMS if text.startswith(o, at)), None)) is not None:
+        opens, closes = item
+        end = text.find(closes, at + len(opens))
+        if end < 0:
+            return at, False
+        at = _SPACE_RE.match(text, end + len(closes)).end()
+    return at, _DOCTYPE_RE.match(text, at) is not None
 
 
 def read_text(text: str, ssml: bool | None = None) -> SsmlText:
@@ -92,11 +119,12 @@ def from_ssml(ssml: str) -> SsmlText:
     not well-formed, or declares a DTD or entities."""
     if len(ssml) > MAX_SSML_CHARS:
         raise ValueError(f"the SSML is {len(ssml)} characters; the limit is {MAX_SSML_CHARS}. Split it.")
+    if _DOCTYPE_RE.search(ssml) is not None:  # in text a "<" is written &lt;, so this is always markup
+        raise ValueError(_DTD_REFUSED)
     try:
         root = SafeET.fromstring(ssml, forbid_dtd=True)
     except defusedxml.DefusedXmlException:
-        raise ValueError("the SSML declares a DTD or entities, which are refused (they can expand without "
-                         "bound); remove the <!DOCTYPE …> and use plain characters.") from None
+        raise ValueError(_DTD_REFUSED) from None
     except ParseError as exc:
         raise ValueError(f"the SSML is not well-formed XML ({exc}); check that every tag is closed and that "
                          "& and < in the text are written &amp; and &lt;.") from None
