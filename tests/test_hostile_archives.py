@@ -16,6 +16,8 @@ import zlib
 import pytest
 
 from studio.archive import KB, MB, Archive, ArchiveRefused, Caps
+from studio.projects import importing
+from studio.projects.importing import ImportRefused
 from tests.probes import peak_growth_mb
 
 CAPS = Caps(noun="test archive", members=20, total=4 * MB, member=1 * MB)
@@ -175,3 +177,147 @@ def test_damaged_compressed_data_is_a_sentence():
         zf.read("a.txt")
     assert str(refused.value).startswith("The test archive's 'a.txt' cannot be read: ")
     assert "Error" not in str(refused.value)
+
+
+# ------------------------------------------------------------------------------------------- EPUBs
+CONTAINER = (b'<?xml version="1.0"?><container version="1.0" xmlns="urn:oasis:names:tc:opendocument:xmlns:container">'
+             b'<rootfiles><rootfile full-path="OEBPS/content.opf" media-type="application/oebps-package+xml"/>'
+             b'</rootfiles></container>')
+LAUGHS = b'<?xml version="1.0"?><!DOCTYPE package [<!ENTITY lol "lol">' + b"".join(
+    b'<!ENTITY lol%d "%s">' % (n + 1, (b"&lol%d;" % n if n else b"&lol;") * 10) for n in range(9)) + b"]>"
+
+
+def _package(manifest: dict[str, str], spine: list[str], *, head: bytes = b"", title: bytes = b"Hostile") -> bytes:
+    """An OPF: `manifest` maps ids to XHTML hrefs; `spine` lists ids in reading order."""
+    items = b"".join(b'<item id="%s" href="%s" media-type="application/xhtml+xml"/>' % (i.encode(), h.encode())
+                     for i, h in manifest.items())
+    refs = b"".join(b'<itemref idref="%s"/>' % i.encode() for i in spine)
+    return (head + b'<package xmlns="http://www.idpf.org/2007/opf" version="3.0" unique-identifier="id">'
+            b'<metadata xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:identifier id="id">hostile-1</dc:identifier>'
+            b"<dc:title>" + title + b"</dc:title><dc:language>en</dc:language></metadata>"
+            b"<manifest>" + items + b"</manifest><spine>" + refs + b"</spine></package>")
+
+
+def _epub(documents: dict[str, bytes], package: bytes) -> dict[str, bytes]:
+    """An EPUB's members: `documents` (names under OEBPS/) and the package, beside the mimetype and container."""
+    return {"mimetype": b"application/epub+zip", "META-INF/container.xml": CONTAINER, "OEBPS/content.opf": package,
+            **{f"OEBPS/{name}": data for name, data in documents.items()}}
+
+
+def _chapter(size: int) -> bytes:
+    """XHTML of about `size` bytes: paragraphs of words that repeat every ~16 KB, so it deflates ~60×, as the
+    hostile book did (a 1 MB chapter in a 16 KiB EPUB), but under the 100× a bomb is named by."""
+    words = [f"w{n * 7919 % 100_003:x}" for n in range(2_000)]
+    cycle = "".join(f"<p>{' '.join(words[i:i + 12])}.</p>\n" for i in range(0, len(words), 12)).encode()
+    body = cycle * (size // len(cycle) + 1)
+    return b"<html><body><h1>The sea</h1>" + body[:size] + b"</body></html>"
+
+
+def test_an_epub_member_inflating_past_what_it_declares_is_refused_fast_in_little_memory():
+    """A chapter whose directory says 5,000 bytes inflates to 512 MiB: refused at its declared size."""
+    members = _epub({}, _package({"c1": "c1.xhtml"}, ["c1"]))
+    data = _bomb("OEBPS/c1.xhtml", mib=512, declared=5_000, others=members)
+    with peak_growth_mb(os.getpid()) as grown:
+        t0 = time.perf_counter()
+        with pytest.raises(ImportRefused) as refused:
+            importing.from_file("book.epub", data)
+        took = time.perf_counter() - t0
+    assert str(refused.value) == ("The EPUB's 'OEBPS/c1.xhtml' cannot be read: its contents do not match its "
+                                  "checksum (damaged, or larger than its directory says).")
+    assert took < 0.5 and grown["mb"] < 16, (took, grown)
+
+
+def test_an_epub_text_file_stops_at_its_cap():
+    big = os.urandom(10 * MB).hex().encode()  # 20 MB that deflates only 2×: no ratio gives it away
+    data = _zip(_epub({"c1.xhtml": big}, _package({"c1": "c1.xhtml"}, ["c1"])))
+    with peak_growth_mb(os.getpid()) as grown:
+        with pytest.raises(ImportRefused) as refused:
+            importing.from_file("book.epub", data)
+    assert str(refused.value) == ("The EPUB's 'OEBPS/c1.xhtml' is more than 16,777,216 bytes inflated; the limit for "
+                                  "one text file is 16 MB.")
+    assert grown["mb"] < 60, grown
+
+
+def test_a_spine_repeating_one_chapter_reads_it_once():
+    """A 16 KiB EPUB whose spine lists one 1 MB chapter 150 times: one chapter, parsed once."""
+    data = _zip(_epub({"c1.xhtml": _chapter(MB)}, _package({"c1": "c1.xhtml"}, ["c1"] * 150)))
+    assert len(data) < 24 * KB
+    with peak_growth_mb(os.getpid()) as grown:
+        t0 = time.perf_counter()
+        book = importing.from_file("book.epub", data)
+        took = time.perf_counter() - t0
+    assert [c.title for c in book.chapters] == ["The sea"]
+    assert "The reading order lists 'c1.xhtml' 150 times; it is read once." in book.notes
+    assert took < 2.0 and grown["mb"] < 60, (took, grown)  # before: 2-30 s, +145 MB, 150 parses
+
+
+def test_a_spine_naming_one_file_under_many_ids_reads_it_once():
+    manifest = {f"c{n}": "c1.xhtml" for n in range(150)}
+    data = _zip(_epub({"c1.xhtml": _chapter(MB)}, _package(manifest, list(manifest))))
+    t0 = time.perf_counter()
+    book = importing.from_file("book.epub", data)
+    assert len(book.chapters) == 1 and time.perf_counter() - t0 < 1.0
+
+
+def test_a_spine_over_its_cap_is_refused_before_a_document_is_parsed():
+    manifest = {f"c{n}": "c1.xhtml" for n in range(5_001)}
+    data = _zip(_epub({"c1.xhtml": b"<html><body><p>Hi.</p></body></html>"}, _package(manifest, list(manifest))))
+    with pytest.raises(ImportRefused, match=r"^The EPUB's reading order \(spine\) lists 5,001 documents; at most "
+                                            r"5,000 are accepted\.$"):
+        importing.from_file("book.epub", data)
+
+
+def test_text_is_counted_before_the_next_document_is_parsed():
+    """Twenty distinct 1 MB chapters against a 2,000,000-character limit: refused at the third."""
+    manifest = {f"c{n}": f"c{n}.xhtml" for n in range(20)}
+    data = _zip(_epub({f"c{n}.xhtml": _chapter(MB) for n in range(20)}, _package(manifest, list(manifest))))
+    t0 = time.perf_counter()
+    with pytest.raises(ImportRefused, match=r"^The book is at least 2,\d{3},\d{3} characters; a project holds at most "
+                                            r"2,000,000 \(--project-max-chars\)\."):
+        importing.from_file("book.epub", data)
+    assert time.perf_counter() - t0 < 1.5  # before: every chapter parsed, 5.7 s
+
+
+def test_more_text_files_than_the_total_cap_are_refused_as_they_inflate():
+    manifest = {f"c{n}": f"c{n}.xhtml" for n in range(40)}
+    data = _zip(_epub({f"c{n}.xhtml": _chapter(MB) for n in range(40)}, _package(manifest, list(manifest))))
+    with peak_growth_mb(os.getpid()) as grown:
+        with pytest.raises(ImportRefused, match=r"^The EPUB inflates to over 32 MB, the limit for what is read from "
+                                                r"it \(at 'OEBPS/c3\d.xhtml'\); is it a ZIP bomb\?$"):
+            importing.from_file("book.epub", data)
+    assert grown["mb"] < 80, grown
+
+
+def test_billion_laughs_in_the_package_is_refused_with_a_sentence():
+    package = _package({"c1": "c1.xhtml"}, ["c1"], head=LAUGHS, title=b"&lol9;")
+    data = _zip(_epub({"c1.xhtml": b"<html><body><p>Hello there.</p></body></html>"}, package))
+    with pytest.raises(ImportRefused) as refused:
+        importing.from_file("book.epub", data)
+    assert str(refused.value) == ("The EPUB's 'OEBPS/content.opf' declares XML entities (<!ENTITY …>), which books "
+                                  "never need and XML bombs are made of; it is refused.")
+
+
+@pytest.mark.parametrize("package", [
+    b'<package xmlns="http://www.idpf.org/2007/opf" version="3.0"><metadata/></package>',
+    b"<package><broken",
+    b"\xff\xfe not xml",
+], ids=["no manifest", "truncated", "binary"])
+def test_a_malformed_package_is_one_sentence_without_internal_text(package):
+    data = _zip(_epub({"c1.xhtml": b"<html><body><p>Hi.</p></body></html>"}, package))
+    with pytest.raises(ImportRefused) as refused:
+        importing.from_file("book.epub", data)
+    assert str(refused.value) == ("The EPUB could not be read: its package (META-INF/container.xml and the .opf file "
+                                  "it names) is missing or malformed. Export it again from its source, or paste its "
+                                  "text.")
+
+
+def test_a_cover_over_its_cap_is_left_out_with_a_note():
+    package = _package({"c1": "c1.xhtml"}, ["c1"]).replace(
+        b"</manifest>", b'<item id="cover" href="cover.jpg" media-type="image/jpeg" properties="cover-image"/>'
+                        b"</manifest>")
+    data = _zip(_epub({"c1.xhtml": b"<html><body><p>Hello there.</p></body></html>",
+                       "cover.jpg": b"\xff\xd8" + os.urandom(11 * MB)}, package), method=zipfile.ZIP_STORED)
+    book = importing.from_file("book.epub", data)
+    assert book.cover is None and book.chapters[0].text == "Hello there."
+    assert ("The EPUB's 'OEBPS/cover.jpg' is more than 10,485,760 bytes inflated; the limit for a cover image is "
+            "10 MB. The book was imported without its cover.") in book.notes

@@ -1,32 +1,43 @@
 """A book in: pasted text, a `.txt`, a `.md` (headings → chapters) or an `.epub` (ebooklib) → chapter drafts.
 
 Pure functions of the bytes, checked against `Limits` before anything is stored, so a refused file leaves
-nothing behind. An EPUB is a ZIP: its members, their total size and their compression ratio are checked
-from the ZIP's directory before one member is inflated (a ZIP bomb is refused unread), DRM (an
-`encryption.xml` over the text) is named as such, and XML nested deeper than `MAX_XML_DEPTH` is refused.
-Chapters come from the spine in reading order, titled from the table of contents (else the document's first
-heading); front matter (cover, title page, copyright, contents …) is imported with `skip` set, so the owner
-can tick it back in.
+nothing behind. An EPUB is a ZIP read through `studio.archive`: its directory is checked first (entry count,
+names, compression ratio: a ZIP bomb is refused unread), then only its text files are inflated, each counted
+against a cap as it inflates, and the cover last. DRM (an `encryption.xml` over the text) is named as such;
+entity declarations and XML nested deeper than `MAX_XML_DEPTH` are refused. Chapters come from the spine in
+reading order, each document once, titled from the table of contents (else the document's first heading),
+the text counted against the limits before the next document is parsed; front matter (cover, title page,
+copyright, contents …) is imported with `skip` set, so the owner can tick it back in.
 """
 
 from __future__ import annotations
 
-import io
 import posixpath
 import re
-import zipfile
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
+from ebooklib import ITEM_COVER, ITEM_DOCUMENT, ITEM_IMAGE, epub
+from lxml import etree, html
+
+from studio.archive import MB, Archive, ArchiveRefused, Caps
 from studio.clean import clean_text
 
 MAX_PROJECT_CHARS = 2_000_000  # ~35 hours of speech: a long novel (--project-max-chars)
 MAX_CHAPTERS = 500  # --project-max-chapters
-MAX_IMPORT_BYTES = 50 * 2 ** 20  # an uploaded book file (--project-max-upload-mb)
-MAX_EPUB_MEMBERS = 5000
-MAX_EPUB_INFLATED = 200 * 2 ** 20
+MAX_IMPORT_BYTES = 50 * MB  # an uploaded book file (--project-max-upload-mb)
+MAX_EPUB_MEMBERS = 5000  # files in an EPUB's ZIP directory, folders included
+MAX_EPUB_INFLATED = 32 * MB  # its text files and cover inflated, all together: 5× the markup of a 2 M-char book
+MAX_EPUB_DOCUMENT = 16 * MB  # one XHTML / XML file inflated; a whole novel in one file is 2-6 MB
+MAX_EPUB_COVER = 10 * MB  # the cover image; a print-quality cover is 1-5 MB
+MAX_SPINE_ENTRIES = 5000  # documents in the reading order (the spine); at most one per file
 MAX_COMPRESSION_RATIO = 100  # text deflates ~3-10×; a bomb inflates thousands of times
-MAX_XML_DEPTH = 200
+MAX_XML_DEPTH = 200  # nesting of one document's markup
+EPUB = Caps(noun="EPUB", members=MAX_EPUB_MEMBERS, total=MAX_EPUB_INFLATED, member=MAX_EPUB_DOCUMENT,
+            ratio=MAX_COMPRESSION_RATIO)
+_TEXT_FILE = re.compile(r"\.(x?html?|xml|opf|ncx)$", re.IGNORECASE)  # what the importer reads; images, fonts,
+# styles and media are never inflated (the cover is read by name at the end)
+_XML_FILE = re.compile(r"\.(xml|opf|ncx)$", re.IGNORECASE)  # parsed by ebooklib as XML, where entities would live
 MAX_TITLE_CHARS = 200
 FRONT_MATTER = re.compile(r"cover|title-?page|copyright|imprint|toc|contents|dedication|acknowledg|halftitle|"
                           r"colophon|frontmatter|front-matter|also-?by|praise", re.IGNORECASE)
@@ -105,14 +116,19 @@ def checked(book: Book, limits: Limits) -> Book:
     chapters = [c for c in book.chapters if c.text.strip()]
     if not chapters:
         raise ImportRefused("The book has no text to speak (every chapter is empty).")
-    if len(chapters) > limits.max_chapters:
-        raise ImportRefused(f"The book has {len(chapters)} chapters; a project holds at most {limits.max_chapters} "
-                            "(--project-max-chapters).")
-    chars = sum(len(c.text) for c in chapters)
-    if chars > limits.max_chars:
-        raise ImportRefused(f"The book is {chars:,} characters; a project holds at most {limits.max_chars:,} "
-                            "(--project-max-chars). Split it into several projects.")
+    _within(len(chapters), sum(len(c.text) for c in chapters), limits)
     return book
+
+
+def _within(chapters: int, chars: int, limits: Limits, *, more: str = "") -> None:
+    """ImportRefused if `chapters` chapters of `chars` characters in all (`more`: "at least " while still reading) pass
+    the limits."""
+    if chapters > limits.max_chapters:
+        raise ImportRefused(f"The book has {more}{chapters} chapters; a project holds at most {limits.max_chapters} "
+                            "(--project-max-chapters).")
+    if chars > limits.max_chars:
+        raise ImportRefused(f"The book is {more}{chars:,} characters; a project holds at most {limits.max_chars:,} "
+                            "(--project-max-chars). Split it into several projects.")
 
 
 # ------------------------------------------------------------------------------------------- markdown
@@ -161,74 +177,111 @@ def _title(text: str) -> str:
 # ------------------------------------------------------------------------------------------- epub
 def from_epub(data: bytes, *, limits: Limits = Limits(), title: str = "") -> Book:
     """An EPUB 2 or 3: metadata, cover, and the spine's documents as chapters."""
-    archive = _open_zip(data)
-    _refuse_drm(archive)
-    from ebooklib import ITEM_COVER, ITEM_DOCUMENT, ITEM_IMAGE, epub
-
     try:
-        book = epub.read_epub(io.BytesIO(data), options={"ignore_ncx": False})
-    except Exception as exc:  # ebooklib raises many kinds for a broken book; all mean the same to the owner
-        raise ImportRefused(f"The EPUB could not be read ({_reason(exc)}); export it again from its "
-                            "source, or paste its text.") from None
+        with Archive(data, EPUB) as archive:
+            return _read_epub(archive, limits, title)
+    except ArchiveRefused as exc:
+        raise ImportRefused(str(exc)) from None
+
+
+def _read_epub(archive: Archive, limits: Limits, title: str) -> Book:
+    if "META-INF/container.xml" not in archive:
+        raise ImportRefused("The file is a ZIP but not an EPUB (no META-INF/container.xml).")
+    _refuse_drm(archive)
+    reader = _Reader(archive)
+    try:
+        book = reader.load()
+    except (ArchiveRefused, ImportRefused):
+        raise
+    except Exception:  # ebooklib raises many kinds for a broken package; all mean the same to the owner
+        raise ImportRefused("The EPUB could not be read: its package (META-INF/container.xml and the .opf file it "
+                            "names) is missing or malformed. Export it again from its source, or paste its "
+                            "text.") from None
+    if len(book.spine) > MAX_SPINE_ENTRIES:
+        raise ImportRefused(f"The EPUB's reading order (spine) lists {len(book.spine):,} documents; at most "
+                            f"{MAX_SPINE_ENTRIES:,} are accepted.")
     titles = _toc_titles(book.toc)
-    chapters, notes = [], []
+    chapters, notes, read, repeated, chars = [], [], set(), {}, 0
     for idref, _linear in book.spine:
         item = book.get_item_with_id(idref)
         if item is None or item.get_type() != ITEM_DOCUMENT or isinstance(item, epub.EpubNav):
             continue  # the navigation document is the table of contents, not part of the book
-        text, heading = _document_text(item.get_content(), item.get_name())
+        if item.get_name() in read:  # a spine may name a document twice (an EPUB error), or 5,000 times
+            repeated[item.get_name()] = repeated.get(item.get_name(), 1) + 1
+            continue
+        read.add(item.get_name())
+        _within(len(chapters), chars, limits, more="at least ")  # before parsing one more document
+        text, heading = _document_text(item.content or b"", item.get_name())
         name = titles.get(item.get_name()) or heading
         if not text.strip():
             continue
+        chars += len(text)
         front = bool(FRONT_MATTER.search(f"{item.get_name()} {idref} {name or ''}"))
         chapter = Draft(_title(name or f"Chapter {len(chapters) + 1}"), text, skip=front)
         if front:
             notes.append(f"{chapter.title!r} looks like front matter: it is unticked (tick it to include it).")
         chapters.append(chapter)
-    meta = {key: _dc(book, key) for key in ("title", "creator", "language", "identifier", "publisher", "date")}
-    cover, cover_type = None, "image/jpeg"
-    covers = list(book.get_items_of_type(ITEM_COVER)) + [
-        i for i in book.get_items_of_type(ITEM_IMAGE) if "cover" in f"{i.get_id()} {i.get_name()}".lower()]
-    if covers:
-        cover, cover_type = covers[0].get_content(), covers[0].media_type or "image/jpeg"
-    extra = {k: meta[k] for k in ("identifier", "publisher", "date") if meta[k]}
+    notes += [f"The reading order lists {name!r} {times:,} times; it is read once." for name, times in repeated.items()]
     if not chapters:
         raise ImportRefused("The EPUB has no text in its spine (only images or empty pages?); nothing to speak.")
+    meta = {key: _dc(book, key) for key in ("title", "creator", "language", "identifier", "publisher", "date")}
+    cover, cover_type = _cover(archive, reader, book, notes)
+    extra = {k: meta[k] for k in ("identifier", "publisher", "date") if meta[k]}
     return checked(Book(title or meta["title"] or "Untitled", chapters, author=meta["creator"],
                         language=meta["language"], cover=cover, cover_type=cover_type, extra=extra, notes=notes),
                    limits)
 
 
-def _open_zip(data: bytes) -> zipfile.ZipFile:
-    """The EPUB's ZIP, its directory checked for bombs before any member is inflated."""
+class _Reader(epub.EpubReader):
+    """ebooklib's reader over the capped archive: text files are inflated once each (a manifest may name one
+    file many times), everything else not at all, and package files that declare XML entities are refused."""
+
+    def __init__(self, archive: Archive):
+        super().__init__(None, {"ignore_ncx": False})
+        self.archive, self.texts = archive, {}
+
+    def _load(self) -> None:  # ebooklib's, less the ZipFile it would open: every read goes through read_file
+        self._load_container()
+        self._load_opf_file()
+
+    def read_file(self, name: str) -> bytes:
+        name = posixpath.normpath(name)
+        if not _TEXT_FILE.search(name):
+            return b""
+        if name not in self.texts:
+            data = self.archive.read(name, kind="one text file")
+            if _XML_FILE.search(name) and b"<!ENTITY" in data:
+                raise ImportRefused(f"The EPUB's {name!r} declares XML entities (<!ENTITY …>), which books never "
+                                    "need and XML bombs are made of; it is refused.")
+            self.texts[name] = data
+        return self.texts[name]
+
+
+def _cover(archive: Archive, reader: _Reader, book, notes: list[str]) -> tuple[bytes | None, str]:
+    """(the cover image's bytes or None, its type): the item the package calls the cover, else an image named
+    cover. One that cannot be read is left out with a note; the book is still imported."""
+    covers = list(book.get_items_of_type(ITEM_COVER)) + [
+        i for i in book.get_items_of_type(ITEM_IMAGE) if "cover" in f"{i.get_id()} {i.get_name()}".lower()]
+    if not covers:
+        return None, "image/jpeg"
     try:
-        archive = zipfile.ZipFile(io.BytesIO(data))
-        members = archive.infolist()
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
-        raise ImportRefused(f"The file is not a valid EPUB (not a ZIP archive: {_reason(exc)}).") from None
-    if len(members) > MAX_EPUB_MEMBERS:
-        raise ImportRefused(f"The EPUB holds {len(members)} files; at most {MAX_EPUB_MEMBERS} are accepted.")
-    inflated = sum(m.file_size for m in members)
-    if inflated > MAX_EPUB_INFLATED:
-        raise ImportRefused(f"The EPUB inflates to {inflated / 2 ** 20:.0f} MB; at most "
-                            f"{MAX_EPUB_INFLATED / 2 ** 20:.0f} MB are accepted (is it a ZIP bomb?).")
-    for m in members:
-        if m.file_size > MAX_COMPRESSION_RATIO * max(m.compress_size, 1024):
-            raise ImportRefused(f"The EPUB's {m.filename!r} inflates {m.file_size // max(m.compress_size, 1)}× "
-                                "its packed size; this looks like a ZIP bomb and is refused.")
-    if "META-INF/container.xml" not in archive.namelist():
-        raise ImportRefused("The file is a ZIP but not an EPUB (no META-INF/container.xml).")
-    return archive
+        data = archive.read(posixpath.normpath(posixpath.join(reader.opf_dir, covers[0].get_name())),
+                            limit=MAX_EPUB_COVER, kind="a cover image")
+    except ArchiveRefused as exc:
+        notes.append(f"{exc} The book was imported without its cover.")
+        return None, "image/jpeg"
+    return data, covers[0].media_type or "image/jpeg"
 
 
-def _refuse_drm(archive: zipfile.ZipFile) -> None:
+def _refuse_drm(archive: Archive) -> None:
     """Encrypted content documents mean DRM. Font obfuscation (IDPF / Adobe) also lives in encryption.xml and
     is harmless: only the fonts are scrambled."""
-    if "META-INF/encryption.xml" not in archive.namelist():
+    if "META-INF/encryption.xml" not in archive:
         return
-    manifest = archive.read("META-INF/encryption.xml").decode("utf-8", "replace")
+    manifest = archive.read("META-INF/encryption.xml", kind="one text file").decode("utf-8", "replace")
     targets = re.findall(r"URI\s*=\s*[\"']([^\"']+)", manifest)
-    if any(not re.search(r"\.(otf|ttf|woff2?)$", t, re.IGNORECASE) for t in targets) or "rights.xml" in archive.namelist():
+    fonts_only = all(re.search(r"\.(otf|ttf|woff2?)$", t, re.IGNORECASE) for t in targets)
+    if not fonts_only or "META-INF/rights.xml" in archive:
         raise ImportRefused("The EPUB is DRM-protected (its text is encrypted); import a DRM-free copy.")
 
 
@@ -250,13 +303,12 @@ def _toc_titles(toc) -> dict[str, str]:
 
 def _document_text(content: bytes, name: str) -> tuple[str, str | None]:
     """(the document's text, paragraphs separated by blank lines; its first heading or None)."""
-    from lxml import etree, html
-
     try:
         parser = html.HTMLParser(recover=True, no_network=True, remove_comments=True)
         root = html.fromstring(content, parser=parser) if content.strip() else None
-    except (etree.ParserError, ValueError) as exc:
-        raise ImportRefused(f"{name} in the EPUB is not readable XHTML ({_reason(exc)}).") from None
+    except (etree.ParserError, ValueError):
+        raise ImportRefused(f"The EPUB's {name!r} is not readable XHTML; export the book again from its "
+                            "source.") from None
     if root is None:
         return "", None
     heading = None
@@ -297,6 +349,3 @@ def _dc(book, key: str) -> str:
     values = book.get_metadata("DC", key)
     return " ".join(str(values[0][0]).split()) if values and values[0] and values[0][0] else ""
 
-
-def _reason(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:200]
