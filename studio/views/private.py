@@ -2,8 +2,9 @@
 
 A visitor's voices live in their browser (`gr.BrowserState`, `studio.voices.private`); each event takes
 the stored list in and gives the new list back, and the server keeps only the codes of open pages, in
-memory, under handles that the voice menu offers. The owner's library and preset voices are listed too,
-read-only; the library is managed with the key over the HTTP API.
+memory, under handles that the voice menu offers. An export is the one file written: served from Gradio's
+cache, within the visitor's budget, and removed within minutes (`studio/voices/exports.py`). The owner's
+library and preset voices are listed too, read-only; the library is managed with the key over the HTTP API.
 """
 
 from __future__ import annotations
@@ -13,14 +14,17 @@ import os
 
 import gradio as gr
 import numpy as np
+from gradio.utils import get_upload_folder
 
 from engine.audio import load_audio
+from studio.access import visitor
 from studio.views import GPU_QUEUE
 from studio.views.toasts import warns
 from studio.voices import Consent, VoiceError
 from studio.voices.bundles import stage_zip
+from studio.voices.exports import EXPORT_TTL_S, ExportShelf
 from studio.voices.model import check_codes, stage_audio
-from studio.voices.private import BROWSER_KEY, PrivateVoices, add_entries, export_bundle
+from studio.voices.private import BROWSER_KEY, MAX_PRIVATE_VOICES, PrivateVoices, add_entries, export_bundle
 
 log = logging.getLogger("higgs.studio")
 
@@ -28,6 +32,7 @@ log = logging.getLogger("higgs.studio")
 # the page's config, so it only keeps the entry unreadable at a glance; it must stay the same across
 # restarts, or every visitor's voices become unreadable.
 BROWSER_SECRET = os.environ.get("HIGGS_BROWSER_SECRET", "higgs-studio-private-voices")
+BUNDLES_QUEUE = "voice-bundles"  # a visitor's bundle imports: checked one at a time, apart from the GPU queue
 
 
 class PrivateVoicesView:
@@ -37,6 +42,7 @@ class PrivateVoicesView:
         self.page = page
         self.service = page.service
         self.registry = registry
+        self.exports = ExportShelf(get_upload_folder())  # where Gradio serves files from: written once, not copied
 
     def state(self):
         """The browser's store: built outside the tabs, since a component in a tab not yet shown is not mounted
@@ -45,8 +51,9 @@ class PrivateVoicesView:
 
     def tab(self):
         gr.Markdown("**Your voices live in this browser only**: nobody else sees them, and this studio keeps "
-                    "nothing of them on disk. Save one from the Studio tab's *Clone a voice*. Export them to keep "
-                    "a copy or to use them elsewhere; clearing the browser's site data deletes them. Preset "
+                    "nothing of them on disk but an export you ask for, until you close the page or for "
+                    f"{EXPORT_TTL_S // 60} minutes. Save one from the Studio tab's *Clone a voice*. Export them to "
+                    "keep a copy or to use them elsewhere; clearing the browser's site data deletes them. Preset "
                     "voices are the studio's own, for everyone.")
         self.table = gr.Dataframe([], headers=["name", "seconds", "transcript", "description"], interactive=False,
                                   wrap=True, label="Your voices (this browser)", elem_id="private-table")
@@ -67,8 +74,9 @@ class PrivateVoicesView:
         self.table.select(self._pick, None, current, queue=False, **priv)
         delete.click(self._delete, [current, confirm, self.store], [*outputs, current, confirm], **priv)
         export.click(self._export, self.store, self.export_file, **priv)
-        # Importing may encode (a bundle without codes): in turn with generation, on the page's GPU queue.
-        bundle.upload(self._import, [bundle, self.store], outputs, concurrency_id=GPU_QUEUE, concurrency_limit=1,
+        # Checking a bundle holds no GPU: it runs in its own lane, one at a time, and only an encode (a bundle
+        # without codes) takes its turn with generation (`_encode`).
+        bundle.upload(self._import, [bundle, self.store], outputs, concurrency_id=BUNDLES_QUEUE, concurrency_limit=1,
                       **priv)
 
     def wire(self, demo: gr.Blocks):
@@ -100,6 +108,7 @@ class PrivateVoicesView:
 
     def _unload(self, request: gr.Request):
         self.registry.drop(_session(request))
+        self.exports.drop_page(_session(request))
 
     @staticmethod
     def _pick(evt: gr.SelectData):
@@ -142,16 +151,20 @@ class PrivateVoicesView:
         return *self._outputs(stored, request), None, False
 
     @warns(1)
-    def _export(self, stored):
+    def _export(self, stored, request: gr.Request):
         if not stored:
             raise ValueError("You have no voices to export yet.")
-        path = self.page.out_dir / f"my-voices-{os.urandom(6).hex()}.zip"
-        path.write_bytes(export_bundle(stored))
-        return str(path)
+        client = getattr(request, "client", None)
+        who = visitor(getattr(request, "headers", None) or {}, getattr(client, "host", None),
+                      fallback=_session(request))
+        return self.exports.put(who.key, _session(request), "my-voices.zip", export_bundle(stored))
 
     @warns(3)
     def _import(self, path, stored, request: gr.Request):
-        entries, added = add_entries(stored, [self._encoded(s) for s in stage_zip(path)])
+        if path is None:
+            raise ValueError("Choose a voice bundle (.zip) to import.")
+        staged = stage_zip(path, max_voices=MAX_PRIVATE_VOICES)  # nothing inflated past the caps
+        entries, added = add_entries(stored, [self._encoded(s) for s in staged])
         gr.Info(f"Imported {len(added)} voice(s) into this browser.")
         return self._outputs(entries, request)
 

@@ -13,7 +13,8 @@ import. Everything that comes back from a browser is checked exactly like an imp
 
 While a visitor's page is open the server holds their voices' codes in memory (`PrivateVoices`), under
 handles `pv_<random>_<id>` that only that page knows; generation resolves a handle like any voice id. The
-handles die with the page (Gradio's unload event), and nothing is written to disk.
+handles die with the page (Gradio's unload event), and nothing is written to disk but the bundle a visitor
+exports, for minutes (`exports.py`).
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def from_browser(entry) -> tuple[str, Staged]:
     """(voice id, staged voice) from a browser entry, checked as an imported bundle is; raises VoiceError."""
     if not isinstance(entry, dict) or not all(isinstance(entry.get(k), str) for k in ("audio", "codes")):
         raise VoiceError("a stored voice must have its audio and codes")
+    if len(entry["audio"]) + len(entry["codes"]) > MAX_BROWSER_CHARS:  # before a byte of it is decoded
+        raise VoiceError("a stored voice is larger than a browser keeps (about 3 MB)")
     try:
         pcm, rate = sf.read(io.BytesIO(base64.b64decode(entry["audio"], validate=True)), dtype="int16")
         codes = base64.b64decode(entry["codes"], validate=True)
@@ -92,8 +95,13 @@ def from_browser(entry) -> tuple[str, Staged]:
     return staged.voice_id or f"v_{staged.content_hash[:16]}", staged
 
 
-def export_bundle(entries: Iterable[dict]) -> bytes:
-    """A bundle of browser entries, importable anywhere a bundle is."""
+def export_bundle(entries: list[dict]) -> bytes:
+    """A bundle of browser entries, importable anywhere a bundle is: as many voices as a browser keeps."""
+    if not isinstance(entries, list):
+        raise VoiceError("The page sent no list of voices to export; reload it and export again.")
+    if len(entries) > MAX_PRIVATE_VOICES:
+        raise VoiceError(f"An export holds at most {MAX_PRIVATE_VOICES} voices, as many as a browser keeps; this "
+                         f"page sent {len(entries)}. Reload the page and export again.")
     items = []
     for entry in entries:
         voice_id, staged = from_browser(entry)
@@ -143,7 +151,8 @@ class PrivateVoices:
         with self._lock:
             token = self._tokens.setdefault(session, secrets.token_hex(12))
         kept, voices = [], []
-        for entry in entries or []:
+        # What a page sends is the browser's store as that browser says it is: no more voices than it keeps.
+        for entry in (entries if isinstance(entries, list) else [])[:MAX_PRIVATE_VOICES]:
             try:
                 voice_id, staged = from_browser(entry)
             except VoiceError:
