@@ -1,13 +1,13 @@
 """Loudness to a standard: measured and normalised (studio/acx.py checks it against ACX and exports it).
 
 * `measure(audio, rate)`: integrated loudness (ITU-R BS.1770-4 through `pyloudnorm`: K-weighting, 400 ms
-  blocks, the −70 LUFS and relative gates) and the true peak (4× oversampled with a polyphase filter, as
-  BS.1770 Annex 2 asks, so peaks between samples count). `LoudnessMeter` reads the same of audio that
-  streams by and is not kept.
+  blocks, the −70 LUFS and relative gates) and the true peak (engine/peaks.py: 4× oversampled with a
+  polyphase filter, as BS.1770 Annex 2 asks, so peaks between samples count). `LoudnessMeter` reads the
+  same of audio that streams by and is not kept.
 * `normalize(audio, rate, target)`: gain to a target (`TARGETS`: −16 LUFS podcast, −18 audiobook,
-  −23 broadcast) under a true-peak ceiling. Where the gain would push peaks over it, a look-ahead peak
-  limiter takes them down, and the gain is corrected for what the limiter took (a few rounds), so the take
-  lands on the target rather than below it.
+  −23 broadcast) under a true-peak ceiling. Where the gain would push peaks over it, the look-ahead peak
+  limiter every take passes (engine/peaks.py) takes them down, and the gain is corrected for what the
+  limiter took (a few rounds), so the take lands on the target rather than below it.
 
 All pure numpy/scipy on float32 mono; nothing here knows about takes or pages.
 """
@@ -20,17 +20,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyloudnorm
-from scipy.ndimage import minimum_filter1d, uniform_filter1d
 from scipy.signal import lfilter, resample_poly
+
+from engine.peaks import OVERSAMPLE, PEAK_CEILING_DB, PEAK_CONTEXT, limit, sample_peaks, to_db, true_peak
 
 TARGETS = {"podcast": -16.0, "audiobook": -18.0, "broadcast": -23.0}  # LUFS; "off" (None) leaves a take as made
 TARGET_RANGE = (-40.0, -5.0)
-DEFAULT_CEILING = -1.0  # dBTP: EBU R128's and the podcast platforms' ceiling
+DEFAULT_CEILING = PEAK_CEILING_DB  # dBTP: a loudness target's ceiling, unless asked otherwise, is every take's
 CEILING_RANGE = (-9.0, 0.0)
-OVERSAMPLE = 4  # BS.1770-4 Annex 2's true-peak meter oversamples 4×
-PEAK_BLOCK = 1 << 20  # samples oversampled at once (~44 s at 24 kHz)
-PEAK_CONTEXT = 64
-LOOKAHEAD_S = 0.005  # the limiter starts turning down 5 ms before a peak and lets go 5 ms after
 ROUNDS = 5  # gain / limit / measure rounds at most; each corrects the gain by what the limiter took
 TOLERANCE_LU = 0.05
 SILENCE_DB = -120.0  # what a level of digital silence reads as, in reports
@@ -52,32 +49,6 @@ class Loudness:
 def round_or_none(value: float | None) -> float | None:
     """Two decimals for reports; None stays None."""
     return None if value is None else round(value, 2)
-
-
-def to_db(linear: float) -> float:
-    """Linear amplitude → dB (−inf for 0)."""
-    return 20.0 * math.log10(linear) if linear > 0 else -math.inf
-
-
-def sample_peaks(audio: np.ndarray) -> np.ndarray:
-    """Per sample, the largest absolute value of `audio` oversampled 4× between it and the next sample (the
-    sample itself included). Oversampled a block at a time with PEAK_CONTEXT samples of context on each side,
-    enough for the polyphase filter (10 input samples a side), so a long take never holds 4× its length."""
-    audio = np.asarray(audio, dtype=np.float64).reshape(-1)
-    n = audio.size
-    peaks = np.abs(audio)
-    for start in range(0, n, PEAK_BLOCK):
-        lo, end = max(0, start - PEAK_CONTEXT), min(n, start + PEAK_BLOCK)
-        hi = min(n, end + PEAK_CONTEXT)
-        up = np.abs(resample_poly(audio[lo:hi], OVERSAMPLE, 1))[(start - lo) * OVERSAMPLE:(end - lo) * OVERSAMPLE]
-        peaks[start:end] = np.maximum(peaks[start:end], up.reshape(end - start, OVERSAMPLE).max(axis=1))
-    return peaks
-
-
-def true_peak(audio: np.ndarray) -> float:
-    """The largest absolute value of `audio` oversampled 4× (linear; the samples themselves count too)."""
-    peaks = sample_peaks(audio)
-    return float(peaks.max()) if peaks.size else 0.0
 
 
 def integrated_lufs(audio: np.ndarray, rate: int) -> float | None:
@@ -200,26 +171,6 @@ def check_ceiling(value: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= float(value) <= high:
         raise ValueError(f"The true-peak ceiling must be between {low:g} and {high:g} dBTP (got {value!r}).")
     return float(value)
-
-
-def limit(audio: np.ndarray, rate: int, ceiling_db: float, peaks: np.ndarray | None = None) -> np.ndarray:
-    """A look-ahead peak limiter: every oversampled peak over `ceiling_db` is taken down to it, the gain
-    easing in and out over LOOKAHEAD_S. The gain curve is a running minimum of the needed gain over ±w,
-    then averaged over ±w/2: each average covers only minima that include the peak's own need, so no peak
-    escapes, and the gain never jumps. `peaks`: `sample_peaks(audio)` when the caller has them."""
-    audio = np.asarray(audio, dtype=np.float64).reshape(-1)
-    n = audio.size
-    if n == 0:
-        return audio
-    ceiling = 10.0 ** (ceiling_db / 20.0)
-    peaks = sample_peaks(audio) if peaks is None else peaks
-    need = np.minimum(1.0, ceiling / np.maximum(peaks, 1e-12))
-    if need.min() >= 1.0:
-        return audio
-    w = max(1, int(rate * LOOKAHEAD_S))
-    gain = minimum_filter1d(need, 2 * w + 1, mode="nearest")
-    gain = uniform_filter1d(gain, 2 * (w // 2) + 1, mode="nearest")
-    return audio * np.minimum(gain, 1.0)
 
 
 @dataclass(frozen=True)
