@@ -7,23 +7,17 @@ frames (trimmed to whole frames around the speech) and text become the reference
 of that speaker, so the voice found there is kept. The anchor is a shared prompt prefix, so the engine's
 prefix KV cache makes each later segment prefill only its own text (`SegmentTake.reused_tokens`).
 
-Joins: each segment's leading (after the first) and trailing silence is trimmed to `KEEP_SECONDS` around
-its speech, the planned pause is inserted, and `FADE_SECONDS` raised-cosine fades at both ends of every
-segment keep the step into and out of the pause click-free. Segment RMS is matched to the first
-segment's within ±`MAX_GAIN_DB`. The first segment streams as it is generated (its TTFA is a short
-take's); later segments are generated whole, ahead of playback, because trimming and loudness need all
-of a segment. A later segment cut short (length cap, repeat guard) is generated once more with the next
-seed and flagged; the first is only flagged, since it has already been heard.
+Joins (engine/joins.py): each segment is trimmed to its speech, matched in loudness to the first, faded at
+both ends and held under the true-peak ceiling (engine/peaks.py), and its planned pause follows as silence
+streamed in blocks. The first segment streams as it is generated, through a limiter that holds back only
+the ~10 ms its look-ahead needs (its TTFA is a short take's); later segments are generated whole, ahead of
+playback, because trimming and loudness need all of a segment. A later segment cut short (length cap,
+repeat guard) is generated once more with the next seed and flagged; the first is only flagged, since it
+has already been heard.
 
-Listening (`check`): a take given `check(segment_text, audio) -> float | None` (how far the audio is from its
-text, lower is better; the studio's is the word error rate of its ASR, studio/listen.py) scores every
-attempt; a segment scoring above `check_above` is generated again with the next seed, up to `check_retries`
-times, and the best attempt kept (the lowest score, then not cut short; ties: the first); an attempt the
-check cannot judge falls back on the cut-short rule. Every attempt's seed, stop reason and score is kept
-(`SegmentTake.attempts`) and written to the recipe, whose seed is the kept one: the recipe reproduces the
-take with no retry and no check. Listening needs a whole segment,
-so with a check the first segment is generated whole too (and can be retried): the take's TTFA is then a
-whole segment's. A take without a check runs exactly as before.
+Listening (`check`, engine/attempts.py): a take given `check(segment_text, audio) -> float | None` scores
+every attempt of a segment and generates one heard wrong again; with a check the first segment is made
+whole too, so the take's TTFA is then a whole segment's. A take without a check runs exactly as before.
 
 The engine caches one prefix, so a script whose turns alternate between voices prefills each voice
 block again at every change of speaker (still bit-identical to a cold prefill, only slower).
@@ -39,63 +33,16 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from .audio import MAX_PEAK
-from .config import SAMPLE_RATE, SAMPLES_PER_FRAME
+from .attempts import CUT_SHORT, Attempt, again, best
+from .config import SAMPLE_RATE
 from .delay import default_max_frames
+from .joins import (FADE, FADE_SECONDS, KEEP, KEEP_SECONDS, MAX_GAIN_DB, SILENCE_BLOCK, WINDOW, anchor_frames,
+                    pause_samples, ramp, shape_segment, silence_blocks, speech_bounds, speech_rms)
 from .longform import Segment
+from .peaks import PeakLimiter, peak_ceiling
 from .prompt import VoiceRef
 from .tokenizer import strip_tags
 from .types import DEFAULT_REPEAT_GUARD, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, new_seed
-
-# Silence detection over 10 ms windows on a fixed grid from the segment start, with an absolute floor:
-# the decision for a window never depends on audio after it, so the streamed first segment and the
-# re-assembled take trim at exactly the same sample. -50 dBFS sits 30 dB under speech at the -20 dBFS the
-# reference clips are normalised to (engine/audio.py TARGET_RMS). It is a chosen floor, not yet measured
-# on the real model's pauses (only random weights here): measure the codec's silence level with the real
-# checkpoint and set it just above.
-WINDOW = SAMPLE_RATE // 100
-SILENCE_DBFS = -50.0
-KEEP_SECONDS = 0.04  # the decay kept around speech, as engine/audio.py TRIM_MARGIN_SECONDS
-FADE_SECONDS = 0.005  # 120 samples: long enough that no step is audible, far shorter than a phoneme
-MAX_GAIN_DB = 6.0
-KEEP = int(KEEP_SECONDS * SAMPLE_RATE)
-FADE = int(FADE_SECONDS * SAMPLE_RATE)
-# A take that ends on these was cut, not finished: the segment is generated once more with the next seed.
-CUT_SHORT = ("max_frames", "repeat_guard")
-
-
-@dataclass(frozen=True)
-class Attempt:
-    """One generation of a segment: its seed, how it ended, and the check's score (None: not checked, or the
-    check could not tell)."""
-
-    seed: int
-    stop_reason: str
-    wer: float | None = None
-
-    def as_dict(self) -> dict:
-        return {"seed": self.seed, "stop_reason": self.stop_reason,
-                "wer": None if self.wer is None else round(self.wer, 4)}
-
-
-def again(attempts: list[Attempt], *, above: float, retries: int) -> bool:
-    """Whether a segment is generated once more after `attempts`. With the check's verdict, the check decides:
-    above `above`, up to `retries` times (a take cut short mid-word is heard so; one that only ran on into
-    silence is not). Without one (no check, or it could not tell), a take cut short gets its one retry."""
-    last, made = attempts[-1], len(attempts) - 1
-    if last.wer is None:
-        return last.stop_reason in CUT_SHORT and made < 1
-    return last.wer > above and made < retries
-
-
-def best(attempts: list[Attempt]) -> int:
-    """The attempt kept: with no verdicts the latest (a cut-short take's retry, as without a check); otherwise
-    the lowest score (an unscored attempt counts as the worst), then not cut short, then the first."""
-    if all(a.wer is None for a in attempts):
-        return len(attempts) - 1
-    return min(range(len(attempts)), key=lambda i: (float("inf") if attempts[i].wer is None else attempts[i].wer,
-                                                    attempts[i].stop_reason in CUT_SHORT, i))
-
 
 @dataclass(frozen=True)
 class SegmentTake:
@@ -133,74 +80,6 @@ class TakeChunk:
     segment: int  # the segment these samples belong to (pause samples: the segment before the pause)
     done: int  # segments finished so far
     total: int
-
-
-# ------------------------------------------------------------------------------------------- joins
-def speech_bounds(audio: np.ndarray) -> tuple[int, int] | None:
-    """[start, end) of the windows louder than SILENCE_DBFS, or None when the segment is silent."""
-    loud = np.flatnonzero(_window_rms(audio) >= 10 ** (SILENCE_DBFS / 20))
-    if not len(loud):
-        return None
-    return int(loud[0]) * WINDOW, min(len(audio), (int(loud[-1]) + 1) * WINDOW)
-
-
-def _window_rms(audio: np.ndarray) -> np.ndarray:
-    whole = len(audio) // WINDOW * WINDOW
-    windows = audio[:whole].astype(np.float64).reshape(-1, WINDOW)
-    rms = np.sqrt(np.mean(windows ** 2, axis=1))
-    if whole < len(audio):
-        rms = np.append(rms, np.sqrt(np.mean(audio[whole:].astype(np.float64) ** 2)))
-    return rms
-
-
-def speech_rms(audio: np.ndarray) -> float:
-    """RMS of the windows that hold speech (silence would make a sparse segment look quiet)."""
-    rms = _window_rms(audio)
-    loud = rms[rms >= 10 ** (SILENCE_DBFS / 20)]
-    return float(np.sqrt(np.mean(loud ** 2))) if len(loud) else 0.0
-
-
-def shape_segment(audio: np.ndarray, *, trim_start: bool, reference_rms: float | None) -> np.ndarray:
-    """A segment's raw audio as it goes into the take: silence trimmed to KEEP_SECONDS (the start only when
-    `trim_start`), gain to `reference_rms` within ±MAX_GAIN_DB and under MAX_PEAK (None: gain 1), and
-    raised-cosine fades at both ends."""
-    first, last = speech_bounds(audio) or (0, 0)  # a silent segment keeps a KEEP_SECONDS stub
-    start = max(0, first - KEEP) if trim_start else 0
-    end = min(len(audio), last + KEEP)
-    out = audio[start:end].astype(np.float32, copy=True)
-    if reference_rms:
-        limit = 10 ** (MAX_GAIN_DB / 20)
-        gain = float(np.clip(reference_rms / max(speech_rms(out), 1e-12), 1 / limit, limit))
-        peak = float(np.max(np.abs(out))) if len(out) else 0.0
-        if peak * gain > MAX_PEAK:
-            gain = MAX_PEAK / peak
-        out *= np.float32(gain)
-    _fade(out)
-    return out
-
-
-def _ramp(n: int) -> np.ndarray:
-    """Raised-cosine fade-in of n samples (never exactly 0 or 1, so both ends move)."""
-    return (0.5 - 0.5 * np.cos(np.pi * (np.arange(n) + 0.5) / n)).astype(np.float32)
-
-
-def _fade(out: np.ndarray) -> None:
-    n = min(FADE, len(out) // 2)
-    if n:
-        ramp = _ramp(n)
-        out[:n] *= ramp
-        out[len(out) - n:] *= ramp[::-1]
-
-
-def anchor_frames(audio: np.ndarray, frames: int) -> slice:
-    """Whole frames covering a segment's speech (all of them when it has none): the part of a zero-shot
-    segment's codes that becomes the anchor of its speaker's later segments."""
-    bounds = speech_bounds(audio)
-    if bounds is None:
-        return slice(0, frames)
-    start = bounds[0] // SAMPLES_PER_FRAME
-    end = min(frames, -(-bounds[1] // SAMPLES_PER_FRAME))
-    return slice(start, max(end, start + 1))
 
 
 # ------------------------------------------------------------------------------------------- the take
@@ -255,6 +134,7 @@ class LongTake:
         self.prompts: list = []
         self.shaped: list[np.ndarray | None] = []
         self.lengths: list[int] = []  # samples of each shaped segment (kept when audio is not)
+        self.peak_cuts: list[float] = []  # dB the ceiling's limiter took from each segment at most (0.0: none)
         for i, segment in enumerate(segments):
             self._add(segment, int(seeds[i]) if seeds is not None else _next_seed(self.base_seed, i))
         self.anchors: dict = {}  # speaker (None in plain text) → zero-shot anchor made from its first segment
@@ -309,11 +189,16 @@ class LongTake:
         self.prompts.append(None)
         self.shaped.append(None)
         self.lengths.append(0)
+        self.peak_cuts.append(0.0)
 
-    def _pause_now(self, index: int) -> np.ndarray:
-        """The pause streamed right after segment `index`: a closed take's at once, an open take's none (it
-        comes before the next segment, once there is one)."""
-        return _pause(self.segments[index]) if self.more is None else np.zeros(0, np.float32)
+    def _closing(self, index: int, audio: np.ndarray) -> Iterator[TakeChunk]:
+        """Segment `index`'s last samples, then a closed take's pause after it in SILENCE_BLOCKs (an open
+        take's comes before the next segment, once there is one); the segment's last chunk says it is done."""
+        pause = pause_samples(self.segments[index].pause_after) if self.more is None else 0
+        total = len(self.segments)
+        yield TakeChunk(audio, index, index + int(pause == 0), total)
+        for at, block in zip(range(0, pause, SILENCE_BLOCK), silence_blocks(pause)):
+            yield TakeChunk(block, index, index + int(at + SILENCE_BLOCK >= pause), total)
 
     # ---------------------------------------------------------------- prompts
     def _prompt(self, segment: Segment, text: str):
@@ -375,7 +260,8 @@ class LongTake:
         if not self._has(0):
             return
         started = time.perf_counter()
-        emitted = 0
+        emitted = 0  # samples of the first segment given to the limiter
+        limiter, heard = PeakLimiter(), []  # and what it has let out of them
         first = self.segments[0]
         live = self.check is None  # listening needs the whole segment: with a check the first is made whole too
         gen = self._generate(0, first.text, self.seeds[0], retry=not live, live=live)
@@ -399,41 +285,49 @@ class LongTake:
                 piece = raw[emitted:limit].copy()
                 if emitted < FADE:
                     head = min(FADE, limit) - emitted
-                    piece[:head] *= _ramp(FADE)[emitted:emitted + head]
-                if self.ttfa_ms is None:
-                    self.ttfa_ms = 1e3 * (time.perf_counter() - started)
-                yield TakeChunk(piece, 0, 0, len(self.segments))
-                emitted = limit
+                    piece[:head] *= ramp(FADE)[emitted:emitted + head]
+                emitted, piece = limit, limiter.feed(piece)
+                if len(piece):
+                    heard.append(piece)
+                    if self.ttfa_ms is None:
+                        self.ttfa_ms = 1e3 * (time.perf_counter() - started)
+                    yield TakeChunk(piece, 0, 0, len(self.segments))
         if self.cancel.is_set():
             return
-        self._finish(0, take)
-        tail = self.shaped[0][emitted:]
+        self._finish(0, take, limiter, emitted, heard)
+        tail = self.shaped[0][sum(map(len, heard)):]
         if self.ttfa_ms is None and len(tail):
             self.ttfa_ms = 1e3 * (time.perf_counter() - started)
-        yield TakeChunk(np.concatenate([tail, self._pause_now(0)]), 0, 1, len(self.segments))
+        yield from self._closing(0, tail)
         self._sent(0)
         index = 1
         while self._has(index):
             segment = self.segments[index]
             if self.more is not None:
-                yield TakeChunk(_pause(self.segments[index - 1]), index - 1, index, len(self.segments))
+                for block in silence_blocks(pause_samples(self.segments[index - 1].pause_after)):
+                    yield TakeChunk(block, index - 1, index, len(self.segments))
             take = yield from self._generate(index, segment.text, self.seeds[index], retry=self.retry)
             if self.cancel.is_set():
                 return
             self._finish(index, take)
-            yield TakeChunk(np.concatenate([self.shaped[index], self._pause_now(index)]), index, index + 1,
-                            len(self.segments))
+            yield from self._closing(index, self.shaped[index])
             self._sent(index)
             index += 1
         self.wall_ms = 1e3 * (time.perf_counter() - started)
 
-    def _finish(self, index: int, take: SegmentTake) -> None:
-        """Record a generated segment and shape it for the take. The first segment sets the loudness
-        reference the first time; generated again, it is matched to that reference like the others."""
+    def _finish(self, index: int, take: SegmentTake, limiter: PeakLimiter | None = None, fed: int = 0,
+                heard: list[np.ndarray] = ()) -> None:
+        """Record a generated segment and shape it for the take, under the ceiling: through `limiter`, which
+        already had the first `fed` samples of a streamed first segment and let `heard` out of them, or a
+        fresh one. The first segment sets the loudness reference the first time; generated again, it is
+        matched to that reference like the others."""
         self.takes[index] = take
         self.seeds[index] = take.seed
         self._make_anchor(self.segments[index], take)
-        self.shaped[index] = shape_segment(take.audio, trim_start=index > 0, reference_rms=self.reference_rms)
+        shaped = shape_segment(take.audio, trim_start=index > 0, reference_rms=self.reference_rms, ceiling=False)
+        limiter = limiter or PeakLimiter()
+        self.shaped[index] = np.concatenate([*heard, limiter.feed(shaped[fed:]), limiter.flush()])
+        self.peak_cuts[index] = limiter.gain_db
         self.lengths[index] = len(self.shaped[index])
         if self.reference_rms is None:
             self.reference_rms = speech_rms(self.shaped[0]) or None
@@ -482,7 +376,8 @@ class LongTake:
             raise ValueError("this take was streamed without keeping its audio (keep_audio=False)")
         if any(s is None for s in self.shaped):
             raise ValueError("the take is not complete; generate every segment first")
-        return np.concatenate([part for i, s in enumerate(self.segments) for part in (self.shaped[i], _pause(s))])
+        return np.concatenate([part for i, s in enumerate(self.segments)
+                               for part in (self.shaped[i], *silence_blocks(pause_samples(s.pause_after)))])
 
     def spans(self) -> list[tuple[int, int]]:
         """[start, end) of each segment's samples in `assemble()` (also after streaming with
@@ -490,17 +385,18 @@ class LongTake:
         out, at = [], 0
         for i, segment in enumerate(self.segments):
             out.append((at, at + self.lengths[i]))
-            at += self.lengths[i] + len(_pause(segment))
+            at += self.lengths[i] + pause_samples(segment.pause_after)
         return out
 
     def total_samples(self) -> int:
         """The assembled take's length in samples: every segment and every pause."""
-        return sum(self.lengths) + sum(len(_pause(s)) for s in self.segments)
+        return sum(self.lengths) + sum(pause_samples(s.pause_after) for s in self.segments)
 
     def recipe(self) -> dict:
         """Everything needed to make this take again: the segments' texts, voices and seeds (the kept ones).
         A take that listened also records, per segment, the kept score and every attempt, and the policy
-        (`listen`); `from_recipe` reads only the seeds, so the take is made again with no retry."""
+        (`listen`); `from_recipe` reads only the seeds, so the take is made again with no retry. `peak_ceiling`,
+        when the true-peak ceiling acted on a segment: the ceiling and the deepest cut it made."""
         out = {"options": {**self.options, "max_frames": self.max_frames},
                "segments": [{"text": s.text, "source": s.source, "speaker": s.speaker, "voice": s.voice,
                              "pause_after": s.pause_after,
@@ -510,6 +406,7 @@ class LongTake:
                                  "attempts": [a.as_dict() for a in t.attempts] if t else []}
                                 if self.check is not None else {})}
                             for i, (s, t) in enumerate(zip(self.segments, self.takes))]}
+        out.update(peak_ceiling(min(self.peak_cuts, default=0.0)))
         if self.check is not None:
             out["listen"] = {"above": self.check_above, "retries": self.check_retries}
         return out
@@ -520,30 +417,24 @@ def _next_seed(seed: int, step: int = 1) -> int:
     return (seed + step) % 2**63
 
 
-def pause_samples(seconds: float) -> int:
-    """The exact silence a pause of `seconds` puts after a segment, in samples."""
-    return round(seconds * SAMPLE_RATE)
-
-
-def _pause(segment: Segment) -> np.ndarray:
-    return np.zeros(pause_samples(segment.pause_after), np.float32)
 
 
 __all__ = [
-    "CUT_SHORT",
-    "FADE_SECONDS",
-    "KEEP_SECONDS",
-    "MAX_GAIN_DB",
-    "SILENCE_DBFS",
-    "Attempt",
     "LongTake",
     "SegmentTake",
     "TakeChunk",
+    # engine/attempts.py's and engine/joins.py's, named here while studio/projects, tests/test_retry.py and
+    # tests/test_longform_stream.py import them from here
+    "CUT_SHORT",
+    "Attempt",
     "again",
-    "anchor_frames",
     "best",
+    "FADE_SECONDS",
+    "KEEP_SECONDS",
+    "MAX_GAIN_DB",
+    "WINDOW",
+    "anchor_frames",
     "pause_samples",
     "shape_segment",
-    "speech_bounds",
     "speech_rms",
 ]
