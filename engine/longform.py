@@ -16,9 +16,14 @@ map every line's segments carry the voice of its speaker.
 
 A pause marker, `[pause 1.5s]` (or `[pause 500ms]`, or `[pause]` for PAUSE_MARKER_SECONDS; SSML's
 `<break>` becomes one, engine/ssml.py), ends a segment there: the segment before it gets exactly that
-`pause_after`, which the long take inserts as silence at the join. Markers next to each other add up; a
-marker at a paragraph's end replaces the paragraph's pause; one before any speech has no join to sit at
-and is left out (`leading_pause` reports it).
+`pause_after`, which the long take inserts as silence at the join. Markers next to each other (nothing
+spoken between) add up to at most MAX_PAUSE_SECONDS, one marker's cap; a marker at a paragraph's end
+replaces the paragraph's pause; one before any speech has no join to sit at and is left out. All the
+markers of a take together may ask for at most its pause budget: PAUSE_BUDGET_SECONDS, or
+PAUSE_BUDGET_SHARE of its estimated speech when that is longer. A text asking for more is refused with a
+sentence naming the budget (silence costs no generation, so without one 4 k characters of breaks were
+2,000 s of audio), rather than shortened: the pauses were written on purpose, and a take whose timing
+quietly differs from its text is worse than a sentence that says what to change.
 """
 
 from __future__ import annotations
@@ -52,7 +57,10 @@ _CLAUSE_RE = re.compile(r"(?<=[,;:—])\s+")
 _ATOM_RE = re.compile(r"(?:<\|[^<>|]{0,64}\|>|\S)+")
 PAUSE_RE = re.compile(r"\[pause(?:\s+(\d{1,6}(?:\.\d{1,6})?)\s*(s|ms))?\s*\]", re.IGNORECASE)
 PAUSE_MARKER_SECONDS = 0.5  # a bare [pause]
-MAX_PAUSE_SECONDS = 10.0  # one marker (and one SSML <break>, engine/ssml.py) is at most this long
+MAX_PAUSE_SECONDS = 10.0  # one marker (and one SSML <break>, engine/ssml.py) is at most this long, and so are
+# markers in a row
+PAUSE_BUDGET_SECONDS = 60.0  # a take's markers may ask for this much silence in all …
+PAUSE_BUDGET_SHARE = 0.10  # … or this share of its estimated speech, when that is more
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,7 +210,7 @@ def _listing(names) -> str:
 
 def plan(text: str, *, style: str = "", normalize: bool = True, language: str = AUTO,
          voices: Mapping[str, str | None] | None = None, min_seconds: float = MIN_SEGMENT_SECONDS,
-         max_seconds: float = MAX_SEGMENT_SECONDS) -> list[Segment]:
+         max_seconds: float = MAX_SEGMENT_SECONDS, notes: list[str] | None = None) -> list[Segment]:
     """Split `text` into the segments of one long take.
 
     `style` is a tag prefix put before every segment (a style preset's prefix, already checked by the
@@ -210,7 +218,9 @@ def plan(text: str, *, style: str = "", normalize: bool = True, language: str = 
     engine/normalize.py). `language` is a code such as "en" or "fr", or "auto": English rules for the
     sentences, and normalisation of the paragraphs that read as English. With `voices` (speaker → voice
     name, or None for zero-shot) the text is read as a script: each line is spoken by the voice of its
-    speaker, and segments never span two lines."""
+    speaker, and segments never span two lines. `notes` (a list) receives a sentence for each change made
+    to the text's pauses (markers in a row cut to MAX_PAUSE_SECONDS). ValueError when the markers ask for
+    more than the take's pause budget (module docstring)."""
     if not isinstance(text, str) or not text.strip():
         raise ValueError("there is no text to speak; paste a paragraph or a script first")
     if not 0 < min_seconds <= max_seconds:
@@ -232,6 +242,7 @@ def plan(text: str, *, style: str = "", normalize: bool = True, language: str = 
     sentences: list[_Sentence] = []
     block_speakers: list[str | None] = []
     marked: list[float | None] = []
+    asked: list[float] = []  # what the markers after each block asked for, before the cap on markers in a row
     for number, paragraph in enumerate(paragraphs):
         # "auto" decides per paragraph (a paragraph has enough words to tell; a sentence may not).
         reading = language if language != AUTO else "en" if looks_english(paragraph) else "unknown"
@@ -247,11 +258,14 @@ def plan(text: str, *, style: str = "", normalize: bool = True, language: str = 
             if found:
                 block_speakers.append(speakers[number])
                 marked.append(explicit)
-            elif explicit is not None and marked:  # nothing spoken between two markers: they add up
-                marked[-1] = (marked[-1] or 0.0) + explicit
+                asked.append(explicit or 0.0)
+            elif explicit is not None and marked:  # nothing spoken between two markers: they add up, to a cap
+                asked[-1] += explicit
+                marked[-1] = min((marked[-1] or 0.0) + explicit, MAX_PAUSE_SECONDS)
 
     if not sentences:
         raise ValueError("the text has nothing to speak, only tags; add the words to say")
+    _check_pauses(marked, asked, sentences, style, notes)
     groups: list[list[_Sentence]] = [[sentences[0]]]  # the first segment is one sentence (TTFA)
     rest = sentences[1:]
     for block in dict.fromkeys(s.block for s in rest):
@@ -271,6 +285,24 @@ def plan(text: str, *, style: str = "", normalize: bool = True, language: str = 
                                 source=" ".join(s.source for s in group), pause_after=after, speaker=speaker,
                                 voice=None if voices is None else voices[speaker]))
     return segments
+
+
+def _check_pauses(marked: list[float | None], asked: list[float], sentences: list[_Sentence], style: str,
+                  notes: list[str] | None) -> None:
+    """The pause budget (module docstring): ValueError naming it when the markers ask for more, and a note
+    for each run of markers cut to MAX_PAUSE_SECONDS."""
+    cut = [(a, m) for a, m in zip(asked, marked) if m is not None and a > m]
+    if cut and notes is not None:
+        notes.append(f"{len(cut)} run{'s' if len(cut) > 1 else ''} of pauses in a row (up to {max(cut)[0]:,.0f} s) "
+                     f"{'were' if len(cut) > 1 else 'was'} cut to {MAX_PAUSE_SECONDS:g} s, the most one pause may last")
+    total = sum(m for m in marked if m is not None)
+    speech = sum(estimate_seconds(_with_style(style, s.text)) for s in sentences)
+    budget = max(PAUSE_BUDGET_SECONDS, PAUSE_BUDGET_SHARE * speech)
+    if total > budget + 1e-6:
+        raise ValueError(f"the text asks for {total:,.0f} s of pauses ([pause] markers or SSML breaks) around about "
+                         f"{speech:,.0f} s of speech; a take's pauses may add up to at most "
+                         f"{PAUSE_BUDGET_SECONDS:g} s, or {PAUSE_BUDGET_SHARE:.0%} of its speech when that is "
+                         "longer. Shorten the pauses or split the text into several takes.")
 
 
 def _with_style(style: str, text: str) -> str:
@@ -367,5 +399,6 @@ def _atoms(text: str) -> list[str]:
 
 
 __all__ = ["Segment", "plan", "parse_script", "split_sentences", "split_pauses", "has_pauses", "model_pauses",
-           "pause_seconds", "PAUSE_RE", "PAUSE_MARKER_SECONDS", "MAX_PAUSE_SECONDS", "MIN_SEGMENT_SECONDS",
+           "pause_seconds", "PAUSE_RE", "PAUSE_MARKER_SECONDS", "MAX_PAUSE_SECONDS", "PAUSE_BUDGET_SECONDS",
+           "PAUSE_BUDGET_SHARE", "MIN_SEGMENT_SECONDS",
            "MAX_SEGMENT_SECONDS", "SENTENCE_PAUSE", "TURN_PAUSE", "PARAGRAPH_PAUSE"]

@@ -68,13 +68,15 @@ def _prepare(service: StudioService, request: SynthesisRequest, voices, max_char
                          "combined with it.")
     default, style = _voice_and_style(service, request)
     read = read_text(text, request.ssml)
-    segments = plan(read.text, style=style, normalize=normalize, voices=dict(voices) if voices else None)
+    notes: list[str] = []
+    segments = plan(read.text, style=style, normalize=normalize, voices=dict(voices) if voices else None,
+                    notes=notes)
     records = {name: service.resolve_voice(name, request.caller)
                for name in {s.voice for s in segments if s.voice is not None}}
     segments = respell_segments(service, segments, lambda s: records[s.voice] if s.voice is not None else default,
                                 only=request.dictionary)
     clone = default is not None or request.ref_audio is not None or bool(records)
-    warnings = [*read.warnings, *(f"segment {segment.index + 1}: {w.tag}: {w.message}"
+    warnings = [*read.warnings, *notes, *(f"segment {segment.index + 1}: {w.tag}: {w.message}"
                                   for segment in segments for w in lint_tags(segment.text, clone=clone))]
     return _Prepared(segments, default, records), warnings
 
