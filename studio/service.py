@@ -33,14 +33,12 @@ for response bodies.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import dataclasses
-import functools
 import itertools
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,15 +47,16 @@ import numpy as np
 from engine.config import FRAME_RATE, SAMPLE_RATE
 from engine.longform import has_pauses, model_pauses
 from engine.normalize import looks_english
+from engine.peaks import PeakLimiter
 from engine.ssml import read_text
 from engine.tokenizer import CONTROL_TAGS, estimate_seconds, lint_tags
 from engine.types import SEED_LIMIT, Metrics, SamplingParams
 from studio.admission import OWNER, Caller
 from studio.aliases import Alias, VoiceAliases
 from studio.gpu_queue import GpuQueue, Job, Queued, ServiceBusy, ServiceClosed, TooManyTakes
-from studio.loudness import Loudness, measure
 from studio.presets import apply_preset, check_style_prefix
 from studio.pronounce import Dictionary, DictionaryStore, digest, merged
+from studio.take import LoopTake, Take, TakeHandle  # LoopTake: named here for studio/api and studio/wyoming.py
 from studio.voices import Consent, VoiceNotFound
 
 MAX_TEXT_CHARS = 4096  # the OpenAI speech API's `input` limit
@@ -100,118 +99,9 @@ class SynthesisRequest:
                 raise ValueError("The reference clip is empty or has no sample rate; upload or record it again.")
 
 
-@dataclass
-class Take:
-    """One finished (or stopped) generation, as the history keeps it."""
-
-    id: int
-    created: float
-    text: str  # what the user typed
-    prompt_text: str  # what the model saw: style prefix + text
-    voice_id: str | None
-    voice_name: str | None
-    style: str | None
-    settings: dict[str, Any]
-    seed: int
-    metrics: Metrics
-    audio: np.ndarray
-    sample_rate: int
-    warnings: list[str]
-    source: str
-    pronunciations: tuple = ()  # the pronunciation rules that fired on its text (studio/pronounce.py Rule)
-
-    @property
-    def stop_reason(self) -> str:
-        return self.metrics.stop_reason or ""
-
-    @functools.cached_property
-    def loudness(self) -> Loudness:
-        """The take's levels as made (studio/loudness.py), measured when first asked for: by the page or
-        the API, off the GPU line, not in the slot the take was made in."""
-        return measure(self.audio, self.sample_rate)
-
-    @property
-    def seconds(self) -> float:
-        return len(self.audio) / self.sample_rate
-
-    def recipe(self) -> dict[str, Any]:
-        """Everything needed to reproduce this take (PRODUCT §7.7): with `dictionary`, the pronunciation rules
-        that fired on it (none: `[]`), so that the recipe reads the text as it was read whatever the studio's
-        dictionary holds by then (the speech API's `dictionary` field takes it)."""
-        return {"text": self.text, "voice_id": self.voice_id, "style": self.style, "seed": self.seed,
-                **self.settings, "dictionary": [rule.to_json() for rule in self.pronunciations]}
-
-
 def _settings_of(params: SamplingParams) -> dict[str, Any]:
     """A take's settings as the history, the recipe and the page's "Use settings" read them (the seed apart)."""
     return {k: v for k, v in params.as_dict().items() if k != "seed"}
-
-
-class TakeHandle:
-    """One take on its way through the service: what was asked (`request`), the settings it runs with (`params`,
-    with its seed), the notes for the user (`warnings`), the `cancel` any thread may set, and the recorded `take`
-    once `finished` is set. `stream()` puts it in the line and yields what it makes; however the stream ends
-    (the consumer stops early, fails or goes away), a take that has not finished is cancelled."""
-
-    def __init__(self, line: GpuQueue, request: SynthesisRequest, params: SamplingParams, warnings: list[str],
-                 work: Callable[[Job, TakeHandle], None]):
-        self.request, self.params, self.warnings = request, params, warnings
-        self.cancel = threading.Event()
-        self.finished = threading.Event()
-        self.take: Any = None  # a Take (a LongTake for the page's long form) once finished
-        self._line, self._work = line, work
-
-    @property
-    def seed(self) -> int:
-        return self.params.seed
-
-    def stream(self, *, positions: bool = False) -> Iterator[Any]:
-        try:
-            yield from self._line.run(lambda job: self._work(job, self), self.cancel, caller=self.request.caller,
-                                      positions=positions)
-        finally:
-            if not self.finished.is_set():
-                self.cancel.set()  # stopped, failed or abandoned by the consumer: free the slot
-
-    def finish(self, take: Any = None) -> None:
-        """Record the end (the worker calls it, so the take lands even when the consumer has gone)."""
-        self.take = take
-        self.finished.set()
-
-
-_END = object()
-
-
-class LoopTake:
-    """A take followed into an asyncio loop: a thread of its own follows `handle.stream()` (it blocks while the
-    take waits its turn and between chunks) and hands each item to the loop. Started at once."""
-
-    def __init__(self, handle: TakeHandle, loop: asyncio.AbstractEventLoop, *, name: str = "higgs-take"):
-        self.handle, self._loop = handle, loop
-        self._items: asyncio.Queue = asyncio.Queue()
-        threading.Thread(target=self._pump, name=name, daemon=True).start()
-
-    def _pump(self) -> None:
-        try:
-            for item in self.handle.stream():
-                self._hand(item)
-            self._hand(_END)
-        except Exception as exc:  # handed to the loop as the last item, where the client hears it
-            self._hand(exc)
-
-    def _hand(self, item) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
-        except RuntimeError:  # the loop has stopped (the server is shutting down)
-            self.handle.cancel.set()
-
-    async def items(self) -> AsyncIterator[Any]:
-        """The stream's items as they come; what it raised, if anything, comes as the last item."""
-        while (item := await self._items.get()) is not _END:
-            yield item
-
-    def cancel(self) -> None:
-        self.handle.cancel.set()  # the engine ends the take at its next step; its slot goes to the next one
 
 
 class StudioService:
@@ -405,25 +295,29 @@ class StudioService:
         else:
             ref = None
         chunks = engine.generate_stream(prompt_text, voice=ref, params=handle.params, cancel=handle.cancel)
+        # Every take leaves under the true-peak ceiling: each chunk is limited before it is sent, the
+        # limiter holding back only the ~10 ms its look-ahead needs, which the final chunk carries.
+        limiter = PeakLimiter()
         pieces: list[np.ndarray] = []
         last = None
         try:
             # The engine watches `cancel` every frame and ends with a final "cancelled" chunk.
             for chunk in chunks:
-                if len(chunk.audio):
-                    pieces.append(np.asarray(chunk.audio, dtype=np.float32))
                 last = chunk
                 if chunk.final:
                     break
+                chunk = dataclasses.replace(chunk, audio=limiter.feed(chunk.audio))
+                pieces.append(chunk.audio)
                 job.out.put(chunk)
         finally:
             chunks.close()
         if last is None:
             return
-        if not last.final:
-            last = dataclasses.replace(last, audio=np.zeros(0, np.float32), final=True,
-                                       metrics=dataclasses.replace(last.metrics, stop_reason="cancelled"))
-        handle.finish(self._record(handle, prompt_text, voice, style, last.metrics, pieces, fired))
+        tail = np.concatenate([limiter.feed(last.audio) if last.final else np.zeros(0, np.float32), limiter.flush()])
+        pieces.append(tail)
+        last = dataclasses.replace(last, audio=tail, final=True, metrics=last.metrics if last.final else
+                                   dataclasses.replace(last.metrics, stop_reason="cancelled"))
+        handle.finish(self._record(handle, prompt_text, voice, style, last.metrics, pieces, fired, limiter.gain_db))
         job.out.put(last)
 
     def variants(self, handle: TakeHandle, takes: int) -> list[TakeHandle]:
@@ -444,15 +338,16 @@ class StudioService:
             raise RuntimeError("The generation was cancelled before it produced audio.")
         return handle.take
 
-    def _record(self, handle: TakeHandle, prompt_text, voice, style, metrics: Metrics, pieces, fired=()) -> Take:
+    def _record(self, handle: TakeHandle, prompt_text, voice, style, metrics: Metrics, pieces, fired=(),
+                peak_cut_db: float = 0.0) -> Take:
         request = handle.request
-        audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+        audio = np.concatenate(pieces)
         take = Take(
             id=next(self._take_ids), created=time.time(), text=request.text, prompt_text=prompt_text,
             voice_id=voice.id if voice is not None else None, voice_name=voice.name if voice is not None else None,
             style=style, settings=_settings_of(handle.params), seed=handle.seed, metrics=metrics,
             audio=audio, sample_rate=SAMPLE_RATE, warnings=list(handle.warnings), source=request.source,
-            pronunciations=tuple(fired))
+            pronunciations=tuple(fired), peak_cut_db=peak_cut_db)
         with self._history_lock:
             self._history.append(take)
             self._last_batch = metrics.batch
