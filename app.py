@@ -8,6 +8,7 @@ with the OpenAI-compatible API on the same port.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sqlite3
@@ -309,21 +310,28 @@ def main(argv: list[str] | None = None) -> None:
     # Gradio refuses uploads over this as they arrive: the largest legitimate one is a voice bundle, or on a
     # public page (where only the owner may import, and not from the page) a reference clip.
     max_upload = MAX_UPLOAD_BYTES if access.api_key and access.public_page else MAX_IMPORT_BYTES
+    from studio import api, assets
+    from studio.longform import MAX_LONG_INPUT_CHARS
+
+    @contextlib.asynccontextmanager
+    async def our_routes(app):
+        # launch() builds a new FastAPI app each time, so our routes go on the one it serves; in its lifespan,
+        # which uvicorn runs before it opens the port, so no request ever meets the app without them.
+        api.register(app, service, access=access, max_input_chars=args.max_input_chars or MAX_LONG_INPUT_CHARS,
+                     transcriber=asr, projects=projects, runner=runner, page_tokens=page.player.check_token,
+                     listener=listener)
+        page.player.mount(app, access=access)  # the page's WebAudio stream route (studio/live.py)
+        assets.mount(app)  # the page's static files (studio/static/): the live player's AudioWorklet
+        yield
+
     try:
         demo.launch(server_name=args.host, server_port=args.port, share=args.share, mcp_server=args.mcp,
                     prevent_thread_lock=True, show_error=False, allowed_paths=[str(page.out_dir)],
                     max_file_size=max_upload, **access.launch_kwargs(), **launch_kwargs(),
                     app_kwargs={"middleware": host_guard(args.host, args.api_key, args.allowed_hosts.split(","),
-                                                         args.share)})
+                                                         args.share), "lifespan": our_routes})
     except OSError as exc:
         sys.exit(f"Cannot listen on {args.host}:{args.port} ({exc}). Pick another port with --port or PORT.")
-    from studio import api, assets  # routes go on the running app: launch() builds a new FastAPI app each time
-    from studio.longform import MAX_LONG_INPUT_CHARS
-    api.register(demo.app, service, access=access, max_input_chars=args.max_input_chars or MAX_LONG_INPUT_CHARS,
-                 transcriber=asr, projects=projects, runner=runner, page_tokens=page.player.check_token,
-                 listener=listener)
-    page.player.mount(demo.app, access=access)  # the page's WebAudio stream route (studio/live.py)
-    assets.mount(demo.app)  # the page's static files (studio/static/): the live player's AudioWorklet
     print(f"OpenAI-compatible API: POST {demo.local_url.rstrip('/')}/v1/audio/speech"
           + (" (Bearer key required)" if args.api_key else ""), flush=True)
     if not args.api_key and args.host not in ("127.0.0.1", "localhost", "::1"):
