@@ -11,8 +11,9 @@ what `StudioService` yields. Generation, queueing and voice storage happen in th
 
 | module | what it holds |
 |---|---|
-| `model.py` | the limits, the error body, `SpeechRequest` and its checks, the plumbing every route shares |
+| `model.py` | the limits, the error body and `api_error` (failures → it), `SpeechRequest`, the routes' plumbing |
 | `speech.py` | `POST /v1/audio/speech`: the request resolved, the take streamed (audio, SSE, buffered) |
+| `run.py` | one take driven for one request: the timeout, and the take stopped when its client goes |
 | `stream.py` | `WS /v1/audio/speech/stream`: text in as it is written, the open long take's audio out |
 | `voices.py` | the voice library's and the style presets' routes |
 | `projects.py` | `/v1/projects…` and `/v1/jobs…`: books, render jobs, chapter audio (docs/PROJECTS.md) |
@@ -21,8 +22,6 @@ what `StudioService` yields. Generation, queueing and voice storage happen in th
 
 from __future__ import annotations
 
-import logging
-
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -30,7 +29,7 @@ from starlette.routing import Mount
 
 from studio.access import Access
 from studio.api.dictionary import DictionaryRoutes
-from studio.api.model import MAX_UPLOAD_BYTES, MODEL_IDS, REQUEST_TIMEOUT_S, ApiError, Routes
+from studio.api.model import MAX_UPLOAD_BYTES, MODEL_IDS, REQUEST_TIMEOUT_S, Routes, api_error
 from studio.api.projects import ProjectRoutes
 from studio.api.speech import SpeechRoutes
 from studio.api.stream import ROUTE as STREAM_ROUTE
@@ -39,8 +38,6 @@ from studio.api.voices import VoiceRoutes
 from studio.formats import available_formats
 from studio.listen import Listener
 from studio.longform import MAX_LONG_INPUT_CHARS
-
-log = logging.getLogger("higgs.api")
 
 
 class _InfoRoutes(Routes):
@@ -86,11 +83,8 @@ def register(app: FastAPI, service, *, api_key: str | None = None, access: Acces
         async def endpoint(request: Request):
             try:
                 return await handler(request)
-            except ApiError as exc:
-                return exc.response()
-            except Exception as exc:  # one bad request never takes the server down
-                log.exception("%s %s failed", request.method, request.url.path)
-                return ApiError(500, f"Internal error: {type(exc).__name__}: {exc}").response()
+            except Exception as exc:  # one bad request never takes the server down, nor shows its internals
+                return api_error(exc, f"{request.method} {request.url.path}").response()
         endpoint.__name__ = handler.__name__
         endpoint.__doc__ = handler.__doc__
         return endpoint

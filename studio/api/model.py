@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -22,12 +23,16 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from engine.remote import RemoteError
 from engine.ssml import rate_tag
 from engine.types import DEFAULT_REPEAT_GUARD
 from studio.access import Access
 from studio.aliases import OPENAI_VOICES, Alias
+from studio.gpu_queue import ServiceBusy, ServiceClosed
 from studio.presets import check_style_prefix
 from studio.voices import VoiceNotFound
+
+log = logging.getLogger("higgs.api")
 
 MODEL_IDS = ("higgs-audio-v3-tts", "higgs-tts-3")
 DEFAULT_VOICE = "default"
@@ -60,6 +65,30 @@ class ApiError(Exception):
         kind = kinds.get(self.status, "invalid_request_error" if self.status < 500 else "server_error")
         body = {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
         return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+INTERNAL_ERROR = ("The server failed while answering this request; the details are in its log. Try again, and "
+                  "report it if it keeps happening.")
+
+
+def api_error(exc: BaseException, what: str) -> ApiError:
+    """The one mapping from a failure to what the client is told (`what` names the request in the log). The
+    errors written for people keep their sentence: ours (ApiError), the line's (busy, closed), a remote
+    server's answer, a field's wrong type, and ValueError, the house's error for a bad input (STYLE.md). Any
+    other failure is a bug or a fault: the client gets INTERNAL_ERROR, and only the log gets the exception."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, (ServiceBusy, ServiceClosed)):
+        return ApiError(503, str(exc), headers={"Retry-After": "5"})
+    if isinstance(exc, RemoteError):  # the --remote server refused or failed: its answer, as a 400 or a 502/503
+        status = exc.client_status
+        return ApiError(status, str(exc), headers={"Retry-After": "5"} if status == 503 else None)
+    if isinstance(exc, ValidationError):
+        return ApiError(422, validation_message(exc))
+    if isinstance(exc, ValueError) and not isinstance(exc, UnicodeError):  # a codec's error is not a sentence
+        return ApiError(400, str(exc))
+    log.error("%s failed", what, exc_info=exc)
+    return ApiError(500, INTERNAL_ERROR)
 
 
 class SpeechRequest(BaseModel):
@@ -107,12 +136,30 @@ class SpeechRequest(BaseModel):
         return v.lower() if isinstance(v, str) else v
 
 
+# What pydantic's type errors ask for, in JSON's words.
+_KINDS = {"string_type": "a string", "dict_type": "an object", "list_type": "a list", "float_type": "a number",
+          "float_parsing": "a number", "int_type": "a whole number", "int_parsing": "a whole number",
+          "int_from_float": "a whole number", "bool_type": "true or false", "bool_parsing": "true or false"}
+# pydantic names each branch of a union in an error's path (`voice.str`, `voice.dict[any,any]`).
+_BRANCH_RE = re.compile(r"^(str|int|float|bool|bytes|none|[a-z-]+\[.*\])$")
+
+
 def validation_message(exc: ValidationError) -> str:
-    parts = []
+    """pydantic's errors as one sentence per field: a field that takes several types is named once with what
+    it takes (`voice` must be a string or an object), never with pydantic's names for the union's branches."""
+    fields: dict[str, list[dict]] = {}
     for err in exc.errors():
-        where = ".".join(str(p) for p in err.get("loc", ())) or "body"
-        parts.append(f"`{where}`: {err.get('msg', 'invalid')}")
-    return "Invalid request: " + "; ".join(parts)
+        loc = [str(p) for p in err.get("loc", ())]
+        path = loc[:1] + [p for p in loc[1:] if not _BRANCH_RE.match(p)]
+        fields.setdefault(".".join(path) or "body", []).append(err)
+    parts = []
+    for where, errors in fields.items():
+        kinds = [_KINDS.get(e.get("type", "")) for e in errors]
+        if all(kinds):
+            parts.append(f"`{where}` must be {' or '.join(dict.fromkeys(kinds))}")
+        else:
+            parts.append(f"`{where}`: " + "; ".join(dict.fromkeys(str(e.get("msg", "invalid")) for e in errors)))
+    return "Invalid request: " + "; ".join(parts) + "."
 
 
 def speed_tag(speed: float) -> str:

@@ -10,28 +10,25 @@ the long form (studio/longform.py) and streams the same way.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 import json
 import logging
 import struct
-import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
 import anyio
 import numpy as np
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from engine.audio import load_audio
 from engine.config import SAMPLE_RATE
 from engine.generate import codes_sha256
-from engine.remote import RemoteError
 from engine.ssml import SPEED_TAGS, read_text
 from engine.tokenizer import strip_tags
 from engine.types import Metrics, SamplingParams
@@ -42,16 +39,17 @@ from studio.api.model import (
     ApiError,
     Routes,
     SpeechRequest,
+    api_error,
     decode_ref_audio,
     header_value,
     resolve_voice,
     speed_tag,
     validation_message,
 )
+from studio.api.run import CLIENT_CLOSED, TakeResponse, TakeRun
 from studio.captions import take_captions
 from studio.clean import clean_text
 from studio.formats import MIME, STREAM_FORMATS, FormatError, StreamEncoder, available_formats, encode_audio, to_pcm16
-from studio.gpu_queue import ServiceBusy, ServiceClosed
 from studio.longform import MAX_LONG_INPUT_CHARS, start_long, wants_long_form
 from studio.loudness import LoudnessMeter, check_ceiling, measure, normalize, resolve_target
 from studio.pronounce import Dictionary
@@ -86,20 +84,6 @@ def metric_headers(metrics: Metrics | None, seed: int, *, final: bool, codes=Non
     return headers
 
 
-def _errors(exc: Exception) -> ApiError | None:
-    """What a failure of the service or the engine answers, or None for an unexpected one."""
-    if isinstance(exc, ApiError):
-        return exc
-    if isinstance(exc, (ServiceBusy, ServiceClosed)):
-        return ApiError(503, str(exc), headers={"Retry-After": "5"})
-    if isinstance(exc, ValueError):  # VoiceNotFound, ReferenceAudioError, engine limits: sentences for the user
-        return ApiError(400, str(exc))
-    if isinstance(exc, RemoteError):  # the --remote server refused or failed: its answer, as a 400 or a 502/503
-        status = exc.client_status
-        return ApiError(status, str(exc), headers={"Retry-After": "5"} if status == 503 else None)
-    return None
-
-
 class SpeechRoutes(Routes):
     """The speech route: the request checked and resolved, the take queued, the answer streamed."""
 
@@ -117,11 +101,14 @@ class SpeechRoutes(Routes):
         if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
             raise ApiError(415, "Send the speech request as JSON with the header `Content-Type: application/json`.")
         body = await self.read_body(request, MAX_JSON_BYTES)
+        example = f'Send a JSON object like {{"model": "{MODEL_IDS[0]}", "input": "Hello", "voice": "default"}}.'
         try:
             payload = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"Request body is not valid JSON ({exc}). Send a JSON object like "
-                                f'{{"model": "{MODEL_IDS[0]}", "input": "Hello", "voice": "default"}}.') from None
+        except json.JSONDecodeError as exc:
+            raise ApiError(400, f"Request body is not valid JSON: {exc.msg.lower()} at line {exc.lineno}, column "
+                                f"{exc.colno}. {example}") from None
+        except UnicodeDecodeError:
+            raise ApiError(400, f"Request body is not valid JSON: it is not UTF-8 text. {example}") from None
         except RecursionError:
             raise ApiError(400, "Request body is nested too deeply to be a speech request. Send a flat JSON object "
                                 "of the documented fields.") from None
@@ -142,9 +129,9 @@ class SpeechRoutes(Routes):
         try:
             handle = await self.in_thread(self._start, synth, req.voices, req.listen)
         except Exception as exc:
-            raise _errors(exc) or exc from None
-        run = _Run(self, handle)
-        first = await run.first(request)
+            raise api_error(exc, "starting a take") from None
+        run = TakeRun(self, handle, request, timeout=self.request_timeout)
+        first = await run.first()
         headers = metric_headers(first.metrics, handle.seed, final=first.final)
         warnings = [*notes, *handle.warnings]
         if warnings:
@@ -155,11 +142,10 @@ class SpeechRoutes(Routes):
         fmt = req.response_format
         streamable = fmt in STREAMED_FORMATS and req.stream is not False and level is None
         if req.stream_format == "sse":
-            return _TakeResponse(run, self._sse(run, first, fmt, len(req.input), started, level,
-                                                        req.timestamps),
-                                 media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
+            return TakeResponse(run, self._sse(run, first, fmt, len(req.input), started, level, req.timestamps),
+                                media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
         if streamable and req.timestamps is None:
-            return _TakeResponse(run, self._audio_stream(run, first, fmt), media_type=MIME[fmt], headers=headers)
+            return TakeResponse(run, self._audio_stream(run, first, fmt), media_type=MIME[fmt], headers=headers)
         audio, last = await run.collect(first)
         audio, loudness = await self.in_thread(_leveled, audio, level)
         data, mime = await self.in_thread(encode_audio, audio, SAMPLE_RATE, fmt)
@@ -203,6 +189,9 @@ class SpeechRoutes(Routes):
         """The take asked for, the notes for `X-Warnings`, and the alias `voice` named (if it named one)."""
         if not req.input.strip():
             raise ApiError(400, "`input` is empty: send the text to speak.", param="input")
+        # Limits count the characters sent, not what SSML or `clean` made of them; the larger one is checked
+        # before anything is parsed.
+        _check_length(req.input, self.max_input_chars)
         try:
             read = read_text(req.input, req.ssml)  # SSML → our text with [pause] markers (engine/ssml.py)
         except ValueError as exc:
@@ -212,9 +201,6 @@ class SpeechRoutes(Routes):
         if not text.strip():
             raise ApiError(400, "`input` has no text to speak inside its SSML.", param="input")
         if req.clean:
-            if len(text) > self.max_input_chars:  # refused before it is parsed
-                raise ApiError(400, f"`input` is {len(text)} characters; the limit is {self.max_input_chars}.",
-                               param="input", code="string_above_max_length")
             text = clean_text(text, actions=req.clean_actions)
             if not strip_tags(text).strip():
                 raise ApiError(400, "`input` has nothing left to say once `clean` removed its markdown, code, URLs"
@@ -222,10 +208,7 @@ class SpeechRoutes(Routes):
                                     + ". Send text with words in it, or send it without `clean`.",
                                param="input", code="empty_after_clean")
         long = wants_long_form(text, req.voices)
-        limit = self.max_input_chars if long else MAX_TEXT_CHARS
-        if len(text) > limit:
-            raise ApiError(400, f"`input` is {len(text)} characters; the limit is {limit}. Split the text into "
-                                f"several requests.", param="input", code="string_above_max_length")
+        _check_length(req.input, self.max_input_chars if long else MAX_TEXT_CHARS)
         if req.response_format not in available_formats():
             raise ApiError(400, f"response_format {req.response_format!r} needs ffmpeg, which this server does not "
                                 f"have; ask for one of {', '.join(available_formats())}.", param="response_format")
@@ -283,7 +266,7 @@ class SpeechRoutes(Routes):
             raise ApiError(400, str(exc)) from None
         return synth, notes, resolved.alias
 
-    async def _encoded(self, run: _Run, first, fmt: str) -> AsyncIterator[tuple[bytes, Any]]:
+    async def _encoded(self, run: TakeRun, first, fmt: str) -> AsyncIterator[tuple[bytes, Any]]:
         """`(bytes of fmt, the chunk they came from)` as the take is decoded (one of STREAMED_FORMATS); the
         encoder's tail comes last with chunk None. Raises FormatError if ffmpeg fails; the take and its ffmpeg
         are stopped however this ends (the client left, the take failed, the encoder failed)."""
@@ -307,7 +290,7 @@ class SpeechRoutes(Routes):
                 if encoder is not None:
                     await self.in_thread(encoder.kill)
 
-    async def _audio_stream(self, run: _Run, first, fmt: str) -> AsyncIterator[bytes]:
+    async def _audio_stream(self, run: TakeRun, first, fmt: str) -> AsyncIterator[bytes]:
         try:
             async with aclosing(self._encoded(run, first, fmt)) as stream:
                 async for data, _ in stream:
@@ -315,8 +298,11 @@ class SpeechRoutes(Routes):
                         yield data
         except FormatError:  # the status line is gone: end the body, keep the server up
             log.exception("encoding the %s stream failed", fmt)
+        except ApiError as exc:  # the client left (nothing to tell), or the take ran out of time: the body ends
+            if exc.status != CLIENT_CLOSED:
+                log.warning("the %s stream ended early: %s", fmt, exc.message)
 
-    async def _sse(self, run: _Run, first, fmt: str, input_chars: int, started: float,
+    async def _sse(self, run: TakeRun, first, fmt: str, input_chars: int, started: float,
                    level: tuple[float, float] | None, timestamps: str | None = None) -> AsyncIterator[bytes]:
         def event(obj) -> bytes:
             return b"data: " + json.dumps(obj).encode() + b"\n\n"
@@ -339,19 +325,17 @@ class SpeechRoutes(Routes):
                 audio, loudness = await self.in_thread(_leveled, audio, level)
                 data, _ = await self.in_thread(encode_audio, audio, SAMPLE_RATE, fmt)
                 yield delta(data)
-        except ApiError as exc:
-            yield event({"type": "error", "error": {"message": exc.message, "code": exc.code}})
-            return
         except Exception as exc:  # the headers are gone: report in-band, keep the server up
-            log.exception("speech SSE stream failed")
-            yield event({"type": "error", "error": {"message": f"{type(exc).__name__}: {exc}"}})
+            error = api_error(exc, "the speech SSE stream")
+            yield event({"type": "error", "error": {"message": error.message, "code": error.code}})
             return
         if timestamps is not None:
             try:
                 yield event({"type": "speech.audio.timestamps", **await self._timestamps(run.handle, timestamps, None)})
             except Exception as exc:  # the audio is sent; say in-band why its times are not
-                log.exception("captioning the take failed")
-                yield event({"type": "error", "error": {"message": f"timestamps failed: {type(exc).__name__}: {exc}"}})
+                error = api_error(exc, "captioning the take")
+                yield event({"type": "error", "error": {"message": f"The timestamps failed: {error.message}",
+                                                        "code": error.code}})
         numbers: dict[str, Any] = dataclasses.asdict(last.metrics) if last is not None else {}
         frames = int(numbers.get("frames", 0))
         prompt_tokens = int(numbers.get("prompt_tokens", 0) or input_chars)
@@ -367,6 +351,12 @@ class SpeechRoutes(Routes):
                                  "wall_ms": round((time.perf_counter() - started) * 1000, 1)}})
 
 
+def _check_length(sent: str, limit: int) -> None:
+    if len(sent) > limit:
+        raise ApiError(400, f"`input` is {len(sent)} characters; the limit is {limit}. Split the text into several "
+                            f"requests.", param="input", code="string_above_max_length")
+
+
 def _leveled(audio: np.ndarray, level: tuple[float, float] | None) -> tuple[np.ndarray, dict]:
     """The collected take at `level` (target LUFS, ceiling dBTP; None: as made) and its loudness as the API
     reports it (with the gain and the levels before when it was normalised)."""
@@ -380,101 +370,3 @@ def _loudness_headers(loudness: dict) -> dict[str, str]:
     values = {"X-Loudness-LUFS": loudness.get("lufs"), "X-True-Peak-dBTP": loudness.get("true_peak_dbtp"),
               "X-Loudness-Gain-dB": (loudness.get("normalized") or {}).get("gain_db")}
     return {name: f"{value:.2f}" for name, value in values.items() if value is not None}
-
-
-class _TakeResponse(StreamingResponse):
-    """A streamed take that is cancelled however sending ends. The body's own `finally` stops the take
-    once the body has started; this also covers a failure before it starts (the server refusing a header,
-    the client gone before the first byte), which would otherwise leave the take running on the GPU."""
-
-    def __init__(self, run: _Run, content, **kwargs):
-        super().__init__(content, **kwargs)
-        self.run = run
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self.run.close()
-
-
-class _Run:
-    """One take driven from async code: pulls `handle.stream()` in a worker thread, enforces the request
-    timeout, and cancels the take (and frees the GPU) however the client goes away."""
-
-    _END = object()
-
-    def __init__(self, api: SpeechRoutes, handle: TakeHandle):
-        self.api, self.handle = api, handle
-        self.timed_out = False
-        self._gen: Iterator | None = None
-        self._timer = threading.Timer(api.request_timeout, self._timeout)
-        self._timer.daemon = True
-
-    def _timeout(self) -> None:
-        self.timed_out = True
-        self.handle.cancel.set()
-
-    def _next(self):
-        if self._gen is None:
-            self._gen = self.handle.stream()
-        return next(self._gen, self._END)
-
-    async def _pull(self):
-        try:
-            item = await self.api.in_thread(self._next)
-        except Exception as exc:
-            raise _errors(exc) or exc from None
-        if self.timed_out:
-            raise ApiError(504, f"The request took longer than {self.api.request_timeout:g} s (queue wait and "
-                                f"generation) and was stopped.")
-        return None if item is self._END else item
-
-    async def first(self, request: Request):
-        """The first chunk, while watching for the client leaving (a queued request then leaves the queue)."""
-        self._timer.start()
-        task = asyncio.ensure_future(self._pull())
-        try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=0.25)
-                if done:
-                    break
-                if await request.is_disconnected():
-                    self.handle.cancel.set()
-            chunk = task.result()
-        except BaseException:
-            await self.close()
-            raise
-        if chunk is None:
-            await self.close()
-            raise ApiError(500, "The generation ended without producing audio.")
-        return chunk
-
-    async def chunks(self, first) -> AsyncIterator[Any]:
-        """`first` and every chunk after it; always closes the generation."""
-        try:
-            chunk = first
-            while chunk is not None:
-                yield chunk
-                if chunk.final:
-                    break
-                chunk = await self._pull()
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self.close()
-
-    async def collect(self, first) -> tuple[np.ndarray, Any]:
-        pieces, last = [], None
-        async for chunk in self.chunks(first):
-            last = chunk
-            if len(chunk.audio):
-                pieces.append(np.asarray(chunk.audio, dtype=np.float32))
-        return (np.concatenate(pieces) if pieces else np.zeros(0, np.float32)), last
-
-    async def close(self) -> None:
-        self._timer.cancel()
-        gen, self._gen = self._gen, None
-        if gen is not None:
-            self.handle.cancel.set()
-            await self.api.in_thread(gen.close)
