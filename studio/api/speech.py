@@ -53,7 +53,8 @@ from studio.formats import MIME, STREAM_FORMATS, FormatError, StreamEncoder, ava
 from studio.longform import MAX_LONG_INPUT_CHARS, start_long, wants_long_form
 from studio.loudness import LoudnessMeter, check_ceiling, measure, normalize, resolve_target
 from studio.pronounce import Dictionary
-from studio.service import MAX_TEXT_CHARS, SynthesisRequest, TakeHandle
+from studio.service import MAX_TEXT_CHARS, SynthesisRequest
+from studio.take import TakeHandle
 
 log = logging.getLogger("higgs.api")
 
