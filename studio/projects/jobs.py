@@ -39,7 +39,8 @@ from engine.types import SEED_LIMIT, SamplingParams
 from studio.admission import Caller
 from studio.projects.library import Projects
 from studio.projects.recipes import SAMPLING_FIELDS, Planned, anchor_identity, anchor_of_render
-from studio.projects.store import UNFINISHED, JobRow, ProjectNotFound, as_stored
+from studio.projects.store import UNFINISHED, ProjectNotFound, as_stored
+from studio.projects.types import JobRow
 from studio.service import SynthesisRequest
 
 log = logging.getLogger("higgs.projects")
@@ -58,6 +59,9 @@ class JobRunner:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._current: tuple[str, threading.Event] | None = None  # the running job and its cancel
+        # One owner's control at a time: render's look-then-add is atomic (twelve requests at once get one
+        # job, not eight), and a pause or cancel never interleaves with a render widening the same job.
+        self._control = threading.Lock()
         self._thread: threading.Thread | None = None
 
     # ---------------------------------------------------------------- life
@@ -65,7 +69,7 @@ class JobRunner:
         """Remove what a kill left half-written, put the jobs that were running back in the queue, and start."""
         swept = self.store.sweep()
         if swept:
-            log.info("removed %d unfinished render file(s)", swept)
+            log.info("removed %d file(s) a kill left behind", swept)
         for job in self.store.jobs(states=UNFINISHED):
             if job.state == "running":
                 self.store.update_job(job.id, state="queued")
@@ -92,33 +96,38 @@ class JobRunner:
             if bad or not chapters:
                 raise ValueError(f"`chapters` lists chapter indexes 0 … {count - 1}; got {chapters!r}.")
             chapters = sorted(set(chapters))
-        for job in self.store.jobs(project_id, UNFINISHED):
-            wider = None if job.chapters is None or chapters is None else sorted(set(job.chapters) | set(chapters))
-            self.store.update_job(job.id, chapters=wider)
-            if job.state == "paused":
-                self.store.update_job(job.id, state="queued", only_if=["paused"])
-            self.projects.set_active(project_id, (job.id, wider))
-            self._wake.set()
-            return self.store.job(job.id)
-        selected = self._selected(self.projects.planned(project_id), chapters)
-        job = self.store.add_job(project_id, chapters, len(selected))
-        self.projects.set_active(project_id, (job.id, chapters))
+        with self._control:
+            for job in self.store.jobs(project_id, UNFINISHED):
+                wider = None if job.chapters is None or chapters is None else sorted(set(job.chapters) | set(chapters))
+                if not self.store.update_job(job.id, chapters=wider, only_if=UNFINISHED):
+                    continue  # it finished just now: a new job takes the chapters
+                if job.state == "paused":
+                    self.store.update_job(job.id, state="queued", only_if=["paused"])
+                self.projects.set_active(project_id, (job.id, wider))
+                self._wake.set()
+                return self.store.job(job.id)
+            selected = self._selected(self.projects.planned(project_id), chapters)
+            job = self.store.add_job(project_id, chapters, len(selected))
+            self.projects.set_active(project_id, (job.id, chapters))
         self._wake.set()
         return job
 
     def pause(self, job_id: str) -> JobRow:
-        return self._stop_job(job_id, "paused")
+        with self._control:
+            return self._stop_job(job_id, "paused")
 
     def cancel(self, job_id: str) -> JobRow:
-        job = self._stop_job(job_id, "cancelled")
-        self.projects.set_active(job.project, None)
+        with self._control:
+            job = self._stop_job(job_id, "cancelled")
+            self.projects.set_active(job.project, None)
         return job
 
     def resume(self, job_id: str) -> JobRow:
-        job = self.store.job(job_id)
-        if job.state != "paused":
-            raise ValueError(f"Job {job_id} is {job.state}; only a paused job resumes.")
-        self.store.update_job(job_id, state="queued", only_if=["paused"])
+        with self._control:
+            job = self.store.job(job_id)
+            if job.state != "paused":
+                raise ValueError(f"Job {job_id} is {job.state}; only a paused job resumes.")
+            self.store.update_job(job_id, state="queued", only_if=["paused"])
         self._wake.set()
         return self.store.job(job_id)
 
