@@ -13,12 +13,13 @@ import time
 import zipfile
 import zlib
 
+import httpx
 import pytest
 
 from studio.archive import KB, MB, Archive, ArchiveRefused, Caps
 from studio.projects import importing
 from studio.projects.importing import ImportRefused
-from tests.probes import peak_growth_mb
+from tests.probes import peak_growth_mb, server_pid
 
 CAPS = Caps(noun="test archive", members=20, total=4 * MB, member=1 * MB)
 DATE = (2026, 1, 1, 0, 0, 0)  # a fixed date: the bytes are the same in every process (xdist collects alike)
@@ -331,3 +332,18 @@ def test_a_cover_over_its_cap_is_left_out_with_a_note():
     assert book.cover is None and book.chapters[0].text == "Hello there."
     assert ("The EPUB's 'OEBPS/cover.jpg' is more than 10,485,760 bytes inflated; the limit for a cover image is "
             "10 MB. The book was imported without its cover.") in book.notes
+
+
+def test_the_projects_api_answers_hostile_epubs_with_a_400_sentence_in_little_memory(demo_studio):
+    """Rows 1 and 16 through `POST /v1/projects` on a running studio, its RSS measured around each upload."""
+    liar = _bomb("OEBPS/c1.xhtml", mib=512, declared=5_000, others=_epub({}, _package({"c1": "c1.xhtml"}, ["c1"])))
+    laughs = _zip(_epub({"c1.xhtml": b"<html><body><p>Hi.</p></body></html>"},
+                        _package({"c1": "c1.xhtml"}, ["c1"], head=LAUGHS, title=b"&lol9;")))
+    pid = server_pid(demo_studio.url)
+    with httpx.Client(base_url=demo_studio.url, timeout=60) as client:
+        for data, message in ((liar, "The EPUB's 'OEBPS/c1.xhtml' cannot be read: its contents do not match"),
+                              (laughs, "The EPUB's 'OEBPS/content.opf' declares XML entities")):
+            with peak_growth_mb(pid) as grown:
+                r = client.post("/v1/projects", files={"file": ("book.epub", data, "application/epub+zip")})
+            assert r.status_code == 400 and r.json()["error"]["message"].startswith(message), r.text
+            assert grown["mb"] < 40, grown  # before: +1.0 GB for the liar

@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.formparsers import MultiPartException
 
 from studio.admission import OWNER
 from studio.api.model import FORM_OVERHEAD, ApiError, Routes
@@ -65,8 +66,11 @@ class ProjectRoutes(Routes):
             await self.read_body(request, limits.max_bytes + FORM_OVERHEAD)
             try:
                 form = await request.form(max_files=1, max_fields=16, max_part_size=limits.max_bytes + 1)
-            except Exception as exc:
-                raise ApiError(400, f"Could not parse the multipart form: {exc}") from None
+            except MultiPartException as exc:  # starlette's sentences: too many files, a part too large
+                raise ApiError(400, f"Could not parse the multipart form: {exc.message}") from None
+            except Exception:
+                raise ApiError(400, "Could not parse the multipart form; send the book as multipart/form-data "
+                                    "with one `file` field.") from None
             upload = form.get("file")
             fields = {k: str(form.get(k) or "") for k in CREATE_FIELDS}
             try:
