@@ -272,11 +272,12 @@ def test_a_visitors_exports_are_bounded_and_honour_the_voice_limit(space):
     assert [p for p in zips_under(tmp) if p not in before] == served
 
 
-def test_an_export_is_removed_after_its_time(tmp_path):
-    """The shelf of exports: each visitor's latest only, within the budget, gone after its time (here 0.3 s)."""
+def test_an_export_is_removed_when_downloaded_closed_or_old(tmp_path):
+    """The shelf of exports: each page's latest, each visitor within a budget, everyone within another; gone
+    when downloaded, when the page closes, or after its time (here 2 s)."""
     from studio.voices.exports import ExportShelf
 
-    shelf = ExportShelf(tmp_path, ttl_s=0.3, visitor_bytes=1000, total_bytes=2500)
+    shelf = ExportShelf(tmp_path, ttl_s=2.0, visitor_bytes=1000, total_bytes=2500)
     first = shelf.put("visitor:a", "page-1", "my-voices.zip", b"x" * 600)
     second = shelf.put("visitor:a", "page-1", "my-voices.zip", b"y" * 700)
     assert not os.path.exists(first) and open(second, "rb").read() == b"y" * 700  # the latest replaces it
@@ -285,13 +286,18 @@ def test_an_export_is_removed_after_its_time(tmp_path):
     third = shelf.put("visitor:a", "page-5", "my-voices.zip", b"t" * 400)  # another page of the same visitor
     assert not os.path.exists(second) and shelf.held_bytes("visitor:a") == 400  # the oldest made room
     other = shelf.put("visitor:b", "page-2", "my-voices.zip", b"w" * 900)
-    shelf.put("visitor:c", "page-3", "my-voices.zip", b"v" * 1000)
+    fourth = shelf.put("visitor:c", "page-3", "my-voices.zip", b"v" * 1000)
     with pytest.raises(ValueError, match="try again"):
         shelf.put("visitor:d", "page-4", "my-voices.zip", b"u" * 300)  # 2,500 bytes for everyone at once
     assert os.path.exists(third)
     shelf.drop_page("page-2")  # the page that asked for it closed
     assert not os.path.exists(other)
+    shelf.fetched("page-5", grace_s=0.0)  # downloaded: gone without waiting for its time
     deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and os.path.exists(third):
+        time.sleep(0.01)
+    assert not os.path.exists(third) and os.path.exists(fourth)
+    deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(tmp_path.rglob("*.zip")):
         time.sleep(0.05)
     assert not list(tmp_path.rglob("*.zip")) and not [p for p in tmp_path.iterdir() if p.is_dir()]

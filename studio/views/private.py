@@ -74,6 +74,7 @@ class PrivateVoicesView:
         self.table.select(self._pick, None, current, queue=False, **priv)
         delete.click(self._delete, [current, confirm, self.store], [*outputs, current, confirm], **priv)
         export.click(self._export, self.store, self.export_file, **priv)
+        self.export_file.download(self._downloaded, None, None, queue=False, show_progress="hidden", **priv)
         # Checking a bundle holds no GPU: it runs in its own lane, one at a time, and only an encode (a bundle
         # without codes) takes its turn with generation (`_encode`).
         bundle.upload(self._import, [bundle, self.store], outputs, concurrency_id=BUNDLES_QUEUE, concurrency_limit=1,
@@ -158,6 +159,9 @@ class PrivateVoicesView:
         who = visitor(getattr(request, "headers", None) or {}, getattr(client, "host", None),
                       fallback=_session(request))
         return self.exports.put(who.key, _session(request), "my-voices.zip", export_bundle(stored))
+
+    def _downloaded(self, request: gr.Request):
+        self.exports.fetched(_session(request))
 
     @warns(3)
     def _import(self, path, stored, request: gr.Request):

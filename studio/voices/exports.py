@@ -4,11 +4,13 @@ An export is written once, into Gradio's cache folder: that is where Gradio serv
 and a path already inside it is handed out as it is, not copied. Each page keeps its latest export only; one
 visitor's exports (every page from one address) stay within `VISITOR_EXPORT_BYTES`, their oldest removed to
 make room; everyone's together within `EXPORTS_TOTAL_BYTES`, beyond which an export is refused until older
-ones expire. An export is removed `EXPORT_TTL_S` after it is written, or when the page that asked for it
-closes, whichever comes first (Gradio's own `delete_cache` would keep it for an hour).
+ones expire. An export is removed `FETCHED_GRACE_S` after its page downloads it (`gr.File`'s download event,
+sent as the browser starts the download, so the download gets a head start), `EXPORT_TTL_S` after it is
+written, or when its page closes, whichever comes first (Gradio's own `delete_cache` would keep it an hour).
 
     shelf = ExportShelf(gradio.utils.get_upload_folder())
     path = shelf.put(visitor, page, "my-voices.zip", data)   # ValueError when everyone's budget is spent
+    shelf.fetched(page)                                       # the page downloaded it
     shelf.drop_page(page)                                     # the page closed
 """
 
@@ -19,7 +21,7 @@ import secrets
 import shutil
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from studio.archive import MB, size
@@ -27,6 +29,7 @@ from studio.voices.bundles import MAX_VOICE_INFLATED
 from studio.voices.private import MAX_PRIVATE_VOICES
 
 EXPORT_TTL_S = 600  # an export lives 10 minutes: time to click its link, not to pile up
+FETCHED_GRACE_S = 60  # after its download starts: an open file is read to its end even once it is removed
 # One visitor's exports on disk at once: a bundle of every voice a browser keeps (12 voices of 30 s) fits.
 VISITOR_EXPORT_BYTES = MAX_PRIVATE_VOICES * MAX_VOICE_INFLATED
 EXPORTS_TOTAL_BYTES = 256 * MB  # every visitor's exports together
@@ -71,15 +74,27 @@ class ExportShelf:
                 raise ValueError(f"The studio is holding {size(self.total_bytes)} of other visitors' exports, "
                                  f"its limit; try again in a few minutes (an export is kept {minutes} minutes).")
             folder = self.root / f"{EXPORT_DIR_PREFIX}{secrets.token_hex(16)}"
-            folder.mkdir(parents=True)
             path = folder / name
-            path.write_bytes(data)
+            try:
+                folder.mkdir(parents=True)
+                path.write_bytes(data)
+            except OSError:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise ValueError("The studio could not write your export (its disk may be full); try again "
+                                 "later.") from None
             self._items.append(_Export(path, visitor, page, len(data), time.monotonic() + self.ttl_s))
             if self._sweeper is None:
                 self._sweeper = threading.Thread(target=self._sweep, name="export-sweeper", daemon=True)
                 self._sweeper.start()
             self._wake.notify()
         return str(path)
+
+    def fetched(self, page: str, grace_s: float = FETCHED_GRACE_S) -> None:
+        """`page` started downloading its export: it goes `grace_s` from now, unless it was due sooner."""
+        with self._wake:
+            due = time.monotonic() + grace_s
+            self._items = [replace(i, expires=min(i.expires, due)) if i.page == page else i for i in self._items]
+            self._wake.notify()
 
     def drop_page(self, page: str) -> None:
         """Remove what `page` exported (it closed: nobody is left to download it)."""
