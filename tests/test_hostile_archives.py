@@ -299,6 +299,19 @@ def test_more_text_files_than_the_total_cap_are_refused_as_they_inflate():
     assert grown["mb"] < 80, grown
 
 
+def test_images_fonts_and_media_are_never_inflated():
+    """Three 12 MiB images (36 MiB, over the 32 MiB the text may inflate to): unread, the book imports."""
+    images = {f"img{n}.png": os.urandom(12 * MB) for n in range(3)}
+    package = _package({"c1": "c1.xhtml"}, ["c1"]).replace(b"</manifest>", b"".join(
+        b'<item id="i%d" href="%s" media-type="image/png"/>' % (n, name.encode()) for n, name in enumerate(images))
+        + b"</manifest>")
+    data = _zip(_epub({"c1.xhtml": b"<html><body><p>Hello there.</p></body></html>", **images}, package),
+                method=zipfile.ZIP_STORED)
+    with peak_growth_mb(os.getpid()) as grown:
+        book = importing.from_file("book.epub", data)
+    assert book.chapters[0].text == "Hello there." and grown["mb"] < 12, grown
+
+
 def test_billion_laughs_in_the_package_is_refused_with_a_sentence():
     package = _package({"c1": "c1.xhtml"}, ["c1"], head=LAUGHS, title=b"&lol9;")
     data = _zip(_epub({"c1.xhtml": b"<html><body><p>Hello there.</p></body></html>"}, package))

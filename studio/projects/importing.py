@@ -35,8 +35,10 @@ MAX_COMPRESSION_RATIO = 100  # text deflates ~3-10×; a bomb inflates thousands 
 MAX_XML_DEPTH = 200  # nesting of one document's markup
 EPUB = Caps(noun="EPUB", members=MAX_EPUB_MEMBERS, total=MAX_EPUB_INFLATED, member=MAX_EPUB_DOCUMENT,
             ratio=MAX_COMPRESSION_RATIO)
-_TEXT_FILE = re.compile(r"\.(x?html?|xml|opf|ncx)$", re.IGNORECASE)  # what the importer reads; images, fonts,
-# styles and media are never inflated (the cover is read by name at the end)
+# Images, fonts, styles and media are never inflated (the cover is read by name at the end); anything else is
+# read as text, under the caps, so a document with an odd name still gives its chapter.
+_MEDIA_FILE = re.compile(r"\.(jpe?g|png|gif|webp|bmp|tiff?|svg|ttf|otf|woff2?|eot|css|js|mp3|m4a|aac|ogg|oga|opus|"
+                         r"wav|mp4|m4v|webm)$", re.IGNORECASE)
 _XML_FILE = re.compile(r"\.(xml|opf|ncx)$", re.IGNORECASE)  # parsed by ebooklib as XML, where entities would live
 MAX_TITLE_CHARS = 200
 FRONT_MATTER = re.compile(r"cover|title-?page|copyright|imprint|toc|contents|dedication|acknowledg|halftitle|"
@@ -234,7 +236,7 @@ def _read_epub(archive: Archive, limits: Limits, title: str) -> Book:
 
 class _Reader(epub.EpubReader):
     """ebooklib's reader over the capped archive: text files are inflated once each (a manifest may name one
-    file many times), everything else not at all, and package files that declare XML entities are refused."""
+    file many times), media not at all, and package files that declare XML entities are refused."""
 
     def __init__(self, archive: Archive):
         super().__init__(None, {"ignore_ncx": False})
@@ -246,7 +248,7 @@ class _Reader(epub.EpubReader):
 
     def read_file(self, name: str) -> bytes:
         name = posixpath.normpath(name)
-        if not _TEXT_FILE.search(name):
+        if _MEDIA_FILE.search(name):
             return b""
         if name not in self.texts:
             data = self.archive.read(name, kind="one text file")
