@@ -187,6 +187,25 @@ def test_the_whole_bundle_has_an_inflated_cap(tmp_path, monkeypatch):
     assert "200 KB" in str(refused.value)
 
 
+def test_a_bundle_file_is_no_larger_than_its_voices_inflate_to(tmp_path):
+    """A visitor's bundle (12 voices at most) is refused by its size alone beyond 12 voices' worth, 18 MB, before
+    it is read; it used to be read whole up to the library's 256 MB."""
+    from studio.voices.bundles import MAX_IMPORT_BYTES, stage_zip
+    from studio.voices.private import MAX_PRIVATE_VOICES
+
+    for size, voices, limit in ((19 * MiB, MAX_PRIVATE_VOICES, 18), (MAX_IMPORT_BYTES + 1, None, 256)):
+        sparse = tmp_path / f"{size}.zip"
+        with open(sparse, "wb") as f:
+            f.truncate(size)  # no disk, no memory: only its size is looked at
+        tracemalloc.start()
+        try:
+            with pytest.raises(VoiceImportError, match=f"the limit is {limit} MB"):
+                stage_zip(sparse, **({"max_voices": voices} if voices else {}))
+            assert tracemalloc.get_traced_memory()[1] < MiB
+        finally:
+            tracemalloc.stop()
+
+
 @pytest.mark.slow
 def test_a_visitors_hostile_bundle_costs_the_server_nothing(space):
     """The visitor's import of the zero-clip bundle (under 1 MB zipped) used to take 4.3 s and +807 MB of the

@@ -51,21 +51,24 @@ def bundle_zip(voices: Iterable[tuple[str, dict, bytes, bytes | None]]) -> bytes
 def stage_zip(data: bytes | str | os.PathLike, *, max_voices: int = MAX_IMPORT_VOICES) -> list[Staged]:
     """Every voice of a bundle (its bytes, or the path of the file: its size is checked before a byte is
     read), checked and staged; any problem rejects the whole bundle with `VoiceImportError`. At most
-    `max_voices` voices, and `max_voices` × `MAX_VOICE_INFLATED` bytes inflated in all."""
+    `max_voices` voices, and `max_voices` × `MAX_VOICE_INFLATED` bytes inflated in all; nor a larger file, as
+    a bundle is never larger packed than inflated, give or take its headers."""
+    inflated = max_voices * MAX_VOICE_INFLATED
+    limit = min(MAX_IMPORT_BYTES, inflated)
     if isinstance(data, (str, os.PathLike)):
         size_on_disk = Path(data).stat().st_size
-        if size_on_disk > MAX_IMPORT_BYTES:
-            raise VoiceImportError(_too_big(size_on_disk))
+        if size_on_disk > limit:
+            raise VoiceImportError(_too_big(size_on_disk, limit))
         data = Path(data).read_bytes()
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise VoiceImportError("A voice bundle must be the bytes of a .zip file.")
-    if len(data) > MAX_IMPORT_BYTES:
-        raise VoiceImportError(_too_big(len(data)))
+    if len(data) > limit:
+        raise VoiceImportError(_too_big(len(data), limit))
     if not zipfile.is_zipfile(io.BytesIO(data)):  # its end record only: say what to do instead
         raise VoiceImportError("The file is not a zip archive; export voices from Higgs Studio and import that "
                                "file.")
     caps = Caps(noun="voice bundle", members=MAX_IMPORT_VOICES * (len(ENTRY_LIMITS) + 1),
-                total=max_voices * MAX_VOICE_INFLATED, member=max(ENTRY_LIMITS.values()))
+                total=inflated, member=max(ENTRY_LIMITS.values()))
     try:
         with Archive(data, caps) as zf:
             folders = _folders(zf.names, max_voices)  # nothing inflated yet
@@ -176,6 +179,5 @@ def _with_audio(meta: dict, record: dict, files: Mapping[str, bytes]) -> Staged:
     return Staged(record=record, pcm=pcm, codes=codes, voice_id=meta.get("id"))
 
 
-def _too_big(n: int) -> str:
-    return (f"The voice bundle is {n / MB:.1f} MB; the limit is {MAX_IMPORT_BYTES // MB} MB. Export fewer voices at a "
-            "time.")
+def _too_big(n: int, limit: int) -> str:
+    return f"The voice bundle is {n / MB:.1f} MB; the limit is {limit // MB} MB. Export fewer voices at a time."
