@@ -78,7 +78,7 @@ class SegmentTake:
 class TakeChunk:
     audio: np.ndarray  # float32 mono 24 kHz, the next samples of the assembled take
     segment: int  # the segment these samples belong to (pause samples: the segment before the pause)
-    done: int  # segments finished so far
+    done: int  # segments finished so far (in a closed take, with the pause after them)
     total: int
 
 

@@ -33,7 +33,8 @@ from engine.ssml import read_text
 from engine.tokenizer import estimate_seconds, lint_tags
 from engine.types import Chunk
 from studio.pronounce import Dictionary
-from studio.service import StudioService, SynthesisRequest, TakeHandle
+from studio.service import StudioService, SynthesisRequest
+from studio.take import TakeHandle
 
 # Default of the --max-input-chars flag: ~100k characters is a long chapter, ~110 minutes of speech.
 # The take streams with keep_audio=False, so memory holds one segment's audio at a time, not the take.
