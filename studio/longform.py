@@ -4,7 +4,7 @@ the service's GPU worker, in turn with every other request. Its turns are counte
 segments the take gives its slot back and waits for its next turn under the admission rule
 (studio/admission.py), so a chapter does not hold a slot for an hour while other callers wait.
 
-* `start_long(service, request, voices=…)`: the take's `TakeHandle` (studio/service.py); its `stream()`
+* `start_long(service, request, voices=…)`: the take's `TakeHandle` (studio/take.py); its `stream()`
   yields engine-style `Chunk`s, so the HTTP API's streaming code (`/v1/audio/speech`: raw, SSE, every
   format) sends a long take unchanged; no audio is kept (`handle.take` is the `LongTake`, for its spans and
   captions). `stream_long(...)` is that stream.
