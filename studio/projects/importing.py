@@ -248,6 +248,8 @@ class _Reader(epub.EpubReader):
 
     def read_file(self, name: str) -> bytes:
         name = posixpath.normpath(name)
+        if name not in self.archive:
+            raise KeyError(name)  # as zipfile does: ebooklib's word for a package naming a missing file
         if _MEDIA_FILE.search(name):
             return b""
         if name not in self.texts:
