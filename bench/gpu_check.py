@@ -1,19 +1,22 @@
 """The GPU device check, one command, one table (scripts/gpu_check.sh runs it; docs/GPU_CHECK.md):
 
+  0. the quick pass, first: the driver and packages, the cubins loaded, the copy floor, and the headline,
+     decode ms/frame of one take for fp8 and bf16 through the cubin backend (within 3 minutes)
   1. every cubin for this arch against kernels/reference.py (kernels.check.kernel_rows)
-  2. a FULL-SIZE random-weight model (engine.config.FULL_SIZE) through the cubin backend: teacher-forced
-     logits vs eager torch (cosine, greedy agreement), fused graph replay vs eager torch (greedy rows),
-     streamed (several rows(n) calls) vs one-shot rows
-  3. benchmark: ms/frame FP8 / BF16 / torch eager, prefill ms/token at 13 and 300 tokens, TTFA and RTF
-     of the backbone, peak VRAM, achieved weight bandwidth and its % of a device-to-device copy floor
-     measured in the same run.
+  2. a FULL-SIZE random-weight model (engine.config.FULL_SIZE) through the cubin backend, one section per
+     precision: teacher-forced logits vs eager torch (cosine, greedy agreement), fused graph replay vs eager
+     torch (greedy rows), streamed (several rows(n) calls) vs one-shot rows
+  3. benchmark: prefill ms/token at 13 and 300 tokens, TTFA of the backbone, peak VRAM, eager torch, the
+     CUDA-graphed torch path, the A/B of every step variant, microbenchmarks, the batched step.
 
     python -m bench.gpu_check [--quick] [--out DIR]     # rows also go to DIR/rows.jsonl as they come
     python -m bench.gpu_check --cpu-selftest --out DIR  # no GPU: the plumbing, with deliberate failures
 
-This module lists the sections and runs them; the sections live in bench/gpu_model.py (the model, the torch
-path, the whole-step A/B) and bench/gpu_kernels.py (real shapes, microbenchmarks, the batched step), the
-run's machinery (budgets, sticky errors, rows.jsonl) in bench/gpu_run.py.
+It always leaves figures or a reason: no usable GPU is one row and exit 2; an overrun costs its section;
+a SIGTERM or a hung call ends the run with the table (bench/gpu_run.py). This module lists the sections and
+runs them; the sections live in bench/gpu_model.py (the model, the torch path, the whole-step A/B) and
+bench/gpu_kernels.py (real shapes, microbenchmarks, the batched step), the run's machinery (budgets,
+sticky errors, the watchdog, rows.jsonl) in bench/gpu_run.py.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import replace
@@ -31,11 +36,16 @@ from pathlib import Path
 import torch
 
 from bench.gpu_kernels import batch_rows, batch_step_rows, microbench_rows, real_shape_rows, thread_row
-from bench.gpu_model import STEP_CONFIGS, copy_floor, model_rows, step_ab_rows, torch_graph_rows, variant_rows
-from bench.gpu_run import Report, Section, cuda_health, on_loader_stream, run_sections
+from bench.gpu_model import (STEP_CONFIGS, FullModel, copy_floor, headline_rows, model_rows, step_ab_rows,
+                             torch_graph_rows, torch_rows, variant_rows)
+from bench.gpu_run import (Report, Section, SectionSkipped, Stopped, Watchdog, cuda_health, on_loader_stream,
+                           run_sections)
 from engine.config import FULL_SIZE, Dims
 from kernels import manifest as mf
-from kernels.check import Row, format_table, kernel_rows, timed_ab_rows
+from kernels.check import Row, kernel_rows, timed_ab_rows
+
+QUICK_PASS_S = 180   # the quick pass's rows arrive within 3 minutes of the command
+START_UP_S = 30      # the interpreter, torch and the CUDA context, before the first section starts
 
 
 def preflight_rows() -> Iterable[Row]:
@@ -48,10 +58,13 @@ def preflight_rows() -> Iterable[Row]:
     yield Row("preflight", "driver", f"{p.driver or '?'} (CUDA {p.driver_cuda // 1000}.{p.driver_cuda % 1000 // 10})"
               if p.ok else p.reason, "", "INFO")
     if shutil.which("nvidia-smi"):
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.limit",
-                              "--format=csv,noheader"], capture_output=True, text=True, timeout=15)
-        yield Row("preflight", "nvidia-smi name, SM / max SM / mem clock, power",
-                  smi.stdout.strip() or smi.stderr.strip(), "", "INFO")
+        try:
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.limit",
+                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=15)
+            said = smi.stdout.strip() or smi.stderr.strip()
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            said = f"{type(exc).__name__}: {exc}"
+        yield Row("preflight", "nvidia-smi name, SM / max SM / mem clock, power", said, "", "INFO")
     versions = []
     for pkg in ("torch", "triton", "cuda-core", "cuda-bindings", "pycuda", "numpy"):
         try:
@@ -83,14 +96,17 @@ def manifest_rows(cc: int) -> Iterable[Row]:
 
 
 def gpu_sections(args) -> list[Section]:
+    """The quick pass (preflight, cubins, setup, floor, the headline ms/frame per precision), then, unless
+    `args.quick`, the rest. A section that needs the cubins is one SKIP row when they did not load."""
     from kernels.runtime import CubinKernels, cubin_ops, probe_driver
 
-    state = {}
+    state = {"cubin_ms": {}}    # the loader, its ops, the copy floor and the headline ms/frame, as sections make them
+    full = FullModel(FULL_SIZE, args.steps)   # made when the first model section asks
 
     def load_rows():
-        kernels = state["kernels"] = CubinKernels()
-        state["ops"] = cubin_ops(kernels)
-        yield Row("setup", "loader", f"{kernels.loader_name} ({kernels.loader_reason})", "", "INFO")
+        loaded = state["kernels"] = CubinKernels()
+        state["ops"] = cubin_ops(loaded)
+        yield Row("setup", "loader", f"{loaded.loader_name} ({loaded.loader_reason})", "", "INFO")
         yield Row("setup", "torch / CUDA", f"{torch.__version__} / {torch.version.cuda}", "", "INFO")
 
     def floor_rows():
@@ -98,39 +114,51 @@ def gpu_sections(args) -> list[Section]:
         yield Row("setup", f"D2D copy floor on {torch.cuda.get_device_name()}", f"{state['floor'] / 1e9:.0f} GB/s",
                   "", "INFO")
 
+    def kernels():
+        if "kernels" not in state:
+            raise SectionSkipped("not run: the cubins did not load (the setup section says why)")
+        return state["kernels"]
+
     def ops():
+        kernels()
         return state["ops"]
 
     def stream():
-        return state["kernels"].stream
+        return state["kernels"].stream if "kernels" in state else None
 
-    # The budgets add up to 455 s: the whole run fits 8 minutes, under scripts/gpu_check.sh's 480 s timeout.
-    # cubins, thread and floor get 5 s each (a manifest read, one launch, one 1 GB copy); the whole-step A/B
-    # times 4 steps per precision; the batched step builds two full-size backends (fp8 calibration included)
-    # and times 5 x 20 steps each.
-    cuda = torch.device("cuda")
+    # The quick pass's budgets add up to 105 s, START_UP_S under QUICK_PASS_S with margin. The whole run's
+    # add up to 470 s, under scripts/gpu_check.sh's 480 s timeout. cubins and floor get 5 s each (a
+    # manifest read, one 1 GB copy); a headline loads one full-size backend (fp8: with its calibration) and
+    # times 200 rows; the whole-step A/B times 4 steps per precision; the batched step builds two
+    # full-size backends and times 5 x 20 steps each.
+    cuda, ms = torch.device("cuda"), state["cubin_ms"]
     sections = [Section("preflight", 20, preflight_rows),
                 Section("cubins", 5, lambda: manifest_rows(probe_driver().cc)),
                 Section("setup", 30, load_rows),
-                Section("kernels", 50, lambda: kernel_rows(state["kernels"], cuda, health=cuda_health)),
-                Section("real shapes", 25, lambda: real_shape_rows(ops(), FULL_SIZE, cuda)),
-                Section("thread", 5, lambda: [thread_row(ops(), stream())]),
-                Section("floor", 5, floor_rows)]
+                Section("floor", 5, floor_rows),
+                Section("headline fp8", 25, lambda: headline_rows(full, "fp8", state.get("floor"), ms, ops=ops(),
+                                                                  stream=stream())),
+                Section("headline bf16", 20, lambda: headline_rows(full, "bf16", state.get("floor"), ms, ops=ops(),
+                                                                   stream=stream()))]
     if not args.quick:
-        sections += [Section("model", 95, lambda: model_rows(FULL_SIZE, args.steps, state["floor"],
-                                                             state.setdefault("cubin_ms", {}), ops=ops(),
-                                                             stream=stream())),
-                     Section("torch-graph", 30, lambda: torch_graph_rows(FULL_SIZE, args.steps, cuda,
-                                                                         cubin_ms=state.get("cubin_ms"))),
-                     Section("A/B step", 75, lambda: variant_rows(FULL_SIZE, args.steps, ops=ops(), stream=stream()))]
-    # the per-kernel A/B at the real shapes (kernels.check): v1 vs v2 per replaced piece of a layer, v2 vs v3
-    # split-K for o_proj and down, fp8 and bf16, µs and GB/s
-    sections.append(Section("A/B kernels", 20, lambda: timed_ab_rows(state["kernels"])))
-    # after the model section, so the sum of kernel times can be set against its graph step time
-    sections.append(Section("microbench", 30, lambda: microbench_rows(
-        ops(), FULL_SIZE, cuda, stream(), state.get("floor"), step_ms=state.get("cubin_ms"))))
-    sections.append(Section("batch", 20, lambda: batch_rows(ops(), FULL_SIZE, cuda, stream())))
-    sections.append(Section("batch step", 45, lambda: batch_step_rows(ops(), FULL_SIZE, cuda, stream())))
+        sections += [
+            Section("kernels", 50, lambda: kernel_rows(kernels(), cuda, health=cuda_health)),
+            Section("real shapes", 25, lambda: real_shape_rows(ops(), FULL_SIZE, cuda)),
+            Section("thread", 5, lambda: [thread_row(ops(), stream())]),
+            # one section per precision: an overrun in one keeps the other's rows
+            Section("model fp8", 40, lambda: model_rows(full, "fp8", ops=ops(), stream=stream())),
+            Section("model bf16", 30, lambda: model_rows(full, "bf16", ops=ops(), stream=stream())),
+            Section("model torch", 5, lambda: torch_rows(full, state.get("floor"), ms)),
+            Section("torch-graph", 30, lambda: torch_graph_rows(FULL_SIZE, args.steps, cuda, cubin_ms=ms)),
+            Section("A/B step", 65, lambda: variant_rows(FULL_SIZE, args.steps, ops=ops(), stream=stream())),
+            # the per-kernel A/B at the real shapes (kernels.check): v1 vs v2 per replaced piece of a layer,
+            # v2 vs v3 split-K for o_proj and down, fp8 and bf16, µs and GB/s
+            Section("A/B kernels", 20, lambda: timed_ab_rows(kernels())),
+            # the sum of kernel times set against the headline's graph step time
+            Section("microbench", 30, lambda: microbench_rows(ops(), FULL_SIZE, cuda, stream(), state.get("floor"),
+                                                              step_ms=ms)),
+            Section("batch", 20, lambda: batch_rows(ops(), FULL_SIZE, cuda, stream())),
+            Section("batch step", 45, lambda: batch_step_rows(ops(), FULL_SIZE, cuda, stream()))]
     # everything after the loader runs on its stream
     return [s if s.name in BEFORE_LOADER else replace(s, rows=on_loader_stream(s.rows, stream)) for s in sections]
 
@@ -187,37 +215,65 @@ DELIBERATE = {("stand-in", "section failed"), ("stand-in-slow", "time budget")}
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.gpu_check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=200, help="decode rows per correctness/benchmark run")
-    ap.add_argument("--quick", action="store_true", help="kernels only (no full-size model)")
+    ap.add_argument("--quick", action="store_true",
+                    help="the quick pass only (about 2 minutes): the headline ms/frame for fp8 and bf16 at one take")
     ap.add_argument("--out", type=Path, default=None, help="directory for rows.jsonl (one JSON row per line)")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the rows already in DIR/rows.jsonl (scripts/gpu_check.sh writes its own first)")
     ap.add_argument("--cpu-selftest", action="store_true",
                     help="no GPU: run the plumbing (sections, isolation, JSON lines) with stand-in sections")
     args = ap.parse_args(argv)
-    report = Report(args.out)
+    report = Report(args.out, append=args.append, xfail=DELIBERATE if args.cpu_selftest else frozenset())
+    if args.out is not None:
+        report.trace = (args.out / "tracebacks.txt").open("a")   # where a hung or stopped call was
     t0 = time.perf_counter()
-    if args.cpu_selftest:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        outcome = run_sections(selftest_sections(), report)
-        contained = {(r.section, r.item) for r in report.rows if r.status == "FAIL"} & DELIBERATE
-        after = outcome.get("cubins") == outcome.get("kernels (CPU self-test)") == "done"
-        report.add(Row("self-test", "deliberate failures contained, later sections ran",
-                       f"{len(contained)}/{len(DELIBERATE)} contained, later sections {'ran' if after else 'MISSING'}",
-                       "", "PASS" if contained == DELIBERATE and after else "FAIL"))
-        failures = [r for r in report.rows if r.status == "FAIL" and (r.section, r.item) not in DELIBERATE]
-    else:
-        from kernels.runtime import available
+    try:
+        if threading.current_thread() is threading.main_thread():
+            Watchdog(report).start()
+        code, budget = selftest(report) if args.cpu_selftest else device_check(args, report)
+    except (Stopped, KeyboardInterrupt) as stop:
+        report.add(Row("run", "stopped", str(stop) if isinstance(stop, Stopped) else "Ctrl-C", "", "FAIL"))
+        code, budget = getattr(stop, "code", 130), None
+    if code == 2:   # nothing ran: the reason is the row
+        return code
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # the table is coming: a late SIGTERM must not cut it
+    report.add(Row("setup", "wall time", f"{time.perf_counter() - t0:.0f} s",
+                   f"sections' budgets {budget} s" if budget else "", "INFO"))
+    report.finish()
+    return code
 
-        ok, reason = available()
-        if not ok:
-            print(f"no GPU check possible here: {reason}")
-            return 2
-        report.add(Row("setup", "device", reason, "", "INFO"))
-        run_sections(gpu_sections(args), report, health=cuda_health)
-        failures = [r for r in report.rows if r.status == "FAIL"]
-    report.add(Row("setup", "wall time", f"{time.perf_counter() - t0:.0f} s", "< 410 s", "INFO"))
-    # the self-test's deliberate failures show as XFAIL in the table (rows.jsonl keeps what each section said)
-    print(format_table([replace(r, status="XFAIL") if args.cpu_selftest and (r.section, r.item) in DELIBERATE
-                        else r for r in report.rows]))
-    return 1 if failures else 0
+
+def selftest(report: Report) -> tuple[int, int]:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    sections = selftest_sections()
+    outcome = run_sections(sections, report)
+    contained = {(r.section, r.item) for r in report.rows if r.status == "FAIL"} & DELIBERATE
+    after = outcome.get("cubins") == outcome.get("kernels (CPU self-test)") == "done"
+    report.add(Row("self-test", "deliberate failures contained, later sections ran",
+                   f"{len(contained)}/{len(DELIBERATE)} contained, later sections {'ran' if after else 'MISSING'}",
+                   "", "PASS" if contained == DELIBERATE and after else "FAIL"))
+    failures = [r for r in report.rows if r.status == "FAIL" and (r.section, r.item) not in DELIBERATE]
+    return (1 if failures else 0), sum(s.budget_s for s in sections)
+
+
+def device_check(args, report: Report) -> tuple[int, int | None]:
+    """(2, None) with one row saying why when no GPU or driver is usable; else every section, and 1 on a
+    FAIL. A GPU the cubins cannot use (no loader, a driver too old for them) still runs the torch rows."""
+    from kernels.runtime import available, probe_driver, torch_cannot_use_gpu
+
+    p = probe_driver()
+    why = f"no GPU check possible here: {p.reason}" if not p.ok else torch_cannot_use_gpu()
+    ok, reason = available()
+    if not why and not torch.cuda.is_available():
+        why = f"no GPU check possible here: {reason}"
+    if why:
+        report.add(Row("setup", "device", why, "", "FAIL"))
+        return 2, None
+    report.add(Row("setup", "device", reason, "", "INFO" if ok else "FAIL"))
+    sections = gpu_sections(args)
+    run_sections(sections, report, health=cuda_health)
+    return (1 if any(r.status == "FAIL" for r in report.rows) else 0), sum(s.budget_s for s in sections)
 
 
 if __name__ == "__main__":

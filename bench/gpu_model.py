@@ -2,12 +2,18 @@
 torch (teacher-forced logits, graph replay, streamed rows) with its benchmark (ms/frame, prefill, TTFA,
 RTF, bandwidth against the copy floor), the CUDA-graphed torch path, and the whole-step A/B of every
 cubin variant.
+
+Every section is a generator, one precision per section: a row is reported the moment it is measured, so
+an overrun or a SIGTERM keeps what came before it. `headline_rows` is the quick pass's figure (ms/frame at
+one take), `model_rows` the correctness and the rest of the benchmark, `torch_rows` eager torch beside them;
+the three share one `FullModel`.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -19,6 +25,8 @@ from engine.model import HiggsModel
 from engine.streaming import FIRST_PUSH_FRAMES
 from kernels.check import Row
 from kernels.timing import seconds_per_call
+
+CHUNK_ROWS = 50   # rows per rows() call in the timed takes: one sync per streamed chunk, as the engine does
 
 
 def cuda_ms(fn, repeat: int = 5, warmup: int = 1) -> float:
@@ -45,110 +53,172 @@ def cosine(a, b) -> float:
     return float(torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0))
 
 
-def model_rows(dims: Dims, steps: int, floor: float, results: dict | None = None, *, ops, stream) -> list[Row]:
-    """`results` (when given) receives the cubin ms/frame per precision, for the torch-graph section's
-    speed-up row."""
-    rows = []
-    gen = torch.Generator().manual_seed(1)
-    ids13 = torch.randint(0, 150000, (13,), generator=gen)
-    ids300 = torch.randint(0, 150000, (300,), generator=gen)
-    sd = random_backbone(dims, dtype=torch.bfloat16, device="cuda", names="internal")
-    ref = HiggsModel.from_state_dict(dims, sd, dtype=torch.bfloat16, device="cuda", max_len=1024)
+@dataclass
+class Reference:
+    """Eager torch's greedy take on the random weights: the rows, and the logits before each of them (the
+    prefill's, then each step's), for teacher forcing."""
+    model: HiggsModel
+    logits: list[torch.Tensor]
+    rows: list[torch.Tensor]
 
-    # Eager torch greedy trajectory: the reference rows and logits for teacher forcing.
-    logits = ref.prefill(ids13, None, 0)
-    want_logits, want_rows = [logits], []
-    for step in range(steps):
-        row = greedy(logits, step, dims.boc)
-        want_rows.append(row)
-        logits = ref.decode(row, 13 + step)
-        want_logits.append(logits)
+
+class FullModel:
+    """The random full-size backbone (bf16, on the GPU) and the prompts the headline, model and torch
+    sections share, each made when a section first asks for it; `release()` frees them."""
+
+    def __init__(self, dims: Dims, steps: int):
+        self.dims, self.steps = dims, steps
+        gen = torch.Generator().manual_seed(1)
+        self.ids13 = torch.randint(0, 150000, (13,), generator=gen)
+        self.ids300 = torch.randint(0, 150000, (300,), generator=gen)
+        self._sd: dict | None = None
+        self._ref: Reference | None = None
+
+    def sd(self) -> dict[str, torch.Tensor]:
+        if self._sd is None:
+            self._sd = random_backbone(self.dims, dtype=torch.bfloat16, device="cuda", names="internal")
+        return self._sd
+
+    def reference(self) -> Reference:
+        if self._ref is None:
+            model = HiggsModel.from_state_dict(self.dims, self.sd(), dtype=torch.bfloat16, device="cuda",
+                                               max_len=1024)
+            logits = model.prefill(self.ids13, None, 0)
+            ref = Reference(model, [logits], [])
+            for step in range(self.steps):
+                ref.rows.append(greedy(logits, step, self.dims.boc))
+                logits = model.decode(ref.rows[-1], len(self.ids13) + step)
+                ref.logits.append(logits)
+            torch.cuda.synchronize()
+            self._ref = ref
+        return self._ref
+
+    def release(self) -> None:
+        self._sd = self._ref = None
+        torch.cuda.empty_cache()
+
+
+def replay_ms_per_frame(be, ids: torch.Tensor, steps: int) -> float:
+    """ms/frame of one take at T 0.8 / top-k 30 / top-p 0.8: graph replay, one sync per CHUNK_ROWS rows,
+    after one untimed chunk (the capture and the warm-up)."""
+    be.begin(be.prefill(ids, None, 0), len(ids), seed=0, temperature=0.8, top_k=30, top_p=0.8,
+             max_rows=steps + CHUNK_ROWS)
+    be.rows(CHUNK_ROWS)
     torch.cuda.synchronize()
-    torch_ms = cuda_ms(lambda: ref.decode(want_rows[0], 13), repeat=9)
-    torch_prefill = {n: cuda_ms(lambda ids=ids: ref.prefill(ids, None, 0), repeat=3) / len(ids)
-                     for n, ids in ((13, ids13), (300, ids300))}
+    t0, done = time.perf_counter(), 0
+    while done + CHUNK_ROWS <= steps:
+        be.rows(CHUNK_ROWS)   # the rows come back to the host: a sync per chunk
+        done += CHUNK_ROWS
+    return 1e3 * (time.perf_counter() - t0) / max(done, 1)
 
-    results = {} if results is None else results
-    for precision in ("bf16", "fp8"):
-        torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        be = CubinBackend(dims, sd, ops=ops, device="cuda", precision=precision, max_len=1024, stream=stream)
-        load_s = time.perf_counter() - t0
+
+def weight_bandwidth(dims: Dims, precision: str, ms_frame: float) -> float:
+    """Bytes/s of weights one decode step reads at `ms_frame` (the audio head stays bf16)."""
+    return decode_weight_bytes(dims, 1 if precision == "fp8" else 2, head_bytes_per_weight=2) / (ms_frame / 1e3)
+
+
+def loaded_backend(full: FullModel, precision: str, *, ops, stream) -> tuple[CubinBackend, float]:
+    t0 = time.perf_counter()
+    be = CubinBackend(full.dims, full.sd(), ops=ops, device="cuda", precision=precision, max_len=1024, stream=stream)
+    return be, time.perf_counter() - t0
+
+
+def headline_rows(full: FullModel, precision: str, floor: float | None, results: dict, *, ops, stream
+                  ) -> Iterator[Row]:
+    """The quick pass's figure for one precision: decode ms/frame of one take (c=1) through the cubin
+    backend's graph replay, its weight bandwidth against the copy floor, and the load time. `results`
+    receives the ms/frame (the speed-up rows and the microbenchmark's step time use it)."""
+    be, load_s = loaded_backend(full, precision, ops=ops, stream=stream)
+    try:
+        ms = results[precision] = replay_ms_per_frame(be, full.ids13, full.steps)
+        yield Row(f"bench {precision}", "decode ms/frame at c=1 (graph replay, sync per 50)",
+                  f"{ms:.2f} ms, RTF {ms / (1e3 / FRAME_RATE):.3f} (load {load_s:.1f} s)", "", "INFO")
+        if floor:
+            bw = weight_bandwidth(full.dims, precision, ms)
+            yield Row(f"bench {precision}", "weight bandwidth / D2D copy floor",
+                      f"{bw / 1e9:.0f} GB/s = {bw / floor:.0%} of {floor / 1e9:.0f} GB/s", "", "INFO")
+    finally:
+        del be
+        torch.cuda.empty_cache()
+
+
+def model_rows(full: FullModel, precision: str, *, ops, stream) -> Iterator[Row]:
+    """One precision of the cubin backend against eager torch on the same random weights: teacher-forced
+    logits, the fused graph's greedy rows, streamed against one-shot rows; then prefill ms/token, the
+    backbone's TTFA and peak VRAM. The first of these sections makes the eager reference take."""
+    dims, steps, ids13 = full.dims, full.steps, full.ids13
+    ref = full.reference()
+    torch.cuda.reset_peak_memory_stats()
+    be, load_s = loaded_backend(full, precision, ops=ops, stream=stream)
+    try:
         # Teacher-forced: the same rows as torch, compare logits step by step.
         got = be.prefill(ids13, None, 0)
-        cos = [cosine(got, want_logits[0])]
-        agree = [float((got.argmax(-1) == want_logits[0].argmax(-1)).float().mean())]
-        for step, row in enumerate(want_rows):
+        cos = [cosine(got, ref.logits[0])]
+        agree = [float((got.argmax(-1) == ref.logits[0].argmax(-1)).float().mean())]
+        for step, row in enumerate(ref.rows):
             got = be.decode(row, 13 + step)
-            cos.append(cosine(got, want_logits[step + 1]))
-            agree.append(float((got.argmax(-1) == want_logits[step + 1].argmax(-1)).float().mean()))
+            cos.append(cosine(got, ref.logits[step + 1]))
+            agree.append(float((got.argmax(-1) == ref.logits[step + 1].argmax(-1)).float().mean()))
         floor_cos = 0.999 if precision == "bf16" else 0.98
-        rows.append(Row(f"model {precision}", f"teacher-forced logits vs torch, {steps + 1} steps",
-                        f"min cosine {min(cos):.5f}, greedy agree {sum(agree) / len(agree):.1%}", f"> {floor_cos}",
-                        "PASS" if min(cos) > floor_cos else "FAIL"))
+        yield Row(f"model {precision}", f"teacher-forced logits vs torch, {steps + 1} steps",
+                  f"min cosine {min(cos):.5f}, greedy agree {sum(agree) / len(agree):.1%}", f"> {floor_cos}",
+                  "PASS" if min(cos) > floor_cos else "FAIL")
         # Fused graph replay (device sampling, greedy) vs eager torch greedy rows.
         first = be.prefill(ids13, None, 0)
         be.begin(first, 13, seed=0, temperature=0.0, top_k=0, top_p=1.0, max_rows=steps)
         one_shot, _ = be.rows(steps)
-        ref_rows = torch.stack(want_rows).cpu()
-        same = (one_shot == ref_rows).all(-1)
+        same = (one_shot == torch.stack(ref.rows).cpu()).all(-1)
         prefix = int(same.long().cumprod(0).sum())
-        rows.append(Row(f"model {precision}", "graph replay greedy rows vs eager torch",
-                        f"{prefix}/{steps} rows identical before first divergence, {same.float().mean():.1%} overall",
-                        "info (random weights: near-ties)", "INFO" if precision == "fp8" else
-                        ("PASS" if prefix >= min(8, steps) else "FAIL")))
+        yield Row(f"model {precision}", "graph replay greedy rows vs eager torch",
+                  f"{prefix}/{steps} rows identical before first divergence, {same.float().mean():.1%} overall",
+                  "info (random weights: near-ties)", "INFO" if precision == "fp8" else
+                  ("PASS" if prefix >= min(8, steps) else "FAIL"))
         # Streamed (chunks of 2, 4, 8, ...) vs one-shot: the same graph, so bit-identical rows.
         be.prefill(ids13, None, 0)
         be.begin(first, 13, seed=0, temperature=0.0, top_k=0, top_p=1.0, max_rows=steps)
         parts, n = [], 2
         while sum(len(p) for p in parts) < steps:
-            part, _ = be.rows(n)
-            parts.append(part)
+            parts.append(be.rows(n)[0])
             n *= 2
         streamed = torch.cat(parts)[:steps]
-        rows.append(Row(f"model {precision}", "streamed rows(2,4,8..) vs one-shot rows(n)",
-                        "identical" if torch.equal(streamed, one_shot) else "DIFFERENT", "identical",
-                        "PASS" if torch.equal(streamed, one_shot) else "FAIL"))
-        # Benchmark: graph replay per step (one sync per 50 rows, as per streamed chunk), prefill per token.
-        be.prefill(ids13, None, 0)
-        be.begin(first, 13, seed=0, temperature=0.8, top_k=30, top_p=0.8, max_rows=steps)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        done = 0
-        while done + 50 <= steps:
-            be.rows(50)
-            done += 50
-        ms_frame = 1e3 * (time.perf_counter() - t0) / max(done, 1)
+        yield Row(f"model {precision}", "streamed rows(2,4,8..) vs one-shot rows(n)",
+                  "identical" if torch.equal(streamed, one_shot) else "DIFFERENT", "identical",
+                  "PASS" if torch.equal(streamed, one_shot) else "FAIL")
+        # The rest of the benchmark (ms/frame is the headline section's): prefill per token, TTFA, VRAM.
         prefill = {n: cuda_ms(lambda ids=ids, be=be: be.prefill(ids, None, 0), repeat=3) / len(ids)
-                   for n, ids in ((13, ids13), (300, ids300))}
-        ttfa = prefill[13] * 13 + ms_frame * (FIRST_PUSH_FRAMES + dims.delay)
-        bw = decode_weight_bytes(dims, 1 if precision == "fp8" else 2, head_bytes_per_weight=2) / (ms_frame / 1e3)
-        results[precision] = ms_frame
-        rows += [
-            Row(f"bench {precision}", "decode ms/frame (graph replay, sync per 50)", f"{ms_frame:.2f} ms",
-                "", "INFO"),
-            Row(f"bench {precision}", "weight bandwidth / D2D copy floor",
-                f"{bw / 1e9:.0f} GB/s = {bw / floor:.0%} of {floor / 1e9:.0f} GB/s", "", "INFO"),
-            Row(f"bench {precision}", "prefill ms/token at 13 / 300 tokens",
-                f"{prefill[13]:.3f} / {prefill[300]:.3f} ms", "", "INFO"),
-            Row(f"bench {precision}", "TTFA backbone (prefill 13 + first 9 rows)", f"{ttfa:.1f} ms",
-                "codec not included", "INFO"),
-            Row(f"bench {precision}", "RTF backbone (ms/frame / 40 ms)", f"{ms_frame / (1e3 / FRAME_RATE):.3f}", "",
-                "INFO"),
-            Row(f"bench {precision}", "peak VRAM (load + take)", f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB "
-                f"(load {load_s:.1f} s)", "", "INFO"),
-        ]
+                   for n, ids in ((13, ids13), (300, full.ids300))}
+        yield Row(f"bench {precision}", "prefill ms/token at 13 / 300 tokens",
+                  f"{prefill[13]:.3f} / {prefill[300]:.3f} ms", "", "INFO")
+        ms_frame = replay_ms_per_frame(be, ids13, steps)
+        yield Row(f"bench {precision}", "TTFA backbone (prefill 13 + first 9 rows)",
+                  f"{prefill[13] * 13 + ms_frame * (FIRST_PUSH_FRAMES + dims.delay):.1f} ms", "codec not included",
+                  "INFO")
+        yield Row(f"bench {precision}", "peak VRAM (load + take)", f"{torch.cuda.max_memory_allocated() / 2**30:.1f} "
+                  f"GiB (load {load_s:.1f} s)", "", "INFO")
+    finally:
         del be
         torch.cuda.empty_cache()
-    bw = decode_weight_bytes(dims, 2) / (torch_ms / 1e3)
-    rows += [Row("bench torch", "eager decode ms/frame (HiggsModel bf16)", f"{torch_ms:.2f} ms", "", "INFO"),
-             Row("bench torch", "weight bandwidth / D2D copy floor", f"{bw / 1e9:.0f} GB/s = {bw / floor:.0%}", "",
-                 "INFO"),
-             Row("bench torch", "prefill ms/token at 13 / 300 tokens",
-                 f"{torch_prefill[13]:.3f} / {torch_prefill[300]:.3f} ms", "", "INFO"),
-             Row("bench", "speed-up fp8 / bf16 cubin vs torch eager",
-                 f"{torch_ms / results['fp8']:.2f}x / {torch_ms / results['bf16']:.2f}x", "", "INFO")]
-    return rows
+
+
+def torch_rows(full: FullModel, floor: float | None, cubin_ms: dict) -> Iterator[Row]:
+    """Eager torch (HiggsModel bf16) on the same weights: decode ms/frame and its bandwidth, prefill
+    ms/token, and the cubin backend's speed-up over it; then the shared model is freed."""
+    ref = full.reference()
+    ms = cuda_ms(lambda: ref.model.decode(ref.rows[0], len(full.ids13)), repeat=9)
+    yield Row("bench torch", "eager decode ms/frame (HiggsModel bf16)", f"{ms:.2f} ms", "", "INFO")
+    if floor:
+        bw = decode_weight_bytes(full.dims, 2) / (ms / 1e3)
+        yield Row("bench torch", "weight bandwidth / D2D copy floor", f"{bw / 1e9:.0f} GB/s = {bw / floor:.0%}", "",
+                  "INFO")
+    prefill = {n: cuda_ms(lambda ids=ids: ref.model.prefill(ids, None, 0), repeat=3) / len(ids)
+               for n, ids in ((13, full.ids13), (300, full.ids300))}
+    yield Row("bench torch", "prefill ms/token at 13 / 300 tokens", f"{prefill[13]:.3f} / {prefill[300]:.3f} ms", "",
+              "INFO")
+    if {"fp8", "bf16"} <= set(cubin_ms):
+        yield Row("bench", "speed-up fp8 / bf16 cubin vs torch eager",
+                  f"{ms / cubin_ms['fp8']:.2f}x / {ms / cubin_ms['bf16']:.2f}x", "", "INFO")
+    del ref
+    full.release()
 
 
 def device_ms(fn, device: torch.device, repeat: int = 5) -> float:
@@ -263,28 +333,30 @@ def torch_graph_rows(dims: Dims, steps: int, device: torch.device, contexts=(64,
 STEP_CONFIGS = (("v1", "v1", None), ("v2", "v2", None), ("v3", "v3", None), ("v2+grid", "v2", "grid"))
 
 
-def variant_rows(dims: Dims, steps: int, *, ops, stream) -> list[Row]:
+def variant_rows(dims: Dims, steps: int, *, ops, stream) -> Iterator[Row]:
     """The whole-step A/B: every decode step of `STEP_CONFIGS` on the same GPU in one run, graph replay with device
-    sampling at T 0.8 / top-k 30 / top-p 0.8 (sync per 50 rows, the first 50 rows are capture and warm-up)."""
+    sampling at T 0.8 / top-k 30 / top-p 0.8 (sync per 50 rows, the first 50 rows are capture and warm-up).
+    fp8's rows come out before bf16's steps start."""
     sd = random_backbone(dims, dtype=torch.bfloat16, device="cuda", names="internal")
     ids = torch.randint(0, 150000, (13,), generator=torch.Generator().manual_seed(3))
-    ms, rows = {}, {}
     for precision in ("fp8", "bf16"):
+        ms, rows = {}, {}
         for label, variant, sampler in STEP_CONFIGS:
             be = CubinBackend(dims, sd, ops=ops, device="cuda", precision=precision, max_len=1024,
                               stream=stream, variant=variant, sampler=sampler)
             be.begin(be.prefill(ids, None, 0), 13, seed=0, temperature=0.8, top_k=30, top_p=0.8, max_rows=steps)
-            taken = [be.rows(50)[0]]
+            taken = [be.rows(CHUNK_ROWS)[0]]
             torch.cuda.synchronize()
             t0, done = time.perf_counter(), 0
-            while done + 100 <= steps:
-                taken.append(be.rows(50)[0])
-                done += 50
+            while done + 2 * CHUNK_ROWS <= steps:
+                taken.append(be.rows(CHUNK_ROWS)[0])
+                done += CHUNK_ROWS
             ms[precision, label] = 1e3 * (time.perf_counter() - t0) / max(done, 1)
-            rows[precision, label] = torch.cat(taken)
+            rows[label] = torch.cat(taken)
             del be
             torch.cuda.empty_cache()
-    return step_ab_rows(ms) + [grid_sampler_row(p, rows[p, "v2"], rows[p, "v2+grid"]) for p in ("fp8", "bf16")]
+        yield from step_ab_rows(ms)
+        yield grid_sampler_row(precision, rows["v2"], rows["v2+grid"])
 
 
 def grid_sampler_row(precision: str, cta: torch.Tensor, grid: torch.Tensor) -> Row:
@@ -299,9 +371,9 @@ def grid_sampler_row(precision: str, cta: torch.Tensor, grid: torch.Tensor) -> R
 
 
 def step_ab_rows(ms: dict[tuple[str, str], float]) -> list[Row]:
-    """Whole-step ms/frame per precision for every step of `STEP_CONFIGS`, each with its time over v2's
-    (below 1.00x: faster than v2). An improvement counts only as a ratio measured in one run."""
+    """Whole-step ms/frame for each precision in `ms` and every step of `STEP_CONFIGS`, each with its time over
+    v2's (below 1.00x: faster than v2). An improvement counts only as a ratio measured in one run."""
     labels = [label for label, _, _ in STEP_CONFIGS]
     return [Row(f"A/B step {p}", "decode ms/frame " + " | ".join(labels) + " (time / v2's)",
                 " | ".join(f"{ms[p, x]:.3f} ({ms[p, x] / ms[p, 'v2']:.2f}x)" for x in labels), "", "INFO")
-            for p in ("fp8", "bf16")]
+            for p in ("fp8", "bf16") if (p, "v2") in ms]
