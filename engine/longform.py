@@ -21,7 +21,7 @@ spoken between) add up to at most MAX_PAUSE_SECONDS, one marker's cap; a marker 
 replaces the paragraph's pause; one before any speech has no join to sit at and is left out. All the
 markers of a take together may ask for at most its pause budget: PAUSE_BUDGET_SECONDS, or
 PAUSE_BUDGET_SHARE of its estimated speech when that is longer. A text asking for more is refused with a
-sentence naming the budget (silence costs no generation, so without one 4 k characters of breaks were
+sentence naming the budget (silence costs no generation: without one, 4 k characters of breaks would be
 2,000 s of audio), rather than shortened: the pauses were written on purpose, and a take whose timing
 quietly differs from its text is worse than a sentence that says what to change.
 """
