@@ -51,6 +51,7 @@ def test_a_buffered_take_stops_when_its_client_leaves(demo_studio, buffered):
     """Each of these is answered once the whole take is made; a client that leaves after a second must not
     keep the take on the line for the rest of it (it ran on 11–14 s, to its end)."""
     url = demo_studio.url
+    assert _until(lambda: _queue_depth(url) == 0, 60), "the shared studio's line is still busy"
     body = json.dumps({**LONG_TAKE, **buffered}).encode()
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port))) as client:
