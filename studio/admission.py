@@ -9,6 +9,12 @@ can be tested alone and moved under another queue.
     admission.remove(ticket)         # a waiting ticket left the line (cancelled, timed out)
     admission.position(ticket)       # 1 = next up; what is really ahead of it under the rule
 
+A text stream (the speech WebSocket) counts from the moment it opens, waiting for text or speaking:
+
+    streams = OpenStreams()          # MAX_OPEN_STREAMS_PER_VISITOR each, MAX_OPEN_STREAMS in all
+    streams.open(caller)             # raises Refused past a limit
+    streams.close(caller)
+
 The rule: the owner's takes start before any visitor's waiting take; among visitors (and among the owner's
 own callers) free slots go round robin, one take per caller per turn, callers in the order they joined the
 line; a visitor has at most `visitor_running` takes running and `visitor_waiting` waiting. A running take is
@@ -25,6 +31,15 @@ from typing import Any
 TOO_MANY = ("You already have {waiting} waiting (and {running} running): that is as many as one visitor may "
             "queue. Wait for one of them to finish, then try again.")
 QUEUE_FULL = "The queue is full ({waiting} requests waiting); try again shortly."
+TOO_MANY_STREAMS = ("You already have {open} streams open; one visitor may have {limit}, waiting for text or "
+                    "speaking. Close one, then try again.")
+STREAMS_FULL = "The studio has {open} streams open, as many as it serves at once; try again shortly."
+
+# Text streams (the speech WebSocket) open at once. A stream waiting for text holds no slot in the line, so the
+# running and waiting limits above never see it; these count it from the moment it opens.
+MAX_OPEN_STREAMS_PER_VISITOR = 4  # one visitor's (one address's): a page's type-as-you-go box and a few tabs
+MAX_OPEN_STREAMS = 64  # everyone's together, the key holder's too: each speaking stream holds 2 threads
+STREAM_IDLE_S = 60.0  # a stream with nothing sent or owed for this long is closed (an LLM pauses for seconds)
 
 
 @dataclass(frozen=True)
@@ -159,6 +174,34 @@ class Admission:
         blocked = len(self._running) >= self.slots or not _may_run(ticket.caller, self._per_caller,
                                                                    self.visitor_running)
         return ahead + 1 + int(blocked)
+
+
+class OpenStreams:
+    """The text streams open now, per caller: one waiting for text counts as much as one speaking. A visitor
+    may hold `per_visitor`, everyone together `total`; owner callers only count towards the total. Used from
+    one event loop, so it needs no lock."""
+
+    def __init__(self, per_visitor: int = MAX_OPEN_STREAMS_PER_VISITOR, total: int = MAX_OPEN_STREAMS):
+        if per_visitor < 1 or total < 1:
+            raise ValueError("The open-stream limits must be at least 1.")
+        self.per_visitor, self.total = per_visitor, total
+        self._open: collections.Counter[Caller] = collections.Counter()
+
+    @property
+    def open_now(self) -> int:
+        return sum(self._open.values())
+
+    def open(self, caller: Caller) -> None:
+        if self.open_now >= self.total:
+            raise Refused(STREAMS_FULL.format(open=self.open_now), visitor=False)
+        if not caller.owner and self._open[caller] >= self.per_visitor:
+            raise Refused(TOO_MANY_STREAMS.format(open=self._open[caller], limit=self.per_visitor), visitor=True)
+        self._open[caller] += 1
+
+    def close(self, caller: Caller) -> None:
+        self._open[caller] -= 1
+        if self._open[caller] <= 0:
+            del self._open[caller]
 
 
 def _takes(n: int) -> str:

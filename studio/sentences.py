@@ -97,6 +97,7 @@ class SentenceFeed:
         self.buffer = SentenceBuffer(limit)
         self._segments: queue.Queue = queue.Queue()
         self.ended = False
+        self.planned = 0  # segments queued so far
 
     def add(self, piece: str) -> list[str]:
         """Add text; returns the sentences it completed (already queued for the take)."""
@@ -127,6 +128,7 @@ class SentenceFeed:
             for segment in pieces:
                 source = segment.source if len(pieces) == 1 else ""
                 self._segments.put(dataclasses.replace(segment, pause_after=SENTENCE_PAUSE, source=source))
+                self.planned += 1
         return sentences
 
     def next_segment(self, cancel: threading.Event) -> Segment | None:

@@ -30,13 +30,20 @@ studio refuses other sites' pages (the cross-site rule, docs/SECURITY.md). Every
 caller `WEBSOCKET` (an owner's caller of its own, so the page's takes and the streams alternate), a public
 page's visitor as that visitor; a stream waiting for text holds no slot. Closing the socket cancels the take
 at the engine's next step.
+
+What one address may hold (studio/admission.py): MAX_OPEN_STREAMS_PER_VISITOR streams open, waiting for text or
+speaking (the key holder's count only towards MAX_OPEN_STREAMS); one more is told why and closed with 1013 (try
+again later). A stream starts its take, and the take's threads, with its first text, and one with nothing sent
+either way for STREAM_IDLE_S is closed with 1001 and the reason. Each message is read off the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from typing import Literal
 
@@ -48,7 +55,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from engine.config import SAMPLE_RATE
 from engine.types import DEFAULT_REPEAT_GUARD, SamplingParams
 from studio.access import Access, check_limits, visitor
-from studio.admission import Caller
+from studio.admission import STREAM_IDLE_S, Caller, OpenStreams, Refused
 from studio.api.model import DEFAULT_VOICE, validation_message
 from studio.captions import captions
 from studio.formats import StreamEncoder, to_pcm16
@@ -62,6 +69,9 @@ log = logging.getLogger("higgs.ws")
 ROUTE = "/v1/audio/speech/stream"
 WEBSOCKET = Caller("websocket", owner=True)  # the key holder's streams: one share beside the page's takes
 POLICY_VIOLATION = 1008  # WebSocket close code: not allowed (no key)
+GOING_AWAY = 1001  # close code of a stream closed for being idle
+TRY_AGAIN_LATER = 1013  # close code of a stream past the open-stream limits
+MAX_MESSAGE_CHARS = 1_000_000  # one message, read on the event loop: longer text comes in several messages
 
 
 class StreamConfig(BaseModel):
@@ -91,8 +101,11 @@ class SpeechStream:
     """The route's handler: who the socket is, its config, then the text in and the take out."""
 
     def __init__(self, service, access: Access, *, page_tokens: Callable[[str | None], bool] | None = None,
-                 max_chars: int = MAX_LONG_INPUT_CHARS, transcriber=None, listener=None):
+                 max_chars: int = MAX_LONG_INPUT_CHARS, transcriber=None, listener=None,
+                 streams: OpenStreams | None = None, idle_s: float = STREAM_IDLE_S):
         self.service, self.access, self.page_tokens, self.max_chars = service, access, page_tokens, max_chars
+        self.streams = streams or OpenStreams()  # the open streams, per address
+        self.idle_s = idle_s
         self.transcriber = transcriber  # word times for `"timestamps": "word"` (studio/asr.py); None: estimated
         self.listener = listener  # `"listen": true` (studio/listen.py; register's is off, and says so, without ASR)
 
@@ -104,9 +117,30 @@ class SpeechStream:
             await ws.close(POLICY_VIOLATION)
             return
         keyed = self.access.bearer_ok(ws.headers.get("authorization"))
+        # The key holder's streams count only towards the total; every other one towards its address's share.
+        counted = WEBSOCKET if keyed and self.access.api_key is not None else visitor(
+            ws.headers, ws.client.host if ws.client else None, fallback="")
+        try:
+            self.streams.open(counted)
+        except Refused as exc:
+            with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):  # gone already: nobody to tell
+                await _error(ws, str(exc), "too_many_streams")
+                await ws.close(TRY_AGAIN_LATER, "Too many streams open from this address" if exc.visitor else
+                               "The studio has as many streams open as it serves")
+            return
+        try:
+            await self._serve(ws, keyed)
+        finally:
+            self.streams.close(counted)
+
+    async def _serve(self, ws: WebSocket, keyed: bool) -> None:
         try:
             while True:  # until a config is accepted: a bad one is answered and another may follow
-                config = await self._config(ws)
+                try:
+                    config = await asyncio.wait_for(self._config(ws), self.idle_s)
+                except asyncio.TimeoutError:
+                    await _close_idle(ws, self.idle_s)
+                    return
                 if config is None:
                     continue
                 page = self.page_tokens is not None and self.page_tokens(config.token)
@@ -122,7 +156,7 @@ class SpeechStream:
                     continue
                 break
             words = self.service.transcriber_for(self.transcriber, handle.request.caller)  # None: estimated
-            await _Session(ws, feed, handle, config, notes=notes, words=words).run()
+            await _Session(ws, feed, handle, config, notes=notes, words=words, idle_s=self.idle_s).run()
         except WebSocketDisconnect:
             return
         except Exception as exc:  # one bad stream never takes the server down
@@ -173,43 +207,70 @@ class SpeechStream:
 
 
 class _Session:
-    """One accepted stream: a reader of the client's messages and a sender of the take, side by side."""
+    """One accepted stream: a reader of the client's messages, a sender of the take and an idle watch, side by
+    side. The take (and its threads) starts with the first message that reaches the feed."""
 
-    def __init__(self, ws: WebSocket, feed: SentenceFeed, handle, config: StreamConfig, *, notes=(), words=None):
+    def __init__(self, ws: WebSocket, feed: SentenceFeed, handle, config: StreamConfig, *, notes=(), words=None,
+                 idle_s: float = STREAM_IDLE_S):
         self.ws, self.feed, self.handle, self.config = ws, feed, handle, config
         self.notes, self.words = list(notes), words  # words: the transcriber for word times (None: estimated)
         self.word_times = config.timestamps == "word"
         self.sentences = 0
         self.timing: list[asyncio.Task] = []  # the sentences' word times being made, in order
+        self.begun = asyncio.Event()  # the first text has come: the take runs
+        self.idle_s, self.active = idle_s, time.monotonic()  # active: the latest message in or audio out
+        self.finished = 0  # the take's segments whose audio is all sent
 
     async def run(self) -> None:
         await _send(self.ws, {"type": "ready", "sample_rate": SAMPLE_RATE, "format": self.config.response_format,
                               "seed": self.handle.seed, **({"warnings": self.notes} if self.notes else {})})
-        source = LoopTake(self.handle, asyncio.get_running_loop(), name="higgs-ws-take")
-        reader = asyncio.create_task(self._read())
+        reader, idle, speaker = tasks = [asyncio.create_task(c) for c in (self._read(), self._idle(), self._speak())]
+        for task in tasks:
+            task.add_done_callback(_retrieved)
         try:
-            await self._send_take(source)
-            await self.ws.close()  # one stream, one take: after `done` (or its error) the socket closes
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            if speaker in done:
+                await speaker  # what the take raised, if anything
+                await self.ws.close()  # one stream, one take: after `done` (or its error) the socket closes
+            elif idle in done:
+                await _close_idle(self.ws, self.idle_s)
         except (WebSocketDisconnect, RuntimeError, OSError):
             pass  # the client went away; the finally below stops the take
         finally:
             self.handle.cancel.set()  # a no-op once finished; else the engine stops at its next step
-            reader.cancel()
-            for task in self.timing:
+            for task in (*tasks, *self.timing):
                 task.cancel()
 
+    async def _speak(self) -> None:
+        await self.begun.wait()  # until then the stream holds no thread: its take has not started
+        await self._send_take(LoopTake(self.handle, asyncio.get_running_loop(), name="higgs-ws-take"))
+
+    async def _idle(self) -> None:
+        """Returns once nothing has come in or gone out for `idle_s` while nothing is owed: no sentence waits
+        to be spoken and the text has not ended (a take in the line or being made is not idle)."""
+        while True:
+            await asyncio.sleep(max(0.0, self.active + self.idle_s - time.monotonic()))
+            if time.monotonic() - self.active >= self.idle_s:
+                if not (self.feed.ended or self.feed.planned > self.finished or self.timing):
+                    return
+                self.active = time.monotonic()
+
     async def _read(self) -> None:
-        """The client's messages; a bad one is answered and the stream goes on; a close cancels the take (after
-        `end` too: the reader goes on to see it)."""
+        """The client's messages, each applied off the event loop (it may plan a sentence); a bad one is
+        answered and the stream goes on; a close cancels the take (after `end` too: the reader goes on to see
+        it)."""
         try:
             while True:
                 message = await _receive_json(self.ws)
+                self.active = time.monotonic()
                 if message is None:
                     continue
                 try:
-                    self._take_message(message)
+                    await run_in_threadpool(self._take_message, message)
                 except ValueError as exc:
                     await _error(self.ws, str(exc), "bad_message")
+                    continue
+                self.begun.set()
         except WebSocketDisconnect:
             self.handle.cancel.set()
         except asyncio.CancelledError:
@@ -220,10 +281,11 @@ class _Session:
 
     def _take_message(self, message: dict) -> None:
         """Apply one message (ValueError with a sentence for a bad one)."""
-        known = {"text", "flush", "end"}
-        if not message or set(message) - known:
-            raise ValueError(f"Unknown message {json.dumps(message)[:200]}: send {{\"text\": \"...\"}}, "
-                             "{\"flush\": true} or {\"end\": true}.")
+        unknown = ", ".join(sorted(set(message) - {"text", "flush", "end"}))
+        if not message or unknown:
+            named = f" ({unknown[:200]})" if unknown else ""
+            raise ValueError(f"Unknown message{named}: send {{\"text\": \"...\"}}, {{\"flush\": true}} or "
+                             "{\"end\": true}.")
         if "text" in message:
             if not isinstance(message["text"], str):
                 raise ValueError("`text` must be a string.")
@@ -265,6 +327,7 @@ class _Session:
                 if data:
                     await self.ws.send_bytes(data)
                 sent += len(pcm)
+                self.active, self.finished = time.monotonic(), piece.done
                 if ending is not None:
                     await _send(self.ws, {"type": "sentence_end", "index": ending[0], "offset": ending[1]})
                     ending = None
@@ -319,6 +382,12 @@ def _listened(take, index: int) -> dict:
             "tries": len(kept.attempts)}
 
 
+def _retrieved(task: asyncio.Task) -> None:
+    """What a stream's task raised once the stream has ended is no one's concern: the client has gone."""
+    if not task.cancelled():
+        task.exception()
+
+
 def _describe(exc: Exception) -> tuple[str, str]:
     if isinstance(exc, (ServiceBusy, ServiceClosed)):
         return str(exc), "busy"
@@ -337,10 +406,18 @@ async def _receive_json(ws: WebSocket) -> dict | None:
     if text is None:
         await _error(ws, "Send JSON text messages; binary frames are for the audio coming back.", "bad_message")
         return None
+    if len(text) > MAX_MESSAGE_CHARS:
+        await _error(ws, f"The message is {len(text):,} characters; the limit for one message is "
+                         f"{MAX_MESSAGE_CHARS:,}. Send long text in several `text` messages.", "bad_message")
+        return None
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         await _error(ws, f"The message is not JSON ({exc.msg} at position {exc.pos}).", "bad_message")
+        return None
+    except RecursionError:
+        await _error(ws, "The message is JSON nested too deeply to read; send a flat object such as "
+                         "{\"text\": \"Hello.\"}.", "bad_message")
         return None
     if not isinstance(value, dict):
         await _error(ws, "Send a JSON object, e.g. {\"text\": \"Hello.\"}.", "bad_message")
@@ -354,6 +431,12 @@ async def _send(ws: WebSocket, event: dict) -> None:
 
 async def _error(ws: WebSocket, message: str, code: str) -> None:
     await _send(ws, {"type": "error", "message": message, "code": code})
+
+
+async def _close_idle(ws: WebSocket, idle_s: float) -> None:
+    await _error(ws, f"Nothing was sent for {idle_s:g} s, so the stream is closed; open a new one to say more.",
+                 "idle_timeout")
+    await ws.close(GOING_AWAY, f"Idle for {idle_s:g} s; open a new stream to say more.")
 
 
 __all__ = ["ROUTE", "WEBSOCKET", "SpeechStream", "StreamConfig"]
