@@ -403,11 +403,11 @@ def test_oversized_bundle_and_too_many_entries(tmp_path, source, monkeypatch):
         target.import_zip(bundle)
     monkeypatch.undo()
     many = {f"f{i}/voice.json": b"{}" for i in range(bundles_mod.MAX_IMPORT_VOICES * 4 + 1)}
-    with pytest.raises(VoiceImportError, match="entries"):
+    with pytest.raises(VoiceImportError, match="files"):
         target.import_zip(_zip(many))
-    # One entry over its own limit (64 KiB for voice.json), though the bundle is small.
+    # One entry over its own limit (64 KiB for voice.json), though the bundle is small and well formed.
     with pytest.raises(VoiceImportError, match="limit"):
-        target.import_zip(_zip({"a/voice.json": b" " * (ENTRY_LIMITS["voice.json"] + 1)}))
+        target.import_zip(_zip({"a/voice.json": b" " * (ENTRY_LIMITS["voice.json"] + 1), "a/audio.wav": b"RIFF"}))
     assert target.list() == []
 
 
