@@ -12,13 +12,17 @@ What a connection may send, and what it gets:
   library's shared voices, and "default", the model's own voice) and the languages;
 * `synthesize` → `audio-start`, `audio-chunk`s (PCM16, 24 kHz, mono) as the take is made, `audio-stop`; a text
   too long for one take goes through the long form, as on `/v1/audio/speech`;
-* `synthesize-start`, `synthesize-chunk`s, `synthesize-stop` → each sentence is spoken as soon as it is complete,
-  (studio/sentences.py), in order, as one gapless audio stream (`audio-start` … `audio-stop`), then `synthesize-stopped`. The next
-  sentence's take starts while the current one is sent, so it is ready when the current one ends. The
+* `synthesize-start`, `synthesize-chunk`s, `synthesize-stop` → each sentence is spoken as soon as it is complete
+  (studio/sentences.py), in order, as one gapless audio stream (`audio-start` … `audio-stop`), then
+  `synthesize-stopped`. The next sentence's take starts while the current one is sent, so it is ready when the
+  current one ends. The
   `synthesize` Home Assistant sends inside a stream, for servers that cannot stream, is ignored;
 * a bad request (unknown voice, empty text, the line full) → an `error` event with a sentence, then this
   connection is closed, as wyoming-piper does: Home Assistant waits for `audio-stop` and would otherwise hang.
-  A client that goes away cancels its takes. Other connections are never touched.
+  A client that goes away cancels its takes. Other connections are never touched;
+* an event whose header declares more data or payload than studio/wyoming_events.py allows is refused the same
+  way before any of it is read, and a connection with no event for STREAM_IDLE_S while none of its takes runs
+  hears why and is closed. Text is cut into sentences, and takes are checked, off the event loop.
 
 Every take is the Wyoming caller's (`WYOMING`): a caller of its own under the admission rule, with a visitor's
 share (`--visitor-concurrency`, `--visitor-queue`) and a visitor's view of the voices, behind the owner. The
@@ -32,6 +36,7 @@ draws its own, as an API request without a seed does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -47,13 +52,14 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 
 from engine.config import SAMPLE_RATE
 from engine.types import SEED_LIMIT, SamplingParams
-from studio.admission import Caller
+from studio.admission import STREAM_IDLE_S, Caller
 from studio.api.model import DEFAULT_VOICE
 from studio.formats import to_pcm16
 from studio.gpu_queue import ServiceBusy, ServiceClosed
 from studio.longform import start_long, wants_long_form
 from studio.sentences import SentenceBuffer
 from studio.service import LoopTake, StudioService, SynthesisRequest, TakeHandle
+from studio.wyoming_events import BadEvent, read_event
 
 log = logging.getLogger("higgs.wyoming")
 
@@ -85,13 +91,13 @@ class WyomingServer:
     the server's thread and event loop."""
 
     def __init__(self, service: StudioService, uri: str, *, params: SamplingParams | None = None,
-                 caller: Caller = WYOMING):
+                 caller: Caller = WYOMING, idle_s: float = STREAM_IDLE_S):
         scheme = urlparse(uri).scheme
         if scheme not in ("tcp", "unix"):
             raise ValueError(f"The Wyoming address must be tcp://HOST:PORT (e.g. tcp://0.0.0.0:10200) or "
                              f"unix://PATH; got {uri!r}.")
         self.server = AsyncServer.from_uri(uri)  # ValueError with the package's own sentence for a bad one
-        self.service, self.uri, self.caller = service, uri, caller
+        self.service, self.uri, self.caller, self.idle_s = service, uri, caller, idle_s
         self.params = params or SamplingParams()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -201,6 +207,31 @@ class _Connection(AsyncEventHandler):
         self._tasks: set[asyncio.Task] = set()
         self._takes: set[_Take] = set()
 
+    async def run(self) -> None:
+        """The package's loop (`AsyncEventHandler.run`) over studio/wyoming_events.py `read_event`, which checks
+        an event's declared sizes before reading it; a refused event, or `idle_s` with no event while no take
+        of this connection runs, is told to the client and ends the connection."""
+        self._is_running = True
+        try:
+            while self._is_running:
+                try:
+                    event = await read_event(self.reader, wait_s=self.server.idle_s)
+                except asyncio.TimeoutError:
+                    if self._takes:  # an answer is being made or sent: the client need not speak meanwhile
+                        continue
+                    with contextlib.suppress(ConnectionError, OSError):
+                        await self.write_event(Error(text=f"Nothing was sent for {self.server.idle_s:g} s, so the "
+                                                          "connection is closed.", code="idle-timeout").event())
+                    break
+                except BadEvent as exc:
+                    await self._fail(exc)
+                    break
+                if event is None or not await self.handle_event(event):
+                    break
+        finally:
+            await self.disconnect()
+            self.writer.close()
+
     async def handle_event(self, event: Event) -> bool:
         try:
             return await self._handle(event)
@@ -215,7 +246,7 @@ class _Connection(AsyncEventHandler):
         elif Synthesize.is_type(event.type):
             if self._sentences is None:  # inside a stream it repeats the streamed text for older servers
                 synthesize = Synthesize.from_event(event)
-                handle = server.start_take(synthesize.text, server.voice_of(synthesize.voice))
+                handle = await asyncio.to_thread(server.start_take, synthesize.text, server.voice_of(synthesize.voice))
                 take = self._begin(handle)
                 self._answer(lambda: self._speak(_one(take)))
         elif SynthesizeStart.is_type(event.type):
@@ -226,7 +257,8 @@ class _Connection(AsyncEventHandler):
             sentences = self._sentences
             self._answer(lambda: self._speak_stream(sentences, voice_id))
         elif SynthesizeChunk.is_type(event.type):
-            for sentence in self._open_buffer("synthesize-chunk").add(SynthesizeChunk.from_event(event).text):
+            buffer, text = self._open_buffer("synthesize-chunk"), SynthesizeChunk.from_event(event).text
+            for sentence in await asyncio.to_thread(buffer.add, text):
                 self._sentences.put_nowait(sentence)
         elif SynthesizeStop.is_type(event.type):
             self._open_buffer("synthesize-stop")
@@ -295,7 +327,8 @@ class _Connection(AsyncEventHandler):
                 index = 0
                 while (sentence := await sentences.get()) is not None:
                     await room.acquire()
-                    started.put_nowait(self._begin(self.server.start_take(sentence, voice_id, index)))
+                    handle = await asyncio.to_thread(self.server.start_take, sentence, voice_id, index)
+                    started.put_nowait(self._begin(handle))
                     index += 1
                 started.put_nowait(None)
             except Exception as exc:  # a bad sentence, the line full: heard after the audio before it
