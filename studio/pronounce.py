@@ -4,7 +4,8 @@ Every engine reads plain text, so a rule is a respelling (voicebox's choice, Ele
 `Nguyen → Win`, `SQL → sequel`. A rule matches a whole word or phrase, case-insensitively unless told
 otherwise, or is a regular expression (openedai-speech's `pre_process_map`); it may be scoped to a voice
 (id or name) or a language. It applies after normalisation (engine/normalize.py) and before tokenisation,
-never inside a control tag, in one pass: a respelling is not matched again.
+never inside a control tag, in one pass: every rule reads the text as written, so a respelling is never matched
+again, and the spoken text grows by at most MAX_GROWTH_FACTOR× or MAX_GROWTH_CHARS characters (studio/respell.py).
 
     rules = Dictionary([Rule.make("Nguyen", "Win"), Rule.make(r"\\bv(\\d+)\\b", r"version \\1", regex=True)])
     rules.apply("Nguyen shipped v3.")              # "Win shipped version 3."
@@ -13,9 +14,9 @@ never inside a control tag, in one pass: a respelling is not matched again.
     changed(old, new, segment_texts)               # indices of the segments a change of rules touches
     merged(studio_rules, project_rules)            # project rules win over the owner's global ones
 
-Regular expressions run with the `regex` module's timeout: a pattern is refused when it nests quantifiers
-(`(a+)+`), uses a backreference, or is slow on probe texts, and one that still takes too long on real text
-raises `PronunciationError` naming the rule rather than hanging a worker.
+Regular expressions are RE2's (studio/respell.py): linear time in the text whatever the pattern, so none can
+hang a worker; a pattern RE2 cannot run (a backreference, a lookaround) or too large for its memory budget is
+refused with a sentence naming it, and a dictionary holds at most MAX_REGEX_RULES of them.
 
 `DictionaryStore` keeps the owner's global dictionary in one JSON file beside the voice library (an
 fsynced replace under a file lock, studio/durable.py). Files: JSON, TSV, and PLS
@@ -34,12 +35,12 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import regex
 from defusedxml import ElementTree
 from defusedxml.common import DefusedXmlException
 
 from engine.tokenizer import TAG_RE
 from studio.durable import file_lock, replace_file
+from studio.respell import MAX_REGEX_RULES, Matcher, PronunciationError, check_regex
 from studio.text import clean_line
 
 FORMAT = "higgs-studio-dictionary/1"
@@ -48,26 +49,10 @@ MAX_WORD = 100  # characters of a word or phrase
 MAX_PATTERN = 200  # characters of a regular expression
 MAX_RESPELLING = 200
 MAX_FILE_BYTES = 2 * 1024 * 1024  # an imported TSV, JSON or PLS file
-RULE_TIMEOUT_S = 0.2  # one regex rule on one text; a segment is ~300 characters, a single take ≤ 4096
-PROBE_TIMEOUT_S = 0.1  # a new regex rule on each probe text (1000 characters: quadratic is fine, worse is not)
+MAX_SCOPES = 8  # compiled scopes kept per dictionary (voices × languages with rules of their own)
 TSV_COLUMNS = ("word", "respelling", "regex", "case_sensitive", "voice", "language")
 PLS_NS = "{http://www.w3.org/2005/01/pronunciation-lexicon}"
 XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
-
-# A quantified group that holds a quantifier, e.g. `(a+)+`, `(\w*x)*`, `(a|b?){2,}` (a `?` right after `(`
-# opens a group kind, not a quantifier): the shape of catastrophic backtracking. A backreference in a
-# pattern makes matching NP-hard in general.
-_NESTED_QUANTIFIER = regex.compile(
-    r"\((?:[^()\\]|\\.)*(?:[+*]|(?<!\()\?|\{\d*,\d*\})(?:[^()\\]|\\.)*\)(?:[+*]|\{\d*,?\d*\})")
-_BACKREFERENCE = regex.compile(r"\\[1-9]|\(\?P=|\\g<|\\k<")
-_TEMPLATE_GROUP = regex.compile(r"\\(\d+)|\\g<(\w+)>")
-# Texts on which a backtracking pattern shows itself: long runs of one kind of character, then a mismatch.
-_PROBES = tuple(run * 1000 + end for run in ("a", "a ", "1", " ", "ab", "a1") for end in ("", "!"))
-
-
-class PronunciationError(ValueError):
-    """A rule or a dictionary file that cannot be used, with a sentence saying what to change."""
-
 
 @dataclass(frozen=True)
 class Rule:
@@ -99,7 +84,7 @@ class Rule:
         language = _language(clean_line(language, "rule's language", 20, error=PronunciationError)) or None
         rule = cls(word, respelling, regex, case_sensitive, voice, language)
         if regex:
-            _check_pattern(rule)
+            check_regex(rule)
         return rule
 
     @property
@@ -114,10 +99,6 @@ class Rule:
             return False
         return self.language is None or not language or self.language == _language(language)
 
-    def compiled(self):
-        flags = regex.V0 | (0 if self.case_sensitive else regex.IGNORECASE)
-        return regex.compile(self.word, flags)
-
     def to_json(self) -> dict:
         return asdict(self)
 
@@ -127,36 +108,11 @@ def _language(code: str | None) -> str:
     return (code or "").strip().lower().replace("_", "-").split("-")[0]
 
 
-def _check_pattern(rule: Rule) -> None:
-    where = f"The pattern /{rule.word}/"
-    if _NESTED_QUANTIFIER.search(rule.word):
-        raise PronunciationError(f"{where} repeats a group that itself repeats (like `(a+)+`), which can take "
-                                 "exponential time; write it without the nested repetition.")
-    if _BACKREFERENCE.search(rule.word):
-        raise PronunciationError(f"{where} uses a backreference, which can take exponential time; remove it.")
-    try:
-        compiled = rule.compiled()
-    except regex.error as exc:
-        raise PronunciationError(f"{where} is not a valid regular expression: {exc}.") from None
-    for number, name in _TEMPLATE_GROUP.findall(rule.respelling):
-        if (number and int(number) > compiled.groups) or (name and name not in compiled.groupindex
-                                                          and not name.isdigit()):
-            raise PronunciationError(f"The respelling {rule.respelling!r} names a group that /{rule.word}/ does "
-                                     "not have.")
-    if compiled.search(""):
-        raise PronunciationError(f"{where} matches empty text, so it would apply everywhere; make it match a word.")
-    for probe in _PROBES:
-        try:
-            compiled.search(probe, timeout=PROBE_TIMEOUT_S)
-        except TimeoutError:
-            raise PronunciationError(f"{where} is too slow on long text; simplify it.") from None
-
-
 @dataclass(frozen=True)
 class Dictionary:
-    """An ordered list of rules, applied in one pass. Later rules win over earlier ones for the same word,
-    a scoped rule over an unscoped one, a case-sensitive one over a case-insensitive one; the words and
-    phrases are matched first (longest first), then the regular expressions in order."""
+    """An ordered list of rules, applied in one pass over the text as written. Later rules win over earlier ones
+    for the same word, a scoped rule over an unscoped one, a case-sensitive one over a case-insensitive one; where
+    matches overlap, the words and phrases come first (longest first), then the regular expressions in order."""
 
     rules: tuple[Rule, ...] = ()
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
@@ -167,6 +123,10 @@ class Dictionary:
             raise PronunciationError(f"A dictionary holds at most {MAX_RULES} rules (got {len(rules)}).")
         if not all(isinstance(r, Rule) for r in rules):
             raise PronunciationError("A dictionary holds Rule values (Rule.make builds them).")
+        patterns = sum(r.regex for r in rules)
+        if patterns > MAX_REGEX_RULES:
+            raise PronunciationError(f"A dictionary holds at most {MAX_REGEX_RULES} regular-expression rules (got "
+                                     f"{patterns}); write the others as words or phrases, which cost far less.")
         object.__setattr__(self, "rules", rules)
         object.__setattr__(self, "_cache", {})
 
@@ -206,7 +166,7 @@ class Dictionary:
         return self.spoken(text, voice=voice, language=language)[0]
 
     def matches(self, text: str, *, voice: Sequence[str] = (), language: str | None = None) -> list[Rule]:
-        """The rules that change `text`, in the order they fire."""
+        """The rules that change `text`, in this dictionary's order."""
         return self.spoken(text, voice=voice, language=language)[1]
 
     def spoken(self, text: str, *, voice: Sequence[str] = (), language: str | None = None) -> tuple[str, list[Rule]]:
@@ -227,56 +187,23 @@ class Dictionary:
     def _run(self, text: str, voice: tuple[str, ...], language: str | None) -> tuple[str, list[Rule]]:
         if not self.rules or not text:
             return text, []
-        words, lookup, patterns = self._compiled(voice, language)
-        fired: dict[Rule, None] = {}
+        spoken, fired = self._matcher(voice, language).respell(text)
+        fired = set(fired)
+        return spoken, [r for r in dict.fromkeys(self.rules) if r in fired]  # in the rules' order
 
-        def respell(match) -> str:
-            found = match.group()
-            rule = lookup.get((True, found)) or lookup.get((False, found.casefold()))
-            if rule is None:  # a case-sensitive word met in another case
-                return found
-            fired[rule] = None
-            return rule.respelling
-
-        pieces, cursor = [], 0
-        for tag in [*TAG_RE.finditer(text), None]:
-            end = tag.start() if tag is not None else len(text)
-            piece = text[cursor:end]
-            if piece:
-                if words is not None:
-                    piece = words.sub(respell, piece)
-                for rule, pattern in patterns:
-                    try:
-                        piece, count = pattern.subn(rule.respelling, piece, timeout=RULE_TIMEOUT_S)
-                    except TimeoutError:
-                        raise PronunciationError(f"The pronunciation rule /{rule.word}/ took too long on this text; "
-                                                 "simplify or remove it.") from None
-                    if count:
-                        fired[rule] = None
-            pieces.append(piece)
-            if tag is not None:
-                pieces.append(tag.group())
-                cursor = tag.end()
-        return "".join(pieces), list(dict.fromkeys(r for r in self.rules if r in fired))  # in the rules' order
-
-    def _compiled(self, voice: tuple[str, ...], language: str | None):
-        """The rules in scope, compiled once per scope: one alternation of every word (longest first), the
-        word lookup by precedence, and the regex rules in order."""
+    def _matcher(self, voice: tuple[str, ...], language: str | None) -> Matcher:
+        """The rules in scope, compiled once per scope (scopes with the same rules share one)."""
         key = (tuple(v.casefold() for v in voice if v), _language(language))
-        compiled = self._cache.get(key)
-        if compiled is None:
-            in_scope = [(i, r) for i, r in enumerate(self.rules) if r.applies(voice, language)]
-            lookup: dict[tuple[bool, str], Rule] = {}
-            for _, rule in sorted((x for x in in_scope if not x[1].regex), key=lambda x: (x[1].scoped, x[0])):
-                lookup[(rule.case_sensitive, rule.word if rule.case_sensitive else rule.word.casefold())] = rule
-            alternatives = sorted({w for _, w in lookup}, key=len, reverse=True)
-            words = regex.compile(r"(?<!\w)(?:" + "|".join(regex.escape(w) for w in alternatives) + r")(?!\w)",
-                                  regex.V0 | regex.IGNORECASE) if alternatives else None
-            patterns = [(r, r.compiled()) for _, r in in_scope if r.regex]
-            if len(self._cache) > 64:  # scopes are few (voices × languages); bound it all the same
-                self._cache.clear()
-            compiled = self._cache[key] = (words, lookup, patterns)
-        return compiled
+        found = self._cache.get(key)
+        if found is None:
+            in_scope = tuple(r for r in self.rules if r.applies(voice, language))
+            found = self._cache.get(in_scope)
+            if found is None:
+                if len(self._cache) > 2 * MAX_SCOPES:  # a scope's key and its rules' key each
+                    self._cache.clear()
+                found = self._cache[in_scope] = Matcher(in_scope, self._cache.setdefault("patterns", {}))
+            self._cache[key] = found
+        return found
 
 
 def _canonical(rules: Iterable[Rule]) -> str:
