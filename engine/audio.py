@@ -13,6 +13,7 @@ the studio and the HTTP API show it to the user as is.
 from __future__ import annotations
 
 import io
+import logging
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -25,6 +26,8 @@ import soundfile as sf
 import soxr  # librosa's own resampler (a librosa dependency); imported directly to skip librosa's start-up cost
 
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
+
+log = logging.getLogger("higgs.audio")
 
 # Trimming: frames quieter than peak − TRIM_TOP_DB count as silence (the Higgs ComfyUI node uses −42 dB).
 TRIM_TOP_DB = 40.0
@@ -289,8 +292,9 @@ def _decode_ffmpeg(path: Path) -> tuple[np.ndarray, int, int]:
     except ReferenceAudioError:
         raise
     except Exception as exc:  # noqa: BLE001 — every decoder failure means the same thing to the user
+        log.info("no decoder read the clip: %r", exc)  # the detail is for the log, never the answer
         raise ReferenceAudioError("The file could not be read as audio. Use WAV, FLAC, OGG, MP3 or another "
-                                  f"common format ({type(exc).__name__}).") from None
+                                  "common format.") from None
 
 
 def _pcm_blocks(f, channels: int) -> Iterator[np.ndarray]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from starlette.formparsers import MultiPartException
 
 from engine.audio import ReferenceAudioError, load_audio
 from studio.api.model import DEFAULT_VOICE, FORM_OVERHEAD, MAX_UPLOAD_BYTES, MB, ApiError, Routes
@@ -132,8 +133,11 @@ class VoiceRoutes(Routes):
         await self.read_body(request, MAX_UPLOAD_BYTES + FORM_OVERHEAD)
         try:
             form = await request.form(max_files=2, max_fields=16)
-        except Exception as exc:  # malformed multipart
-            raise ApiError(400, f"Could not parse the multipart form: {exc}") from None
+        except MultiPartException as exc:  # starlette's sentences: too many files or fields, a part too large
+            raise ApiError(400, f"Could not parse the multipart form: {exc.message}") from None
+        except Exception:
+            raise ApiError(400, "Could not parse the multipart form; send the voice as multipart/form-data with "
+                                "fields audio_sample, name, ref_text and consent.") from None
         upload = form.get("audio_sample")
         if upload is None or isinstance(upload, str):
             raise ApiError(400, "Field `audio_sample` (the reference clip, as a file) is required.",
@@ -159,8 +163,8 @@ class VoiceRoutes(Routes):
             try:
                 text, note = await self.in_thread(self.transcriber.transcribe, samples, rate)
             except Exception as exc:  # the clip is still a voice; the client can send ref_text next time
-                log.warning("transcribing a voice clip failed: %s", exc)
-                text, note = "", f"Automatic transcription failed ({type(exc).__name__}); send ref_text."
+                log.warning("transcribing a voice clip failed: %r", exc)
+                text, note = "", "Automatic transcription failed; send ref_text."
             transcript = text or None
         try:
             voice = await self.in_thread(lambda: self.service.save_voice(
