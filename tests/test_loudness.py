@@ -102,13 +102,13 @@ def test_targets_are_names_numbers_or_off():
 def test_the_true_peak_read_a_block_at_a_time_equals_the_whole_signals(monkeypatch):
     from scipy.signal import resample_poly
 
-    from studio import loudness
+    from engine import peaks
 
     x = np.random.default_rng(1).standard_normal(10_007) * 0.1
     x[999:1003] = [0.5, -0.9, 0.9, -0.5]  # an intersample peak right at a block's edge
     whole = max(np.abs(x).max(), np.abs(resample_poly(x, 4, 1)).max())
-    monkeypatch.setattr(loudness, "PEAK_BLOCK", 1000)
-    assert loudness.true_peak(x) == pytest.approx(whole, rel=1e-12) and whole > 0.9
+    monkeypatch.setattr(peaks, "PEAK_BLOCK", 1000)
+    assert peaks.true_peak(x) == pytest.approx(whole, rel=1e-12) and whole > 0.9
 
 
 def test_the_streaming_meter_reads_what_the_whole_signal_reads():
