@@ -47,22 +47,7 @@ class DictionaryRoutes(Routes):
         store = self._store()
         body = await self.read_body(request, MAX_FILE_BYTES)
         kind = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-        notes: list[str] = []
-        try:
-            if kind in PLS_TYPES:
-                dictionary, notes = from_pls(body)
-            else:
-                text = body.decode("utf-8-sig")
-                dictionary = from_tsv(text) if kind in TSV_TYPES else Dictionary.from_json(json.loads(text))
-        except UnicodeDecodeError:
-            raise ApiError(400, "The dictionary must be UTF-8 text.") from None
-        except json.JSONDecodeError as exc:
-            raise ApiError(400, f"The body is not valid JSON ({exc}); send {{\"rules\": [...]}}, or TSV with "
-                                "`Content-Type: text/tab-separated-values`.") from None
-        except RecursionError:
-            raise ApiError(400, "The body is nested too deeply to be a dictionary.") from None
-        except PronunciationError as exc:
-            raise ApiError(400, str(exc)) from None
+        dictionary, notes = await self.in_thread(_parsed, kind, body)  # compiles every rule: off the event loop
         await self.in_thread(store.replace, dictionary)
         return JSONResponse({**rules_json(dictionary), "notes": notes})
 
@@ -79,6 +64,11 @@ class DictionaryRoutes(Routes):
         voice, language = payload.get("voice"), payload.get("language")
         if not isinstance(voice, (str, type(None))) or not isinstance(language, (str, type(None))):
             raise ApiError(400, "`voice` and `language` must be text.")
+        return JSONResponse(await self.in_thread(self._applied, text, voice, language))
+
+    def _applied(self, text: str, voice: str | None, language: str | None) -> dict:
+        """`apply`'s answer, worked out in a thread: it reads the voice library and the dictionary's file,
+        compiles the rules of a new scope and runs them."""
         names: tuple[str, ...] = ()
         if voice:
             try:
@@ -90,5 +80,23 @@ class DictionaryRoutes(Routes):
             spoken, fired = self.service.pronounce(text, names, language)
         except PronunciationError as exc:
             raise ApiError(400, str(exc)) from None
-        return JSONResponse({"input": text, "spoken": spoken, "rules": [r.to_json() for r in fired],
-                             "version": self.service.rules().version})
+        return {"input": text, "spoken": spoken, "rules": [r.to_json() for r in fired],
+                "version": self.service.rules().version}
+
+
+def _parsed(kind: str, body: bytes) -> tuple[Dictionary, list[str]]:
+    """A PUT's body as a checked dictionary and the notes on what was skipped, or ApiError(400) saying why not."""
+    try:
+        if kind in PLS_TYPES:
+            return from_pls(body)
+        text = body.decode("utf-8-sig")
+        return (from_tsv(text) if kind in TSV_TYPES else Dictionary.from_json(json.loads(text))), []
+    except UnicodeDecodeError:
+        raise ApiError(400, "The dictionary must be UTF-8 text.") from None
+    except json.JSONDecodeError as exc:
+        raise ApiError(400, f"The body is not valid JSON ({exc}); send {{\"rules\": [...]}}, or TSV with "
+                            "`Content-Type: text/tab-separated-values`.") from None
+    except RecursionError:
+        raise ApiError(400, "The body is nested too deeply to be a dictionary.") from None
+    except PronunciationError as exc:
+        raise ApiError(400, str(exc)) from None

@@ -1,6 +1,7 @@
 """The pronunciation dictionary's editor, a small accordion under the Studio tab: the owner's rules as an editable
 table, import (TSV, JSON, PLS) and export (TSV), and a sentence tried "as it will be spoken". Thin over
-studio/pronounce.py and the service's store; only the owner sees or changes the rules.
+studio/pronounce.py and the service's store; only the owner sees, changes or tries rules of their own (a visitor
+tries a sentence with the saved rules at most: rules of one's own cost the server what they like).
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import gradio as gr
 from studio.pronounce import TSV_COLUMNS, Dictionary, Rule, merged, parse_file, to_tsv
 from studio.views.toasts import warns
 
+OWNER_ONLY_TRIAL = ("Only the studio's owner can try rules of their own here. Log in with the studio's key, or use "
+                    "POST /v1/dictionary/apply with `Authorization: Bearer <key>`.")
 HELP = ("Respelling rules for words the voice gets wrong (`Nguyen` → `Win`), applied to every take after numbers "
         "and dates are written out. A word matches whole and in any case, unless *case_sensitive*; with *regex* "
-        "it is a regular expression (`\\1` in the respelling names a group). *voice* and *language* (a code such "
-        "as `en`) limit a rule to one voice or language.")
+        "it is a regular expression in RE2's syntax, without lookarounds or backreferences (`\\1` in the respelling "
+        "names a group). *voice* and *language* (a code such as `en`) limit a rule to one voice or language.")
 
 
 def rows_of(dictionary: Dictionary) -> list[list]:
@@ -68,7 +71,7 @@ class DictionaryView:
         owner = self.access.owner_only
         save.click(owner(warns(3)(self.save)), [self.table], outputs, api_visibility="private")
         upload.upload(owner(warns(3)(self.import_file)), [upload, self.table], outputs, api_visibility="private")
-        trial.submit(warns(1)(self.trial), [trial, self.table], spoken, api_visibility="private")
+        trial.submit(self.trial, [trial, self.table], spoken, api_visibility="private")
 
     # ------------------------------------------------------------------ handlers
 
@@ -88,9 +91,27 @@ class DictionaryView:
         saved = self._replace(merged(dictionary_of(rows), imported))
         return self._shown(saved, f"Imported {len(imported.rules)} rules. " + "; ".join(notes))
 
-    def trial(self, text, rows):
-        """`text` with the table's rules (saved or not), as the model will read it."""
+    def trial(self, text, rows, request: gr.Request = None):
+        """`text` with the table's rules (saved or not), as the model will read it. Rules other than the saved
+        ones are the owner's to try, like Save and Import: refused before they are compiled or run."""
+        written = [row for row in rows or [] if row and str(row[0] or "").strip()]
+        if written and not self.access.is_owner(request) and not self._saved(written, rows):
+            raise gr.Error(OWNER_ONLY_TRIAL)
+        return self._respelled(text, rows)
+
+    @warns(1)
+    def _respelled(self, text, rows):
         return self.service.respell(text or "", only=dictionary_of(rows))
+
+    def _saved(self, written: list, rows) -> bool:
+        """Whether the table's rules are the saved ones (a visitor may try those)."""
+        saved = self.service.rules()
+        if len(written) != len(saved.rules):
+            return False
+        try:
+            return dictionary_of(rows) == saved
+        except ValueError:
+            return False
 
     def _replace(self, dictionary: Dictionary) -> Dictionary:
         if self.service.dictionary is None:
