@@ -36,13 +36,14 @@ import torch
 from .attempts import CUT_SHORT, Attempt, again, best
 from .config import SAMPLE_RATE
 from .delay import default_max_frames
-from .joins import (FADE, FADE_SECONDS, KEEP, KEEP_SECONDS, MAX_GAIN_DB, SILENCE_BLOCK, WINDOW, anchor_frames,
-                    pause_samples, ramp, shape_segment, silence_blocks, speech_bounds, speech_rms)
+from .joins import (FADE, KEEP, SILENCE_BLOCK, WINDOW, anchor_frames, pause_samples, ramp, shape_segment,
+                    silence_blocks, speech_bounds, speech_rms)
 from .longform import Segment
 from .peaks import PeakLimiter, peak_ceiling
 from .prompt import VoiceRef
 from .tokenizer import strip_tags
 from .types import DEFAULT_REPEAT_GUARD, DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P, new_seed
+
 
 @dataclass(frozen=True)
 class SegmentTake:
@@ -418,23 +419,4 @@ def _next_seed(seed: int, step: int = 1) -> int:
 
 
 
-
-__all__ = [
-    "LongTake",
-    "SegmentTake",
-    "TakeChunk",
-    # engine/attempts.py's and engine/joins.py's, named here while studio/projects, tests/test_retry.py and
-    # tests/test_longform_stream.py import them from here
-    "CUT_SHORT",
-    "Attempt",
-    "again",
-    "best",
-    "FADE_SECONDS",
-    "KEEP_SECONDS",
-    "MAX_GAIN_DB",
-    "WINDOW",
-    "anchor_frames",
-    "pause_samples",
-    "shape_segment",
-    "speech_rms",
-]
+__all__ = ["LongTake", "SegmentTake", "TakeChunk"]

@@ -8,9 +8,10 @@ import pytest
 
 from engine import Engine
 from engine.config import SAMPLE_RATE
-from engine.longform import PARAGRAPH_PAUSE, SENTENCE_PAUSE, plan
-from engine.longtake import FADE_SECONDS, KEEP_SECONDS, MAX_GAIN_DB, WINDOW, LongTake, shape_segment, speech_rms
 from engine.demo import demo_checkpoint
+from engine.joins import FADE_SECONDS, KEEP_SECONDS, MAX_GAIN_DB, WINDOW, shape_segment, speech_rms
+from engine.longform import PARAGRAPH_PAUSE, SENTENCE_PAUSE, plan
+from engine.longtake import LongTake
 
 pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)
 

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 import torch
 
+from engine.attempts import Attempt, again, best
 from engine.config import SAMPLES_PER_FRAME
 from engine.longform import plan
-from engine.longtake import Attempt, LongTake, again, best
+from engine.longtake import LongTake
 from engine.prompt import Prompt, VoiceRef
 from engine.tokenizer import SPECIAL
 from engine.types import Chunk, SamplingParams

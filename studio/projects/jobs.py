@@ -30,9 +30,9 @@ import time
 import numpy as np
 import torch
 
+from engine.attempts import Attempt, again, best
 from engine.config import SAMPLE_RATE
 from engine.delay import default_max_frames
-from engine.longtake import Attempt, again, best
 from engine.prompt import VoiceRef
 from engine.tokenizer import estimate_seconds
 from engine.types import SEED_LIMIT, SamplingParams

@@ -26,9 +26,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from engine.attempts import CUT_SHORT
 from engine.config import SAMPLE_RATE
+from engine.joins import pause_samples, shape_segment, silence_blocks, speech_rms
 from engine.longform import plan
-from engine.longtake import CUT_SHORT, pause_samples, shape_segment, speech_rms
 from engine.normalize import AUTO
 from engine.tokenizer import estimate_seconds
 from engine.types import SEED_LIMIT, SamplingParams, new_seed
@@ -403,7 +404,7 @@ class Projects:
             for key, trim, ref, pause in parts:
                 yield shape_segment(self.store.read_audio(key), trim_start=trim, reference_rms=ref)
                 if pause:
-                    yield np.zeros(pause, np.float32)
+                    yield from silence_blocks(pause)
 
         recipe = {"chapter": chapter.title, "settings": project.settings, "checkpoint": self.checkpoint,
                   "segments": [{"text": p.text, "source": p.source, "speaker": p.speaker, "voice": p.voice_id,

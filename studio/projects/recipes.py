@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.longtake import anchor_frames
+from engine.joins import anchor_frames
 from engine.tokenizer import strip_tags
 from engine.types import SEED_LIMIT
 
