@@ -35,6 +35,7 @@ MAX_REGEX_RULES = 200  # regular expressions in one dictionary: with RULE_MAX_ME
 RULE_MAX_MEM = 256 * 1024
 MAX_GROWTH_FACTOR = 4  # the spoken text is at most 4× the text as written ...
 MAX_GROWTH_CHARS = 10_000  # ... or 10,000 characters more, whichever is larger (a short line, a long respelling)
+CHAR_CACHE = 65_536  # characters whose word class and case fold are kept (the texts' alphabets; bounded all the same)
 
 # The `regex` module's `\w` over Unicode, which word rules were matched with before (letters, marks, decimal
 # digits, letter numbers, connectors, joiners, circled letters; it differs only on unassigned code points): a
@@ -121,7 +122,7 @@ def _name(rule) -> str:
     return f"/{rule.word}/" if rule.regex else repr(rule.word)
 
 
-@functools.lru_cache(maxsize=65536)
+@functools.lru_cache(maxsize=CHAR_CACHE)
 def _is_word(char: str) -> bool:
     return unicodedata.category(char) in _WORD_CATEGORIES or any(a <= char <= b for a, b in _WORD_RANGES)
 
@@ -133,7 +134,7 @@ class _Fold(dict):
     def __missing__(self, code: int) -> int:
         char = chr(code)
         folded = next((f for f in (char.casefold(), char.lower()) if len(f) == 1), char)
-        if len(self) < 65536:
+        if len(self) < CHAR_CACHE:
             self[code] = ord(folded)
         return ord(folded)
 
@@ -142,6 +143,7 @@ _FOLD = _Fold()
 
 
 def fold(text: str) -> str:
+    """`text` with its case folded, character by character: how word rules compare text in any case."""
     return text.translate(_FOLD)
 
 

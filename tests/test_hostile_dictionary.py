@@ -228,3 +228,30 @@ def test_only_the_owner_tries_rules_of_their_own_on_a_public_page(public_studio)
     assert plain["success"] is True and plain["output"]["data"] == ["Nothing to respell."]
     owner = _run(url, trial, ["a a", rows], headers=BEARER)
     assert owner["success"] is True and owner["output"]["data"] == ["b" * 200 + " " + "b" * 200]
+
+
+def test_the_speech_api_refuses_a_recipe_that_outgrows_the_limit(tmp_path):
+    """Chained rules once spoke 16,000,000 characters for "A cat." on /v1/audio/speech (+2.1 GB): now each rule
+    reads the text as written, and a text that outgrows the limit is a 400 naming the rule."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from studio import api
+    from studio.pronounce import DictionaryStore
+    from studio.service import StudioService
+    from tests.fakes import FakeEngine
+
+    service = StudioService(FakeEngine(frames=1), dictionary=DictionaryStore(tmp_path / "dictionary.json"))
+    app = FastAPI()
+    api.register(app, service, request_timeout=5.0)
+    rules = [{"word": "a", "respelling": "a" * 200, "regex": True}] * 3
+    try:
+        with TestClient(app) as client:  # "A cat." first: before, it spoke 16,000,000 characters
+            r = client.post("/v1/audio/speech", json={"input": "A cat.", "response_format": "pcm",
+                                                      "dictionary": rules})
+            assert r.status_code == 200 and service.engine.started[-1] == "a" * 200 + " c" + "a" * 200 + "t."
+            r = client.post("/v1/audio/speech", json={"input": "a " * 2000, "response_format": "pcm",
+                                                      "dictionary": rules})
+            assert r.status_code == 400 and "/a/" in r.json()["error"]["message"], r.text[:300]
+    finally:
+        service.close()
