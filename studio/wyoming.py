@@ -58,7 +58,8 @@ from studio.formats import to_pcm16
 from studio.gpu_queue import ServiceBusy, ServiceClosed
 from studio.longform import start_long, wants_long_form
 from studio.sentences import SentenceBuffer
-from studio.service import LoopTake, StudioService, SynthesisRequest, TakeHandle
+from studio.service import StudioService, SynthesisRequest
+from studio.take import LoopTake, TakeHandle
 from studio.wyoming_events import BadEvent, read_event
 
 log = logging.getLogger("higgs.wyoming")

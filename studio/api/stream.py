@@ -62,7 +62,8 @@ from studio.formats import StreamEncoder, to_pcm16
 from studio.gpu_queue import ServiceBusy, ServiceClosed
 from studio.longform import MAX_LONG_INPUT_CHARS, start_open_long
 from studio.sentences import SentenceFeed
-from studio.service import LoopTake, SynthesisRequest
+from studio.service import SynthesisRequest
+from studio.take import LoopTake
 
 log = logging.getLogger("higgs.ws")
 
