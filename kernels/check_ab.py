@@ -6,6 +6,7 @@ replaced piece of a layer (INFO rows; the correctness rows are kernels/check_cas
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 import torch
 
@@ -68,22 +69,20 @@ def ab_pairs(ops, dev, gen, precision: str, shapes=REAL_SHAPES):
     return pairs
 
 
-def ab_rows(ops, dev, gen, timer, shapes=REAL_SHAPES) -> list[Row]:
-    """Per replaced piece of a layer, FP8 and BF16: v1 and v2 time (µs), bytes over time (GB/s), ratio."""
-    rows = []
+def ab_rows(ops, dev, gen, timer, shapes=REAL_SHAPES) -> Iterator[Row]:
+    """Per replaced piece of a layer, FP8 and BF16: v1 and v2 time (µs), bytes over time (GB/s), ratio; each
+    row yielded as it is timed."""
     for precision in ("fp8", "bf16"):
         for name, nbytes, v1, v2 in ab_pairs(ops, dev, gen, precision, shapes):
             t1, t2 = timer(v1), timer(v2)
-            rows.append(Row("A/B kernels", f"{precision} {name}",
-                            f"v1 {t1 * 1e6:.1f} µs {nbytes / t1 / 1e9:.0f} GB/s | v2 {t2 * 1e6:.1f} µs "
-                            f"{nbytes / t2 / 1e9:.0f} GB/s | v1/v2 {t1 / t2:.2f}x", "", "INFO"))
-    return rows
+            yield Row("A/B kernels", f"{precision} {name}",
+                      f"v1 {t1 * 1e6:.1f} µs {nbytes / t1 / 1e9:.0f} GB/s | v2 {t2 * 1e6:.1f} µs "
+                      f"{nbytes / t2 / 1e9:.0f} GB/s | v1/v2 {t1 / t2:.2f}x", "", "INFO")
 
 
-def splitk_ab_rows(ops, dev, gen, timer) -> list[Row]:
+def splitk_ab_rows(ops, dev, gen, timer) -> Iterator[Row]:
     """Split-K: o_proj and down as v2's GEMV and as v3's split-K GEMV, FP8 and BF16, at the real
-    shapes: µs, weight bytes over time and the ratio."""
-    rows = []
+    shapes: µs, weight bytes over time and the ratio; each row yielded as it is timed."""
     scratch = ops.gemv_splitk_scratch(HIDDEN, dev)
     r = randn(gen, HIDDEN).to(dev)
     for fp8 in (True, False):
@@ -92,19 +91,20 @@ def splitk_ab_rows(ops, dev, gen, timer) -> list[Row]:
             t2 = timer(lambda: ops.gemv2(x, w, residual=r, out=r, **kw))
             t3 = timer(lambda: ops.gemv_splitk(x, w, residual=r, out=r, scratch=scratch, **kw))
             nbytes = w.numel() * w.element_size()
-            rows.append(Row("A/B kernels", f"{'fp8' if fp8 else 'bf16'} {name} v2 GEMV vs v3 split-K",
-                            f"v2 {t2 * 1e6:.1f} µs {nbytes / t2 / 1e9:.0f} GB/s | v3 {t3 * 1e6:.1f} µs "
-                            f"{nbytes / t3 / 1e9:.0f} GB/s | v2/v3 {t2 / t3:.2f}x", "", "INFO"))
-    return rows
+            yield Row("A/B kernels", f"{'fp8' if fp8 else 'bf16'} {name} v2 GEMV vs v3 split-K",
+                      f"v2 {t2 * 1e6:.1f} µs {nbytes / t2 / 1e9:.0f} GB/s | v3 {t3 * 1e6:.1f} µs "
+                      f"{nbytes / t3 / 1e9:.0f} GB/s | v2/v3 {t2 / t3:.2f}x", "", "INFO")
 
 
-def timed_ab_rows(kernels) -> list[Row]:
-    """`ab_rows` at the real shapes on this GPU, through the cubins, timed on the kernels' stream."""
+def timed_ab_rows(kernels) -> Iterator[Row]:
+    """`ab_rows` at the real shapes on this GPU, through the cubins, timed on the kernels' stream; each row
+    yielded as it is timed, so an overrun keeps the rows already made."""
     from kernels.runtime import cubin_ops
 
     try:
         with torch.cuda.stream(kernels.stream) if kernels.stream is not None else contextlib.nullcontext():
             ops, dev, gen = cubin_ops(kernels), torch.device("cuda"), torch.Generator().manual_seed(2)
-            return ab_rows(ops, dev, gen, cuda_timer()) + splitk_ab_rows(ops, dev, gen, cuda_timer())
+            yield from ab_rows(ops, dev, gen, cuda_timer())
+            yield from splitk_ab_rows(ops, dev, gen, cuda_timer())
     except Exception as exc:  # a failure here is one row; the correctness rows above stand
-        return [Row("A/B kernels", "timing", f"{type(exc).__name__}: {exc}"[:120], "", "FAIL")]
+        yield Row("A/B kernels", "timing", f"{type(exc).__name__}: {exc}"[:120], "", "FAIL")

@@ -570,6 +570,6 @@ def test_a_sticky_error_in_one_kernel_case_marks_the_later_cases_invalid(monkeyp
     kernels = SimpleNamespace(manifest=SimpleNamespace(kernels={}, target="sm_90a"), stream=None)
     healthy = check.kernel_rows(kernels, "cpu", health=lambda: None)
     assert [r.status for r in healthy] == ["PASS", "FAIL", "PASS", "PASS"]  # an ordinary failure: the rest run
-    rows = check.kernel_rows(kernels, "cpu", health=lambda: "AcceleratorError: illegal memory access")
+    rows = list(check.kernel_rows(kernels, "cpu", health=lambda: "AcceleratorError: illegal memory access"))
     assert [(r.item, r.status) for r in rows] == [("first ", "PASS"), ("faulting", "FAIL"), ("later", "INVALID")]
     assert "sticky CUDA error since case 'faulting'" in rows[-1].value
