@@ -195,6 +195,9 @@ def test_json_nested_past_the_recursion_limit_is_a_bad_message_and_the_stream_go
         ws.send_text('{"text": ' + deep + "}")
         event = ws.receive_json()
         assert event["code"] == "bad_message" and "Error" not in event["message"], event
+        ws.send_text(json.dumps({"text": "x" * 1_000_000}))  # past the size read on the event loop
+        event = ws.receive_json()
+        assert event["code"] == "bad_message" and "the limit for one message is 1,000,000" in event["message"]
         ws.send_text("{}")  # still reading
         assert "Unknown message" in ws.receive_json()["message"]
 
