@@ -62,7 +62,8 @@ from studio.api.model import FORM_OVERHEAD, MAX_UPLOAD_BYTES, MB
 from studio.clean import clean_text
 from studio.formats import to_pcm16
 from studio.gpu_queue import Queued, ServiceBusy, ServiceClosed
-from studio.service import StudioService, SynthesisRequest, TakeHandle
+from studio.service import StudioService, SynthesisRequest
+from studio.take import TakeHandle
 
 ROUTE = "/studio/live"
 TOKEN_HEADER = "X-Studio-Token"

@@ -56,7 +56,7 @@ from studio.aliases import Alias, VoiceAliases
 from studio.gpu_queue import GpuQueue, Job, Queued, ServiceBusy, ServiceClosed, TooManyTakes
 from studio.presets import apply_preset, check_style_prefix
 from studio.pronounce import Dictionary, DictionaryStore, digest, merged
-from studio.take import LoopTake, Take, TakeHandle  # LoopTake: named here for studio/api and studio/wyoming.py
+from studio.take import Take, TakeHandle
 from studio.voices import Consent, VoiceNotFound
 
 MAX_TEXT_CHARS = 4096  # the OpenAI speech API's `input` limit
@@ -430,5 +430,5 @@ def _check_unicode(what: str, value: str | None) -> None:
 
 
 
-__all__ = ["MAX_TAKES", "MAX_TEXT_CHARS", "LoopTake", "Queued", "ServiceBusy", "ServiceClosed", "StudioService", "SynthesisRequest",
-           "Take", "TakeHandle", "TooManyTakes"]
+__all__ = ["MAX_TAKES", "MAX_TEXT_CHARS", "Queued", "ServiceBusy", "ServiceClosed", "StudioService", "SynthesisRequest",
+           "TooManyTakes"]

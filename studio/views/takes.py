@@ -23,7 +23,8 @@ from studio.acx import acx_check
 from studio.formats import available_formats, to_pcm16, write_audio
 from studio.live import NO_VOICE, page_request
 from studio.loudness import DEFAULT_CEILING, TARGETS, normalize
-from studio.service import MAX_TAKES, Queued, ServiceBusy, TakeHandle
+from studio.service import MAX_TAKES, Queued, ServiceBusy
+from studio.take import TakeHandle
 from studio.views.captions import CaptionsPanel
 from studio.views.toasts import warns
 
