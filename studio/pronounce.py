@@ -356,8 +356,9 @@ class DictionaryStore:
         data = json.dumps(rules_json(dictionary), ensure_ascii=False, indent=1).encode()
         with self._locked():
             replace_file(self.path.parent, self.path.name, data)
-            with self._lock:
-                self._seen = None
+            stat = self.path.stat()
+            with self._lock:  # the file now reads as `dictionary`: keep it rather than parse it again
+                self._current, self._seen = dictionary, (stat.st_mtime_ns, stat.st_size)
         return dictionary
 
     @contextmanager
