@@ -38,9 +38,9 @@ MAX_GROWTH_FACTOR = 4  # the spoken text is at most 4× the text as written ...
 MAX_GROWTH_CHARS = 10_000  # ... or 10,000 characters more, whichever is larger (a short line, a long respelling)
 CHAR_CACHE = 65_536  # characters whose word class and case fold are kept (the texts' alphabets; bounded all the same)
 
-# The `regex` module's `\w` over Unicode, which word rules were matched with before (letters, marks, decimal
-# digits, letter numbers, connectors, joiners, circled letters; it differs only on unassigned code points): a
-# word rule needs a character outside it, or the text's edge, on either side.
+# A word character, as the `regex` module's Unicode `\w` has it (letters, marks, decimal digits, letter numbers,
+# connectors, joiners, circled letters; the two differ only on code points this Python's Unicode leaves
+# unassigned): a word rule needs a character outside these, or the text's edge, on either side.
 _WORD_CATEGORIES = frozenset({"Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "Pc"})
 _WORD_RANGES = (("\u200c", "\u200d"), ("\u24b6", "\u24e9"), ("\U0001f130", "\U0001f149"), ("\U0001f150", "\U0001f169"),
                 ("\U0001f170", "\U0001f189"))
