@@ -138,19 +138,14 @@ def test_regex_rules_with_groups():
 
 
 @pytest.mark.parametrize("pattern, says", [
-    ("(a+)+$", "repeats a group"), (r"(\w+\s?)*x", "repeats a group"), ("(a|a?)+b", "repeats a group"),
-    (r"(\w)\1", "backreference"), ("[", "not a valid"), ("x*", "matches empty"),
-    (r"(\w*)*" * 2, "repeats a group"),
+    (r"(\w)\1", "backreference"), (r"(?<!a)b", "lookbehind"), (r"a(?=b)", "lookahead"), ("[", "not a valid"),
+    ("x*", "matches empty"), (r"\pL{30}", "too large"),
 ])
-def test_dangerous_or_broken_patterns_are_refused(pattern, says):
+def test_patterns_re2_cannot_run_are_refused(pattern, says):
+    """RE2 runs every pattern it accepts in time linear in the text (tests/test_hostile_dictionary.py); what it
+    cannot express is refused with a sentence."""
     with pytest.raises(PronunciationError, match=says):
         Rule.make(pattern, "y", regex=True)
-
-
-def test_a_pattern_slow_on_real_text_stops_with_a_sentence_not_a_hang():
-    rule = Rule.make(r"q\w*\w*\w*\w*!", "y", regex=True)  # quick on the probes, polynomial after a "q"
-    with pytest.raises(PronunciationError, match="took too long"):
-        Dictionary([rule]).apply("q" + "a" * 4000)
 
 
 @pytest.mark.parametrize("make, says", [
@@ -264,7 +259,7 @@ def test_the_http_api_reads_replaces_and_applies_the_dictionary(studio):
         assert client.get("/v1/dictionary").json()["rules"] == []
         r = client.put("/v1/dictionary", json={"rules": [{"word": "Nguyen", "respelling": "Win"}]})
         assert r.status_code == 200 and r.json()["version"] == Dictionary([NGUYEN]).version
-        bad = client.put("/v1/dictionary", json={"rules": [{"word": "(a+)+", "respelling": "x", "regex": True}]})
+        bad = client.put("/v1/dictionary", json={"rules": [{"word": r"(\w)\1", "respelling": "x", "regex": True}]})
         assert bad.status_code == 400 and "Rule 1" in bad.json()["error"]["message"]
         assert store.dictionary == Dictionary([NGUYEN])  # a refused dictionary changes nothing
         tsv = client.get("/v1/dictionary?format=tsv")
@@ -294,4 +289,4 @@ def test_the_page_editor_saves_imports_and_tries_rules(studio, tmp_path):
     assert [r[0] for r in rows] == ["Nguyen", "BTW", "btw"] and "Imported 2 rules" in status
     assert view.trial("Ask Nguyen, btw.", rows) == "Ask Win, by the way."
     with pytest.raises(ValueError, match="Row 1"):
-        dictionary_of([["(a+)+", "x", True, False, "", ""]])
+        dictionary_of([[r"(\w)\1", "x", True, False, "", ""]])

@@ -194,7 +194,7 @@ class SpeechRoutes(Routes):
         # before anything is parsed.
         _check_length(req.input, self.max_input_chars)
         try:
-            read = read_text(req.input, req.ssml)  # SSML → our text with [pause] markers (engine/ssml.py)
+            read = await self.in_thread(read_text, req.input, req.ssml)  # SSML → [pause] markers (engine/ssml.py)
         except ValueError as exc:
             raise ApiError(400, f"`input` is not SSML this server reads: {exc}", param="input",
                            code="invalid_ssml") from None
@@ -202,7 +202,7 @@ class SpeechRoutes(Routes):
         if not text.strip():
             raise ApiError(400, "`input` has no text to speak inside its SSML.", param="input")
         if req.clean:
-            text = clean_text(text, actions=req.clean_actions)
+            text = await self.in_thread(lambda: clean_text(text, actions=req.clean_actions))
             if not strip_tags(text).strip():
                 raise ApiError(400, "`input` has nothing left to say once `clean` removed its markdown, code, URLs"
                                     + (", emoji and *actions*" if req.clean_actions == "skip" else " and emoji")
@@ -255,7 +255,7 @@ class SpeechRoutes(Routes):
             params = SamplingParams.of(seed=req.seed, repeat_guard=req.repeat_guard,
                                        max_frames=req.max_frames if req.max_frames is not None else req.max_new_tokens,
                                        **{name: value for name, value in options.items() if value is not None})
-            rules = None if req.dictionary is None else Dictionary.from_json(req.dictionary)  # a recipe's
+            rules = None if req.dictionary is None else await self.in_thread(Dictionary.from_json, req.dictionary)  # a recipe's
             synth = SynthesisRequest(text=text, voice_id=resolved.voice.id if resolved.voice else None,
                                      style=style, params=params, ref_audio=ref_audio, ref_text=req.ref_text,
                                      source="api", ssml=False, dictionary=rules)  # read above
