@@ -36,9 +36,10 @@ def need_ffmpeg() -> None:
 
 
 @contextlib.contextmanager
-def running_studio(tmp: Path, *args: str, env: dict[str, str] | None = None):
-    """Yield the base URL of a studio started with --demo; its output goes to `tmp/app.log`. `env` adds to
-    the environment it starts with."""
+def spawned_studio(tmp: Path, *args: str, env: dict[str, str] | None = None):
+    """Start `app.py --demo` on a free port (its output in `tmp/app.log`, its voices and projects under `tmp`)
+    and yield `(process, port)` at once, without waiting for it; it is stopped when the block ends. `env` adds
+    to the environment it starts with."""
     port = free_port()
     env = {**os.environ, "HIGGS_VOICES_DIR": str(tmp / "voices"), "HIGGS_PROJECTS_DIR": str(tmp / "projects"),
            "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -46,8 +47,24 @@ def running_studio(tmp: Path, *args: str, env: dict[str, str] | None = None):
     log = open(tmp / "app.log", "w")
     proc = subprocess.Popen([sys.executable, "app.py", "--demo", "--port", str(port), *args], cwd=REPO, env=env,
                             stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
     try:
+        yield proc, port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@contextlib.contextmanager
+def running_studio(tmp: Path, *args: str, env: dict[str, str] | None = None):
+    """Yield the base URL of a studio started with --demo, once `/health` answers; its output goes to
+    `tmp/app.log`. `env` adds to the environment it starts with."""
+    with spawned_studio(tmp, *args, env=env) as (proc, port):
+        url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if proc.poll() is not None:
@@ -61,14 +78,6 @@ def running_studio(tmp: Path, *args: str, env: dict[str, str] | None = None):
                                    f"{(tmp / 'app.log').read_text()[-3000:]}")
             time.sleep(0.1)  # a refused connection costs nothing: poll often, answer sooner
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 @dataclass(frozen=True)

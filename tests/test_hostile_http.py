@@ -7,10 +7,7 @@ first second); the limit and error tests run the API in process on a scripted en
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 
 import httpx
@@ -18,7 +15,7 @@ import pytest
 
 from studio.service import MAX_TEXT_CHARS
 from tests.fakes import ScriptedEngine
-from tests.studio_server import REPO, START_TIMEOUT_S, free_port
+from tests.studio_server import START_TIMEOUT_S, spawned_studio
 
 # A take of 3,900 frames (156 s of audio): 12–18 s of work for the demo on a busy 2-core machine. Seed 1 runs
 # it to the end (no early stop), so it is still running when its client leaves after a second.
@@ -72,14 +69,7 @@ def test_a_buffered_take_stops_when_its_client_leaves(demo_studio, buffered):
 def test_routes_answer_from_the_moment_the_port_opens(tmp_path):
     """The API's routes are in place before the server listens: no request ever meets a 404 for them (they
     answered 404 for ~0.5 s after the port opened)."""
-    port = free_port()
-    env = {**os.environ, "HIGGS_VOICES_DIR": str(tmp_path / "voices"), "HIGGS_PROJECTS_DIR": str(tmp_path / "projects"),
-           "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1"}
-    env.pop("SPACE_ID", None)
-    with open(tmp_path / "app.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "app.py", "--demo", "--port", str(port)], cwd=REPO, env=env,
-                                stdout=log, stderr=subprocess.STDOUT)
-    try:
+    with spawned_studio(tmp_path) as (proc, port):
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             assert proc.poll() is None, (tmp_path / "app.log").read_text()[-3000:]
@@ -93,13 +83,6 @@ def test_routes_answer_from_the_moment_the_port_opens(tmp_path):
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
             for _ in range(5):
                 statuses += [(path, client.get(path).status_code) for path in ("/health", "/v1/models")]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
     assert all(status == 200 for _, status in statuses), statuses
 
 

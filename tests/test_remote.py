@@ -19,6 +19,7 @@ import soundfile as sf
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from engine.dialects import OPENAI, SGLANG_OMNI, STUDIO, VLLM_OMNI, detect_dialect, server_voice_name
 from engine.generate import codes_sha256
+from engine.peaks import PeakLimiter
 from engine.remote import RemoteEngine
 from engine.types import SamplingParams, SpeechEngine
 from engine.wire import RemoteError, RemoteVoice, parse_voices
@@ -382,6 +383,11 @@ def pcm(audio: np.ndarray) -> np.ndarray:
     return to_pcm16(audio)
 
 
+def served(audio: np.ndarray) -> np.ndarray:
+    """An in-process take as a studio serves it: held under the −1 dBTP true-peak ceiling (engine/peaks.py)."""
+    return PeakLimiter().whole(audio).astype(np.float32)
+
+
 def assert_same_audio(got: np.ndarray, want: np.ndarray) -> None:
     """Same length and the same samples up to float rounding: the codec's convolutions may block their
     sums differently in another process (thread count), which moves a sample by ~1e-5 and can flip one
@@ -413,7 +419,7 @@ def test_greedy_take_over_http_equals_the_in_process_take(server, local):
     options = dict(temperature=0, seed=1234, max_frames=40)
     chunks = list(remote.generate_stream(text, style=style, **options))
     got = np.concatenate([c.audio for c in chunks])
-    want = local.generate(style + text, **options)
+    want = served(local.generate(style + text, **options))
     assert_same_audio(got, want)
     local_codes = local.predict(style + text, **options)
     assert remote_codes_sha256(server, {"input": text, "instructions": style, **options}) == codes_sha256(local_codes)
@@ -422,7 +428,7 @@ def test_greedy_take_over_http_equals_the_in_process_take(server, local):
 
     # Sampled (not greedy) takes are reproducible across the wire too: the seed fixes the draws.
     sampled = dict(temperature=0.9, top_k=40, top_p=0.9, seed=99, max_frames=25)
-    assert_same_audio(remote.generate(text, **sampled), local.generate(text, **sampled))
+    assert_same_audio(remote.generate(text, **sampled), served(local.generate(text, **sampled)))
     assert remote_codes_sha256(server, {"input": text, **sampled}) == codes_sha256(local.predict(text, **sampled))
 
 
@@ -434,7 +440,7 @@ def test_one_off_clone_over_http_equals_the_in_process_clone(server, local):
     remote = RemoteEngine(server, api_key=KEY)
     options = dict(temperature=0, seed=5, max_frames=20)
     got = remote.generate("Cloned hello.", voice=remote.encode_voice(clip, rate, transcript="a hum"), **options)
-    want = local.generate("Cloned hello.", voice=local.encode_voice(clip, rate, transcript="a hum"), **options)
+    want = served(local.generate("Cloned hello.", voice=local.encode_voice(clip, rate, transcript="a hum"), **options))
     assert_same_audio(got, want)
     assert not np.array_equal(pcm(got), pcm(local.generate("Cloned hello.", **options)))  # the clip was used
 
@@ -473,7 +479,7 @@ def test_a_studio_driving_another_studio_gives_the_in_process_take(server, local
         assert r.status_code == 200, r.text
         # The same codes (B's fingerprint of this take against the in-process one), hence the same samples up
         # to the codec's float rounding, which depends on the CPU's convolution kernels and thread count.
-        want = local.generate("Through two studios.", **greedy)
+        want = served(local.generate("Through two studios.", **greedy))
         assert_same_pcm(r.content, want)
         assert remote_codes_sha256(server, {"input": "Through two studios.", **greedy}) == codes_sha256(
             local.predict("Through two studios.", **greedy))
@@ -491,8 +497,8 @@ def test_a_studio_driving_another_studio_gives_the_in_process_take(server, local
                              "response_format": "pcm", **greedy})
         assert r.status_code == 200, r.text
         stored = VoiceLibrary(tmp_path / "voices").get(saved.json()["id"])
-        want = local.generate("Cloned through two studios.", **greedy,
-                              voice=local.encode_voice(stored.wav(), SAMPLE_RATE, transcript="A low hum."))
+        want = served(local.generate("Cloned through two studios.", **greedy,
+                                     voice=local.encode_voice(stored.wav(), SAMPLE_RATE, transcript="A low hum.")))
         assert_same_pcm(r.content, want)
 
 
