@@ -206,11 +206,11 @@ def test_a_chapters_acx_report_is_in_the_api_view_and_measured_once(service, stu
     fresh = Projects(studio[0].store, service)  # no report measured yet (the file's other tests read some)
     client = _client(service, (fresh, studio[1]))
     assert all(c["acx"] is None for c in client.get(f"/v1/projects/{rendered.id}").json()["chapters"])
-    from studio.projects import library
+    from studio.projects import outputs
 
     calls = []
-    real = library.acx_check
-    monkeypatch.setattr(library, "acx_check", lambda *a: calls.append(1) or real(*a))
+    real = outputs.acx_check
+    monkeypatch.setattr(outputs, "acx_check", lambda *a: calls.append(1) or real(*a))
     report = client.get(f"/v1/projects/{rendered.id}/chapters/0").json()["acx"]
     assert [c["name"] for c in report["checks"]] == ["rms", "peak", "noise_floor", "head_room_tone", "tail_room_tone"]
     assert isinstance(report["passed"], bool) and set(report["failed"]) <= {c["name"] for c in report["checks"]}
@@ -271,12 +271,12 @@ def test_an_export_levels_each_chapter_to_the_loudness_asked(service, studio, re
 # ------------------------------------------------------------------------------------------- the tab
 def test_the_tab_downloads_captions_and_checks_acx_on_demand_never_on_its_timer(service, studio, rendered, tmp_path,
                                                                                  monkeypatch):
-    from studio.projects import library
+    from studio.projects import outputs
     from studio.views.projects import ProjectsView
 
     calls = []
-    real = library.acx_check
-    monkeypatch.setattr(library, "acx_check", lambda *a: calls.append(1) or real(*a))
+    real = outputs.acx_check
+    monkeypatch.setattr(outputs, "acx_check", lambda *a: calls.append(1) or real(*a))
     view = ProjectsView(Projects(studio[0].store, service), studio[1], tmp_path)
     for _ in range(3):
         view.tick(rendered.id, 1, None)  # the one-second timer

@@ -21,35 +21,30 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
-
-import numpy as np
 
 from engine.attempts import CUT_SHORT
 from engine.config import SAMPLE_RATE
-from engine.joins import pause_samples, shape_segment, silence_blocks, speech_rms
 from engine.longform import plan
 from engine.normalize import AUTO
 from engine.tokenizer import estimate_seconds
 from engine.types import SEED_LIMIT, SamplingParams, new_seed
-from studio.acx import AcxReport, acx_check
-from studio.captions import Captions, captions, shown_texts
+from studio.acx import AcxReport
 from studio.projects.importing import MAX_TITLE_CHARS, Book, Draft, Limits, checked
+from studio.projects.outputs import ChapterOutputs, chapter_index, pick
 from studio.projects.recipes import SAMPLING_FIELDS, Planned, checkpoint_identity, plan_book
 from studio.projects.store import Chapter, ProjectNotFound, SegmentRow, Store
-from studio.projects.types import BookMeta, ChapterAudio
 from studio.pronounce import Dictionary, digest, rules_json
 
 SETTINGS = ("voice", "voices", "style", "seed", "normalize", "temperature", "top_k", "top_p", "repeat_guard",
             "max_frames")
 PROJECT_FIELDS = ("title", "author", "language", "settings", "dictionary", "chapters", "order", "merge")
 SPOKEN_CACHE = 20_000  # (rules, text, voice, language) → what is read: the view is read every second
-ACX_CACHE = 64  # chapters' ACX reports kept, each under the keys its audio is made of
 DICTIONARY_CACHE = 64  # projects' rule sets, checked
 
 
-class Projects:
+class Projects(ChapterOutputs):
     """Projects on `store`, planned and keyed for `service`'s engine and voices."""
 
     def __init__(self, store: Store, service, *, limits: Limits = Limits()):
@@ -150,7 +145,7 @@ class Projects:
         for edit in _list(changes.get("chapters"), "chapters"):
             if not isinstance(edit, dict) or not isinstance(edit.get("index"), int):
                 raise ValueError("Each entry of `chapters` is {\"index\": n, \"title\"?, \"skip\"?, \"text\"?}.")
-            row = rows[_index(edit["index"], len(rows))]
+            row = rows[chapter_index(edit["index"], len(rows))]
             if "title" in edit:
                 row[1] = _title(_string(edit["title"], "title"))
             if "skip" in edit:
@@ -167,7 +162,7 @@ class Projects:
             pair = changes["merge"]
             if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(i, int) for i in pair)):
                 raise ValueError("`merge` is [i, j]: chapter j's text is appended to chapter i's.")
-            i, j = (_index(n, len(rows)) for n in pair)
+            i, j = (chapter_index(n, len(rows)) for n in pair)
             if i == j:
                 raise ValueError("`merge` needs two different chapters.")
             rows[i][2], rows[i][4] = rows[i][2].rstrip() + "\n\n" + rows[j][2].lstrip(), True
@@ -292,7 +287,7 @@ class Projects:
         return self.service.voices.get(voice_id).content_hash
 
     def _chapter(self, project_id: str, index: int) -> Chapter:
-        return _pick(self.store.chapters(project_id), index)
+        return pick(self.store.chapters(project_id), index)
 
     def _read(self, project_id: str, owner: str | None) -> tuple:
         """(the project, its chapters, its plan): what a view or a read of the audio starts from, read once."""
@@ -340,7 +335,7 @@ class Projects:
         """The chapter with its segments; once it is rendered, its ACX report (`acx`: computed now when it is not
         cached; False: only a cached one, for a page's poll)."""
         project, chapters, planned = self._read(project_id, owner)
-        chapter = _pick(chapters, index)
+        chapter = pick(chapters, index)
         mine = [p for p in planned if p.chapter_id == chapter.id]
         renders = self.store.renders(p.key for p in mine if p.key)
         rows = []
@@ -373,127 +368,6 @@ class Projects:
                 self._active[project_id] = job
 
     # ---------------------------------------------------------------- what an export reads
-    def book_meta(self, project_id: str, owner: str | None = None) -> BookMeta:
-        return _meta(self.store.project(project_id, owner), self.store.cover(project_id))
-
-    def chapter_audio(self, project_id: str, index: int, owner: str | None = None) -> ChapterAudio:
-        """Chapter `index` as the export reads it: each segment's stored audio shaped for the take (silence
-        trimmed, loudness matched to the book's first segment, faded) and followed by its pause, as
-        engine/longtake.py joins a long take. ValueError while a segment is not rendered."""
-        project, chapters, planned = self._read(project_id, owner)
-        return self._chapter_audio(project, planned, _pick(chapters, index))
-
-    def _chapter_audio(self, project, planned: list[Planned], chapter: Chapter) -> ChapterAudio:
-        mine = [p for p in planned if p.chapter_id == chapter.id]
-        renders = self.store.renders(p.key for p in mine if p.key)
-        missing = [p for p in mine if p.key not in renders]
-        if missing:
-            raise ValueError(f"Chapter {chapter.position} ({chapter.title!r}) is not rendered yet: "
-                             f"{len(mine) - len(missing)} of {len(mine)} segments. Render it first "
-                             f"(POST /v1/projects/{project.id}/render).")
-        reference = next((p for p in planned if p.reference), None)
-        rms = self._reference_rms(reference.key) if reference is not None else None
-        parts = [(p.key, p.position > 0, None if p.reference else rms, pause_samples(p.pause_after)) for p in mine]
-        spans, samples = [], 0
-        for key, trim, ref, pause in parts:
-            length = self._shaped_length(key, trim, ref)
-            spans.append((samples, samples + length))
-            samples += length + pause
-
-        def blocks() -> Iterator[np.ndarray]:
-            for key, trim, ref, pause in parts:
-                yield shape_segment(self.store.read_audio(key), trim_start=trim, reference_rms=ref)
-                if pause:
-                    yield from silence_blocks(pause)
-
-        recipe = {"chapter": chapter.title, "settings": project.settings, "checkpoint": self.checkpoint,
-                  "segments": [{"text": p.text, "source": p.source, "speaker": p.speaker, "voice": p.voice_id,
-                                "pause_after": p.pause_after, "seed": renders[p.key].seed, "planned_seed": p.seed,
-                                "stop_reason": renders[p.key].stop_reason, "key": p.key} for p in mine]}
-        return ChapterAudio(title=chapter.title, samples=samples, blocks=blocks, recipe=recipe, spans=tuple(spans))
-
-    def book(self, project_id: str, owner: str | None = None) -> tuple[list[ChapterAudio], BookMeta]:
-        """Every chapter not skipped, in order, and the book's metadata: what a whole-book export reads."""
-        project, chapters, planned = self._read(project_id, owner)
-        return ([self._chapter_audio(project, planned, c) for c in chapters if not c.skip],
-                _meta(project, self.store.cover(project_id)))
-
-    def chapter_pcm(self, project_id: str, index: int) -> np.ndarray:
-        """The chapter's samples in one array (what the tests compare; an export streams `blocks`)."""
-        audio = self.chapter_audio(project_id, index)
-        pcm = audio.whole()
-        assert len(pcm) == audio.samples
-        return pcm
-
-    # ---------------------------------------------------------------- captions and the ACX check
-    def captions(self, project_id: str, index: int | None = None, owner: str | None = None, *,
-                 level: str = "sentence", transcriber=None) -> Captions:
-        """Chapter `index`'s captions (None: the whole book, every chapter not skipped, its times counted from the
-        book's first sample as the M4B's chapters are). Each segment's cue starts at its first sample in the
-        chapter as `chapter_audio` joins it; times inside a segment are the `transcriber`'s (studio/asr.py)
-        when it is on, else estimated and marked (studio/captions.py). ValueError while a chapter is unrendered."""
-        project, chapters, planned = self._read(project_id, owner)
-        if index is not None:
-            return self._chapter_captions(project, planned, _pick(chapters, index), level, transcriber)[0]
-        found, offset, segments, notes = [], 0, 0, []
-        for chapter in chapters:
-            if chapter.skip:
-                continue
-            part, samples, count = self._chapter_captions(project, planned, chapter, level, transcriber)
-            shift = offset / SAMPLE_RATE
-            found += [replace(c, start=c.start + shift, end=c.end + shift, segment=c.segment + segments)
-                      for c in part.cues]
-            notes += [part.note] if part.note and part.note not in notes else []
-            offset += samples
-            segments += count
-        if not segments:
-            raise ValueError(f"Project {project.title!r} has no chapters to caption (every chapter is skipped).")
-        return Captions(found, "; ".join(notes) or None)
-
-    def _chapter_captions(self, project, planned: list[Planned], chapter: Chapter, level: str, transcriber
-                          ) -> tuple[Captions, int, int]:
-        """(the chapter's captions, its samples, its segments)."""
-        audio = self._chapter_audio(project, planned, chapter)
-        mine = [p for p in planned if p.chapter_id == chapter.id]
-        pcm = None
-        if level != "segment" and transcriber is not None and transcriber.off_note is None:
-            pcm = audio.whole()  # heard only with ASR on
-        made = captions(shown_texts(mine), list(audio.spans), audio.samples, level=level, audio=pcm,
-                        transcriber=transcriber)
-        return made, audio.samples, len(mine)
-
-    def acx(self, project_id: str, index: int, owner: str | None = None) -> AcxReport:
-        """Chapter `index`'s ACX report (studio/acx.py `acx_check` of its samples as exported), kept under the
-        keys its audio is made of, so it is measured once per render, not on every read."""
-        project, chapters, planned = self._read(project_id, owner)
-        return self._acx_report(project, planned, _pick(chapters, index))
-
-    def _acx_report(self, project, planned: list[Planned], chapter: Chapter) -> AcxReport:
-        cache = _acx_key(planned, [p for p in planned if p.chapter_id == chapter.id])
-        found = self._acx.get(cache)
-        if found is None:
-            found = acx_check(self._chapter_audio(project, planned, chapter).whole(), SAMPLE_RATE)
-            with self._lock:
-                if len(self._acx) >= ACX_CACHE:
-                    self._acx.pop(next(iter(self._acx)))
-                self._acx[cache] = found
-        return found
-
-    def _cached_acx(self, planned: list[Planned], mine: list[Planned]) -> dict | None:
-        found = self._acx.get(_acx_key(planned, mine))
-        return found.as_dict() if found is not None else None
-
-    def _reference_rms(self, key: str) -> float | None:
-        if key not in self._rms:
-            self._rms[key] = speech_rms(shape_segment(self.store.read_audio(key), trim_start=False,
-                                                      reference_rms=None)) or None
-        return self._rms[key]
-
-    def _shaped_length(self, key: str, trim: bool, ref: float | None) -> int:
-        cache = (key, trim, ref)
-        if cache not in self._lengths:
-            self._lengths[cache] = len(shape_segment(self.store.read_audio(key), trim_start=trim, reference_rms=ref))
-        return self._lengths[cache]
 
 
 def _heard(render) -> dict:
@@ -501,21 +375,6 @@ def _heard(render) -> dict:
     None when it was not listened to."""
     listen = render.recipe.get("listen") if render is not None else None
     return {"wer": listen["wer"] if listen else None, "attempts": listen["attempts"] if listen else None}
-
-
-def _acx_key(planned: list[Planned], mine: list[Planned]) -> tuple:
-    """What a chapter's audio is made of: its segments' keys and pauses, and the book's loudness reference."""
-    reference = next((p.key for p in planned if p.reference), None)
-    return reference, tuple((p.key, p.position > 0, p.pause_after) for p in mine)
-
-
-def _meta(project, cover: bytes | None) -> BookMeta:
-    return BookMeta(title=project.title, author=project.author, language=project.language, cover=cover,
-                    cover_type=project.cover_type or "image/jpeg", extra=dict(project.extra))
-
-
-def _pick(chapters: list[Chapter], index: int) -> Chapter:
-    return chapters[_index(index, len(chapters))]
 
 
 def _title(text: str) -> str:
@@ -537,12 +396,6 @@ def _list(value, name: str) -> list:
     if not isinstance(value, list):
         raise ValueError(f"`{name}` must be a list.")
     return value
-
-
-def _index(n: int, count: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < count:
-        raise ValueError(f"No chapter {n}: the project has {count} (0 … {count - 1}).")
-    return n
 
 
 __all__ = ["ProjectNotFound", "Projects"]
