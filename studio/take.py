@@ -9,7 +9,7 @@ import functools
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -17,9 +17,6 @@ from engine.peaks import peak_ceiling
 from engine.types import Metrics, SamplingParams
 from studio.gpu_queue import GpuQueue, Job
 from studio.loudness import Loudness, measure
-
-if TYPE_CHECKING:
-    from studio.service import SynthesisRequest
 
 
 @dataclass
@@ -68,12 +65,13 @@ class Take:
 
 
 class TakeHandle:
-    """One take on its way through the service: what was asked (`request`), the settings it runs with (`params`,
+    """One take on its way through the service: what was asked (`request`, the service's `SynthesisRequest`: this
+    module sits below studio/service.py and does not import it), the settings it runs with (`params`,
     with its seed), the notes for the user (`warnings`), the `cancel` any thread may set, and the recorded `take`
     once `finished` is set. `stream()` puts it in the line and yields what it makes; however the stream ends
     (the consumer stops early, fails or goes away), a take that has not finished is cancelled."""
 
-    def __init__(self, line: GpuQueue, request: SynthesisRequest, params: SamplingParams, warnings: list[str],
+    def __init__(self, line: GpuQueue, request: Any, params: SamplingParams, warnings: list[str],
                  work: Callable[[Job, TakeHandle], None]):
         self.request, self.params, self.warnings = request, params, warnings
         self.cancel = threading.Event()
