@@ -22,7 +22,9 @@ What a connection may send, and what it gets:
   A client that goes away cancels its takes. Other connections are never touched;
 * an event whose header declares more data or payload than studio/wyoming_events.py allows is refused the same
   way before any of it is read, and a connection with no event for STREAM_IDLE_S while none of its takes runs
-  hears why and is closed. Text is cut into sentences, and takes are checked, off the event loop.
+  hears why and is closed. Text is cut into sentences, and takes are checked, off the event loop;
+* past MAX_CONNECTIONS_PER_ADDRESS connections open from one address, or MAX_CONNECTIONS in all, a new one
+  hears why (`too-many-connections`) and is closed before it is read.
 
 Every take is the Wyoming caller's (`WYOMING`): a caller of its own under the admission rule, with a visitor's
 share (`--visitor-concurrency`, `--visitor-queue`) and a visitor's view of the voices, behind the owner. The
@@ -85,6 +87,10 @@ class _Take(LoopTake):
                 raise item
             if len(item.audio):
                 yield item.audio
+
+
+MAX_CONNECTIONS_PER_ADDRESS = 16  # one address's: Home Assistant speaks for every satellite from one address
+MAX_CONNECTIONS = 64  # everyone's together; an idle one holds no thread, only a socket and a little memory
 
 
 class WyomingServer:
@@ -202,6 +208,8 @@ class _Connection(AsyncEventHandler):
     def __init__(self, server: WyomingServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         super().__init__(reader, writer)
         self.server = server
+        peer = writer.get_extra_info("peername")
+        self.address = peer[0] if isinstance(peer, tuple) and peer else None  # None: a unix socket, one user
         self._sentences: asyncio.Queue | None = None  # the open text stream's sentences (None: no stream open)
         self._buffer: SentenceBuffer | None = None
         self._last: asyncio.Task | None = None  # the latest answer; each waits for the one before it
@@ -211,9 +219,14 @@ class _Connection(AsyncEventHandler):
     async def run(self) -> None:
         """The package's loop (`AsyncEventHandler.run`) over studio/wyoming_events.py `read_event`, which checks
         an event's declared sizes before reading it; a refused event, or `idle_s` with no event while no take
-        of this connection runs, is told to the client and ends the connection."""
+        of this connection runs, is told to the client and ends the connection; so is a connection past the
+        connection caps, before anything is read."""
         self._is_running = True
         try:
+            if refusal := self._over_caps():
+                with contextlib.suppress(ConnectionError, OSError):
+                    await self.write_event(Error(text=refusal, code="too-many-connections").event())
+                return
             while self._is_running:
                 try:
                     event = await read_event(self.reader, wait_s=self.server.idle_s)
@@ -232,6 +245,18 @@ class _Connection(AsyncEventHandler):
         finally:
             await self.disconnect()
             self.writer.close()
+
+    def _over_caps(self) -> str | None:
+        """Why this connection is one too many (None: it is not), counting the connections open now."""
+        others = [c for c in self.server._connections if c is not self]
+        if len(others) >= MAX_CONNECTIONS:
+            return (f"The studio has {len(others)} Wyoming connections open, as many as it serves at once; "
+                    "try again shortly.")
+        mine = sum(c.address == self.address for c in others)
+        if self.address is not None and mine >= MAX_CONNECTIONS_PER_ADDRESS:
+            return (f"This address already has {mine} Wyoming connections open; one address may have "
+                    f"{MAX_CONNECTIONS_PER_ADDRESS}. Close one first.")
+        return None
 
     async def handle_event(self, event: Event) -> bool:
         try:
@@ -381,4 +406,4 @@ def _ms(samples: int) -> int:
     return samples * 1000 // SAMPLE_RATE
 
 
-__all__ = ["LANGUAGES", "WYOMING", "WyomingServer"]
+__all__ = ["LANGUAGES", "MAX_CONNECTIONS", "MAX_CONNECTIONS_PER_ADDRESS", "WYOMING", "WyomingServer"]

@@ -29,7 +29,7 @@ from studio.admission import MAX_OPEN_STREAMS_PER_VISITOR, OWNER, Caller, OpenSt
 from studio.api.stream import ROUTE, SpeechStream
 from studio.sentences import MAX_SENTENCE_CHARS, SentenceBuffer
 from studio.service import StudioService
-from studio.wyoming import WyomingServer
+from studio.wyoming import MAX_CONNECTIONS_PER_ADDRESS, WyomingServer
 from tests.fakes import FakeEngine
 from tests.probes import LOOP_STALL_LIMIT_S, health_latency, peak_growth_mb, server_pid, thread_count
 from tests.studio_server import free_port
@@ -267,6 +267,28 @@ def test_a_malformed_wyoming_header_is_refused_with_a_sentence(wyoming_port, lin
         events = events_until_closed(sock)
     assert [e.type for e in events] == ["error"] and says in events[0].data["text"], events
     assert "Error" not in events[0].data["text"]
+
+
+def test_one_address_holds_a_bounded_number_of_wyoming_connections(wyoming_port):
+    """Idle connections hold no thread, but each holds a socket: one address may keep
+    MAX_CONNECTIONS_PER_ADDRESS open; the next hears why and is closed before it is read (before: no cap at
+    all), and one closed makes room again."""
+    held = [socket.create_connection(("127.0.0.1", wyoming_port)) for _ in range(MAX_CONNECTIONS_PER_ADDRESS)]
+    try:
+        time.sleep(0.3)  # every one of them reached the server's loop
+        with socket.create_connection(("127.0.0.1", wyoming_port)) as extra:
+            events = events_until_closed(extra)
+        assert [e.type for e in events] == ["error"] and events[0].data["code"] == "too-many-connections", events
+        assert f"may have {MAX_CONNECTIONS_PER_ADDRESS}" in events[0].data["text"]
+        held.pop().close()
+        time.sleep(0.3)
+        with socket.create_connection(("127.0.0.1", wyoming_port)) as again:
+            again.sendall(json.dumps({"type": "describe", "version": "1.10.0"}).encode() + b"\n")
+            again.settimeout(WAIT)
+            assert b'"info"' in again.recv(65536)
+    finally:
+        for sock in held:
+            sock.close()
 
 
 def test_a_silent_wyoming_connection_hears_why_and_is_closed():
