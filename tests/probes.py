@@ -4,11 +4,12 @@ loop keeps `/health` waiting while something else is going on."""
 from __future__ import annotations
 
 import contextlib
+import json
+import subprocess
+import sys
 import threading
-import time
+import urllib.parse
 from pathlib import Path
-
-import httpx
 
 LOOP_STALL_LIMIT_S = 0.1  # no one request may hold the event loop longer than this
 
@@ -51,30 +52,57 @@ def peak_growth_mb(pid: int):
         out["mb"] = (memory_kb(pid, "VmHWM") - start) / 1024
 
 
+# The poller runs in a process of its own: in the test's process it would wait for the GIL behind whatever
+# the test itself does meanwhile (sending thousands of messages), and count that as the server's delay.
+_POLLER = """
+import http.client, json, sys, time
+host, port, period, headers = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), json.loads(sys.argv[4])
+conn = None
+while True:
+    t0 = time.perf_counter()
+    try:
+        conn = conn or http.client.HTTPConnection(host, port, timeout=30)
+        conn.request("GET", "/health", headers=headers)
+        conn.getresponse().read()
+    except (OSError, http.client.HTTPException):
+        conn = None
+    print(time.perf_counter() - t0, flush=True)
+    time.sleep(period)
+"""
+
+
 @contextlib.contextmanager
 def health_latency(url: str, period_s: float = 0.02, headers: dict | None = None):
-    """Polls `url/health` from a thread while the block runs; yields the list of each answer's latency in
-    seconds (filled as it runs; a request that fails counts as the time it took to fail). The worst of them
-    is how long the server's event loop was kept from answering."""
+    """Polls `url/health` from a process of its own while the block runs; yields the list of each answer's
+    latency in seconds, filled as answers come (a request that fails counts as the time it took to fail). The
+    first answer has come before the block starts and one more after it ends, so the polls cover it whole.
+    The worst of them is how long the server's event loop was kept from answering."""
+    parts = urllib.parse.urlsplit(url)
+    poller = subprocess.Popen([sys.executable, "-c", _POLLER, parts.hostname, str(parts.port), str(period_s),
+                               json.dumps(headers or {})], stdout=subprocess.PIPE, text=True)
     latencies: list[float] = []
-    stop = threading.Event()
+    arrived = threading.Condition()
 
-    def poll():
-        with httpx.Client(base_url=url, timeout=30, headers=headers) as client:
-            while not stop.is_set():
-                t0 = time.perf_counter()
-                with contextlib.suppress(httpx.HTTPError):
-                    client.get("/health")
-                latencies.append(time.perf_counter() - t0)
-                stop.wait(period_s)
+    def read():
+        for line in poller.stdout:
+            with arrived:
+                latencies.append(float(line))
+                arrived.notify_all()
 
-    thread = threading.Thread(target=poll, daemon=True)
-    thread.start()
+    def answers(n: int) -> None:
+        with arrived:
+            arrived.wait_for(lambda: len(latencies) >= n or poller.poll() is not None, timeout=60)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
+        answers(1)
         yield latencies
+        answers(len(latencies) + 1)
     finally:
-        stop.set()
-        thread.join(35)
+        poller.terminate()
+        poller.wait(10)
+        reader.join(10)
 
 
 __all__ = ["LOOP_STALL_LIMIT_S", "health_latency", "memory_kb", "peak_growth_mb", "server_pid", "thread_count"]

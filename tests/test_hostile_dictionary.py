@@ -5,7 +5,6 @@ sentence" with rules of one's own is the owner's, like Save and Import."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -117,20 +116,6 @@ def test_the_rules_people_write_read_as_before():
 
 # ------------------------------------------------------------------------------------------ the event loop
 
-@contextlib.contextmanager
-def loop_watch(url: str):
-    """`health_latency` around the block, with answers from before it starts until after it ends."""
-    def answers(n: int) -> None:
-        deadline = time.monotonic() + 60
-        while len(latencies) < n and time.monotonic() < deadline:
-            time.sleep(0.01)
-
-    with health_latency(url, headers=BEARER) as latencies:
-        answers(1)
-        yield latencies
-        answers(len(latencies) + 2)
-
-
 def _put(client: httpx.Client, rules: list[dict]) -> httpx.Response:
     return client.put("/v1/dictionary", json={"rules": rules}, headers=BEARER)
 
@@ -148,7 +133,7 @@ def keyed(keyed_studio):
 def test_backtracking_rules_leave_the_event_loop_free(keyed):
     """Forty rules like `\\w*\\d` once held /health for 3-5 s while a PUT probed them on the event loop."""
     rules = [{"word": r"\w*\d", "respelling": "y", "regex": True}] * 40
-    with loop_watch(str(keyed.base_url)) as latencies:
+    with health_latency(str(keyed.base_url), headers=BEARER) as latencies:
         put = _put(keyed, rules)
         applied = keyed.post("/v1/dictionary/apply", json={"input": "a" * 4000}, headers=BEARER)
     assert put.status_code == 200, put.text
@@ -174,7 +159,7 @@ def test_a_dictionary_at_its_limits_leaves_the_event_loop_free(keyed):
     assert {len(r["word"]) for r in rules} >= {MAX_WORD} and max(len(r["word"]) for r in rules) >= MAX_PATTERN - 13
     text = (" ".join(words[:30]) + "".join(f" {n}abc{n}" for n in range(0, MAX_REGEX_RULES, 20)) + " 12 ab1" * 400)
     text = text[:MAX_TEXT_CHARS]
-    with loop_watch(str(keyed.base_url)) as latencies:
+    with health_latency(str(keyed.base_url), headers=BEARER) as latencies:
         put = _put(keyed, rules)
         applied = keyed.post("/v1/dictionary/apply", json={"input": text}, headers=BEARER)
     assert put.status_code == 200, put.text[:300]

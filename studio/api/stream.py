@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -57,6 +56,8 @@ from engine.types import DEFAULT_REPEAT_GUARD, SamplingParams
 from studio.access import Access, check_limits, visitor
 from studio.admission import STREAM_IDLE_S, Caller, OpenStreams, Refused
 from studio.api.model import DEFAULT_VOICE, validation_message
+from studio.api.ws_frames import (MAX_MESSAGE_CHARS, POLICY_VIOLATION, TRY_AGAIN_LATER, close_idle, receive_json,
+                                   send_error, send_event)
 from studio.captions import captions
 from studio.formats import StreamEncoder, to_pcm16
 from studio.gpu_queue import ServiceBusy, ServiceClosed
@@ -69,10 +70,6 @@ log = logging.getLogger("higgs.ws")
 
 ROUTE = "/v1/audio/speech/stream"
 WEBSOCKET = Caller("websocket", owner=True)  # the key holder's streams: one share beside the page's takes
-POLICY_VIOLATION = 1008  # WebSocket close code: not allowed (no key)
-GOING_AWAY = 1001  # close code of a stream closed for being idle
-TRY_AGAIN_LATER = 1013  # close code of a stream past the open-stream limits
-MAX_MESSAGE_CHARS = 1_000_000  # one message, read on the event loop: longer text comes in several messages
 
 
 class StreamConfig(BaseModel):
@@ -114,7 +111,7 @@ class SpeechStream:
         refusal = self.access.cross_site_refusal(ws.headers.get("origin"), ws.headers.get("host"))
         await ws.accept()
         if refusal is not None:
-            await _error(ws, refusal, "cross_site_request")
+            await send_error(ws, refusal, "cross_site_request")
             await ws.close(POLICY_VIOLATION)
             return
         keyed = self.access.bearer_ok(ws.headers.get("authorization"))
@@ -125,7 +122,7 @@ class SpeechStream:
             self.streams.open(counted)
         except Refused as exc:
             with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):  # gone already: nobody to tell
-                await _error(ws, str(exc), "too_many_streams")
+                await send_error(ws, str(exc), "too_many_streams")
                 await ws.close(TRY_AGAIN_LATER, "Too many streams open from this address" if exc.visitor else
                                "The studio has as many streams open as it serves")
             return
@@ -140,20 +137,20 @@ class SpeechStream:
                 try:
                     config = await asyncio.wait_for(self._config(ws), self.idle_s)
                 except asyncio.TimeoutError:
-                    await _close_idle(ws, self.idle_s)
+                    await close_idle(ws, self.idle_s)
                     return
                 if config is None:
                     continue
                 page = self.page_tokens is not None and self.page_tokens(config.token)
                 if not (keyed or page):
-                    await _error(ws, "Missing or wrong API key: send `Authorization: Bearer <key>` (or the page's "
-                                     "token in the config's `token`).", "invalid_api_key")
+                    await send_error(ws, "Missing or wrong API key: send `Authorization: Bearer <key>` (or the page's "
+                                         "token in the config's `token`).", "invalid_api_key")
                     await ws.close(POLICY_VIOLATION)
                     return
                 try:
                     feed, handle, notes = await run_in_threadpool(self._start, config, keyed, ws)
                 except ValueError as exc:
-                    await _error(ws, str(exc), "bad_request")
+                    await send_error(ws, str(exc), "bad_request")
                     continue
                 break
             words = self.service.transcriber_for(self.transcriber, handle.request.caller)  # None: estimated
@@ -163,19 +160,19 @@ class SpeechStream:
         except Exception as exc:  # one bad stream never takes the server down
             log.exception("speech stream failed")
             try:
-                await _error(ws, *_describe(exc))
+                await send_error(ws, *_describe(exc))
                 await ws.close(1011)
             except Exception:  # the socket is already gone: nobody left to tell
                 pass
 
     async def _config(self, ws: WebSocket) -> StreamConfig | None:
-        message = await _receive_json(ws)
+        message = await receive_json(ws)
         if message is None:
             return None
         try:
             return StreamConfig.model_validate(message)
         except ValidationError as exc:
-            await _error(ws, validation_message(exc).replace("Invalid request", "Invalid config"), "bad_config")
+            await send_error(ws, validation_message(exc).replace("Invalid request", "Invalid config"), "bad_config")
             return None
 
     def _start(self, config: StreamConfig, keyed: bool, ws: WebSocket):
@@ -223,8 +220,8 @@ class _Session:
         self.finished = 0  # the take's segments whose audio is all sent
 
     async def run(self) -> None:
-        await _send(self.ws, {"type": "ready", "sample_rate": SAMPLE_RATE, "format": self.config.response_format,
-                              "seed": self.handle.seed, **({"warnings": self.notes} if self.notes else {})})
+        await send_event(self.ws, {"type": "ready", "sample_rate": SAMPLE_RATE, "format": self.config.response_format,
+                                   "seed": self.handle.seed, **({"warnings": self.notes} if self.notes else {})})
         reader, idle, speaker = tasks = [asyncio.create_task(c) for c in (self._read(), self._idle(), self._speak())]
         for task in tasks:
             task.add_done_callback(_retrieved)
@@ -234,7 +231,7 @@ class _Session:
                 await speaker  # what the take raised, if anything
                 await self.ws.close()  # one stream, one take: after `done` (or its error) the socket closes
             elif idle in done:
-                await _close_idle(self.ws, self.idle_s)
+                await close_idle(self.ws, self.idle_s)
         except (WebSocketDisconnect, RuntimeError, OSError):
             pass  # the client went away; the finally below stops the take
         finally:
@@ -257,21 +254,25 @@ class _Session:
                 self.active = time.monotonic()
 
     async def _read(self) -> None:
-        """The client's messages, each applied off the event loop (it may plan a sentence); a bad one is
-        answered and the stream goes on; a close cancels the take (after `end` too: the reader goes on to see
-        it)."""
+        """The client's messages, read here and applied off the event loop by `_apply`; a close cancels the take
+        (after `end` too: the reader goes on to see it). At most MAX_MESSAGE_CHARS of text wait to be applied:
+        past that the reader waits, so a client sending faster than its text is applied is held back by TCP."""
+        inbox: asyncio.Queue = asyncio.Queue()
+        applier = asyncio.create_task(self._apply(inbox))
+        applier.add_done_callback(_retrieved)
+        self._waiting_chars, self._drained = 0, asyncio.Event()
         try:
             while True:
-                message = await _receive_json(self.ws)
+                message = await receive_json(self.ws)
                 self.active = time.monotonic()
                 if message is None:
                     continue
-                try:
-                    await run_in_threadpool(self._take_message, message)
-                except ValueError as exc:
-                    await _error(self.ws, str(exc), "bad_message")
-                    continue
-                self.begun.set()
+                size = len(message["text"]) if isinstance(message.get("text"), str) else 0
+                while self._waiting_chars and self._waiting_chars + size > MAX_MESSAGE_CHARS:
+                    self._drained.clear()
+                    await self._drained.wait()
+                self._waiting_chars += size
+                inbox.put_nowait((message, size))
         except WebSocketDisconnect:
             self.handle.cancel.set()
         except asyncio.CancelledError:
@@ -279,6 +280,34 @@ class _Session:
         except Exception as exc:  # a send failed: the client has gone
             log.debug("websocket reader ended: %s", exc)
             self.handle.cancel.set()
+        finally:
+            applier.cancel()
+
+    async def _apply(self, inbox: asyncio.Queue) -> None:
+        """Apply the messages in order, off the event loop: every message that has arrived by then in one trip
+        to a worker thread (a flood of tiny pieces costs a few trips, not one each); a bad one is answered and
+        the stream goes on."""
+        while True:
+            batch = [await inbox.get()]
+            while not inbox.empty():
+                batch.append(inbox.get_nowait())
+            refused = await run_in_threadpool(self._take_messages, [message for message, _ in batch])
+            self._waiting_chars -= sum(size for _, size in batch)
+            self._drained.set()
+            for reason in refused:
+                await send_error(self.ws, reason, "bad_message")
+            if len(refused) < len(batch):
+                self.begun.set()
+
+    def _take_messages(self, messages: list[dict]) -> list[str]:
+        """Apply each message in order; the sentences of those refused (ValueError)."""
+        refused = []
+        for message in messages:
+            try:
+                self._take_message(message)
+            except ValueError as exc:
+                refused.append(str(exc))
+        return refused
 
     def _take_message(self, message: dict) -> None:
         """Apply one message (ValueError with a sentence for a bad one)."""
@@ -305,15 +334,16 @@ class _Session:
         try:
             async for item in source.items():
                 if isinstance(item, Exception):
-                    await _error(self.ws, *_describe(item))
+                    await send_error(self.ws, *_describe(item))
                     return
                 take, piece = item
                 segment = take.segments[piece.segment]
                 if piece.segment != current:  # the first samples of a new sentence
                     current, start, heard = piece.segment, sent, []
                     self.sentences += 1
-                    await _send(self.ws, {"type": "sentence", "index": current, "text": segment.source or segment.text,
-                                          "offset": sent, **_listened(take, current)})
+                    await send_event(self.ws, {"type": "sentence", "index": current,
+                                               "text": segment.source or segment.text, "offset": sent,
+                                               **_listened(take, current)})
                 pcm = to_pcm16(piece.audio)
                 if self.word_times:
                     heard.append(np.asarray(piece.audio, dtype=np.float32))
@@ -330,7 +360,7 @@ class _Session:
                 sent += len(pcm)
                 self.active, self.finished = time.monotonic(), piece.done
                 if ending is not None:
-                    await _send(self.ws, {"type": "sentence_end", "index": ending[0], "offset": ending[1]})
+                    await send_event(self.ws, {"type": "sentence_end", "index": ending[0], "offset": ending[1]})
                     ending = None
                 await self._send_words(wait=False)
             if encoder is not None:
@@ -340,9 +370,9 @@ class _Session:
                     await self.ws.send_bytes(tail)
             await self._send_words(wait=True)
             ttfa = take.ttfa_ms if take is not None else None
-            await _send(self.ws, {"type": "done", "samples": sent, "seconds": round(sent / SAMPLE_RATE, 3),
-                                  "sentences": self.sentences, "seed": self.handle.seed,
-                                  "ttfa_ms": None if ttfa is None else round(ttfa, 1)})
+            await send_event(self.ws, {"type": "done", "samples": sent, "seconds": round(sent / SAMPLE_RATE, 3),
+                                       "sentences": self.sentences, "seed": self.handle.seed,
+                                       "ttfa_ms": None if ttfa is None else round(ttfa, 1)})
         finally:
             if encoder is not None:
                 await run_in_threadpool(encoder.kill)
@@ -370,7 +400,7 @@ class _Session:
                 log.exception("timing a sentence's words failed")
                 event = {"type": "error", "message": f"word times failed: {type(exc).__name__}: {exc}",
                          "code": "failed"}
-            await _send(self.ws, event)
+            await send_event(self.ws, event)
 
 
 def _listened(take, index: int) -> dict:
@@ -395,49 +425,7 @@ def _describe(exc: Exception) -> tuple[str, str]:
     if isinstance(exc, ValueError):
         return str(exc), "bad_request"
     log.error("speech stream failed", exc_info=exc)
-    return f"The take failed ({type(exc).__name__}: {exc}).", "failed"
-
-
-async def _receive_json(ws: WebSocket) -> dict | None:
-    """The next message as a JSON object; None (after telling the client) for anything else."""
-    message = await ws.receive()
-    if message["type"] == "websocket.disconnect":
-        raise WebSocketDisconnect(message.get("code", 1000))
-    text = message.get("text")
-    if text is None:
-        await _error(ws, "Send JSON text messages; binary frames are for the audio coming back.", "bad_message")
-        return None
-    if len(text) > MAX_MESSAGE_CHARS:
-        await _error(ws, f"The message is {len(text):,} characters; the limit for one message is "
-                         f"{MAX_MESSAGE_CHARS:,}. Send long text in several `text` messages.", "bad_message")
-        return None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        await _error(ws, f"The message is not JSON ({exc.msg} at position {exc.pos}).", "bad_message")
-        return None
-    except RecursionError:
-        await _error(ws, "The message is JSON nested too deeply to read; send a flat object such as "
-                         "{\"text\": \"Hello.\"}.", "bad_message")
-        return None
-    if not isinstance(value, dict):
-        await _error(ws, "Send a JSON object, e.g. {\"text\": \"Hello.\"}.", "bad_message")
-        return None
-    return value
-
-
-async def _send(ws: WebSocket, event: dict) -> None:
-    await ws.send_text(json.dumps(event, separators=(",", ":")))
-
-
-async def _error(ws: WebSocket, message: str, code: str) -> None:
-    await _send(ws, {"type": "error", "message": message, "code": code})
-
-
-async def _close_idle(ws: WebSocket, idle_s: float) -> None:
-    await _error(ws, f"Nothing was sent for {idle_s:g} s, so the stream is closed; open a new one to say more.",
-                 "idle_timeout")
-    await ws.close(GOING_AWAY, f"Idle for {idle_s:g} s; open a new stream to say more.")
+    return "The take failed; the server's log says why.", "failed"
 
 
 __all__ = ["ROUTE", "WEBSOCKET", "SpeechStream", "StreamConfig"]
