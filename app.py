@@ -217,7 +217,8 @@ def load_engine(args: argparse.Namespace):
         return engine
 
     from engine.checkpoint import CheckpointError
-    from engine.generate import Engine, tune_threads
+    from engine.cpu import tune_threads
+    from engine.generate import Engine
 
     if args.demo:
         from engine.demo import demo_checkpoint

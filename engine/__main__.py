@@ -53,7 +53,8 @@ def say(args) -> int:
     import soundfile as sf
 
     from .config import SAMPLE_RATE
-    from .generate import Engine, tune_threads
+    from .cpu import tune_threads
+    from .generate import Engine
     from .types import check_options
 
     if args.demo and args.checkpoint:

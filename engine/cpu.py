@@ -72,4 +72,19 @@ def measure_mlp(hidden: int, intermediate: int, rows=(1, 8), repeats: int = 5) -
     return statistics.median(times["bf16"]), statistics.median(times["int8"])
 
 
-__all__ = ["cpu_facts", "auto_precision", "measure_mlp", "LARGE_MODEL_PARAMS"]
+# Below this many parameters a CPU engine runs torch on one thread (see `tune_threads`).
+SINGLE_THREAD_PARAMS = 100_000_000
+
+
+def tune_threads(engine) -> None:
+    """Set torch's process-wide thread count for this engine (the app and the CLI call it; a library
+    user's process keeps its own setting). Tiny CPU models (the demo) are all small ops: OpenMP's
+    parallel regions then cost more than they save, and on a loaded 2-core machine waiting for a
+    descheduled thread made the demo 7× slower (10.4 vs 1.5 ms/row, docs/PERFORMANCE.md). Big models keep
+    every core for their matmuls."""
+    if engine.device.type == "cpu" and engine.info.params is not None \
+            and engine.info.params < SINGLE_THREAD_PARAMS:
+        torch.set_num_threads(1)
+
+
+__all__ = ["cpu_facts", "auto_precision", "measure_mlp", "tune_threads", "LARGE_MODEL_PARAMS", "SINGLE_THREAD_PARAMS"]

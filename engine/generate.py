@@ -44,8 +44,6 @@ from .types import Chunk, EngineInfo, Metrics, SamplingParams
 DEFAULT_CACHE_LEN = 4096
 # Most takes decoded together by default (Engine.load(max_batch=)).
 DEFAULT_MAX_BATCH = 16
-# Below this many parameters a CPU engine runs torch on one thread (see `tune_threads`).
-SINGLE_THREAD_PARAMS = 100_000_000
 
 
 def codes_sha256(codes: torch.Tensor) -> str:
@@ -289,15 +287,4 @@ class Engine:
                      metrics=metrics, result=result)
 
 
-def tune_threads(engine) -> None:
-    """Set torch's process-wide thread count for this engine (the app and the CLI call it; a library
-    user's process keeps its own setting). Tiny CPU models (the demo) are all small ops: OpenMP's
-    parallel regions then cost more than they save, and on a loaded 2-core machine waiting for a
-    descheduled thread made the demo 7× slower (10.4 vs 1.5 ms/row, docs/PERFORMANCE.md). Big models keep
-    every core for their matmuls."""
-    if engine.device.type == "cpu" and engine.info.params is not None \
-            and engine.info.params < SINGLE_THREAD_PARAMS:
-        torch.set_num_threads(1)
-
-
-__all__ = ["Engine", "codes_sha256", "tune_threads", "DEFAULT_MAX_BATCH"]
+__all__ = ["Engine", "codes_sha256", "DEFAULT_MAX_BATCH"]

@@ -75,7 +75,7 @@ def interp_take(parity_dir) -> dict:
 
 # ------------------------------------------------------------------------------------------ torch threads
 # A file marked `demo_threads` runs the demo engine in process as the app runs it: one torch thread
-# (engine.generate.tune_threads: the demo is all small ops, where OpenMP's threads cost more than they save).
+# (engine.cpu.tune_threads: the demo is all small ops, where OpenMP's threads cost more than they save).
 # Beside the second test worker on the 2-core CI machine a 20k-character long take took 17.0 s with torch's two
 # threads, 7.1 s with one. Every other test keeps torch's own count, so what the CPU paths claim (batch
 # invariance, parity) is checked with the threads a big model runs with. The count is set when a file starts,
