@@ -323,6 +323,7 @@ def main(argv: list[str] | None = None) -> None:
                      transcriber=asr, projects=projects, runner=runner, page_tokens=page.player.check_token,
                      listener=listener)
         page.player.mount(app, access=access)  # the page's WebAudio stream route (studio/live.py)
+        access.bearer_login(app)  # the key passes the page's login too: gradio_client and MCP's file URLs
         assets.mount(app)  # the page's static files (studio/static/): the live player's AudioWorklet
         # What start-up built (the model, the page, ~600,000 objects) lives as long as the process: frozen out of
         # the garbage collector's reach, a full collection no longer walks it, which held the event loop for

@@ -3,6 +3,7 @@
     access = Access(api_key, public_page=False)
     access.bearer_ok(request.headers.get("authorization"))   # /v1 routes and MCP tools
     access.launch_kwargs()                                   # Gradio's login, when the page needs one
+    access.bearer_login(app)                                 # ... which the key passes too (in the lifespan)
     @access.owner_only                                       # a page handler that changes the shared library
     request = access.limit_public(synthesis_request, gr_request)  # the public page's generation limits
     params = check_limits(params, access, text)              # the same, on a visitor's settings alone
@@ -14,7 +15,8 @@
 Every limit of a public studio, with its flag, is listed in docs/SPACES.md ("Limits").
 
 Without a key (the local default) whoever can reach the studio is its owner. With a key, the owner is whoever
-shows it: as `Authorization: Bearer <key>` (HTTP API, MCP, scripts), or as the password of the page's login.
+shows it: as `Authorization: Bearer <key>` on any request (HTTP API, MCP, `gradio_client`, the file URLs they are
+handed, scripts), or as the password of the page's login.
 The page's events are checked here, on the server, because Gradio's queue runs any event by its `fn_index`
 whatever the page shows.
 """
@@ -31,6 +33,7 @@ import typing
 from collections.abc import Mapping
 from urllib.parse import urlsplit
 
+import fastapi
 import gradio as gr
 
 from engine.config import FRAME_RATE
@@ -46,6 +49,8 @@ OWNER_ONLY = ("Only the studio's owner can see the voice library's details, chan
 OWNER_ONLY_LONG = ("Long texts and scripts are for the studio's owner: on the public page a take is up to "
                    f"{PUBLIC_MAX_TEXT_CHARS} characters (use the Studio tab). Log in with the studio's key, or send "
                    "long input to /v1/audio/speech with `Authorization: Bearer <key>`.")
+GRADIO_USER = "get_current_user"  # the dependency by which Gradio's routes (gradio/routes.py) ask who is logged in
+OWNER_LOGIN = "owner"  # the user name Gradio's routes see for a request that carries the key
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 SHARE_DOMAIN = ".gradio.live"  # where `--share` links point
 WRONG_HOST = ("This studio has no API key and answers only to local addresses, not to {host!r}: a page that renames "
@@ -82,13 +87,35 @@ class Access:
             return {}
         return {"auth": self.login, "auth_message": "Higgs Studio: log in with any name and the studio's key."}
 
+    def bearer_login(self, app) -> None:
+        """Let a request that carries the key past the page's login on Gradio's own routes of `app` (the page,
+        its config, the queue, uploads, `/gradio_api/file=`, all that `gradio_client` calls), as if logged in
+        as `OWNER_LOGIN`. Gradio asks one dependency who is logged in, `get_current_user`, on each of them;
+        it is overridden to answer for the key first and to ask Gradio's own (the login cookie) otherwise, so
+        a browser without the key still gets the login page and a wrong key gets nothing. Launch's
+        `auth_dependency` cannot do this: with it Gradio answers 401 where it would show the login."""
+        if self.api_key is None:
+            return
+        logged_in = gradio_dependency(app, GRADIO_USER)
+        if logged_in is None:
+            raise RuntimeError(f"Gradio's page routes ask no `{GRADIO_USER}` who is logged in, so the key cannot "
+                               "pass the page's login: install the Gradio version requirements.txt names.")
+
+        async def owner_or_logged_in(request: fastapi.Request) -> str | None:
+            if self.bearer_ok(request.headers.get("authorization")):
+                return OWNER_LOGIN
+            user = logged_in(request)
+            return await user if inspect.isawaitable(user) else user
+
+        app.dependency_overrides[logged_in] = owner_or_logged_in
+
     def is_owner(self, request: gr.Request | None) -> bool:
         """A page event comes from the owner: no key is set, the session logged in, or it carries the key."""
         if self.api_key is None:
             return True
         if request is None:
             return False
-        if getattr(request, "username", None):  # only Gradio's login (the key as password) sets it
+        if getattr(request, "username", None):  # only Gradio's login (the key as password) or `bearer_login` sets it
             return True
         headers = getattr(request, "headers", None) or {}
         return self.bearer_ok(headers.get("authorization"))
@@ -153,6 +180,18 @@ class Access:
             return None
         return (f"Requests from another site ({origin}) may not change or use this studio: it has no API key, so "
                 "it only accepts writes from its own page, local pages and non-browser clients.")
+
+
+def gradio_dependency(app, name: str):
+    """The dependency called `name` that one of `app`'s own routes (Gradio's page and config are) depends on,
+    at any depth, or None."""
+    stack = [d for route in app.routes for d in getattr(getattr(route, "dependant", None), "dependencies", ())]
+    while stack:
+        dependency = stack.pop()
+        if getattr(dependency.call, "__name__", None) == name:
+            return dependency.call
+        stack.extend(dependency.dependencies)
+    return None
 
 
 def client_address(headers: Mapping[str, str], host: str | None) -> str | None:

@@ -12,9 +12,10 @@ inline tags, SPEC D1).
 Rights: the header `Authorization: Bearer <key>` (or a studio without a key) is the owner. Without it, on a
 public page, `synthesize` and `list_voices` answer as to any visitor of the page: the public limits, the
 visitor's fair share of the GPU, the voices shared with visitors; `add_voice` and the project tools are the
-owner's. On a keyed page that is not public every tool needs the key, like the `/v1/*` routes. These are the
-only tools: the page's own events are built with `api_visibility` other than "public", which keeps them out of the MCP schema
-(docs/SECURITY.md).
+owner's. On a keyed page that is not public every tool needs the key, like the `/v1/*` routes, and the key
+(`Client(url, headers={"Authorization": "Bearer <key>"})`) passes the page's login, so it also fetches the WAV
+URL `synthesize` returns (`Access.bearer_login`). These are the only tools: the page's own events are built
+with `api_visibility` other than "public", which keeps them out of the MCP schema (docs/SECURITY.md).
 
 No `from __future__ import annotations` here: `gr.api` reads the tools' type hints at run time, and string
 annotations would hide `gr.Header` and the return type from it.
@@ -78,7 +79,7 @@ def register(blocks: gr.Blocks, service, *, api_key: str | None = None, access: 
     access = access or Access(api_key)
 
     def caller(authorization: str | None, request: gr.Request | None, *, visitors: bool = True) -> Caller:
-        if access.bearer_ok(authorization):
+        if access.bearer_ok(authorization) or access.is_owner(request):  # the key, or the page's login with it
             return OWNER
         if not (visitors and access.public_page):
             raise gr.Error("Missing or wrong API key: send the header `Authorization: Bearer <key>`.")
@@ -197,8 +198,8 @@ def register(blocks: gr.Blocks, service, *, api_key: str | None = None, access: 
             raise gr.Error(str(exc)) from None
 
     # queue=False: Gradio's MCP server then calls the tool in-process with the MCP request (its Authorization
-    # header reaches `caller`). A queued tool is called back over HTTP through the page's routes, which a
-    # login on the page (`auth=`) closes to it. The service's admission still gives each take its turn.
+    # header reaches `caller`) instead of calling itself back over HTTP through the queue. The service's
+    # admission still gives each take its turn.
     with blocks:
         gr.api(synthesize, api_name="synthesize", queue=False)
         gr.api(list_voices, api_name="list_voices", queue=False)
