@@ -152,9 +152,9 @@ def load_voices(args: argparse.Namespace, engine):
 
 
 def load_aliases(args: argparse.Namespace, voices, presets):
-    """The voice names chat clients send → voices and styles (studio/aliases.py), every --voice-alias target
+    """The voice names chat clients send → voices and styles (studio/voices/aliases.py), every --voice-alias target
     checked now; exits with one sentence on a bad one."""
-    from studio.aliases import VoiceAliases
+    from studio.voices.aliases import VoiceAliases
 
     try:
         aliases = VoiceAliases.build(args.voice_alias, voices=voices, presets=presets)
@@ -168,7 +168,7 @@ def load_aliases(args: argparse.Namespace, voices, presets):
 
 def start_projects(args: argparse.Namespace, service, listener=None):
     """The projects library and its render worker (which resumes every unfinished job now, listening with
-    `listener`, studio/listen.py), or (None, None) with a remote engine: a project's segments are rendered in
+    `listener`, studio/audio/listen.py), or (None, None) with a remote engine: a project's segments are rendered in
     process. Exits with one sentence on a bad folder or limit."""
     if service.engine.is_remote:
         print("Projects are off: they render in process, and this studio drives a remote server.", flush=True)
@@ -225,10 +225,10 @@ def load_engine(args: argparse.Namespace):
         source = demo_checkpoint()
     else:
         source = args.checkpoint
-    from studio import zerogpu
+    from studio.takes import zerogpu
 
     # ZeroGPU attaches the GPU only inside decorated calls; the cubin path's per-process context and graph
-    # capture would be paid on each of them, so the torch path runs there (studio/zerogpu.py).
+    # capture would be paid on each of them, so the torch path runs there (studio/takes/zerogpu.py).
     backend = "torch" if zerogpu.active() else "auto"
     print(f"Loading {source} (device={args.device}, precision={args.precision}) …", flush=True)
     t0 = time.perf_counter()
@@ -263,47 +263,51 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     args = parse_args(argv)
     configure_spaces()
-    from studio import zerogpu
+    from studio.takes import zerogpu
     zerogpu.active()  # on ZeroGPU, `spaces` is imported before anything can initialise CUDA
     engine = load_engine(args)
     if not engine.is_remote and not zerogpu.active():  # on ZeroGPU the GPU is not ours yet
         warm_up(engine)
 
     from engine.config import FRAME_RATE
-    from studio.access import Access, friendly_queue_full, host_guard
     from studio.api import MAX_UPLOAD_BYTES
-    from studio.asr import Transcriber
-    from studio.listen import Listener
-    from studio.page import Page, launch_kwargs
-    from studio.presets import PresetStore
-    from studio.pronounce import DictionaryStore
-    from studio.service import StudioService
+    from studio.api.access import Access, friendly_queue_full, host_guard
+    from studio.audio.asr import Transcriber
+    from studio.audio.listen import Listener
+    from studio.takes.limits import MAX_INPUT_CHARS, TakeLimits
+    from studio.takes.service import StudioService
+    from studio.text.presets import PresetStore
+    from studio.text.pronounce import DictionaryStore
+    from studio.views.page import Page, launch_kwargs
     from studio.voices import MAX_IMPORT_BYTES
 
     voices = load_voices(args, engine)
     presets = PresetStore(voices.root / "presets.json")
     aliases = load_aliases(args, voices, presets)
     try:
+        limits = TakeLimits(max_input_chars=args.max_input_chars or MAX_INPUT_CHARS, public_max_chars=args.public_max_chars,
+                            public_max_frames=args.public_max_seconds * FRAME_RATE, max_queue=args.queue_size)
         service = StudioService(engine, voices, presets, aliases=aliases, visitor_concurrency=args.visitor_concurrency,
-                                visitor_queue=args.visitor_queue,
+                                visitor_queue=args.visitor_queue, limits=limits,
                                 dictionary=DictionaryStore(voices.root / "dictionary.json"))
     except ValueError as exc:
-        sys.exit(f"Cannot start the studio: {exc} (--visitor-concurrency, --visitor-queue)")
-    asr = Transcriber.from_flag(args.asr or ("none" if args.demo else "auto"))
+        sys.exit(f"Cannot start the studio: {exc} (--visitor-concurrency, --visitor-queue, --max-input-chars, "
+                 "--public-max-chars, --public-max-seconds, --queue-size)")
+    asr = Transcriber.from_flag(args.asr or ("none" if args.demo else "auto"), zerogpu=zerogpu.active())
     try:
         listener = Listener(asr, above=args.retry_wer, retries=args.retry_max)
     except ValueError as exc:
         sys.exit(f"Cannot start the studio: {exc}")
+    service.listener = listener
     projects, runner = start_projects(args, service, listener)
-    access = Access(args.api_key, public_page=args.public_page, public_max_chars=args.public_max_chars,
-                    public_max_frames=args.public_max_seconds * FRAME_RATE)
+    access = Access(args.api_key, public_page=args.public_page)
     page = Page(service, access, private_voices=voices.private, transcriber=asr, projects=projects, runner=runner,
                 listener=listener)
     if not page.streaming:
         print("ffmpeg is not on PATH: takes play when complete instead of streaming, and mp3/opus/aac downloads are "
               "off. Install ffmpeg (e.g. `apt-get install ffmpeg`) for live streaming.", flush=True)
     demo = page.build()
-    from studio import mcp
+    from studio.api import mcp
     # The documented endpoints (gradio_client, the page's "Use via API"), also MCP tools with --mcp; added before
     # launch. They hold each caller to its rights: a visitor gets the public limits and a fair share.
     mcp.register(demo, service, access=access, projects=projects, runner=runner)
@@ -312,17 +316,17 @@ def main(argv: list[str] | None = None) -> None:
     # Gradio refuses uploads over this as they arrive: the largest legitimate one is a voice bundle, or on a
     # public page (where only the owner may import, and not from the page) a reference clip.
     max_upload = MAX_UPLOAD_BYTES if access.api_key and access.public_page else MAX_IMPORT_BYTES
-    from studio import api, assets
-    from studio.longform import MAX_LONG_INPUT_CHARS
+    from studio import api
+    from studio.views import assets
 
     @contextlib.asynccontextmanager
     async def our_routes(app):
         # launch() builds a new FastAPI app each time, so our routes go on the one it serves; in its lifespan,
         # which uvicorn runs before it opens the port, so no request ever meets the app without them.
-        api.register(app, service, access=access, max_input_chars=args.max_input_chars or MAX_LONG_INPUT_CHARS,
+        api.register(app, service, access=access, max_input_chars=limits.max_input_chars,
                      transcriber=asr, projects=projects, runner=runner, page_tokens=page.player.check_token,
                      listener=listener)
-        page.player.mount(app, access=access)  # the page's WebAudio stream route (studio/live.py)
+        page.player.mount(app, access=access)  # the page's WebAudio stream route (studio/views/live.py)
         access.bearer_login(app)  # the key passes the page's login too: gradio_client and MCP's file URLs
         assets.mount(app)  # the page's static files (studio/static/): the live player's AudioWorklet
         # What start-up built (the model, the page, ~600,000 objects) lives as long as the process: frozen out of
@@ -367,7 +371,7 @@ def start_wyoming(uri: str | None, service):
     with one sentence when the address is bad or taken."""
     if not uri:
         return None
-    from studio.wyoming import WyomingServer
+    from studio.api.wyoming import WyomingServer
     try:
         server = WyomingServer(service, uri)
         server.start()

@@ -36,10 +36,27 @@ from pathlib import Path
 import torch
 
 from bench.gpu_kernels import batch_rows, batch_step_rows, microbench_rows, real_shape_rows, thread_row
-from bench.gpu_model import (STEP_CONFIGS, FullModel, copy_floor, headline_rows, model_rows, step_ab_rows,
-                             torch_graph_rows, torch_rows, variant_rows)
-from bench.gpu_run import (Report, Section, SectionSkipped, Stopped, Watchdog, cuda_health, on_loader_stream,
-                           run_sections)
+from bench.gpu_model import (
+    STEP_CONFIGS,
+    FullModel,
+    copy_floor,
+    headline_rows,
+    model_rows,
+    step_ab_rows,
+    torch_graph_rows,
+    torch_rows,
+    variant_rows,
+)
+from bench.gpu_run import (
+    Report,
+    Section,
+    SectionSkipped,
+    Stopped,
+    Watchdog,
+    cuda_health,
+    on_loader_stream,
+    run_sections,
+)
 from engine.config import FULL_SIZE, Dims
 from kernels import manifest as mf
 from kernels.check import Row, kernel_rows, timed_ab_rows

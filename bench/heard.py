@@ -4,7 +4,7 @@ Space serves it): `python -m bench.heard [--takes 5] [--frames 110] [--url http:
 Each take is clicked on the studio page as tests/test_live_player.py::test_heard_latency does, and Heard is
 measured the same way, from outside the page (tests/live_client.py `PROBE`: the click to the first samples
 handed to the player's AudioWorklet). Its stages come from the page's own breakdown (studio/static/live.js
-`breakdown`): the browser's marks around the server's timeline (studio/live.py `Timeline`) and the engine's
+`breakdown`): the browser's marks around the server's timeline (studio/views/live.py `Timeline`) and the engine's
 metrics, so the table says where the time between the click and the sound goes. After each page take the
 same take is asked for by a plain HTTP client (tests/live_client.py `LiveTake`): its time to the first audio
 line and its TTFA are the engine and the route without a browser or Gradio beside them, under the same

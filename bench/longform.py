@@ -16,9 +16,9 @@ import time
 from bench.common import Table, machine_line
 from engine import Engine
 from engine.config import SAMPLE_RATE
+from engine.demo import demo_checkpoint
 from engine.longform import plan
 from engine.longtake import LongTake
-from engine.demo import demo_checkpoint
 
 PARAGRAPH = ("The lighthouse keeper climbed the stairs every evening at six. He wound the clock, trimmed the wick "
              "and polished the great lens until it shone. <|emotion:contemplation|>Some nights he wondered who "

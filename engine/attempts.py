@@ -2,7 +2,7 @@
 studio/projects/jobs.py): pure functions of the attempts, no model.
 
 A take given a check (how far an attempt's audio is from its text, lower is better; the studio's is the
-word error rate of its ASR, studio/listen.py) scores every attempt; a segment scoring above the threshold is
+word error rate of its ASR, studio/audio/listen.py) scores every attempt; a segment scoring above the threshold is
 generated again with the next seed, up to the allowed retries, and the best attempt kept (the lowest score,
 then not cut short; ties: the first); an attempt the check cannot judge falls back on the cut-short rule.
 Every attempt's seed, stop reason and score is kept and written to the recipe, whose seed is the kept one:

@@ -16,8 +16,8 @@ import io
 import logging
 import os
 import tempfile
-from dataclasses import dataclass, field
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 

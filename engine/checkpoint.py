@@ -100,7 +100,7 @@ def resolve(source: str | Path, *, progress: bool = True) -> Path:
 
 def _download(repo_id: str, progress: bool) -> Path:
     from huggingface_hub import snapshot_download
-    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars, are_progress_bars_disabled
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
     advice = (f"There is no local directory {repo_id!r}, so it was taken as a hub id. Download it once with "
               f"`hf download {repo_id} --local-dir ./{repo_id.split('/')[-1]}` on a machine with access to "

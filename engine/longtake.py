@@ -36,8 +36,19 @@ import torch
 from .attempts import CUT_SHORT, Attempt, again, best
 from .config import SAMPLE_RATE
 from .delay import default_max_frames
-from .joins import (FADE, KEEP, SILENCE_BLOCK, WINDOW, anchor_frames, pause_samples, ramp, shape_segment,
-                    silence_blocks, speech_bounds, speech_rms)
+from .joins import (
+    FADE,
+    KEEP,
+    SILENCE_BLOCK,
+    WINDOW,
+    anchor_frames,
+    pause_samples,
+    ramp,
+    shape_segment,
+    silence_blocks,
+    speech_bounds,
+    speech_rms,
+)
 from .longform import Segment
 from .peaks import PeakLimiter, peak_ceiling
 from .prompt import VoiceRef

@@ -5,7 +5,7 @@
 * `limit`: a look-ahead peak limiter over a whole signal; `PeakLimiter` is the same for audio that
   streams by: a sample leaves once the samples its gain depends on have arrived (HOLD_SECONDS later), so
   what has been sent never needs another gain. Every take passes one on its way out (the long take's
-  segments, engine/joins.py; a single take, studio/service.py), so no take leaves over PEAK_CEILING_DB,
+  segments, engine/joins.py; a single take, studio/takes/service.py), so no take leaves over PEAK_CEILING_DB,
   whatever the model made: the demo's random weights make +2 to +8 dBTP.
 """
 

@@ -32,7 +32,7 @@ import defusedxml.ElementTree as SafeET
 
 from .longform import MAX_PAUSE_SECONDS
 
-MAX_SSML_CHARS = 100_000  # the long form's input limit (studio/longform.py MAX_LONG_INPUT_CHARS)
+MAX_SSML_CHARS = 100_000  # the long form's input limit (studio/takes/limits.py MAX_INPUT_CHARS)
 MAX_DEPTH = 16  # <speak><p><s><prosody><emphasis>… real documents nest 4–5 deep
 MAX_ELEMENTS = 10_000  # one per ~10 characters of the limit: a break after every word of a chapter
 MAX_BREAK_SECONDS = MAX_PAUSE_SECONDS  # the cap SSML services put on one <break>: one [pause] marker's

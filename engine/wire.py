@@ -157,7 +157,7 @@ def sse_events(lines: Iterator[str]) -> Iterator[tuple[str | None, Any]]:
 
 
 def from_pcm16(data: bytes) -> np.ndarray:
-    """PCM16 little-endian → float32; /32767 undoes studio.formats.to_pcm16's ×32767 exactly."""
+    """PCM16 little-endian → float32; /32767 undoes studio.audio.formats.to_pcm16's ×32767 exactly."""
     return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32767.0
 
 

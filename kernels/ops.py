@@ -19,10 +19,24 @@ import math
 import torch
 import triton
 
-from kernels.attention import DECODE_OPTIONS, DECODE_TILES, LOG2E, PREFILL_OPTIONS, PREFILL_TILES, \
-    attn_combine_kernel, decode_attn_split_kernel, prefill_attn_kernel
-from kernels.batch import ROWS, SKINNY_SPLIT_K, SKINNY_TILES, decode_attn_batch_kernel, sample_batch_kernel, \
-    skinny_gemm_kernel
+from kernels.attention import (
+    DECODE_OPTIONS,
+    DECODE_TILES,
+    LOG2E,
+    PREFILL_OPTIONS,
+    PREFILL_TILES,
+    attn_combine_kernel,
+    decode_attn_split_kernel,
+    prefill_attn_kernel,
+)
+from kernels.batch import (
+    ROWS,
+    SKINNY_SPLIT_K,
+    SKINNY_TILES,
+    decode_attn_batch_kernel,
+    sample_batch_kernel,
+    skinny_gemm_kernel,
+)
 from kernels.common import FP8_MAX
 from kernels.fused import GEMV2_TILES, decode_attn_fused_kernel, gemv2_kernel
 from kernels.gemm import GEMM_STAGES, GEMM_TILES, gemm_kernel
@@ -31,8 +45,7 @@ from kernels.head import HEAD_TILES, audio_head_kernel
 from kernels.mlp import SILU_TILE, silu_mul_kernel
 from kernels.norm import NORM_TILE, rmsnorm_kernel
 from kernels.rope_kv import qk_norm_rope_kv_batch_kernel, qk_norm_rope_kv_kernel
-from kernels.sampler import SAMPLER_GRID_TILE, SAMPLER_GRID_WARPS, SAMPLER_TILE, sample_grid_kernel, \
-    sample_kernel
+from kernels.sampler import SAMPLER_GRID_TILE, SAMPLER_GRID_WARPS, SAMPLER_TILE, sample_grid_kernel, sample_kernel
 from kernels.splitk import SPLITK_TILES, gemv_splitk_kernel
 
 FP8 = torch.float8_e4m3fn

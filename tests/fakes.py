@@ -110,7 +110,7 @@ def add_voices(library, service, names_and_pitches) -> None:
 
 
 class AsrPipeline:
-    """transformers' ASR pipeline as `studio.asr.Transcriber` calls it (`make_pipeline=lambda m, d: pipe`):
+    """transformers' ASR pipeline as `studio.audio.asr.Transcriber` calls it (`make_pipeline=lambda m, d: pipe`):
     each call hears the next of `answers`, a transcript (`{"text"}`), or words with their start times, which
     `return_timestamps="word"` answers as text plus chunks of (start, start + 0.1). `calls` records each
     call's (samples, sampling rate, return_timestamps)."""

@@ -57,7 +57,7 @@ def _serve(engine, folder: str, port: int) -> None:
     from studio.projects.jobs import JobRunner
     from studio.projects.library import Projects
     from studio.projects.store import Store
-    from studio.service import StudioService
+    from studio.takes.service import StudioService
 
     service = StudioService(engine, None, None)
     projects = Projects(Store(folder), service)

@@ -1,4 +1,4 @@
-"""The fair admission rule (studio/admission.py) as bookkeeping, without a model or threads: the owner first,
+"""The fair admission rule (studio/takes/admission.py) as bookkeeping, without a model or threads: the owner first,
 round robin across visitors, each visitor's running and waiting limits, positions that count what the rule
 really starts first, and a long take's segments taking turns."""
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from studio.admission import OWNER, Admission, Caller, Refused
+from studio.takes.admission import OWNER, Admission, Caller, Refused
 
 A, B, C = Caller.visitor("10.0.0.1"), Caller.visitor("10.0.0.2"), Caller.visitor("10.0.0.3")
 

@@ -1,4 +1,4 @@
-"""studio/aliases.py: the voice names chat clients send (`alloy`, …) → voices and styles, checked at start-up,
+"""studio/voices/aliases.py: the voice names chat clients send (`alloy`, …) → voices and styles, checked at start-up,
 held to a visitor's rights in the service. (tests/test_chat_clients.py drives them through the `openai` SDK.)"""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 
 import app
 from engine.types import SamplingParams
-from studio.admission import Caller
-from studio.aliases import DEFAULT_STYLES, OPENAI_VOICES, VoiceAliases, default_aliases, parse_specs
-from studio.presets import PresetStore, check_style_prefix
-from studio.service import StudioService, SynthesisRequest
+from studio.takes.admission import Caller
+from studio.voices.aliases import DEFAULT_STYLES, OPENAI_VOICES, VoiceAliases, default_aliases, parse_specs
+from studio.text.presets import PresetStore, check_style_prefix
+from studio.takes.service import StudioService, Order
 from studio.voices import VoiceLibrary, VoiceNotFound
 from studio.voices.catalog import VoiceCatalog
 from tests.fakes import FakeEngine
@@ -103,7 +103,7 @@ def test_an_alias_resolves_within_the_callers_rights(library):
     visitor = Caller.visitor("203.0.113.9")
     try:
         def take(voice, caller=None, style=None):
-            request = SynthesisRequest(text="Hello.", voice_id=voice, style=style, params=SamplingParams(seed=1),
+            request = Order(text="Hello.", voice=voice, style=style, params=SamplingParams(seed=1),
                                        **({"caller": caller} if caller else {}))
             return service.synthesize(request)
 

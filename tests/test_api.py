@@ -25,9 +25,10 @@ import pytest
 import soundfile as sf
 
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
-from studio.api.model import ApiError, check_instructions, decode_ref_audio, speed_tag
+from studio.api.model import ApiError, check_instructions, decode_ref_audio
+from studio.takes.prepare import speed_tag
 from studio.api.speech import streaming_wav_header
-from studio.formats import MIME, StreamEncoder
+from studio.audio.formats import MIME, StreamEncoder
 from tests.fakes import LONG_FRAMES, ScriptedEngine
 from tests.studio_server import KEY
 
@@ -88,7 +89,7 @@ def scripted():
     from fastapi.testclient import TestClient
 
     from studio import api
-    from studio.service import StudioService
+    from studio.takes.service import StudioService
 
     service = StudioService(ScriptedEngine())
     app = FastAPI()
@@ -131,7 +132,7 @@ def test_stream_false_mp3_is_one_body_with_the_final_headers(scripted):
 
 def test_ffmpeg_formats_without_ffmpeg_are_a_400(scripted, monkeypatch):
     client, _ = scripted
-    monkeypatch.setattr("studio.formats.shutil.which", lambda name: None)
+    monkeypatch.setattr("studio.audio.formats.shutil.which", lambda name: None)
     for fmt in ("mp3", "opus", "aac"):
         r = client.post("/v1/audio/speech", json={"input": "quick", "response_format": fmt})
         assert r.status_code == 400 and "needs ffmpeg" in r.json()["error"]["message"], r.text
@@ -191,7 +192,7 @@ def scripted_server():
     from fastapi import FastAPI
 
     from studio import api
-    from studio.service import StudioService
+    from studio.takes.service import StudioService
 
     service = StudioService(ScriptedEngine())
     app = FastAPI()

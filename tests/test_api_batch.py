@@ -10,7 +10,7 @@ import pytest
 
 from engine import Engine
 from engine.demo import demo_checkpoint
-from studio.service import StudioService
+from studio.takes.service import StudioService
 
 N = 8
 

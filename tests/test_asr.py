@@ -1,4 +1,4 @@
-"""Auto-transcription (studio/asr.py) wired into the clone panel, with a tiny random Whisper built here (no
+"""Auto-transcription (studio/audio/asr.py) wired into the clone panel, with a tiny random Whisper built here (no
 download): the pipeline gets the clip prepared at 16 kHz, and whatever it says fills the empty transcript box.
 Off (`--asr none`) or offline, the box stays empty and a one-line note says why."""
 
@@ -12,9 +12,9 @@ import soundfile as sf
 import soxr
 import torch
 
-from studio.asr import ASR_RATE, Transcriber
-from studio.page import Page
-from studio.service import StudioService
+from studio.audio.asr import ASR_RATE, Transcriber
+from studio.views.page import Page
+from studio.takes.service import StudioService
 from tests.fakes import FakeEngine
 
 SPECIAL = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|translate|>",
@@ -166,7 +166,7 @@ def test_an_api_voice_without_ref_text_and_no_transcriber_says_so(voices_api, cl
 
 
 def test_word_times_come_from_the_real_pipelines_word_timestamps(tiny_whisper, clip, monkeypatch):
-    """`Transcriber.words` (captions, studio/captions.py) asks the real pipeline for word timestamps (which
+    """`Transcriber.words` (captions, studio/audio/captions.py) asks the real pipeline for word timestamps (which
     need the model's cross-attention alignment heads) and keeps each word with its (start, end)."""
     gen = tiny_whisper.model.generation_config
     monkeypatch.setattr(gen, "alignment_heads", [[0, 0], [0, 1]], raising=False)

@@ -1,4 +1,4 @@
-"""Captions (engine/captions.py, studio/captions.py): cues from segment texts and exact sample spans, times
+"""Captions (engine/captions.py, studio/audio/captions.py): cues from segment texts and exact sample spans, times
 inside a segment from ASR words or estimated (and marked), SRT and WebVTT that the `srt` and `webvtt-py`
 libraries read back."""
 
@@ -16,8 +16,8 @@ from engine.captions import Cue, WordTime, cues, to_srt, to_vtt
 from engine.config import SAMPLE_RATE
 from engine.longform import plan
 from engine.longtake import LongTake
-from studio.asr import Transcriber
-from studio.captions import captions, take_captions
+from studio.audio.asr import Transcriber
+from studio.audio.captions import captions, take_captions
 from tests.fakes import AsrPipeline
 
 SENTENCES = [f"Sentence number {word} is here." for word in (
@@ -155,7 +155,7 @@ def api_client(engine):
     from fastapi.testclient import TestClient
 
     from studio import api
-    from studio.service import StudioService
+    from studio.takes.service import StudioService
 
     service = StudioService(engine)
     app = FastAPI()
@@ -215,15 +215,15 @@ def test_the_panel_under_a_player_gives_its_subtitles_the_cue_list_and_downloads
     import gradio as gr
 
     from engine.types import SamplingParams
-    from studio.formats import write_audio
-    from studio.service import StudioService, SynthesisRequest
+    from studio.audio.formats import write_audio
+    from studio.takes.service import StudioService, Order
     from studio.views.captions import CaptionsPanel
     from tests.fakes import FakeEngine
 
     service = StudioService(FakeEngine(frames=25))
     try:
-        take = service.synthesize(SynthesisRequest(text="<|emotion:awe|>First one. Second one here.",
-                                                   params=SamplingParams(seed=3), source="ui"))
+        take = service.synthesize(Order(text="<|emotion:awe|>First one. Second one here.",
+                                                   params=SamplingParams(seed=3), door="ui"))
     finally:
         service.close()
     with gr.Blocks():
@@ -244,7 +244,7 @@ def test_the_panel_under_a_player_gives_its_subtitles_the_cue_list_and_downloads
 
 # ------------------------------------------------------------------------------------------ long audio, the line
 def test_audio_longer_than_one_whisper_window_is_heard_window_by_window():
-    from studio.asr import ASR_RATE, MAX_SECONDS, windows
+    from studio.audio.asr import ASR_RATE, MAX_SECONDS, windows
 
     rng = np.random.default_rng(0)
     audio = (0.1 * rng.standard_normal(70 * SAMPLE_RATE)).astype(np.float32)
@@ -269,8 +269,8 @@ def test_a_caption_transcription_takes_its_turn_in_the_gpu_line():
     for the take ahead of them, and they are heard on the line's worker, not the handler's thread."""
     import threading
 
-    from studio.admission import Caller
-    from studio.service import StudioService, SynthesisRequest
+    from studio.takes.admission import Caller
+    from studio.takes.service import StudioService, Order
     from tests.fakes import FakeEngine
 
     heard_at = []  # (the take ahead had finished, on the main thread) at each transcription
@@ -283,7 +283,7 @@ def test_a_caption_transcription_takes_its_turn_in_the_gpu_line():
     asr = Transcriber("fake", make_pipeline=lambda model, device: Watching([[("Hi.", 0.0)]]))
     service = StudioService(FakeEngine(frames=40, delay=0.01), None, None)
     try:
-        handle = service.start(SynthesisRequest(text="A take that holds the slot.", caller=Caller("v1")))
+        handle = service.start(Order(text="A take that holds the slot.", caller=Caller("v1")))
         chunks = handle.stream()
         next(chunks)  # the take is running: it holds the line's one slot
         drain = threading.Thread(target=lambda: list(chunks))
@@ -298,7 +298,7 @@ def test_a_caption_transcription_takes_its_turn_in_the_gpu_line():
 
 
 def test_with_the_line_busy_the_captions_are_estimated_and_say_so():
-    from studio.gpu_queue import ServiceBusy
+    from studio.takes.gpu_queue import ServiceBusy
 
     def busy(fn, *args):
         raise ServiceBusy("no slot")

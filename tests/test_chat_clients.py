@@ -14,9 +14,9 @@ import soundfile as sf
 
 from engine import Engine
 from engine.demo import demo_checkpoint
-from studio.aliases import DEFAULT_STYLES, OPENAI_VOICES, VoiceAliases
-from studio.presets import PresetStore
-from studio.service import StudioService
+from studio.voices.aliases import DEFAULT_STYLES, OPENAI_VOICES, VoiceAliases
+from studio.text.presets import PresetStore
+from studio.takes.service import StudioService
 from studio.voices import VoiceLibrary
 from studio.voices.catalog import VoiceCatalog
 from tests.fakes import add_voices

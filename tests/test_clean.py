@@ -1,11 +1,11 @@
-"""studio/clean.py: chat text (markdown, code, links, emoji) → the words to speak, the model's tags untouched."""
+"""studio/text/clean.py: chat text (markdown, code, links, emoji) → the words to speak, the model's tags untouched."""
 
 from __future__ import annotations
 
 import pytest
 
 from engine.tokenizer import CONTROL_TAGS
-from studio.clean import clean_text, is_emoji
+from studio.text.clean import clean_text, is_emoji
 
 
 @pytest.mark.parametrize("raw,spoken", [

@@ -1,4 +1,4 @@
-"""studio/pronounce.py: the pronunciation dictionary's rules, its safety, its files and store, and where the studio
+"""studio/text/pronounce.py: the pronunciation dictionary's rules, its safety, its files and store, and where the studio
 applies it (single takes, long takes, "as it will be spoken", the HTTP API, the page's editor)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from engine.demo import TINY_DIMS, reference_tokenizer_path
 from engine.longform import plan
 from engine.prompt import build_prompt
 from engine.tokenizer import HiggsTokenizer
-from studio.pronounce import (
+from studio.text.pronounce import (
     MAX_RULES,
     Dictionary,
     DictionaryStore,
@@ -26,7 +26,7 @@ from studio.pronounce import (
     rules_json,
     to_tsv,
 )
-from studio.service import StudioService, SynthesisRequest
+from studio.takes.service import StudioService, Order
 from tests.fakes import FakeEngine
 
 NGUYEN = Rule.make("Nguyen", "Win")
@@ -45,9 +45,9 @@ def studio(tmp_path):
 def test_a_rule_changes_the_spoken_text_and_the_prompt_ids(studio):
     service, store = studio
     text = "Dr. Nguyen said hello."
-    before = service.synthesize(SynthesisRequest(text=text))
+    before = service.synthesize(Order(text=text))
     store.replace(Dictionary([NGUYEN]))
-    after = service.synthesize(SynthesisRequest(text=text))
+    after = service.synthesize(Order(text=text))
     assert (before.prompt_text, after.prompt_text) == (text, "Dr. Win said hello.")
     assert service.engine.started == [text, "Dr. Win said hello."]  # what the engine was given
     tokenizer = HiggsTokenizer.from_file(reference_tokenizer_path())
@@ -58,21 +58,21 @@ def test_a_rule_changes_the_spoken_text_and_the_prompt_ids(studio):
 
 
 def test_a_takes_recipe_pins_the_rules_that_fired_and_replays_the_same_prompt(studio):
-    from studio import render
+    from studio.views import render
 
     service, store = studio
     tomato = Rule.make("tomato", "tomahto")
     store.replace(Dictionary([Rule.make("Smith", "Smyth"), NGUYEN, tomato]))
     text = "Dr. Nguyen ate a tomato."
-    take = service.synthesize(SynthesisRequest(text=text))
+    take = service.synthesize(Order(text=text))
     recipe = take.recipe()
     assert recipe["dictionary"] == [NGUYEN.to_json(), tomato.to_json()]  # the ones that fired, in their order
     store.replace(Dictionary([Rule.make("Nguyen", "Nwen"), Rule.make("ate", "eight")]))  # the studio's rules move on
-    assert service.synthesize(SynthesisRequest(text=text)).prompt_text == "Dr. Nwen eight a tomato."
-    again = service.synthesize(SynthesisRequest(text=recipe["text"], dictionary=Dictionary.from_json(recipe["dictionary"])))
+    assert service.synthesize(Order(text=text)).prompt_text == "Dr. Nwen eight a tomato."
+    again = service.synthesize(Order(text=recipe["text"], dictionary=Dictionary.from_json(recipe["dictionary"])))
     assert again.prompt_text == take.prompt_text == "Dr. Win ate a tomahto."
     assert again.recipe()["dictionary"] == recipe["dictionary"]
-    plain = service.synthesize(SynthesisRequest(text="Nothing to respell.", dictionary=Dictionary()))
+    plain = service.synthesize(Order(text="Nothing to respell.", dictionary=Dictionary()))
     assert plain.recipe()["dictionary"] == [] and plain.prompt_text == "Nothing to respell."
     assert '"dictionary": [{"word": "Nguyen"' in render.recipe_curl(recipe, "http://host/")
 
@@ -213,23 +213,21 @@ def test_the_store_keeps_the_rules_on_disk_and_follows_other_writers(tmp_path):
 # ------------------------------------------------------------------------------------------ where it applies
 
 def test_long_form_segments_and_the_preview_speak_the_respelled_text(studio, tmp_path):
-    from studio.longform import respell_segments
     from studio.views.longform import LongFormView
 
     service, store = studio
     store.replace(Dictionary([Rule.make("three", "tree", voice="Guest"), NGUYEN]))
     segments = plan("Nguyen has 3 cats and a dog.", normalize=True)
-    assert [s.text for s in respell_segments(service, segments)] == ["Win has three cats and a dog."]
+    assert [s.text for s in service.respell_segments(segments)] == ["Win has three cats and a dog."]
     script = plan("A: Nguyen has 3 cats and a dog.\nB: Nguyen has 3 dogs and a cat.",
                   voices={"A": "Narrator", "B": "Guest"})
-    assert [s.text for s in respell_segments(service, script, lambda s: s.voice)] == \
+    assert [s.text for s in service.respell_segments(script, lambda s: s.voice)] == \
         ["Win has three cats and a dog.", "Win has tree dogs and a cat."]
     _, spoken, _ = LongFormView(service, tmp_path).preview("Nguyen has 3 cats and a dog.", "", "", True)
     assert spoken == "Win has three cats and a dog."
 
 
 def test_a_projects_rules_win_over_the_owners_and_compile_once(studio):
-    from studio.longform import respell_segments
 
     service, store = studio
     store.replace(Dictionary([NGUYEN, Rule.make("SQL", "sequel")]))
@@ -237,7 +235,7 @@ def test_a_projects_rules_win_over_the_owners_and_compile_once(studio):
     assert service.respell("Nguyen knows SQL.", project=project) == "Nuh-win knows sequel."
     assert service.rules(project) is service.rules(Dictionary(project.rules))  # kept while neither changes
     segments = plan("Nguyen knows SQL and the rest.")
-    assert [s.text for s in respell_segments(service, segments, project=project)] == \
+    assert [s.text for s in service.respell_segments(segments, project=project)] == \
         ["Nuh-win knows sequel and the rest."]
     keys = [service.pronunciation_key(s, project=project) for s in ("Nguyen knows SQL.", "The rest.")]
     store.replace(Dictionary())
@@ -275,7 +273,7 @@ def test_the_http_api_reads_replaces_and_applies_the_dictionary(studio):
 
 
 def test_the_page_editor_saves_imports_and_tries_rules(studio, tmp_path):
-    from studio.access import Access
+    from studio.api.access import Access
     from studio.views.dictionary import DictionaryView, dictionary_of
 
     service, store = studio

@@ -12,11 +12,11 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from studio.access import Access, client_address, visitor
-from studio.admission import OWNER, Caller
-from studio.live import ROUTE, TOKEN_HEADER
-from studio.page import Page
-from studio.service import Queued, StudioService, TooManyTakes
+from studio.api.access import Access, client_address, visitor
+from studio.takes.admission import OWNER, Caller
+from studio.views.live import ROUTE, TOKEN_HEADER
+from studio.views.page import Page
+from studio.takes.service import Queued, StudioService, TooManyTakes
 from tests.fakes import FakeEngine
 from tests.test_service import request
 
@@ -157,7 +157,7 @@ def live(client, page, live_id: str, headers: dict | None = None) -> list[dict]:
 def test_the_live_route_gives_each_client_address_one_share(public_page, monkeypatch):
     page, client = public_page
     monkeypatch.setenv("SPACE_ID", "someone/studio")
-    holder = page.service.start(request(text="held", caller=Caller.visitor("1.2.3.4"), max_frames=8000))
+    holder = page.service.start(request(text="held", caller=Caller.visitor("1.2.3.4"), max_frames=1500))
     threading.Thread(target=lambda: list(holder.stream()), daemon=True).start()
     wait_for(lambda: "held" in page.service.engine.started)
     # A new token from the same address is the same visitor: its one running take is all its share.
@@ -175,7 +175,6 @@ def test_the_live_route_gives_each_client_address_one_share(public_page, monkeyp
 def test_a_long_takes_segments_take_turns_with_another_caller():
     from engine.demo import demo_checkpoint
     from engine.generate import Engine
-    from studio.longform import stream_long
 
     svc = StudioService(Engine.load(demo_checkpoint(), device="cpu", max_batch=1), None, None)
     assert svc.slots == 1
@@ -183,7 +182,7 @@ def test_a_long_takes_segments_take_turns_with_another_caller():
                     "segments of speech, one after another." for i in range(6))  # four segments
     long = request(text=text, seed=3, max_frames=12, caller=A)
     events: list[str] = []
-    chunks = stream_long(svc, long)
+    chunks = svc.stream(long)
     next(chunks)  # the first segment is running
     short = request(text="A short take.", seed=4, max_frames=6, caller=B)
     done = threading.Thread(target=lambda: (list(svc.stream(short)), events.append("short done")))

@@ -1,4 +1,4 @@
-"""studio.formats: every format decodes back to the right length (whole or streamed); pcm is raw 16-bit
+"""studio.audio.formats: every format decodes back to the right length (whole or streamed); pcm is raw 16-bit
 little-endian; a streaming encoder never leaves an ffmpeg behind."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from studio.formats import (
+from studio.audio.formats import (
     FORMATS,
     STREAM_FORMATS,
     FormatError,
@@ -79,7 +79,7 @@ def test_empty_audio_encodes():
 def test_unknown_format_and_missing_ffmpeg(monkeypatch):
     with pytest.raises(FormatError, match="Unknown audio format"):
         encode_audio(tone(), SR, "ogg-vorbis")
-    monkeypatch.setattr("studio.formats.shutil.which", lambda name: None)
+    monkeypatch.setattr("studio.audio.formats.shutil.which", lambda name: None)
     with pytest.raises(FormatError, match="needs ffmpeg"):
         encode_audio(tone(), SR, "mp3")
     assert available_formats() == ("wav", "pcm", "flac")
@@ -165,6 +165,6 @@ def test_stream_encoder_refuses_flac_and_needs_ffmpeg(monkeypatch):
     assert set(STREAM_FORMATS) == {"mp3", "opus", "aac"}
     with pytest.raises(FormatError, match="not a streamed format"):
         StreamEncoder("flac", SR)
-    monkeypatch.setattr("studio.formats.shutil.which", lambda name: None)
+    monkeypatch.setattr("studio.audio.formats.shutil.which", lambda name: None)
     with pytest.raises(FormatError, match="needs ffmpeg"):
         StreamEncoder("mp3", SR)

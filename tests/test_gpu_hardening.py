@@ -474,7 +474,7 @@ def test_kernels_runtime_says_which_loader_started_or_why_not(monkeypatch, capsy
 
 
 def test_the_status_panel_shows_the_memory_plan():
-    from studio import render
+    from studio.views import render
 
     plan = "14 slots × 4096 positions = 8.5 GB KV of 10.5 GB free after the weights, 2.0 GB kept as headroom"
     html = render.header_html({"checkpoint": "bosonai/higgs-tts-3-4b", "memory_plan": plan})

@@ -11,7 +11,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
-from studio.access import HostGuard, host_allowed, host_guard
+from studio.api.access import HostGuard, host_allowed, host_guard
 
 
 @pytest.mark.parametrize("host", ["localhost", "localhost:7860", "LOCALHOST:7860", "localhost.:7860",

@@ -1,4 +1,4 @@
-"""Hostile ZIPs: the shared reader (studio/archive.py) stops every member at a cap by the bytes it actually
+"""Hostile ZIPs: the shared reader (studio/files/archive.py) stops every member at a cap by the bytes it actually
 inflates, whatever the directory declares, and refuses a pile of entries before zipfile lists them; EPUBs go
 through it, so a lying member, a repeated spine or a billion laughs is refused fast, in little memory, with a
 sentence a person reads. Memory is the test process's own peak RSS (tests/probes.py), reset before each."""
@@ -16,7 +16,7 @@ import zlib
 import httpx
 import pytest
 
-from studio.archive import KB, MB, Archive, ArchiveRefused, Caps
+from studio.files.archive import KB, MB, Archive, ArchiveRefused, Caps
 from studio.projects import importing
 from studio.projects.importing import ImportRefused
 from tests.probes import peak_growth_mb, server_pid

@@ -15,7 +15,7 @@ import tracemalloc
 import httpx
 import pytest
 
-from studio.pronounce import Dictionary, PronunciationError, Rule
+from studio.text.pronounce import Dictionary, PronunciationError, Rule
 from tests.probes import LOOP_STALL_LIMIT_S, health_latency
 from tests.studio_server import KEY
 
@@ -53,7 +53,7 @@ def test_chained_respellings_cannot_amplify_the_text():
 
 
 def test_growth_beyond_the_limit_is_refused_naming_the_rule():
-    from studio.respell import MAX_GROWTH_CHARS, MAX_GROWTH_FACTOR
+    from studio.text.respell import MAX_GROWTH_CHARS, MAX_GROWTH_FACTOR
 
     loud = Rule.make("a", "b" * 200)
     rules = Dictionary([Rule.make("Nguyen", "Win"), loud])
@@ -89,7 +89,7 @@ def test_nested_repetition_is_linear_time_now():
 
 
 def test_regex_rules_are_capped_in_number_and_size():
-    from studio.respell import MAX_REGEX_RULES
+    from studio.text.respell import MAX_REGEX_RULES
 
     with pytest.raises(PronunciationError, match=f"at most {MAX_REGEX_RULES} regular"):
         Dictionary([regex(rf"\bx{n}\b", "y") for n in range(MAX_REGEX_RULES + 1)])
@@ -144,9 +144,9 @@ def test_backtracking_rules_leave_the_event_loop_free(keyed):
 def test_a_dictionary_at_its_limits_leaves_the_event_loop_free(keyed):
     """The largest dictionary the studio takes (MAX_RULES rules, MAX_REGEX_RULES of them regular expressions of
     MAX_PATTERN characters, the rest MAX_WORD-character words), then applied to MAX_TEXT_CHARS of text."""
-    from studio.pronounce import MAX_PATTERN, MAX_RULES, MAX_WORD
-    from studio.respell import MAX_REGEX_RULES
-    from studio.service import MAX_TEXT_CHARS
+    from studio.text.pronounce import MAX_PATTERN, MAX_RULES, MAX_WORD
+    from studio.text.respell import MAX_REGEX_RULES
+    from studio.takes.limits import MAX_TEXT_CHARS
 
     rng = random.Random(5)
     words = ["".join(rng.choice(string.ascii_lowercase) for _ in range(MAX_WORD))
@@ -181,7 +181,7 @@ def _trial_event(url: str) -> int:
 
 def table(rows: list[list]) -> dict:
     """The rules table as the page sends it."""
-    from studio.pronounce import TSV_COLUMNS
+    from studio.text.pronounce import TSV_COLUMNS
 
     return {"headers": list(TSV_COLUMNS), "data": rows}
 
@@ -222,8 +222,8 @@ def test_the_speech_api_refuses_a_recipe_that_outgrows_the_limit(tmp_path):
     from fastapi.testclient import TestClient
 
     from studio import api
-    from studio.pronounce import DictionaryStore
-    from studio.service import StudioService
+    from studio.text.pronounce import DictionaryStore
+    from studio.takes.service import StudioService
     from tests.fakes import FakeEngine
 
     service = StudioService(FakeEngine(frames=1), dictionary=DictionaryStore(tmp_path / "dictionary.json"))

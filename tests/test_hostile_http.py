@@ -13,7 +13,6 @@ import time
 import httpx
 import pytest
 
-from studio.service import MAX_TEXT_CHARS
 from tests.fakes import ScriptedEngine
 from tests.studio_server import START_TIMEOUT_S, spawned_studio
 
@@ -95,7 +94,7 @@ def api_client(request):
     from fastapi.testclient import TestClient
 
     from studio import api
-    from studio.service import StudioService
+    from studio.takes.service import StudioService
 
     service = StudioService(ScriptedEngine())
     app = FastAPI()
@@ -113,17 +112,6 @@ def _speech(client, **body):
 def _padded_ssml(text: str, total: int) -> str:
     head, tail = f"<speak>{text}", "</speak>"
     return head + "<s></s>" * ((total - len(head) - len(tail)) // 7 + 1) + tail
-
-
-@pytest.mark.parametrize("api_client", [100_000], indirect=True)
-def test_the_single_take_limit_counts_the_ssml_that_was_sent(api_client):
-    ssml = _padded_ssml("Hello there.", MAX_TEXT_CHARS + 500)
-    assert len(ssml) > MAX_TEXT_CHARS
-    r = _speech(api_client, input=ssml)
-    assert r.status_code == 400, "SSML over the limit was read as its 12 characters of text"
-    error = r.json()["error"]
-    assert error["code"] == "string_above_max_length"
-    assert f"{len(ssml)} characters" in error["message"] and f"limit is {MAX_TEXT_CHARS}" in error["message"]
 
 
 def test_the_long_input_limit_counts_the_ssml_that_was_sent(api_client):

@@ -1,4 +1,4 @@
-"""Hostile streams: the speech WebSocket (studio/api/stream.py) and the Wyoming server (studio/wyoming.py) under
+"""Hostile streams: the speech WebSocket (studio/api/stream.py) and the Wyoming server (studio/api/wyoming.py) under
 inputs meant to wear them down: many idle sockets from one address, a long text in thousands of four-character
 pieces, a Wyoming header that declares gigabytes, JSON nested far past Python's recursion limit. Each test
 asserts the bound it must hold: streams and threads, /health latency, characters re-read, MB, close codes."""
@@ -23,13 +23,13 @@ from wyoming.event import read_event
 from wyoming.info import Describe
 from wyoming.tts import SynthesizeChunk, SynthesizeStart
 
-from studio import sentences
-from studio.access import Access
-from studio.admission import MAX_OPEN_STREAMS_PER_VISITOR, OWNER, Caller, OpenStreams, Refused
+from studio.takes import sentences
+from studio.api.access import Access
+from studio.takes.admission import MAX_OPEN_STREAMS_PER_VISITOR, OWNER, Caller, OpenStreams, Refused
 from studio.api.stream import ROUTE, SpeechStream
-from studio.sentences import MAX_SENTENCE_CHARS, SentenceBuffer
-from studio.service import StudioService
-from studio.wyoming import MAX_CONNECTIONS_PER_ADDRESS, WyomingServer
+from studio.takes.sentences import MAX_SENTENCE_CHARS, SentenceBuffer
+from studio.takes.service import StudioService
+from studio.api.wyoming import MAX_CONNECTIONS_PER_ADDRESS, WyomingServer
 from tests.fakes import FakeEngine
 from tests.probes import LOOP_STALL_LIMIT_S, health_latency, peak_growth_mb, server_pid, thread_count
 from tests.studio_server import free_port

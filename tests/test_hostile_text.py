@@ -1,6 +1,6 @@
 """Hostile text and careless takes: SSML behind an XML prolog or with a DTD (engine/ssml.py), pauses that add
 up without bound (engine/longform.py, engine/joins.py, engine/longtake.py), and a take's true peak with no
-loudness target (engine/peaks.py, studio/service.py)."""
+loudness target (engine/peaks.py, studio/takes/service.py)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,9 @@ from engine.longform import MAX_PAUSE_SECONDS, plan
 from engine.longtake import LongTake
 from engine.ssml import read_text
 from engine.types import SamplingParams
-from studio.formats import to_pcm16
-from studio.loudness import to_db, true_peak
-from studio.longform import start_long
-from studio.service import StudioService, SynthesisRequest
+from studio.audio.formats import to_pcm16
+from studio.audio.loudness import to_db, true_peak
+from studio.takes.service import StudioService, Order
 
 pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)
 
@@ -119,10 +118,10 @@ def test_the_200_breaks_take_streams_its_silence_in_bounded_blocks(engine):
 
     # Before: one 2,000 s pause, allocated whole (192 MB of float32, more as it was joined to its segment).
     service = StudioService(engine)
-    request = SynthesisRequest(text=HUNDREDS_OF_BREAKS, params=SamplingParams.of(seed=3, max_frames=4))
+    request = Order(text=HUNDREDS_OF_BREAKS, params=SamplingParams.of(seed=3, max_frames=4))
     tracemalloc.start()
     try:
-        handle = start_long(service, request)
+        handle = service.start(request)
         chunks = list(handle.stream())
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -168,7 +167,7 @@ def over_full_scale(audio: np.ndarray) -> int:
 def test_a_plain_take_without_a_target_stays_under_the_ceiling(engine, seed):
     # Before: +2.9, +4.3 and +7.6 dBTP for these seeds, 11, 10 and 521 samples at int16 full scale.
     service = StudioService(engine)
-    take = service.synthesize(SynthesisRequest(text="The kettle is on.",
+    take = service.synthesize(Order(text="The kettle is on.",
                                                params=SamplingParams.of(seed=seed, max_frames=25)))
     service.close()
     peak_db = to_db(true_peak(take.audio))
@@ -201,7 +200,7 @@ def test_a_long_take_stays_under_the_ceiling_and_says_what_the_limiter_took(engi
 
 def test_the_streaming_limiter_is_the_whole_takes_limiter():
     from engine.peaks import PeakLimiter
-    from studio.loudness import limit
+    from studio.audio.loudness import limit
 
     rng = np.random.default_rng(1)
     audio = (rng.standard_normal(3 * SAMPLE_RATE) * 0.4).astype(np.float32)  # peaks far over −1 dBTP

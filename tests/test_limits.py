@@ -13,8 +13,9 @@ import pytest
 
 from engine.delay import default_max_frames
 from engine.types import SamplingParams
-from studio.access import QUEUE_FULL, Access, check_limits, friendly_queue_full
-from studio.service import MAX_TEXT_CHARS, SynthesisRequest
+from studio.api.access import QUEUE_FULL, friendly_queue_full
+from studio.takes.admission import OWNER, Caller
+from studio.takes.limits import TakeLimits
 from tests.studio_server import free_port
 
 
@@ -29,19 +30,20 @@ class Owner:
 
 
 def test_text_and_length_limits_differ_for_visitors_and_the_key():
-    access = Access("k", public_page=True, public_max_chars=200, public_max_frames=250)
+    limits = TakeLimits(max_input_chars=5000, public_max_chars=200, public_max_frames=250)
+    visitor = Caller.visitor("203.0.113.9")
     with pytest.raises(ValueError, match="up to 200 characters at a time"):
-        access.limit_public(SynthesisRequest(text="a" * 201), Visitor())
+        limits.check_text("a" * 201, visitor)
     with pytest.raises(ValueError, match=r"up to 250 frames \(10 s\)"):
-        access.limit_public(SynthesisRequest(text="Hi.", params=SamplingParams(max_frames=251)), Visitor())
-    capped = access.limit_public(SynthesisRequest(text="word " * 40), Visitor())
-    assert capped.params.max_frames == 250
-    owners = SynthesisRequest(text="a" * MAX_TEXT_CHARS, params=SamplingParams(max_frames=3000))
-    assert access.limit_public(owners, Owner()) is owners  # the key: only the service's own limits
-    held = check_limits(SamplingParams(seed=3), access, "Hi.")  # the settings alone: "auto" becomes its length
+        limits.hold(SamplingParams(max_frames=251), "Hi.", visitor)
+    assert limits.hold(SamplingParams(), "word " * 40, visitor).max_frames == 250
+    owners = SamplingParams(max_frames=3000)
+    assert limits.hold(owners, "a" * 5000, OWNER) is owners  # the key: only the studio's own limits
+    limits.check_text("a" * 5000, OWNER)
+    held = limits.hold(SamplingParams(seed=3), "Hi.", visitor)  # "auto" becomes the text's own length, capped
     assert held == SamplingParams(seed=3, max_frames=min(default_max_frames("Hi."), 250))
-    with pytest.raises(ValueError, match=f"the limit is {MAX_TEXT_CHARS}"):
-        SynthesisRequest(text="a" * (MAX_TEXT_CHARS + 1)).validate()
+    with pytest.raises(ValueError, match="the limit for one take is 5000"):
+        limits.check_text("a" * 5001, OWNER)
 
 
 def test_a_full_queue_answers_with_a_sentence():

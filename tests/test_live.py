@@ -15,11 +15,12 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from engine.types import SamplingParams
-from studio.access import PUBLIC_MAX_TEXT_CHARS, Access
-from studio.formats import to_pcm16
-from studio.live import CLIP_VOICE, ROUTE, TOKEN_HEADER, TOKEN_TTL_S, LivePlayer
-from studio.page import Page
-from studio.service import StudioService, SynthesisRequest
+from studio.api.access import Access
+from studio.takes.limits import PUBLIC_MAX_TEXT_CHARS
+from studio.audio.formats import to_pcm16
+from studio.views.live import CLIP_VOICE, ROUTE, TOKEN_HEADER, TOKEN_TTL_S, LivePlayer
+from studio.views.page import Page
+from studio.takes.service import StudioService, Order
 from tests.fakes import FakeEngine
 
 KEY = "SECRET"
@@ -74,10 +75,10 @@ def test_without_the_page_token_or_the_key_the_route_answers_401(page, client):
 
 
 def test_stream_carries_positions_the_takes_pcm_and_its_id(page, client):
-    holder = page.service.start(SynthesisRequest(text="API take holding the GPU.",
+    holder = page.service.start(Order(text="API take holding the GPU.",
                                                  params=SamplingParams(seed=1, max_frames=400)))
     threading.Thread(target=lambda: list(holder.stream()), daemon=True).start()
-    while holder.request.text not in page.service.engine.started:
+    while holder.order.text not in page.service.engine.started:
         time.sleep(0.01)
     threading.Timer(0.5, holder.cancel.set).start()  # the page's take waits its turn, then runs
     with post(client, {TOKEN_HEADER: page.player.issue_token()}) as r:
@@ -87,7 +88,7 @@ def test_stream_carries_positions_the_takes_pcm_and_its_id(page, client):
     assert kinds[0] == "queued" and got[0]["position"] == 2
     assert kinds[-1] == "done" and set(kinds[1:-1]) <= {"queued", "audio"} and "audio" in kinds
     take = page.service.take(got[-1]["take_id"])
-    assert take.source == "ui" and take.seed == 5 and got[-1]["stop_reason"] == "eoc"
+    assert take.door == "ui" and take.seed == 5 and got[-1]["stop_reason"] == "eoc"
     pcm = np.concatenate([np.frombuffer(base64.b64decode(m["pcm"]), "<i2") for m in got if m["type"] == "audio"])
     assert np.array_equal(pcm, to_pcm16(take.audio))  # the samples played are the take's, all of them
     assert got[1 + kinds[1:].index("audio")]["metrics"]["frames"] >= 1
@@ -105,7 +106,8 @@ def test_the_clean_switch_travels_with_the_stream(page, client):
         done = messages(r)[-1]
     assert done["type"] == "done" and page.service.take(done["take_id"]).text == "Hi there."
     with post(client, token, live_id="abcdefgh5678", text="```\ncode\n```", clean=True) as r:
-        assert r.status_code == 400 and "Nothing is left to say" in json.loads(r.read())["error"]
+        got = messages(r)
+        assert r.status_code == 200 and got[0]["type"] == "error" and "nothing left to say" in got[0]["message"]
 
 
 def test_bad_requests_are_sentences(page, client):
@@ -244,7 +246,8 @@ def test_a_public_page_token_is_held_to_the_public_limits(page):
     token = {TOKEN_HEADER: page.player.issue_token()}
     with public_client(page, public_page=True) as client:
         with post(client, token, text=long_text) as r:  # any visitor can load a public page: limits apply
-            assert r.status_code == 400 and "public page" in json.loads(r.read())["error"]
+            got = messages(r)
+            assert r.status_code == 200 and got[0]["type"] == "error" and "public page" in got[0]["message"]
         with post(client, {"Authorization": f"Bearer {KEY}"}, live_id="keyed-owner-1", text=long_text) as r:
             assert r.status_code == 200  # the key is the owner: no public limits
     with public_client(page, public_page=False) as client:  # the page sits behind the owner's login

@@ -323,7 +323,7 @@ def test_the_worklet_recovers_from_an_underrun_without_a_click(browser, studio_u
     """The player's AudioWorklet rendered offline: a 0.5 DC level runs dry mid-take, then resumes. A player that
     stops on a non-zero sample steps by 0.5 (a click); this one ramps. Every sample still plays exactly once.
     The module comes from the studio's static route, as the page's player loads it."""
-    from studio.assets import ROUTE
+    from studio.views.assets import ROUTE
 
     pg = open_page(browser, studio_url)
     result = pg.evaluate("""async (url) => {

@@ -1,5 +1,5 @@
-"""studio/longform.py: a long input and a multi-voice script streamed through the studio's queue on the
-demo checkpoint (the function the HTTP API calls for long inputs)."""
+"""A long input and a multi-voice script planned (studio/takes/prepare.py) and streamed through the studio's
+queue (studio/takes/run.py) on the demo checkpoint, and the Long form tab's helpers (studio/takes/longform.py)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,11 @@ from engine.demo import demo_checkpoint
 from engine.longform import plan
 from engine.longtake import LongTake
 from engine.types import SamplingParams
-from studio.longform import (
-    MAX_LONG_INPUT_CHARS,
-    regenerate_segment,
-    segment_rows,
-    start_long,
-    stream_long,
-    wants_long_form,
-)
-from studio.service import StudioService, SynthesisRequest
+from studio.takes.limits import MAX_INPUT_CHARS
+from studio.takes.longform import regenerate_segment, segment_rows
+from studio.takes.order import Order
+from studio.takes.prepare import is_long
+from studio.takes.service import StudioService
 from studio.voices import VoiceLibrary
 from tests.fakes import add_voices
 
@@ -43,9 +39,9 @@ def service(tmp_path_factory):
 @pytest.mark.slow
 def test_a_20k_character_input_streams_as_one_long_take(service):
     text = (SENTENCE * 300)[:20_000]
-    assert wants_long_form(text) and not wants_long_form("Hello there.")
-    request = SynthesisRequest(text=text, params=SamplingParams(seed=77, max_frames=12))
-    chunks = list(stream_long(service, request))
+    assert is_long(text) and not is_long("Hello there.")
+    request = Order(text=text, params=SamplingParams(seed=77, max_frames=12))
+    chunks = list(service.stream(request))
     assert chunks[-1].final and not any(c.final for c in chunks[:-1])
     assert chunks[-1].metrics.seed == 77 and chunks[0].metrics.ttfa_ms is not None
     streamed = np.concatenate([c.audio for c in chunks])
@@ -65,8 +61,8 @@ def test_a_script_uses_each_speakers_voice(service, monkeypatch):
 
     monkeypatch.setattr(service.engine, "build_prompt", recording)
     script = "Host: Welcome back to the show.\n[S2] Thanks for having me.\nHost: Let us begin."
-    request = SynthesisRequest(text=script, params=SamplingParams(seed=5, max_frames=10))
-    chunks = list(stream_long(service, request, voices={"Host": "Narrator", "S2": "Guest"}))
+    request = Order(text=script, params=SamplingParams(seed=5, max_frames=10), voices={"Host": "Narrator", "S2": "Guest"})
+    chunks = list(service.stream(request))
     assert chunks[-1].final
     codes = {name: service.voices.voice_ref(name, encode=service.encode_codes).codes for name in ("Narrator", "Guest")}
     expected = {"Welcome back to the show.": "Narrator", "Thanks for having me.": "Guest", "Let us begin.": "Narrator"}
@@ -79,10 +75,10 @@ def test_a_script_uses_each_speakers_voice(service, monkeypatch):
 
 def test_long_requests_are_checked_before_they_queue(service):
     with pytest.raises(ValueError, match="the map has 'Host'") as info:
-        stream_long(service, SynthesisRequest(text="Host: Hi.\nBob: Hello."), voices={"Host": "Narrator"}).__next__()
+        service.start(Order(text="Host: Hi.\nBob: Hello.", voices={"Host": "Narrator"}))
     assert "'Bob'" in str(info.value)
-    with pytest.raises(ValueError, match=f"limit for one long take is {MAX_LONG_INPUT_CHARS}"):
-        next(stream_long(service, SynthesisRequest(text="a" * (MAX_LONG_INPUT_CHARS + 1))))
+    with pytest.raises(ValueError, match=f"the limit for one take is {MAX_INPUT_CHARS}"):
+        service.start(Order(text="a" * (MAX_INPUT_CHARS + 1)))
     with pytest.raises(ValueError, match="^temperature"):
         SamplingParams(temperature=5)  # a long take's settings are checked where they are built, as a short one's
     assert service.queue_depth == 0
@@ -90,8 +86,8 @@ def test_long_requests_are_checked_before_they_queue(service):
 
 def test_the_page_helpers_fill_the_table_and_regenerate_one_row(service):
     text = "\n\n".join([SENTENCE * 3] * 4)
-    request = SynthesisRequest(text=text, params=SamplingParams(seed=9, max_frames=10), source="ui")
-    handle = start_long(service, request, pieces=True)
+    request = Order(text=text, params=SamplingParams(seed=9, max_frames=10), door="ui")
+    handle = service.start(request, pieces=True)
     pieces = list(handle.stream())
     assert handle.finished.is_set() and handle.take is pieces[-1][0] and handle.seed == 9
     take = pieces[-1][0]

@@ -10,7 +10,7 @@ import soundfile as sf
 
 from engine import Engine
 from engine.demo import demo_checkpoint
-from studio.service import StudioService
+from studio.takes.service import StudioService
 from studio.views.longform import LongFormView, parse_voices_map
 
 pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)

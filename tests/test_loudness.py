@@ -1,4 +1,4 @@
-"""studio/loudness.py and studio/acx.py: BS.1770 loudness of every take, normalisation to a target under a true-peak ceiling, the
+"""studio/audio/loudness.py and studio/audio/acx.py: BS.1770 loudness of every take, normalisation to a target under a true-peak ceiling, the
 ACX check and its export preset, and where the studio shows them (take, page, HTTP API)."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import soundfile as sf
 import soxr
 
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
-from studio import render
-from studio.acx import EXPORT_PRESETS, acx_check, export, master, room_tone
-from studio.loudness import TARGETS, measure, normalize, resolve_target
-from studio.service import StudioService, SynthesisRequest
+from studio.views import render
+from studio.audio.acx import EXPORT_PRESETS, acx_check, export, master, room_tone
+from studio.audio.loudness import TARGETS, measure, normalize, resolve_target
+from studio.takes.service import StudioService, Order
 from tests.fakes import FakeEngine
 
 RATE = SAMPLE_RATE
@@ -112,7 +112,7 @@ def test_the_true_peak_read_a_block_at_a_time_equals_the_whole_signals(monkeypat
 
 
 def test_the_streaming_meter_reads_what_the_whole_signal_reads():
-    from studio.loudness import LoudnessMeter
+    from studio.audio.loudness import LoudnessMeter
 
     rng = np.random.default_rng(2)
     for seconds in (5.05, 3.0, 0.3):  # a block ending in a half hop, whole hops, shorter than one block
@@ -158,9 +158,9 @@ def service():
 
 
 def test_every_take_is_measured_and_the_page_shows_and_levels_it(service, tmp_path):
-    from studio.page import Page
+    from studio.views.page import Page
 
-    take = service.synthesize(SynthesisRequest(text="Hello there."))
+    take = service.synthesize(Order(text="Hello there."))
     assert take.loudness.lufs == pytest.approx(lufs(take.audio), abs=1e-6)
     assert take.loudness.true_peak_db == pytest.approx(true_peak_db(take.audio), abs=0.2)
     panel = render.metrics_html(take.metrics, state="done", loudness=take.loudness)

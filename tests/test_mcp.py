@@ -1,4 +1,4 @@
-"""MCP tools (`studio.mcp`): the schema Gradio publishes, and real tool calls over MCP's streamable HTTP
+"""MCP tools (`studio.api.mcp`): the schema Gradio publishes, and real tool calls over MCP's streamable HTTP
 transport, against the real engine on the tiny checkpoint. The tools are registered on a small Blocks
 served in-process on 127.0.0.1; `python app.py --demo --mcp` is checked for the same three tools."""
 
@@ -36,9 +36,9 @@ def served(tmp_path_factory):
 
     from engine.generate import Engine
     from engine.demo import demo_checkpoint
-    from studio import mcp
-    from studio.presets import PresetStore, load_builtin_presets
-    from studio.service import StudioService
+    from studio.api import mcp
+    from studio.text.presets import PresetStore, load_builtin_presets
+    from studio.takes.service import StudioService
     from studio.voices import VoiceLibrary
 
     root = tmp_path_factory.mktemp("mcp")

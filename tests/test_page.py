@@ -13,10 +13,10 @@ import time
 import pytest
 
 from engine.types import Metrics, SamplingParams
-from studio import render
-from studio.page import Page
-from studio.presets import PresetStore
-from studio.service import StudioService, SynthesisRequest
+from studio.views import render
+from studio.views.page import Page
+from studio.text.presets import PresetStore
+from studio.takes.service import StudioService, Order
 from tests.fakes import FakeEngine
 
 
@@ -37,10 +37,10 @@ def gen_args(text, **kw):
 
 
 def test_generate_reports_queue_position_then_streams(page):
-    holder = page.service.start(SynthesisRequest(text="API take holding the GPU.",
+    holder = page.service.start(Order(text="API take holding the GPU.",
                                                  params=SamplingParams(seed=1, max_frames=10_000 // 10)))
     threading.Thread(target=lambda: list(holder.stream()), daemon=True).start()
-    while holder.request.text not in page.service.engine.started:  # the holder is running on the GPU worker
+    while holder.order.text not in page.service.engine.started:  # the holder is running on the GPU worker
         time.sleep(0.01)
     updates = page.takes.generate(**gen_args("Page take."))
     notes = []
@@ -116,7 +116,7 @@ def test_clean_chat_text_speaks_the_cleaned_text_and_the_alias_table_lists_the_n
     assert take.text == "Plan.\n\nRun then read this." and page.service.engine.started[-1] == take.text
     list(page.takes.generate(**gen_args(raw, seed=3, max_frames=4)))  # off (the default): said as typed
     assert page.service.history[-1].text == raw
-    with pytest.raises(Exception, match="Nothing is left to say"):
+    with pytest.raises(Exception, match="nothing left to say"):
         list(page.takes.generate(**gen_args("```\ncode\n```", clean=True)))
     table = page.alias_table(None)
     assert "| `alloy` | style Neutral | built in |" in table and "| `nova` | style Excited | built in |" in table
@@ -156,7 +156,7 @@ def test_picking_a_preset_takes_its_suggested_temperature(page):
 
 
 def test_without_ffmpeg_takes_still_play(monkeypatch, tmp_path):
-    monkeypatch.setattr("studio.page.ffmpeg_path", lambda: None)
+    monkeypatch.setattr("studio.views.page.ffmpeg_path", lambda: None)
     service = StudioService(FakeEngine(frames=30), None, None)
     page = Page(service)
     page.build()
@@ -192,8 +192,8 @@ def test_the_page_scripts_and_stylesheet_are_the_static_files_the_app_serves(pag
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from studio import assets
-    from studio.page import launch_kwargs
+    from studio.views import assets
+    from studio.views.page import launch_kwargs
 
     assert page.takes.live_panel.js_on_load == assets.script("live.js")
     assert ".hs-live" in launch_kwargs()["css_paths"][0].read_text()
@@ -210,7 +210,7 @@ def test_the_page_scripts_and_stylesheet_are_the_static_files_the_app_serves(pag
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed: the scripts' syntax is not checked")
 @pytest.mark.parametrize("name", ["live.js", "palette.js", "player-worklet.js", "typeahead.js", "captions.js"])
 def test_the_page_scripts_parse(name):
-    from studio.assets import STATIC_DIR
+    from studio.views.assets import STATIC_DIR
 
     result = subprocess.run(["node", "--check", str(STATIC_DIR / name)], check=False, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
@@ -240,7 +240,7 @@ def test_the_browser_draws_seeds_as_the_engine_does():
     """A seed the live player draws (several takes, random seed) has engine.types' bits: it reads them from
     the panel the server renders, so the one number lives in engine/types.py."""
     from engine.types import DRAWN_SEED_BITS
-    from studio.assets import STATIC_DIR
+    from studio.views.assets import STATIC_DIR
 
     assert f'data-seed-bits="{DRAWN_SEED_BITS}"' in render.live_player_html("token")
     script = (STATIC_DIR / "live.js").read_text()

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from engine.tokenizer import CONTROL_TAGS, lint_tags
-from studio.presets import (BUILTIN_PATH, PresetStore, StylePreset, apply_preset, check_style_prefix,
+from studio.text.presets import (BUILTIN_PATH, PresetStore, StylePreset, apply_preset, check_style_prefix,
                             load_builtin_presets)
 
 REQUIRED = {"neutral", "calm narrator", "excited", "whisper", "slow and clear", "sad", "angry"}

@@ -17,13 +17,13 @@ from starlette.testclient import TestClient
 
 from engine import Engine
 from studio import api
-from studio.access import Access
+from studio.api.access import Access
 from studio.projects import importing
 from studio.projects.importing import ImportRefused, Limits
 from studio.projects.jobs import JobRunner
 from studio.projects.library import Projects
 from studio.projects.store import Store
-from studio.service import StudioService
+from studio.takes.service import StudioService
 
 pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)
 

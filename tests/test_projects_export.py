@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from studio.formats import ffmpeg_path, to_pcm16
+from studio.audio.formats import ffmpeg_path, to_pcm16
 from studio.projects.export import ExportError, chapter_offsets, export, ffmetadata
 from studio.projects.types import BookMeta, ChapterAudio
 

@@ -19,12 +19,12 @@ import srt
 import webvtt
 
 from engine import Engine
-from studio.formats import ffmpeg_path
+from studio.audio.formats import ffmpeg_path
 from studio.projects import importing
 from studio.projects.library import Projects
 from studio.projects.store import Store
-from studio.pronounce import Dictionary, DictionaryStore, Rule
-from studio.service import StudioService
+from studio.text.pronounce import Dictionary, DictionaryStore, Rule
+from studio.takes.service import StudioService
 from tests.test_projects import SETTINGS, _client, running, wait
 
 pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)
@@ -315,7 +315,7 @@ def test_a_store_made_before_project_dictionaries_gains_the_column(tmp_path):
 
 
 def test_with_asr_on_a_chapters_times_inside_a_segment_are_heard(studio, rendered):
-    from studio.asr import Transcriber
+    from studio.audio.asr import Transcriber
     from tests.fakes import AsrPipeline
 
     projects, _ = studio

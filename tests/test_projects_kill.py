@@ -27,7 +27,7 @@ from engine.types import EngineInfo
 from studio.projects.export import export
 from studio.projects.library import Projects
 from studio.projects.store import TEMP_MARK, Store
-from studio.pronounce import Dictionary
+from studio.text.pronounce import Dictionary
 
 REPO = Path(__file__).resolve().parents[1]
 KILLS = 8

@@ -62,7 +62,7 @@ def view(tmp_path_factory):
     from studio.projects.jobs import JobRunner
     from studio.projects.library import Projects
     from studio.projects.store import Store
-    from studio.service import StudioService
+    from studio.takes.service import StudioService
     from studio.views.projects import ProjectsView
 
     folder = tmp_path_factory.mktemp("projects")
@@ -87,7 +87,7 @@ def test_handlers_create_render_regenerate_play_and_export(view, tmp_path):
 
     import soundfile as sf
 
-    from studio.admission import OWNER
+    from studio.takes.admission import OWNER
     from studio.projects import importing
 
     (view.out_dir).mkdir(exist_ok=True)

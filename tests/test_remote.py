@@ -23,7 +23,7 @@ from engine.peaks import PeakLimiter
 from engine.remote import RemoteEngine
 from engine.types import SamplingParams, SpeechEngine
 from engine.wire import RemoteError, RemoteVoice, parse_voices
-from studio.formats import to_pcm16
+from studio.audio.formats import to_pcm16
 from tests.remote_fakes import MODEL, SglangOmniFake, VllmOmniFake, pcm_of, serve, wav_clip
 from tests.studio_server import KEY, running_studio
 

@@ -133,8 +133,8 @@ def test_health_and_page_say_which_server_and_whether_it_honours_sampling(remote
 
 
 def test_three_takes_from_the_page_all_arrive(remote):
-    from studio.page import Page
-    from studio.service import StudioService
+    from studio.views.page import Page
+    from studio.takes.service import StudioService
     from tests.test_page import gen_args
 
     fake, _ = remote
@@ -177,8 +177,8 @@ def test_a_refusal_or_an_unreachable_server_is_one_sentence_not_a_500(tmp_path):
 def test_a_refusal_reaches_the_page_as_the_servers_sentence():
     import gradio as gr
 
-    from studio.page import Page
-    from studio.service import StudioService
+    from studio.views.page import Page
+    from studio.takes.service import StudioService
     from tests.test_page import gen_args
 
     with serve(VllmOmniFake()) as fake:

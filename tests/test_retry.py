@@ -1,5 +1,5 @@
-"""Listen and retry (studio/listen.py, engine/longtake.py's check, studio/projects/jobs.py): a fake ASR with the
-interface of studio/asr.py's `Transcriber` hears some segments right and others wrong (keyed by their text and
+"""Listen and retry (studio/audio/listen.py, engine/longtake.py's check, studio/projects/jobs.py): a fake ASR with the
+interface of studio/audio/asr.py's `Transcriber` hears some segments right and others wrong (keyed by their text and
 seed), so the segments heard wrong are generated again, the best attempt kept, and every attempt's seed and
 WER lands in the recipe, which makes the same audio again with no retry. With ASR off: a note, no retry.
 
@@ -25,16 +25,16 @@ from engine.longtake import LongTake
 from engine.prompt import Prompt, VoiceRef
 from engine.tokenizer import SPECIAL
 from engine.types import Chunk, SamplingParams
-from studio.asr import Transcriber
-from studio.listen import Listener, wer, words
-from studio.longform import regenerate_segment, segment_rows, start_long
+from studio.audio.asr import Transcriber
+from studio.audio.listen import Listener, wer, words
+from studio.takes.longform import regenerate_segment, segment_rows
 from studio.projects import importing
 from studio.projects.importing import Limits
 from studio.projects.jobs import JobRunner
 from studio.projects.library import Projects
 from studio.projects.recipes import anchor_of_render
 from studio.projects.store import Store, as_stored
-from studio.service import StudioService, SynthesisRequest
+from studio.takes.service import StudioService, Order
 from tests.fakes import FakeEngine
 from tests.test_projects import wait
 
@@ -90,7 +90,7 @@ class SpeakingEngine(FakeEngine):
 
 
 class FakeTranscriber(Transcriber):
-    """studio/asr.py's `Transcriber` (the same class, so the same methods and return shapes) over a fake of
+    """studio/audio/asr.py's `Transcriber` (the same class, so the same methods and return shapes) over a fake of
     transformers' ASR pipeline: it hears the take the engine made, word for word, except for the (text, seed)
     pairs in `wrong`, whose first n words it mishears."""
 
@@ -141,8 +141,9 @@ def test_the_wer_is_jiwer_s_over_normalised_words():
 
 
 def _start(service, listener, seed=1000):
-    request = SynthesisRequest(text="\n\n".join(PARAGRAPHS), params=SamplingParams(seed=seed), source="ui")
-    handle = start_long(service, request, pieces=True, normalize=False, listener=listener)
+    request = Order(text="\n\n".join(PARAGRAPHS), params=SamplingParams(seed=seed), door="ui", long=True,
+                    normalize=False, listen=True)
+    handle = service.start(request, pieces=True, listener=listener)
     pieces = list(handle.stream())
     return handle, pieces[-1][0]
 

@@ -230,7 +230,7 @@ def test_the_public_page_generates_within_limits_and_cannot_touch_the_library(pu
     assert message["success"], message
     args[2] = voice_id  # the owner's voice is private until shared: neither listed nor usable
     assert "Owner Voice" not in json.dumps(run_event(visitor, by_name["refresh_lists"], [])[1]["output"])
-    assert "No saved voice" in refused(run_event(visitor, generate, args)[1])
+    assert "No voice called" in refused(run_event(visitor, generate, args)[1])
     assert httpx.patch(f"{url}/v1/audio/voices/{voice_id}", headers=BEARER, json={"shared": True}).status_code == 200
     assert "Owner Voice" in json.dumps(run_event(visitor, by_name["refresh_lists"], [])[1]["output"])
     status, message = run_event(visitor, generate, args)
@@ -255,33 +255,32 @@ def test_the_public_page_generates_within_limits_and_cannot_touch_the_library(pu
 
 
 def test_public_limits_hold_visitors_only():
-    from engine.types import SamplingParams
-    from studio.access import PUBLIC_MAX_FRAMES, Access
-    from studio.service import SynthesisRequest
+    from engine.delay import default_max_frames
+    from engine.types import PUBLIC_MAX_FRAMES, SamplingParams
+    from studio.api.access import Access
+    from studio.takes.limits import TakeLimits
 
     class Visitor:
         username, headers = None, {}
 
-    from engine.delay import default_max_frames
-
-    access = Access(KEY, public_page=True)
-    short = access.limit_public(SynthesisRequest(text="Hello."), Visitor())
-    long = access.limit_public(SynthesisRequest(text="Words and more words. " * 45), Visitor())
-    assert short.params.max_frames == default_max_frames("Hello.") < PUBLIC_MAX_FRAMES  # "auto" as for the owner...
-    assert default_max_frames(long.text) > PUBLIC_MAX_FRAMES == long.params.max_frames  # ...capped to the limit
+    access, limits = Access(KEY, public_page=True), TakeLimits()
+    visitor = access.page_caller(Visitor())
+    short = limits.hold(SamplingParams(), "Hello.", visitor)
+    words = "Words and more words. " * 45
+    assert short.max_frames == default_max_frames("Hello.") < PUBLIC_MAX_FRAMES  # "auto" as for the owner...
+    assert default_max_frames(words) > PUBLIC_MAX_FRAMES == limits.hold(SamplingParams(), words, visitor).max_frames
     with pytest.raises(ValueError, match="up to 1000 characters"):
-        access.limit_public(SynthesisRequest(text="a" * 1001), Visitor())
+        limits.check_text("a" * 1001, visitor)
     owner = Visitor()
     owner.headers = {"authorization": BEARER["Authorization"]}  # as gr.Request gives them: lower case
-    unlimited = SynthesisRequest(text="a" * 4000, params=SamplingParams(max_frames=8000))
-    assert access.limit_public(unlimited, owner).params.max_frames == 8000
-    keyless = SynthesisRequest(text="a" * 4000)
-    assert Access(None).limit_public(keyless, Visitor()).params.max_frames is None  # no key: all are the owner
+    unlimited = SamplingParams(max_frames=8000)
+    assert access.page_caller(owner).owner and limits.hold(unlimited, "a" * 4000, access.page_caller(owner)) is unlimited
+    assert Access(None).page_caller(Visitor()).owner  # no key: all are the owner
 
 
 def test_the_page_needs_a_login_unless_it_is_public(monkeypatch):
     import app
-    from studio.access import Access
+    from studio.api.access import Access
 
     monkeypatch.delenv("SPACE_ID", raising=False)
     monkeypatch.delenv("HIGGS_PUBLIC_PAGE", raising=False)
@@ -518,7 +517,7 @@ def test_a_failing_header_cancels_the_take_and_frees_the_queue(monkeypatch):
     from fastapi import FastAPI
 
     from studio import api
-    from studio.service import StudioService
+    from studio.takes.service import StudioService
 
     service = StudioService(ScriptedEngine())
     app = FastAPI()

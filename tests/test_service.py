@@ -11,16 +11,16 @@ import numpy as np
 import pytest
 
 from engine.types import SamplingParams, SpeechEngine
-from studio.service import Queued, ServiceBusy, StudioService, SynthesisRequest
+from studio.takes.service import Queued, ServiceBusy, StudioService, Order
 from tests.fakes import FakeEngine
 
 SAMPLING = {f.name for f in fields(SamplingParams)}
 
 
-def request(**kw) -> SynthesisRequest:
-    """A request from flat keywords: the sampling ones go into its `params`."""
+def request(**kw) -> Order:
+    """An order from flat keywords: the sampling ones go into its `params`."""
     params = SamplingParams.of(**{k: kw.pop(k) for k in list(kw) if k in SAMPLING})
-    return SynthesisRequest(params=params, **kw)
+    return Order(params=params, **kw)
 
 
 @dataclass
@@ -97,13 +97,13 @@ def test_stream_yields_chunks_and_records_take(svc):
 
 def test_random_seed_is_drawn_and_recorded(svc):
     handle, _ = run(svc, text="Hi.")
-    assert handle.request.params.seed is None  # the request stays as asked; the handle holds the seed drawn
+    assert handle.order.params.seed is None  # the request stays as asked; the handle holds the seed drawn
     assert 0 <= handle.seed < 2 ** 31 and svc.history[-1].seed == handle.seed == svc.engine.calls[-1]["seed"]
 
 
 def test_stream_takes_a_request_and_passes_the_params_whole(svc):
     params = SamplingParams(temperature=0.3, top_k=5, top_p=0.9, seed=7, max_frames=2, repeat_guard=None)
-    chunks = list(svc.stream(SynthesisRequest(text="Hi.", params=params)))
+    chunks = list(svc.stream(Order(text="Hi.", params=params)))
     assert chunks[-1].final and {k: v for k, v in svc.engine.calls[-1].items() if k not in ("text", "voice")} == \
         params.as_dict()
     assert svc.history[-1].settings == {"temperature": 0.3, "top_k": 5, "top_p": 0.9, "max_frames": 2,
@@ -112,17 +112,17 @@ def test_stream_takes_a_request_and_passes_the_params_whole(svc):
 
 @pytest.mark.parametrize("kw, match", [
     (dict(text="  "), "empty"),
-    (dict(text="x" * 5000), "limit"),
+    (dict(text="x" * 100_001), "limit"),
     (dict(text="a", temperature=3), "temperature"),
     (dict(text="a", top_p=0), "top_p"),
     (dict(text="a", top_k=-1), "top_k"),
     (dict(text="a", seed=-4), "seed"),
     (dict(text="a", max_frames=0), "max_frames"),
     (dict(text="a", max_frames=8193), "max_frames"),
-    (dict(text="a", voice_id="Ann", ref_audio=(np.ones(10), 24000)), "not both"),
-    (dict(text="a", ref_audio=(np.zeros(0), 24000)), "reference clip"),
+    (dict(text="a", voice="Ann", clip=(np.ones(10), 24000)), "not both"),
+    (dict(text="a", clip=(np.zeros(0), 24000)), "reference clip"),
     (dict(text="a", style="nonexistent"), "Unknown style"),
-    (dict(text="a", voice_id="Bob"), "No saved voice"),
+    (dict(text="a", voice="Bob"), "No saved voice"),
 ])
 def test_validation_errors(svc, kw, match):
     with pytest.raises(ValueError, match=match):
@@ -140,7 +140,7 @@ def test_style_preset_and_raw_prefix_and_lint(svc):
 
 
 def test_saved_voice_by_name_uses_cached_ref_and_default_style(svc):
-    run(svc, text="Hello.", voice_id="Ann")
+    run(svc, text="Hello.", voice="Ann")
     call = svc.engine.calls[-1]
     assert call["voice"] == ("cached", "voice_abc")
     assert call["text"].startswith("<|emotion:contentment|>")  # the voice's default style
@@ -148,7 +148,7 @@ def test_saved_voice_by_name_uses_cached_ref_and_default_style(svc):
 
 
 def test_one_off_reference_clip_is_encoded(svc):
-    run(svc, text="Hello.", ref_audio=(np.ones(2400, np.float32), 24000), ref_text="Hi")
+    run(svc, text="Hello.", clip=(np.ones(2400, np.float32), 24000), clip_text="Hi")
     assert svc.engine.calls[-1]["voice"] == ("ref", 2400, 24000, "Hi")
 
 
@@ -244,7 +244,7 @@ def test_stop_cancels_one_take_and_the_take_beside_it_goes_on():
     svc = StudioService(FakeEngine(frames=60, delay=0.01, max_batch=2), None, None)
     stopped, kept = svc.start(request(text="stopped.", seed=1)), svc.start(request(text="kept.", seed=2))
     got: dict[str, list] = {"stopped.": [], "kept.": []}
-    threads = [threading.Thread(target=lambda h=h: got[h.request.text].extend(h.stream())) for h in (stopped, kept)]
+    threads = [threading.Thread(target=lambda h=h: got[h.order.text].extend(h.stream())) for h in (stopped, kept)]
     for t in threads:
         t.start()
     while len(got["stopped."]) < 3 or len(got["kept."]) < 3:
@@ -321,7 +321,7 @@ def test_variants_take_the_seeds_after_the_takes_own(svc):
     first = svc.start(request(text="Hi.", temperature=0.5))
     others = svc.variants(first, 3)
     assert [h.seed for h in others] == [first.seed + 1, first.seed + 2]
-    assert all(h.params.temperature == 0.5 and h.request.text == "Hi." for h in others)
+    assert all(h.params.temperature == 0.5 and h.order.text == "Hi." for h in others)
     assert svc.variants(svc.start(request(text="Hi.", seed=2 ** 63 - 1)), 2)[0].seed == 0  # wraps in 63 bits
     for bad in (0, 5, True):
         with pytest.raises(ValueError, match="Takes"):

@@ -102,7 +102,7 @@ def test_a_preset_voice_generates_and_the_api_lists_it(preset_folder, tmp_path):
     from engine.demo import demo_checkpoint
     from studio import api
     from engine.types import SamplingParams
-    from studio.service import StudioService, SynthesisRequest
+    from studio.takes.service import StudioService, Order
 
     engine = Engine.load(demo_checkpoint(), device="cpu", precision="fp32")
     encode = CountingEncoder()
@@ -110,7 +110,7 @@ def test_a_preset_voice_generates_and_the_api_lists_it(preset_folder, tmp_path):
                            presets=PresetVoices(preset_folder, encode=encode, cache_root=tmp_path / "cache"))
     service = StudioService(engine, catalog)
     try:
-        take = service.synthesize(SynthesisRequest(text="Hi.", voice_id="Ann", params=SamplingParams(seed=1, max_frames=6)))
+        take = service.synthesize(Order(text="Hi.", voice="Ann", params=SamplingParams(seed=1, max_frames=6)))
         assert take.voice_name == "Ann" and take.audio.size > 0
         assert encode.calls == 2  # generation used the cached codes
         app = FastAPI()
@@ -119,7 +119,7 @@ def test_a_preset_voice_generates_and_the_api_lists_it(preset_folder, tmp_path):
             listed = client.get("/v1/audio/voices").json()["voices"]
             assert [(v["name"], v["preset"]) for v in listed if "alias" not in v] == [
                 ("Default (zero-shot)", False), ("Ann", True), ("Bob", True)]
-            # OpenAI's first names speak with the preset voices (studio/aliases.py).
+            # OpenAI's first names speak with the preset voices (studio/voices/aliases.py).
             assert [v["name"] for v in listed if "alias" in v][:2] == ["alloy (Ann)", "ash (Bob)"]
             gone = client.delete(f"/v1/audio/voices/{catalog.get('Ann').id}")
             assert gone.status_code == 403 and "read-only" in gone.text

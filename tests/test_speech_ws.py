@@ -25,11 +25,12 @@ from engine.config import SAMPLE_RATE
 from engine.longform import SENTENCE_PAUSE, plan
 from engine.longtake import LongTake
 from studio import api
-from studio.access import Access
+from studio.takes.limits import TakeLimits
+from studio.api.access import Access
 from studio.api import stream as speech_ws
-from studio.formats import to_pcm16
-from studio.sentences import SentenceBuffer, SentenceFeed
-from studio.service import StudioService
+from studio.audio.formats import to_pcm16
+from studio.takes.sentences import SentenceBuffer, SentenceFeed
+from studio.takes.service import StudioService
 from studio.voices import VoiceLibrary
 from tests.fakes import AsrPipeline
 
@@ -50,11 +51,12 @@ def studio(tmp_path_factory):
     from engine import Engine
     from engine.demo import demo_checkpoint
 
-    service = StudioService(Engine.load(demo_checkpoint(), device="cpu"), VoiceLibrary(tmp_path_factory.mktemp("v")))
+    service = StudioService(Engine.load(demo_checkpoint(), device="cpu"), VoiceLibrary(tmp_path_factory.mktemp("v")),
+                            limits=TakeLimits(public_max_chars=40))  # a visitor's (the public app's) limit
     keyed, open_app, public = FastAPI(), FastAPI(), FastAPI()
     api.register(keyed, service, api_key=KEY, page_tokens=lambda token: token == "PAGE-TOKEN")
     api.register(open_app, service)
-    api.register(public, service, access=Access(KEY, public_page=True, public_max_chars=40),
+    api.register(public, service, access=Access(KEY, public_page=True),
                  page_tokens=lambda token: token == "PAGE-TOKEN")
     yield service, TestClient(keyed), TestClient(open_app), TestClient(public)
     service.close()
@@ -148,7 +150,7 @@ def test_a_sentence_cut_into_pieces_shows_each_piece_once():
 
 def test_a_take_waiting_for_text_holds_no_slot_and_takes_its_turn_again():
     """`Job.turn(wait=...)`: with one slot, a take waiting for its next text lets another take run meanwhile."""
-    from studio.gpu_queue import GpuQueue
+    from studio.takes.gpu_queue import GpuQueue
 
     line, text, order = GpuQueue(1), threading.Event(), []
 
@@ -256,8 +258,8 @@ def test_flush_speaks_what_is_buffered_and_timestamps_mark_each_sentence_end(stu
 
 
 def scripted_app(service, answers, *, listen: bool = False) -> TestClient:
-    from studio.asr import Transcriber
-    from studio.listen import Listener
+    from studio.audio.asr import Transcriber
+    from studio.audio.listen import Listener
 
     asr = Transcriber("fake", make_pipeline=lambda model, device: AsrPipeline(answers))
     app = FastAPI()
@@ -325,8 +327,8 @@ def test_opus_comes_as_ogg_pages_of_the_same_take(studio):
 def test_closing_mid_way_cancels_the_take_at_the_next_step(studio, monkeypatch):
     service, client, *_ = studio
     handles = []
-    start = speech_ws.start_open_long
-    monkeypatch.setattr(speech_ws, "start_open_long", lambda *a, **k: handles.append(start(*a, **k)) or handles[-1])
+    start = service.start_open
+    monkeypatch.setattr(service, "start_open", lambda *a, **k: handles.append(start(*a, **k)) or handles[-1])
     with client.websocket_connect(speech_ws.ROUTE, headers=dict(AUTH)) as ws:
         ws.send_json({"seed": SEED, "max_frames": 1500})  # a minute of audio: far from done when closed
         assert ws.receive_json()["type"] == "ready"
@@ -411,7 +413,7 @@ def test_the_pages_type_as_you_go_script_streams_through_this_route_into_the_liv
     """Without a browser: the toggle's script (served from studio/static/) opens this route, sends the page's
     token in its config, and plays through the worklet processor live.js loads (tests/test_page.py checks the
     toggle is on the page with this script, and that it parses)."""
-    from studio import assets
+    from studio.views import assets
 
     script = assets.script("typeahead.js")
     assert f"'{speech_ws.ROUTE}'" in script and "token: live?.dataset.token" in script

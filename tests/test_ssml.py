@@ -15,8 +15,8 @@ from engine.config import SAMPLE_RATE
 from engine.longform import SENTENCE_PAUSE, model_pauses, plan, split_pauses
 from engine.longtake import LongTake
 from engine.ssml import MAX_DEPTH, MAX_SSML_CHARS, from_ssml, is_ssml, read_text
-from studio.longform import wants_long_form
-from studio.service import StudioService, SynthesisRequest
+from studio.takes.prepare import is_long
+from studio.takes.service import StudioService, Order
 from tests.fakes import FakeEngine
 
 
@@ -115,7 +115,7 @@ def test_a_tiny_break_is_still_a_pause_and_never_read_aloud():
 def test_a_break_is_exactly_that_much_silence_in_the_take(tiny_checkpoint):
     engine = Engine.load(tiny_checkpoint, device="cpu", precision="fp32")
     text = read_text('<speak>The boat left at dawn.<break time="1.5s"/>The sea was calm.</speak>').text
-    assert wants_long_form(text)
+    assert is_long(text)
     segments = plan(text, normalize=False)
     assert [s.pause_after for s in segments] == [1.5, 0.0]
     take = LongTake(engine, segments, seeds=[3, 4], max_frames=4)
@@ -126,11 +126,11 @@ def test_a_break_is_exactly_that_much_silence_in_the_take(tiny_checkpoint):
     assert np.any(audio[end - 200:end]) and np.any(audio[start:start + 200])  # speech either side, faded
 
 
-def test_a_single_take_speaks_pauses_as_the_models_tags_and_says_so():
+def test_a_pause_is_exact_silence_in_a_long_take_whatever_the_door():
+    """One rule for every door (studio/takes/prepare.py): a text with a pause is a long take, whose join puts
+    exactly that much silence; the model's own pause tags are left to texts that ask for them."""
     service = StudioService(FakeEngine())
-    handle = service.start(SynthesisRequest(text="<speak>Wait <break time='2s'/> now <foo>x</foo></speak>"))
-    for _ in handle.stream():
-        pass
-    assert handle.take.prompt_text == "Wait <|prosody:long_pause|> now x"
-    assert any("<foo>" in w for w in handle.warnings) and any("not exact silence" in w for w in handle.warnings)
+    plan = service.plan(Order(text="<speak>Wait <break time='2s'/> now <foo>x</foo></speak>"))
+    assert plan.long and [s.pause_after for s in plan.segments] == [2.0, 0.0]
+    assert any("<foo>" in w for w in plan.warnings)
     assert model_pauses("a [pause 0.3s] b") == "a <|prosody:pause|> b"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from studio import render
+from studio.views import render
 from tests.studio_server import need_ffmpeg
 
 gradio_client = pytest.importorskip("gradio_client")

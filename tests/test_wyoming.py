@@ -1,4 +1,4 @@
-"""The Wyoming server (studio/wyoming.py) driven by the `wyoming` package's own client over TCP on localhost,
+"""The Wyoming server (studio/api/wyoming.py) driven by the `wyoming` package's own client over TCP on localhost,
 against a StudioService on the demo engine in this process: the voice list, one-shot and streamed takes
 (their samples equal to the same takes made through the service with the same seeds), two clients at once,
 bad requests, and a client that goes away."""
@@ -18,11 +18,11 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 
 from engine.config import SAMPLE_RATE
 from engine.types import SamplingParams
-from studio.formats import to_pcm16
-from studio.sentences import SentenceBuffer
-from studio.service import StudioService, SynthesisRequest
+from studio.audio.formats import to_pcm16
+from studio.takes.sentences import SentenceBuffer
+from studio.takes.service import StudioService, Order
 from studio.voices import VoiceLibrary
-from studio.wyoming import LANGUAGES, WYOMING, WyomingServer
+from studio.api.wyoming import LANGUAGES, WYOMING, WyomingServer
 from tests.fakes import add_voices
 from tests.studio_server import free_port
 
@@ -75,7 +75,7 @@ def pcm_of(events) -> np.ndarray:
 def alone(service, server, text: str, voice_id=None, index: int = 0) -> np.ndarray:
     """The same take made straight through the service (sentence `index` of a stream has seed 7 + index): what
     the Wyoming answer must equal."""
-    request = SynthesisRequest(text=text, voice_id=voice_id, params=PARAMS.with_seed(SEED + index), caller=WYOMING)
+    request = Order(text=text, voice=voice_id, params=PARAMS.with_seed(SEED + index), caller=WYOMING)
     return to_pcm16(service.synthesize(request).audio)
 
 
@@ -149,13 +149,13 @@ def test_synthesize_streams_the_takes_samples(studio, voice):
 
 
 def test_a_text_longer_than_one_take_is_spoken_as_the_long_form(studio):
-    from studio.longform import stream_long, wants_long_form
+    from studio.takes.prepare import is_long
 
     service, _, port = studio
     text = "The tide came in over the flats, slow and grey, and the birds lifted off the sand. " * 6
-    assert wants_long_form(text)
-    request = SynthesisRequest(text=text, params=PARAMS, caller=WYOMING)
-    expected = to_pcm16(np.concatenate([c.audio for c in stream_long(service, request)]))
+    assert is_long(text)
+    request = Order(text=text, params=PARAMS, caller=WYOMING)
+    expected = to_pcm16(np.concatenate([c.audio for c in service.stream(request)]))
     events = speak(port, text, "default")
     assert [e.type for e in events][::len(events) - 1] == ["audio-start", "audio-stop"]
     assert expected.size and np.array_equal(pcm_of(events), expected)

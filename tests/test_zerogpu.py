@@ -1,4 +1,4 @@
-"""ZeroGPU (studio/zerogpu.py): the engine's GPU entry points are decorated with `spaces.GPU` and a duration
+"""ZeroGPU (studio/takes/zerogpu.py): the engine's GPU entry points are decorated with `spaces.GPU` and a duration
 that follows the request; nothing else touches CUDA; without ZeroGPU nothing changes.
 
 The platform cannot run here. A stand-in `spaces` module records what is decorated and, like ZeroGPU, lets
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from studio import zerogpu
+from studio.takes import zerogpu
 
 
 class FakeSpaces(types.ModuleType):
@@ -89,7 +89,7 @@ def test_the_real_spaces_package_off_zerogpu_returns_the_function_itself(monkeyp
 def test_gpu_entry_points_are_decorated_and_nothing_touches_cuda_at_load(zero, tmp_path):
     import app
     from engine.types import SamplingParams
-    from studio.service import StudioService, SynthesisRequest
+    from studio.takes.service import StudioService, Order
     from studio.voices import VoiceLibrary
     from studio.voices.catalog import VoiceCatalog
 
@@ -104,7 +104,7 @@ def test_gpu_entry_points_are_decorated_and_nothing_touches_cuda_at_load(zero, t
     service = StudioService(engine, VoiceCatalog(VoiceLibrary(tmp_path / "voices")))
     assert service.slots == 1 < engine._engine.info.max_batch  # one decorated call at a time
     try:
-        take = service.synthesize(SynthesisRequest(text="Hello there.", params=SamplingParams(seed=1, max_frames=8)))
+        take = service.synthesize(Order(text="Hello there.", params=SamplingParams(seed=1, max_frames=8)))
         assert take.audio.size > 0
         clip = np.sin(np.arange(24000) / 7.0).astype(np.float32) * 0.3
         service.save_voice(clip, 24000, name="Mine", transcript="", consent=True)

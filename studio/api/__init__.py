@@ -6,7 +6,7 @@ adds `POST /v1/audio/speech`, its text-streaming WebSocket `/v1/audio/speech/str
 voice routes `GET|POST /v1/audio/voices`, `GET|PATCH|DELETE
 /v1/audio/voices/{id}`, `GET /v1/audio/styles`, the pronunciation dictionary's `GET|PUT /v1/dictionary`,
 `GET /v1/models` and `GET /health` (docs/API.md has the
-fields and examples). Routes only: they validate, translate the request into a `SynthesisRequest`, and format
+fields and examples). Routes only: they validate, translate the request into an `Order` (studio/takes/order.py), and format
 what `StudioService` yields. Generation, queueing and voice storage happen in the service and the library.
 
 | module | what it holds |
@@ -27,7 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.routing import Mount
 
-from studio.access import Access
+from studio.api.access import Access
 from studio.api.dictionary import DictionaryRoutes
 from studio.api.model import MAX_UPLOAD_BYTES, MODEL_IDS, REQUEST_TIMEOUT_S, Routes, api_error
 from studio.api.projects import ProjectRoutes
@@ -35,9 +35,9 @@ from studio.api.speech import SpeechRoutes
 from studio.api.stream import ROUTE as STREAM_ROUTE
 from studio.api.stream import SpeechStream
 from studio.api.voices import VoiceRoutes
-from studio.formats import available_formats
-from studio.listen import Listener
-from studio.longform import MAX_LONG_INPUT_CHARS
+from studio.audio.formats import available_formats
+from studio.audio.listen import Listener
+from studio.takes.limits import MAX_INPUT_CHARS
 
 
 class _InfoRoutes(Routes):
@@ -62,13 +62,13 @@ class _InfoRoutes(Routes):
 
 
 def register(app: FastAPI, service, *, api_key: str | None = None, access: Access | None = None,
-             request_timeout: float = REQUEST_TIMEOUT_S, max_input_chars: int = MAX_LONG_INPUT_CHARS,
+             request_timeout: float = REQUEST_TIMEOUT_S, max_input_chars: int = MAX_INPUT_CHARS,
              transcriber=None, projects=None, runner=None, page_tokens=None, listener=None) -> None:
     """Add the HTTP API to `app` (the FastAPI app that serves the Gradio studio). With `api_key` (or an
     `access` that holds it), every `/v1/*` route needs `Authorization: Bearer <api_key>`; `/health` stays
     open for load balancers. Without a key, writes from other sites are refused (`Access.cross_site_refusal`).
     With `projects` (studio/projects/library.py) and its `runner` (jobs.py), the projects' routes too.
-    `page_tokens(token) -> bool` (studio/live.py `LivePlayer.check_token`) lets the page's own script open the
+    `page_tokens(token) -> bool` (studio/views/live.py `LivePlayer.check_token`) lets the page's own script open the
     speech WebSocket, which browsers cannot give an Authorization header."""
     access = access or Access(api_key)
     listener = listener if listener is not None else Listener(None)  # off, and says why, to a take that asks

@@ -1,4 +1,4 @@
-"""The owner's pronunciation dictionary over HTTP (studio/pronounce.py; docs/API.md has the fields):
+"""The owner's pronunciation dictionary over HTTP (studio/text/pronounce.py; docs/API.md has the fields):
 
 * `GET /v1/dictionary`: the rules as JSON (`?format=tsv` as a TSV file);
 * `PUT /v1/dictionary`: the whole dictionary replaced, sent as JSON (`{"rules": [...]}`), TSV
@@ -15,8 +15,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from studio.api.model import ApiError, Routes
-from studio.pronounce import MAX_FILE_BYTES, Dictionary, PronunciationError, from_pls, from_tsv, rules_json, to_tsv
-from studio.service import MAX_TEXT_CHARS
+from studio.takes.limits import MAX_TEXT_CHARS
+from studio.text.pronounce import MAX_FILE_BYTES, Dictionary, PronunciationError, from_pls, from_tsv, rules_json, to_tsv
 
 TSV_TYPES = ("text/tab-separated-values", "text/tsv", "text/plain")
 PLS_TYPES = ("application/pls+xml", "application/xml", "text/xml")

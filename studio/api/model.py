@@ -15,34 +15,28 @@ import base64
 import binascii
 import logging
 import re
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import anyio
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from engine.remote import RemoteError
-from engine.ssml import rate_tag
 from engine.types import DEFAULT_REPEAT_GUARD
-from studio.access import Access
-from studio.aliases import OPENAI_VOICES, Alias
-from studio.gpu_queue import ServiceBusy, ServiceClosed
-from studio.presets import check_style_prefix
-from studio.voices import VoiceNotFound
+from studio.api.access import Access
+from studio.takes.failure import Failure
+from studio.takes.order import DEFAULT_VOICE  # noqa: F401  (the API's "default" voice is the studio's)
+from studio.text.presets import check_style_prefix
 
 log = logging.getLogger("higgs.api")
 
 MODEL_IDS = ("higgs-audio-v3-tts", "higgs-tts-3")
-DEFAULT_VOICE = "default"
 MAX_UPLOAD_BYTES = 10 * 1024 * 1024  # reference clips: Boson's and SGLang-Omni's limit
 # A JSON speech body may carry a base64 clip (4/3 of 10 MB) beside the text; anything larger is refused
 # before it is parsed.
 MAX_JSON_BYTES = 16 * 1024 * 1024
 FORM_OVERHEAD = 64 * 1024  # multipart boundaries and the small text fields around the clip
 MB = 2 ** 20  # sizes are stated in MB of 2**20 bytes, as the docs state the limits
-SPEED_RANGE = (0.25, 4.0)
 REQUEST_TIMEOUT_S = 600.0
 
 # `speed` has no direct control in Higgs: it becomes one of the four prosody speed tags (engine/ssml.py
@@ -78,17 +72,17 @@ def api_error(exc: BaseException, what: str) -> ApiError:
     other failure is a bug or a fault: the client gets INTERNAL_ERROR, and only the log gets the exception."""
     if isinstance(exc, ApiError):
         return exc
-    if isinstance(exc, (ServiceBusy, ServiceClosed)):
-        return ApiError(503, str(exc), headers={"Retry-After": "5"})
-    if isinstance(exc, RemoteError):  # the --remote server refused or failed: its answer, as a 400 or a 502/503
-        status = exc.client_status
-        return ApiError(status, str(exc), headers={"Retry-After": "5"} if status == 503 else None)
     if isinstance(exc, ValidationError):
         return ApiError(422, validation_message(exc))
-    if isinstance(exc, ValueError) and not isinstance(exc, UnicodeError):  # a codec's error is not a sentence
-        return ApiError(400, str(exc))
-    log.error("%s failed", what, exc_info=exc)
-    return ApiError(500, INTERNAL_ERROR)
+    failure = Failure.of(exc, what)  # the studio's one mapping (studio/takes/failure.py), in the API's form
+    param = PARAMS.get(getattr(exc, "field", None) or "") or ("voice" if failure.code == "voice_not_found" else None)
+    return ApiError(failure.status, failure.message, param=param, code=failure.code if failure.kind == "user" else None,
+                    headers={"Retry-After": "5"} if failure.retry else None)
+
+
+# An order's fields (studio/takes/order.py) as the speech request names them.
+PARAMS = {"text": "input", "voice": "voice", "style": "instructions", "speed": "speed", "clip": "ref_audio",
+          "voices": "voices"}
 
 
 class SpeechRequest(BaseModel):
@@ -115,14 +109,14 @@ class SpeechRequest(BaseModel):
     voices: dict[str, str | None] | None = None  # long form: a script's speakers → saved voices (docs/API.md)
     ref_audio: str | None = None
     ref_text: str | None = None
-    clean: bool = False  # speak chat text: markdown, code, URLs and emoji removed first (studio/clean.py)
+    clean: bool = False  # speak chat text: markdown, code, URLs and emoji removed first (studio/text/clean.py)
     clean_actions: Literal["speak", "skip"] = "speak"  # with `clean`: `*actions*` spoken as words, or skipped
-    # A long input's segments checked by the studio's ASR and made again when heard wrong (studio/listen.py).
+    # A long input's segments checked by the studio's ASR and made again when heard wrong (studio/audio/listen.py).
     # Opt-in: a listening take makes its first segment whole before it streams, so its first audio comes later.
     listen: bool = False
     ssml: bool | None = None  # `input` is SSML: None decides by a leading <speak> (engine/ssml.py)
-    timestamps: Literal["sentence", "word"] | None = None  # captions with the audio (studio/captions.py)
-    # Loudness (studio/loudness.py): a target (podcast, audiobook, broadcast, off, or LUFS) under a true-peak
+    timestamps: Literal["sentence", "word"] | None = None  # captions with the audio (studio/audio/captions.py)
+    # Loudness (studio/audio/loudness.py): a target (podcast, audiobook, broadcast, off, or LUFS) under a true-peak
     # ceiling in dBTP. Normalising needs the whole take, so such a request is answered once it is complete.
     loudness: str | float | None = None
     true_peak: float = -1.0
@@ -162,14 +156,6 @@ def validation_message(exc: ValidationError) -> str:
     return "Invalid request: " + "; ".join(parts) + "."
 
 
-def speed_tag(speed: float) -> str:
-    """`speed` → the prosody tag that approximates it ('' for normal speed). Out of range → ValueError."""
-    lo, hi = SPEED_RANGE
-    if not lo <= speed <= hi:
-        raise ValueError(f"speed must be between {lo} and {hi} (got {speed:g}).")
-    return rate_tag(speed)
-
-
 def check_instructions(instructions: str) -> str:
     """Accept `instructions` made only of known sentence-level tags (a style prefix); refuse anything the
     model would read aloud."""
@@ -204,42 +190,6 @@ def decode_ref_audio(value: str) -> bytes:
         raise ApiError(413, f"`ref_audio` is {len(data) / MB:.1f} MB; the limit is {MAX_UPLOAD_BYTES // MB} MB.",
                        param="ref_audio")
     return data
-
-
-@dataclass
-class _Resolved:
-    voice: Any  # the saved `Voice`, or None for zero-shot
-    note: str | None = None
-    alias: Alias | None = None  # the alias `voice` named (its style applies when `instructions` has none)
-
-
-def resolve_voice(service, voice) -> _Resolved:
-    """`voice` as sent (a string, `{"id": ...}` or nothing) → a saved voice (through an alias such as
-    `alloy`, studio/aliases.py), or zero-shot, with a note."""
-    if isinstance(voice, dict):
-        key = voice.get("id")
-        if not isinstance(key, str) or not key:
-            raise ApiError(422, "`voice` as an object must be {\"id\": \"<voice id>\"}.", param="voice")
-        voice = key
-    if voice is None or not str(voice).strip() or str(voice).strip().lower() == DEFAULT_VOICE:
-        return _Resolved(None)
-    key = str(voice).strip()
-    try:
-        alias = service.resolve_alias(key)
-        if alias is not None:
-            return _Resolved(service.resolve_voice(alias.voice_id), alias=alias)
-    except VoiceNotFound as exc:
-        raise ApiError(404, str(exc), param="voice", code="voice_not_found") from None
-    if service.voices is not None:
-        try:
-            return _Resolved(service.voices.get(key))
-        except VoiceNotFound:
-            pass
-    if key.lower() in OPENAI_VOICES:
-        return _Resolved(None, f"'{key}' is an OpenAI voice name and no saved voice has it: used the default "
-                               f"(zero-shot) voice")
-    raise ApiError(404, f"No voice {key!r}. GET /v1/audio/voices lists the saved voices; omit `voice` (or send "
-                        f"\"default\") for the zero-shot voice.", param="voice", code="voice_not_found")
 
 
 MAX_HEADER_CHARS = 1000

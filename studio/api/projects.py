@@ -14,11 +14,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.formparsers import MultiPartException
 
-from studio.admission import OWNER
 from studio.api.model import FORM_OVERHEAD, ApiError, Routes
 from studio.projects import importing
 from studio.projects.export import Export, chapter_export, export, levelled, wav
 from studio.projects.store import ProjectNotFound
+from studio.takes.admission import OWNER
 
 CREATE_FIELDS = ("title", "author", "language", "text", "format", "settings")
 CAPTION_TYPES = {"srt": "application/x-subrip", "vtt": "text/vtt"}
@@ -30,7 +30,7 @@ class ProjectRoutes(Routes):
     def __init__(self, service, access, limiter, *, projects, runner, transcriber=None):
         super().__init__(service, access, limiter)
         self.projects, self.runner = projects, runner
-        self.transcriber = transcriber  # word times inside a segment for captions (studio/asr.py); None: estimated
+        self.transcriber = transcriber  # word times inside a segment for captions (studio/audio/asr.py); None: estimated
 
     async def _call(self, fn, *args):
         """`fn(*args)` in a thread, its ValueErrors as 400s and a missing project or job as a 404."""

@@ -20,7 +20,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from studio.api.model import ApiError, api_error
-from studio.take import TakeHandle
+from studio.takes.take import TakeHandle
 
 # nginx's "client closed request": the answer to a request whose client has gone, never delivered.
 CLIENT_CLOSED = 499

@@ -5,7 +5,7 @@
 (`StreamEncoder`) and out as it encodes; flac is encoded once the take is complete (a piped FLAC has no length,
 and soundfile cannot read it). A request never takes the server down: every failure becomes a JSON error, an
 in-band SSE error, or the end of an audio body whose headers are gone. A long input or a script goes through
-the long form (studio/longform.py) and streams the same way.
+the long form (studio/takes/longform.py) and streams the same way.
 """
 
 from __future__ import annotations
@@ -29,10 +29,7 @@ from pydantic import ValidationError
 from engine.audio import load_audio
 from engine.config import SAMPLE_RATE
 from engine.generate import codes_sha256
-from engine.ssml import SPEED_TAGS, read_text
-from engine.tokenizer import strip_tags
 from engine.types import Metrics, SamplingParams
-from studio.aliases import Alias
 from studio.api.model import (
     MAX_JSON_BYTES,
     MODEL_IDS,
@@ -42,19 +39,26 @@ from studio.api.model import (
     api_error,
     decode_ref_audio,
     header_value,
-    resolve_voice,
-    speed_tag,
     validation_message,
 )
 from studio.api.run import CLIENT_CLOSED, TakeResponse, TakeRun
-from studio.captions import take_captions
-from studio.clean import clean_text
-from studio.formats import MIME, STREAM_FORMATS, FormatError, StreamEncoder, available_formats, encode_audio, to_pcm16
-from studio.longform import MAX_LONG_INPUT_CHARS, start_long, wants_long_form
-from studio.loudness import LoudnessMeter, check_ceiling, measure, normalize, resolve_target
-from studio.pronounce import Dictionary
-from studio.service import MAX_TEXT_CHARS, SynthesisRequest
-from studio.take import TakeHandle
+from studio.audio.captions import take_captions
+from studio.audio.formats import (
+    MIME,
+    STREAM_FORMATS,
+    FormatError,
+    StreamEncoder,
+    available_formats,
+    encode_audio,
+    to_pcm16,
+)
+from studio.audio.loudness import LoudnessMeter, check_ceiling, measure, normalize, resolve_target
+from studio.takes.admission import OWNER
+from studio.takes.limits import MAX_INPUT_CHARS
+from studio.takes.order import Order
+from studio.takes.prepare import lookup_voice
+from studio.takes.take import TakeHandle
+from studio.text.pronounce import Dictionary
 
 log = logging.getLogger("higgs.api")
 
@@ -89,12 +93,12 @@ class SpeechRoutes(Routes):
     """The speech route: the request checked and resolved, the take queued, the answer streamed."""
 
     def __init__(self, service, access, limiter, *, request_timeout: float,
-                 max_input_chars: int = MAX_LONG_INPUT_CHARS, transcriber=None, listener=None):
+                 max_input_chars: int = MAX_INPUT_CHARS, transcriber=None, listener=None):
         super().__init__(service, access, limiter)
-        self.listener = listener  # listen and retry for long inputs that ask `listen` (studio/listen.py; maybe off)
+        self.listener = listener  # listen and retry for long inputs that ask `listen` (studio/audio/listen.py; maybe off)
         self.request_timeout = request_timeout
         self.max_input_chars = max_input_chars  # a long input (or a script); one prompt takes MAX_TEXT_CHARS
-        self.transcriber = transcriber  # word times for `timestamps` (studio/asr.py); None: estimated
+        self.transcriber = transcriber  # word times for `timestamps` (studio/audio/asr.py); None: estimated
 
     async def speech(self, request: Request) -> Response:
         self.check_auth(request)
@@ -125,18 +129,18 @@ class SpeechRoutes(Routes):
         except ValueError as exc:
             raise ApiError(400, str(exc), param="loudness") from None
         level = None if target is None else (target, ceiling)
-        synth, notes, alias = await self.build_request(req)
+        order = await self.build_order(req)
         started = time.perf_counter()
         try:
-            handle = await self.in_thread(self._start, synth, req.voices, req.listen)
+            handle = await self.in_thread(lambda: self.service.start(order, listener=self.listener))
         except Exception as exc:
             raise api_error(exc, "starting a take") from None
+        alias = handle.plan.alias
         run = TakeRun(self, handle, request, timeout=self.request_timeout)
         first = await run.first()
         headers = metric_headers(first.metrics, handle.seed, final=first.final)
-        warnings = [*notes, *handle.warnings]
-        if warnings:
-            headers["X-Warnings"] = "; ".join(warnings)
+        if handle.warnings:
+            headers["X-Warnings"] = "; ".join(handle.warnings)
         if alias is not None:  # what an OpenAI voice name spoke with, for a client wondering
             headers["X-Voice-Alias"] = f"{alias.name}={alias.shown}"
         headers = {name: header_value(value) for name, value in headers.items()}
@@ -164,7 +168,7 @@ class SpeechRoutes(Routes):
         whether any is `estimated`, and the `timestamps_note` saying why (docs/API.md)."""
         if handle.take is None:
             return {"timestamps": [], "estimated": False, "timestamps_note": "the take was stopped"}
-        transcriber = self.service.transcriber_for(self.transcriber, handle.request.caller)  # in the caller's turn
+        transcriber = self.service.transcriber_for(self.transcriber, handle.order.caller)  # in the caller's turn
         found = await self.in_thread(lambda: take_captions(handle.take, level=level, transcriber=transcriber,
                                                            audio=audio))
         items = found.as_list()
@@ -173,99 +177,57 @@ class SpeechRoutes(Routes):
                 item["word"] = item["text"]  # Kokoro-FastAPI's name for it
         return {"timestamps": items, "estimated": found.estimated, "timestamps_note": found.note}
 
-    def _start(self, synth: SynthesisRequest, voices: dict | None, listen: bool = False) -> TakeHandle:
-        """The take's handle: a long input or a script (`voices`: its speakers' voices) goes through the long
-        form, generated segment by segment (studio/longform.py), listened to when it asks `listen`. A single
-        take has no segments to make again: `listen` says so in its warnings."""
-        if wants_long_form(synth.text, voices):
-            return start_long(self.service, synth, voices=voices or None, max_chars=self.max_input_chars,
-                              listener=self.listener if listen else None)
-        handle = self.service.start(synth)
-        if listen:
-            handle.warnings.append("`listen` checks the segments of a long input; this input is one take, "
-                                   "spoken as it is")
-        return handle
-
-    async def build_request(self, req: SpeechRequest) -> tuple[SynthesisRequest, list[str], Alias | None]:
-        """The take asked for, the notes for `X-Warnings`, and the alias `voice` named (if it named one)."""
+    async def build_order(self, req: SpeechRequest) -> Order:
+        """The speech request as the studio's order: the API's own fields translated (`input`, `instructions`,
+        `ref_audio`, a recipe's `dictionary`); everything else is checked by `prepare`, as at every door."""
         if not req.input.strip():
             raise ApiError(400, "`input` is empty: send the text to speak.", param="input")
-        # Limits count the characters sent, not what SSML or `clean` made of them; the larger one is checked
-        # before anything is parsed.
-        _check_length(req.input, self.max_input_chars)
-        try:
-            read = await self.in_thread(read_text, req.input, req.ssml)  # SSML → [pause] markers (engine/ssml.py)
-        except ValueError as exc:
-            raise ApiError(400, f"`input` is not SSML this server reads: {exc}", param="input",
-                           code="invalid_ssml") from None
-        text = read.text
-        if not text.strip():
-            raise ApiError(400, "`input` has no text to speak inside its SSML.", param="input")
-        if req.clean:
-            text = await self.in_thread(lambda: clean_text(text, actions=req.clean_actions))
-            if not strip_tags(text).strip():
-                raise ApiError(400, "`input` has nothing left to say once `clean` removed its markdown, code, URLs"
-                                    + (", emoji and *actions*" if req.clean_actions == "skip" else " and emoji")
-                                    + ". Send text with words in it, or send it without `clean`.",
-                               param="input", code="empty_after_clean")
-        long = wants_long_form(text, req.voices)
-        _check_length(req.input, self.max_input_chars if long else MAX_TEXT_CHARS)
+        _check_length(req.input, self.max_input_chars)  # before anything is parsed or decoded
         if req.response_format not in available_formats():
             raise ApiError(400, f"response_format {req.response_format!r} needs ffmpeg, which this server does not "
                                 f"have; ask for one of {', '.join(available_formats())}.", param="response_format")
-        notes: list[str] = list(read.warnings)
-        resolved = resolve_voice(self.service, req.voice)
-        if resolved.note:
-            notes.append(resolved.note)
-        if resolved.voice is not None and req.ref_audio:
-            raise ApiError(400, "Send either `voice` (a saved voice) or `ref_audio` (a one-off clone), not both.",
-                           param="ref_audio")
         style = self.instructions_style(req.instructions)
-        if style is None and resolved.alias is not None:
-            style = resolved.alias.style
-        if style is None and resolved.voice is not None:  # the saved voice's default style, as in the studio
-            style = resolved.voice.style or None
-        preset = self.service.presets.get(style) if style and self.service.presets is not None else None
-        try:
-            tag = speed_tag(float(req.speed))
-        except ValueError as exc:
-            raise ApiError(400, str(exc), param="speed") from None
-        if tag:
-            try:
-                prefix = self.service.resolve_style(style)
-            except ValueError as exc:
-                raise ApiError(400, str(exc), param="instructions") from None
-            replaced = [t for t in SPEED_TAGS if t in prefix]
-            for t in replaced:  # an explicit `speed` wins over the style's own speed tag
-                prefix = prefix.replace(t, "")
-            style = prefix + tag
-            notes.append(f"speed {req.speed:g} -> {tag}" + (f" (instead of {replaced[0]})" if replaced else ""))
-        ref_audio = None
+        clip = None
         if req.ref_audio:
             data = decode_ref_audio(req.ref_audio)
             try:
-                ref_audio = await self.in_thread(load_audio, data)
+                clip = await self.in_thread(load_audio, data)
             except ValueError as exc:
                 raise ApiError(400, f"`ref_audio` could not be read as audio: {exc}", param="ref_audio") from None
+        voice = req.voice
+        if isinstance(voice, dict):
+            voice = voice.get("id")
+            if not isinstance(voice, str) or not voice:
+                raise ApiError(422, "`voice` as an object must be {\"id\": \"<voice id>\"}.", param="voice")
         temperature = req.temperature
-        if temperature is None and preset is not None:
-            temperature = preset.temperature  # the preset's suggestion (None: none), as the studio page applies it
+        if temperature is None:  # a style preset's suggestion (None: none), as the studio page applies it
+            temperature = self._preset_temperature(style, voice)
         options = {"temperature": temperature, "top_p": req.top_p, "top_k": req.top_k}
         try:
             params = SamplingParams.of(seed=req.seed, repeat_guard=req.repeat_guard,
                                        max_frames=req.max_frames if req.max_frames is not None else req.max_new_tokens,
                                        **{name: value for name, value in options.items() if value is not None})
-            rules = None if req.dictionary is None else await self.in_thread(Dictionary.from_json, req.dictionary)  # a recipe's
-            synth = SynthesisRequest(text=text, voice_id=resolved.voice.id if resolved.voice else None,
-                                     style=style, params=params, ref_audio=ref_audio, ref_text=req.ref_text,
-                                     source="api", ssml=False, dictionary=rules)  # read above
-            # A long input is checked segment by segment when it is planned; here only its settings are.
-            (dataclasses.replace(synth, text="x") if long else synth).validate()
-            if style is not None:
-                self.service.resolve_style(style)
+            rules = None if req.dictionary is None else await self.in_thread(Dictionary.from_json, req.dictionary)
         except ValueError as exc:
             raise ApiError(400, str(exc)) from None
-        return synth, notes, resolved.alias
+        return Order(text=req.input, voice=voice, style=style, speed=req.speed if req.speed != 1.0 else None,
+                     params=params, clip=clip, clip_text=req.ref_text, voices=req.voices or None, clean=req.clean,
+                     clean_actions=req.clean_actions, ssml=req.ssml, dictionary=rules, listen=bool(req.listen),
+                     door="api")
+
+    def _preset_temperature(self, style: str | None, voice) -> float | None:
+        """The temperature the style preset suggests: the request's style, else its voice's (or alias's)."""
+        presets = self.service.presets
+        if presets is None:
+            return None
+        if style is None and isinstance(voice, str) and voice.strip():
+            try:
+                record, alias, _ = lookup_voice(self.service, voice, OWNER)
+            except ValueError:
+                return None  # prepare says why
+            style = alias.style if alias is not None and alias.style else (record.style if record else None)
+        preset = presets.get(style) if style else None
+        return preset.temperature if preset is not None else None
 
     async def _encoded(self, run: TakeRun, first, fmt: str) -> AsyncIterator[tuple[bytes, Any]]:
         """`(bytes of fmt, the chunk they came from)` as the take is decoded (one of STREAMED_FORMATS); the

@@ -12,26 +12,26 @@
     ← {"type": "done", "samples": 96000, "seconds": 4.0, "sentences": 3, "seed": 7, "ttfa_ms": 81.5}
     ← {"type": "error", "message": "a sentence", "code": "..."}              bad message: the stream goes on
 
-The stream is one open long take (engine/longtake.py `more=`, studio/longform.py `start_open_long`): sentences
-are found by the long form's rules as the text arrives (studio/sentences.py), each is planned and generated as
+The stream is one open long take (engine/longtake.py `more=`, studio/takes/run.py, an open plan): sentences
+are found by the long form's rules as the text arrives (studio/takes/sentences.py), each is planned and generated as
 soon as it is complete, from the same anchor as a long take's segments (the first sentence's voice, or the
 saved voice), with seed + i and the planned pause between them. So the audio is exactly the long take of those
 sentences; when text comes faster than speech, each sentence is generated while the one before is played.
 
 `"listen": true` has the studio's ASR check each sentence and make it again with the next seed when heard wrong
-(studio/listen.py): each sentence is then made whole before it streams, so audio starts a sentence later.
+(studio/audio/listen.py): each sentence is then made whole before it streams, so audio starts a sentence later.
 `"timestamps": "word"` times each sentence's words (seconds from the stream's first sample) by the studio's
 ASR, in the stream's turn in the GPU line, once the sentence's audio is sent, or estimates them from character
 share and says so (`estimated`, `note`); every `words` event comes before `done`.
 
 Who may connect: the key rule of `/v1` (`Authorization: Bearer <key>` when the studio has one), or the page's
-token (studio/live.py) in the config's `token`, as browsers cannot set headers on a WebSocket. A keyless
+token (studio/views/live.py) in the config's `token`, as browsers cannot set headers on a WebSocket. A keyless
 studio refuses other sites' pages (the cross-site rule, docs/SECURITY.md). Every stream takes its turns as the
 caller `WEBSOCKET` (an owner's caller of its own, so the page's takes and the streams alternate), a public
 page's visitor as that visitor; a stream waiting for text holds no slot. Closing the socket cancels the take
 at the engine's next step.
 
-What one address may hold (studio/admission.py): MAX_OPEN_STREAMS_PER_VISITOR streams open, waiting for text or
+What one address may hold (studio/takes/admission.py): MAX_OPEN_STREAMS_PER_VISITOR streams open, waiting for text or
 speaking (the key holder's count only towards MAX_OPEN_STREAMS); one more is told why and closed with 1013 (try
 again later). A stream starts its take, and the take's threads, with its first text, and one with nothing sent
 either way for STREAM_IDLE_S is closed with 1001 and the reason. Each message is read off the event loop.
@@ -53,18 +53,25 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from engine.config import SAMPLE_RATE
 from engine.types import DEFAULT_REPEAT_GUARD, SamplingParams
-from studio.access import Access, check_limits, visitor
-from studio.admission import STREAM_IDLE_S, Caller, OpenStreams, Refused
-from studio.api.model import DEFAULT_VOICE, validation_message
-from studio.api.ws_frames import (MAX_MESSAGE_CHARS, POLICY_VIOLATION, TRY_AGAIN_LATER, close_idle, receive_json,
-                                   send_error, send_event)
-from studio.captions import captions
-from studio.formats import StreamEncoder, to_pcm16
-from studio.gpu_queue import ServiceBusy, ServiceClosed
-from studio.longform import MAX_LONG_INPUT_CHARS, start_open_long
-from studio.sentences import SentenceFeed
-from studio.service import SynthesisRequest
-from studio.take import LoopTake
+from studio.api.access import Access, visitor
+from studio.api.model import validation_message
+from studio.api.ws_frames import (
+    MAX_MESSAGE_CHARS,
+    POLICY_VIOLATION,
+    TRY_AGAIN_LATER,
+    close_idle,
+    receive_json,
+    send_error,
+    send_event,
+)
+from studio.audio.captions import captions
+from studio.audio.formats import StreamEncoder, to_pcm16
+from studio.takes.admission import STREAM_IDLE_S, Caller, OpenStreams, Refused
+from studio.takes.gpu_queue import ServiceBusy, ServiceClosed
+from studio.takes.limits import MAX_INPUT_CHARS
+from studio.takes.order import Order
+from studio.takes.sentences import SentenceFeed
+from studio.takes.take import LoopTake
 
 log = logging.getLogger("higgs.ws")
 
@@ -92,20 +99,20 @@ class StreamConfig(BaseModel):
     # event per sentence (the studio's ASR, or estimated)
     timestamps: bool | Literal["sentence", "word"] = False
     listen: bool = False  # check each sentence with the studio's ASR, make it again when heard wrong
-    token: str | None = None  # the page's token (studio/live.py) when no Authorization header can be sent
+    token: str | None = None  # the page's token (studio/views/live.py) when no Authorization header can be sent
 
 
 class SpeechStream:
     """The route's handler: who the socket is, its config, then the text in and the take out."""
 
     def __init__(self, service, access: Access, *, page_tokens: Callable[[str | None], bool] | None = None,
-                 max_chars: int = MAX_LONG_INPUT_CHARS, transcriber=None, listener=None,
+                 max_chars: int = MAX_INPUT_CHARS, transcriber=None, listener=None,
                  streams: OpenStreams | None = None, idle_s: float = STREAM_IDLE_S):
         self.service, self.access, self.page_tokens, self.max_chars = service, access, page_tokens, max_chars
         self.streams = streams or OpenStreams()  # the open streams, per address
         self.idle_s = idle_s
-        self.transcriber = transcriber  # word times for `"timestamps": "word"` (studio/asr.py); None: estimated
-        self.listener = listener  # `"listen": true` (studio/listen.py; register's is off, and says so, without ASR)
+        self.transcriber = transcriber  # word times for `"timestamps": "word"` (studio/audio/asr.py); None: estimated
+        self.listener = listener  # `"listen": true` (studio/audio/listen.py; register's is off, and says so, without ASR)
 
     async def __call__(self, ws: WebSocket) -> None:
         refusal = self.access.cross_site_refusal(ws.headers.get("origin"), ws.headers.get("host"))
@@ -153,7 +160,7 @@ class SpeechStream:
                     await send_error(ws, str(exc), "bad_request")
                     continue
                 break
-            words = self.service.transcriber_for(self.transcriber, handle.request.caller)  # None: estimated
+            words = self.service.transcriber_for(self.transcriber, handle.order.caller)  # None: estimated
             await _Session(ws, feed, handle, config, notes=notes, words=words, idle_s=self.idle_s).run()
         except WebSocketDisconnect:
             return
@@ -185,23 +192,12 @@ class SpeechStream:
         params = SamplingParams.of(**fields)
         if self.access.api_key is not None and self.access.public_page and not keyed:  # a public page's visitor
             caller = visitor(ws.headers, ws.client.host if ws.client else None, fallback=config.token or "")
-            limit = self.access.public_max_chars
-            if params.max_frames is not None:  # else each sentence's own cap, which a ≤ 20 s sentence keeps under
-                params = check_limits(params, self.access, "")
-        voice_id, style = config.voice, config.style
-        if voice_id is not None and voice_id.strip().lower() in ("", DEFAULT_VOICE):
-            voice_id = None
-        alias = self.service.resolve_alias(voice_id, caller) if voice_id else None
-        if alias is not None:
-            voice_id, style = alias.voice_id, style if style is not None else alias.style
-        request = SynthesisRequest(text="", voice_id=voice_id, style=style, params=params, caller=caller,
-                                   source="ws")
+            limit = self.service.limits.public_max_chars
+        order = Order(text="", voice=config.voice, style=config.style, params=params, caller=caller,
+                      listen=bool(config.listen), door="ws")
         feed = SentenceFeed(normalize=config.normalize, language=config.language, limit=limit)
-        listener, notes = self.listener if config.listen else None, []
-        if listener is not None and listener.off_note is not None:
-            notes.append(listener.off_note)
-            listener = None
-        return feed, start_open_long(self.service, request, feed, listener=listener), notes
+        handle = self.service.start_open(order, feed, listener=self.listener)
+        return feed, handle, list(handle.warnings)
 
 
 class _Session:

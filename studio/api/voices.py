@@ -16,7 +16,7 @@ from starlette.formparsers import MultiPartException
 
 from engine.audio import ReferenceAudioError, load_audio
 from studio.api.model import DEFAULT_VOICE, FORM_OVERHEAD, MAX_UPLOAD_BYTES, MB, ApiError, Routes
-from studio.gpu_queue import ServiceBusy, ServiceClosed
+from studio.takes.gpu_queue import ServiceBusy, ServiceClosed
 from studio.voices import DEFAULT_CONSENT_STATEMENT, Consent, VoiceError, VoiceNotFound
 
 log = logging.getLogger("higgs.api")
@@ -71,7 +71,7 @@ def check_consent(value: str) -> str:
 
 
 class VoiceRoutes(Routes):
-    """The voice and style routes; `transcriber` (studio/asr.py) fills a voice's missing ref_text, as the page
+    """The voice and style routes; `transcriber` (studio/audio/asr.py) fills a voice's missing ref_text, as the page
     does."""
 
     def __init__(self, service, access, limiter, *, transcriber=None):

@@ -1,9 +1,9 @@
 """A project's audio out of the studio: one chapter or the whole book as WAV, FLAC or MP3, the book as an
 M4B audiobook (AAC in MP4 with a chapter marker at each chapter's first sample, title, author and cover),
 or a ZIP of chapter MP3s with a manifest of the recipes that made them; the ACX preset (`acx`: one 192 kbps CBR
-MP3 at 44.1 kHz per chapter with room tone, levelled for Audible, studio/acx.py) in a ZIP with each chapter's
+MP3 at 44.1 kHz per chapter with room tone, levelled for Audible, studio/audio/acx.py) in a ZIP with each chapter's
 ACX report; and, for any other format, each chapter levelled to a loudness target (`loudness=`,
-studio/loudness.py).
+studio/audio/loudness.py).
 
 Every export is a generator of bytes, so the HTTP API and the page stream it without holding a book in
 memory: chapters are read a block at a time from `ChapterAudio.blocks()` and fed to ffmpeg's stdin. MP3
@@ -34,9 +34,9 @@ from urllib.parse import quote
 import soundfile as sf
 
 from engine.config import SAMPLE_RATE
-from studio import acx
-from studio.formats import MIME, FormatError, encoder_args, pcm_input_command, to_pcm16
-from studio.loudness import DEFAULT_CEILING, check_ceiling, normalize, resolve_target
+from studio.audio import acx
+from studio.audio.formats import MIME, FormatError, encoder_args, pcm_input_command, to_pcm16
+from studio.audio.loudness import DEFAULT_CEILING, check_ceiling, normalize, resolve_target
 from studio.projects.types import BookMeta, ChapterAudio
 
 CHUNK = 256 * 1024  # bytes per piece of a streamed export
@@ -70,7 +70,7 @@ def export(chapters: Sequence[ChapterAudio], meta: BookMeta, fmt: str, *, chapte
            workdir: str | None = None, loudness=None, true_peak: float = DEFAULT_CEILING) -> Export:
     """The download for `fmt` (one of EXPORT_FORMATS). `chapter` (an index into `chapters`) picks one chapter
     for wav / flac / mp3 / acx; without it they hold the whole book in one file. m4b and zip are always the book.
-    `loudness` (a target of studio/loudness.py: a name, LUFS, or None / "off") levels each chapter to it under
+    `loudness` (a target of studio/audio/loudness.py: a name, LUFS, or None / "off") levels each chapter to it under
     `true_peak` dBTP. Temporary files go to `workdir` (the system's temp folder by default)."""
     fmt = _format(fmt)
     check_chapters(chapters)
@@ -123,7 +123,7 @@ def _one_file(chapters: Sequence[ChapterAudio], fmt: str, tags: dict[str, str], 
 
 def levelled(chapters: Sequence[ChapterAudio], fmt: str, loudness, true_peak: float = DEFAULT_CEILING
              ) -> list[ChapterAudio]:
-    """The chapters, each normalised to `loudness` (studio/loudness.py `normalize`: the gain to the target, a
+    """The chapters, each normalised to `loudness` (studio/audio/loudness.py `normalize`: the gain to the target, a
     limiter under `true_peak`) when their blocks are read; unchanged without a target. The ACX preset sets
     its own levels, so it takes none."""
     try:
@@ -256,7 +256,7 @@ def mp3_zip(chapters: Sequence[ChapterAudio], meta: BookMeta, *, workdir: str | 
 
 
 def acx_chapter(ch: ChapterAudio) -> acx.Export:
-    """One chapter through the ACX preset (studio/acx.py): room tone at the head and tail, levelled, 192 kbps
+    """One chapter through the ACX preset (studio/audio/acx.py): room tone at the head and tail, levelled, 192 kbps
     CBR MP3 at 44.1 kHz, and the ACX report of what was encoded."""
     try:
         return acx.export(ch.whole(), SAMPLE_RATE, "acx")

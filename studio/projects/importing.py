@@ -1,7 +1,7 @@
 """A book in: pasted text, a `.txt`, a `.md` (headings → chapters) or an `.epub` (ebooklib) → chapter drafts.
 
 Pure functions of the bytes, checked against `Limits` before anything is stored, so a refused file leaves
-nothing behind. An EPUB is a ZIP read through `studio.archive`: its directory is checked first (entry count,
+nothing behind. An EPUB is a ZIP read through `studio.files.archive`: its directory is checked first (entry count,
 names, compression ratio: a ZIP bomb is refused unread), then only its text files are inflated, each counted
 against a cap as it inflates, and the cover last. DRM (an `encryption.xml` over the text) is named as such;
 entity declarations and XML nested deeper than `MAX_XML_DEPTH` are refused. Chapters come from the spine in
@@ -20,8 +20,8 @@ from urllib.parse import unquote
 from ebooklib import ITEM_COVER, ITEM_DOCUMENT, ITEM_IMAGE, epub
 from lxml import etree, html
 
-from studio.archive import MB, Archive, ArchiveRefused, Caps
-from studio.clean import clean_text
+from studio.files.archive import MB, Archive, ArchiveRefused, Caps
+from studio.text.clean import clean_text
 
 MAX_PROJECT_CHARS = 2_000_000  # ~35 hours of speech: a long novel (--project-max-chars)
 MAX_CHAPTERS = 500  # --project-max-chapters

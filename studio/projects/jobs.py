@@ -7,14 +7,14 @@ studio's service, in turn with every other caller.
     runner.view(job.id)                    # state, done / total, measured RTF, ETA, error
     runner.pause(job.id); runner.resume(job.id); runner.cancel(job.id)
 
-A job is a caller of its own in the fair admission (studio/admission.py), counted in segments: each segment
+A job is a caller of its own in the fair admission (studio/takes/admission.py), counted in segments: each segment
 is one turn (`job.turn()` between segments), so a book never holds a slot while others wait. Its state is
 in the database and nothing it needs lives only in memory: after each segment the book's plan is read again
 (studio/projects/recipes.py), the anchor and the loudness reference come from their files, so a job resumed
 after a kill (or a closed tab: no browser holds it) renders exactly what it would have. A kill loses at most
 the segment in flight: its files are complete on disk before its row exists (studio/projects/store.py).
 
-Listen and retry (`listener`, studio/listen.py, on when the studio's ASR is): each segment is transcribed and
+Listen and retry (`listener`, studio/audio/listen.py, on when the studio's ASR is): each segment is transcribed and
 scored by its word error rate; above the threshold it is generated again with the next seed, and the best
 attempt kept, as a long take does (engine/longtake.py `again` / `best`). The render's recipe records every
 attempt's seed and WER and the kept seed (`recipe["listen"]`); the render row's seed is the kept one, so
@@ -36,12 +36,12 @@ from engine.delay import default_max_frames
 from engine.prompt import VoiceRef
 from engine.tokenizer import estimate_seconds
 from engine.types import SEED_LIMIT, SamplingParams
-from studio.admission import Caller
 from studio.projects.library import Projects
 from studio.projects.recipes import SAMPLING_FIELDS, Planned, anchor_identity, anchor_of_render
 from studio.projects.store import UNFINISHED, ProjectNotFound, as_stored
 from studio.projects.types import JobRow
-from studio.service import SynthesisRequest
+from studio.takes.admission import Caller
+from studio.takes.order import Order
 
 log = logging.getLogger("higgs.projects")
 
@@ -54,7 +54,7 @@ class JobRunner:
 
     def __init__(self, projects: Projects, service, *, listener=None):
         self.projects, self.store, self.service = projects, projects.store, service
-        self.listener = listener  # listen and retry (studio/listen.py); None: segments are not checked
+        self.listener = listener  # listen and retry (studio/audio/listen.py); None: segments are not checked
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -183,7 +183,7 @@ class JobRunner:
     def _run(self, job: JobRow) -> None:
         if not self.store.update_job(job.id, state="running", only_if=["queued"]):
             return
-        request = SynthesisRequest(text=f"project {job.project}", caller=CALLER, source="api")
+        request = Order(text=f"project {job.project}", caller=CALLER, door="project")
         handle = self.service.handle(request, SamplingParams(seed=0), [],
                                      lambda line_job, h: self._work(job.id, line_job, h))
         with self._lock:

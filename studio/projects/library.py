@@ -7,8 +7,8 @@ reads (`chapter_audio`, `book_meta`). Rendering is studio/projects/jobs.py; stat
     projects.patch(project.id, {"chapters": [{"index": 0, "title": "Prologue"}], "order": [1, 0]})
     projects.chapter_audio(project.id, 0)     # ChapterAudio, read from the segment files with the take's joins
     projects.chapter_pcm(project.id, 0)       # the same samples as one array (tests)
-    projects.captions(project.id, 0)          # studio.captions.Captions of a chapter (None: the whole book)
-    projects.acx(project.id, 0)               # the chapter's ACX report (studio/acx.py), cached by its renders
+    projects.captions(project.id, 0)          # studio.audio.captions.Captions of a chapter (None: the whole book)
+    projects.acx(project.id, 0)               # the chapter's ACX report (studio/audio/acx.py), cached by its renders
 
 A chapter is planned into segments when its text or the settings change (engine/longform.py, the long
 form's planner); each segment's key (studio/projects/recipes.py) says whether it is rendered. What the model
@@ -30,12 +30,12 @@ from engine.longform import plan
 from engine.normalize import AUTO
 from engine.tokenizer import estimate_seconds
 from engine.types import SEED_LIMIT, SamplingParams, new_seed
-from studio.acx import AcxReport
+from studio.audio.acx import AcxReport
 from studio.projects.importing import MAX_TITLE_CHARS, Book, Draft, Limits, checked
 from studio.projects.outputs import ChapterOutputs, chapter_index, pick
 from studio.projects.recipes import SAMPLING_FIELDS, Planned, checkpoint_identity, plan_book
 from studio.projects.store import Chapter, ProjectNotFound, SegmentRow, Store
-from studio.pronounce import Dictionary, digest, rules_json
+from studio.text.pronounce import Dictionary, digest, rules_json
 
 SETTINGS = ("voice", "voices", "style", "seed", "normalize", "temperature", "top_k", "top_p", "repeat_guard",
             "max_frames")
@@ -258,7 +258,7 @@ class Projects(ChapterOutputs):
 
     def _speller(self, project) -> Callable[[str, str | None], tuple[str, str]] | None:
         """`spoken(text, voice_id)` for the plan: (`text` as the model reads it, the fingerprint of the rules that
-        fired), from one pass of the service's `pronounce` (studio/service.py) with the owner's rules and
+        fired), from one pass of the service's `pronounce` (studio/takes/service.py) with the owner's rules and
         the project's, scoped to the voice's id and name and the project's language. None without rules."""
         own = self.dictionary(project)
         version = self.service.rules(own).version

@@ -12,8 +12,8 @@ import numpy as np
 
 from engine.config import SAMPLE_RATE
 from engine.joins import pause_samples, shape_segment, silence_blocks, speech_rms
-from studio.acx import AcxReport, acx_check
-from studio.captions import Captions, captions, shown_texts
+from studio.audio.acx import AcxReport, acx_check
+from studio.audio.captions import Captions, captions, shown_texts
 from studio.projects.recipes import Planned
 from studio.projects.store import Chapter
 from studio.projects.types import BookMeta, ChapterAudio
@@ -82,8 +82,8 @@ class ChapterOutputs:
                  level: str = "sentence", transcriber=None) -> Captions:
         """Chapter `index`'s captions (None: the whole book, every chapter not skipped, its times counted from the
         book's first sample as the M4B's chapters are). Each segment's cue starts at its first sample in the
-        chapter as `chapter_audio` joins it; times inside a segment are the `transcriber`'s (studio/asr.py)
-        when it is on, else estimated and marked (studio/captions.py). ValueError while a chapter is unrendered."""
+        chapter as `chapter_audio` joins it; times inside a segment are the `transcriber`'s (studio/audio/asr.py)
+        when it is on, else estimated and marked (studio/audio/captions.py). ValueError while a chapter is unrendered."""
         project, chapters, planned = self._read(project_id, owner)
         if index is not None:
             return self._chapter_captions(project, planned, pick(chapters, index), level, transcriber)[0]
@@ -115,7 +115,7 @@ class ChapterOutputs:
         return made, audio.samples, len(mine)
 
     def acx(self, project_id: str, index: int, owner: str | None = None) -> AcxReport:
-        """Chapter `index`'s ACX report (studio/acx.py `acx_check` of its samples as exported), kept under the
+        """Chapter `index`'s ACX report (studio/audio/acx.py `acx_check` of its samples as exported), kept under the
         keys its audio is made of, so it is measured once per render, not on every read."""
         project, chapters, planned = self._read(project_id, owner)
         return self._acx_report(project, planned, pick(chapters, index))

@@ -15,7 +15,7 @@ a previous step, so a job resumed after a kill reproduces what an uninterrupted 
 A segment's seed is the project's seed mixed with a hash of its text (not its position), so inserting a
 paragraph does not move the seeds of the others; a seed chosen by hand (regenerate) replaces it.
 
-The pronunciation dictionary (the owner's, then the project's: studio/pronounce.py) is applied here, when the
+The pronunciation dictionary (the owner's, then the project's: studio/text/pronounce.py) is applied here, when the
 book is planned, not when it is stored: a segment row keeps its normalised text, and `spoken(text, voice)`
 gives what the model reads and the fingerprint of the rules that fired on it. The key takes both, and the
 fingerprint only when a rule fires, so a changed rule gives new keys to exactly the segments holding its word

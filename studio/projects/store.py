@@ -28,7 +28,7 @@ import numpy as np
 import soundfile as sf
 
 from engine.config import SAMPLE_RATE
-from studio.durable import fsync_dir, write_file
+from studio.files.durable import fsync_dir, write_file
 from studio.projects.types import Chapter, JobRow, Project, Render, SegmentRow
 
 DB_NAME = "projects.sqlite3"

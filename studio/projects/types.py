@@ -48,7 +48,7 @@ class Project:
     cover_type: str | None
     created: float
     updated: float
-    # the project's pronunciation rules as JSON objects (studio/pronounce.py Rule.to_json)
+    # the project's pronunciation rules as JSON objects (studio/text/pronounce.py Rule.to_json)
     dictionary: list = field(default_factory=list)
 
 

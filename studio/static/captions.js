@@ -1,4 +1,4 @@
-// The cue list under a take's player (studio/captions.py captions_html): runs once when the list mounts, as
+// The cue list under a take's player (studio/audio/captions.py captions_html): runs once when the list mounts, as
 // the gr.HTML component's js_on_load (`element` is the component). The player shows the current cue itself
 // (gr.Audio's `subtitles`, in its subtitle display); this marks the same cue in the list, by the player's
 // <audio> time where it has one and otherwise by the text the display shows, and keeps it in view.

@@ -1,4 +1,4 @@
-// The live player (studio/live.py streams the take): runs once when the player panel mounts, as the gr.HTML
+// The live player (studio/views/live.py streams the take): runs once when the player panel mounts, as the gr.HTML
 // component's js_on_load. Generate's `js=` (CLICK_JS in studio/views/studio.py) hands the event's inputs to
 // `__hsLive.start`, which opens the stream and returns (a promise of) the inputs with the stream's live id in
 // the last slot, so the Gradio event follows the same take; Gradio awaits it, so the event is sent once the
@@ -7,7 +7,7 @@
 // are and the Gradio streaming player plays the take; Heard is then its first `playing` event.
 
 const RATE = 24000, PREBUFFER_S = 0.06, MAX_PREBUFFER_S = 0.48, FADE_S = 0.005, RELEASE_S = 2;
-const WORKLET_URL = '/studio/static/player-worklet.js';  // studio/assets.py serves this folder
+const WORKLET_URL = '/studio/static/player-worklet.js';  // studio/views/assets.py serves this folder
 const forced = new URLSearchParams(location.search).get('player') === 'gradio';
 const supported = !forced && typeof AudioWorkletNode === 'function' && typeof AudioContext === 'function'
   && typeof ReadableStream === 'function';
@@ -62,7 +62,7 @@ function showMetrics(t, m) {
 }
 
 // Where Heard went, in ms: the page's marks (t.marks, performance.now()) around the server's timeline (ms since
-// it got the request, studio/live.py `Timeline`) and the engine's TTFA. The server's share ends when its first
+// it got the request, studio/views/live.py `Timeline`) and the engine's TTFA. The server's share ends when its first
 // audio line is handed to the connection; `network` is what the fetch waited beyond that: both directions of
 // the connection, the server's HTTP layers and the browser's.
 function breakdown(t) {

@@ -1,4 +1,4 @@
-"""The page's views, one module per part of the page; `studio/page.py` assembles them into the Blocks.
+"""The page's views, one module per part of the page; `studio/views/page.py` assembles them into the Blocks.
 
     studio.py    the Studio tab: text, tags, style, voice, clone panel, sampling, and its events
     takes.py     the session's takes: live player, metrics, take, downloads, side-by-side takes, history

@@ -1,6 +1,6 @@
 """Captions under a take's player: the player shows the current cue (gr.Audio's `subtitles`), the list below
 marks it (studio/static/captions.js), and SRT / WebVTT downloads. Used by the Studio tab's take and the Long
-form tab's take; the cues themselves come from studio/captions.py."""
+form tab's take; the cues themselves come from studio/audio/captions.py."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import gradio as gr
 
-from studio import assets
-from studio.admission import OWNER, Caller
-from studio.captions import Captions, captions_html, take_captions
+from studio.audio.captions import Captions, captions_html, take_captions
+from studio.takes.admission import OWNER, Caller
+from studio.views import assets
 
 
 class CaptionsPanel:

@@ -1,6 +1,6 @@
 """The pronunciation dictionary's editor, a small accordion under the Studio tab: the owner's rules as an editable
 table, import (TSV, JSON, PLS) and export (TSV), and a sentence tried "as it will be spoken". Thin over
-studio/pronounce.py and the service's store; only the owner sees, changes or tries rules of their own (a visitor
+studio/text/pronounce.py and the service's store; only the owner sees, changes or tries rules of their own (a visitor
 tries a sentence with the saved rules at most: rules of one's own cost the server what they like).
 """
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from studio.pronounce import TSV_COLUMNS, Dictionary, Rule, merged, parse_file, to_tsv
+from studio.text.pronounce import TSV_COLUMNS, Dictionary, Rule, merged, parse_file, to_tsv
 from studio.views.toasts import warns
 
 OWNER_ONLY_TRIAL = ("Only the studio's owner can try rules of their own here. Log in with the studio's key, or use "

@@ -1,7 +1,7 @@
 """The "Long form" tab: a chapter or a script → its segment table (text, speaker, seed, seconds, status, and
-the word error rate of what the studio's ASR heard when listen and retry is on, studio/listen.py),
+the word error rate of what the studio's ASR heard when listen and retry is on, studio/audio/listen.py),
 generated as one take through the GPU queue, any row generated again (new seed or edited text) and the
-whole take re-assembled for download. Thin over studio/longform.py.
+whole take re-assembled for download. Thin over studio/takes/longform.py.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from pathlib import Path
 import gradio as gr
 
 from engine.config import SAMPLE_RATE
-from engine.longform import plan
 from engine.types import SamplingParams
-from studio import render
-from studio.access import OWNER_ONLY_LONG, Access
-from studio.acx import acx_check
-from studio.formats import write_audio
-from studio.longform import regenerate_segment, respell_segments, segment_rows, start_long
-from studio.loudness import measure
-from studio.service import ServiceBusy, SynthesisRequest
+from studio.api.access import OWNER_ONLY_LONG, Access
+from studio.audio.acx import acx_check
+from studio.audio.formats import write_audio
+from studio.audio.loudness import measure
+from studio.takes.longform import regenerate_segment, segment_rows
+from studio.takes.order import Order
+from studio.takes.service import ServiceBusy
+from studio.views import render
 from studio.views.captions import CaptionsPanel
 from studio.views.toasts import warns
 
@@ -53,7 +53,7 @@ class LongFormView:
     def __init__(self, service, out_dir: str | Path, access: Access | None = None, transcriber=None,
                  listener=None):
         self.service = service
-        self.listener = listener  # listen and retry (studio/listen.py); None: segments are not checked
+        self.listener = listener  # listen and retry (studio/audio/listen.py); None: segments are not checked
         self.out_dir = Path(out_dir)
         self.access = access or Access()  # long takes are beyond the public page's limits: the owner's
         self.captions = CaptionsPanel(self.out_dir, "long-take", transcriber=transcriber, service=service)
@@ -63,22 +63,25 @@ class LongFormView:
 
     # ------------------------------------------------------------------ handlers (plain functions)
 
+    def _order(self, text, voice, style, voices_map, normalize, seed=None) -> Order:
+        return Order(text=text or "", voice=voice or None, style=style or None, voices=parse_voices_map(voices_map),
+                     normalize=bool(normalize), long=True, listen=True, door="ui",
+                     params=SamplingParams.of(seed=None if seed is None or seed < 0 else int(seed)))
+
     def preview(self, text, style, voices_map, normalize):
         """The plan before generating: the segment table, the text as it will be spoken, the duration."""
-        segments = plan(text or "", style=self.service.resolve_style(style or None), normalize=bool(normalize),
-                        voices=parse_voices_map(voices_map))
-        segments = respell_segments(self.service, segments, lambda s: s.voice)
+        if not (text or "").strip():
+            return [], "", ""
+        segments = self.service.plan(self._order(text, None, style, voices_map, normalize)).segments
         rows = [[s.index + 1, s.speaker or "", s.text, "", round(s.seconds, 1), "planned", ""] for s in segments]
         seconds = sum(s.seconds + s.pause_after for s in segments)
         return rows, "\n\n".join(s.text for s in segments), f"{len(segments)} segments, about {seconds:.0f} s of speech"
 
     def generate(self, text, voice, style, voices_map, normalize, seed):
         """Generate the take; yields (take, rows, progress, file) as segments finish, the file at the end."""
-        request = SynthesisRequest(text=text or "", voice_id=voice or None, style=style or None, source="ui",
-                                   params=SamplingParams.of(seed=None if seed is None or seed < 0 else int(seed)))
+        handle = self.service.start(self._order(text, voice, style, voices_map, normalize, seed), pieces=True,
+                                    listener=self.listener)
         take, started = None, time.perf_counter()
-        handle = start_long(self.service, request, voices=parse_voices_map(voices_map), normalize=bool(normalize),
-                            pieces=True, listener=self.listener)
         try:
             for take, piece in handle.stream():
                 if piece.done > piece.segment:

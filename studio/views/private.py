@@ -17,7 +17,7 @@ import numpy as np
 from gradio.utils import get_upload_folder
 
 from engine.audio import load_audio
-from studio.access import visitor
+from studio.api.access import visitor
 from studio.views import GPU_QUEUE
 from studio.views.toasts import warns
 from studio.voices import Consent, VoiceError

@@ -18,14 +18,14 @@ from pathlib import Path
 import gradio as gr
 
 from engine.config import SAMPLE_RATE
-from studio.access import Access
-from studio.admission import OWNER
-from studio.formats import write_audio
-from studio.loudness import TARGETS
+from studio.api.access import Access
+from studio.audio.formats import write_audio
+from studio.audio.loudness import TARGETS
 from studio.projects import importing
 from studio.projects.export import EXPORT_FORMATS, chapter_export, export, levelled
-from studio.pronounce import from_tsv, rules_json, to_tsv
-from studio.render import acx_html
+from studio.takes.admission import OWNER
+from studio.text.pronounce import from_tsv, rules_json, to_tsv
+from studio.views.render import acx_html
 from studio.views.toasts import warns
 
 CHAPTER_HEADERS = ["#", "chapter", "state", "segments", "seconds"]
@@ -58,7 +58,7 @@ def segment_rows(chapter: dict | None) -> list[list]:
     if not chapter:
         return []
     # Seeds as text: they are 63-bit, more than a JavaScript number holds exactly. WER: what listen and retry
-    # heard (studio/listen.py), with the tries it took; "" when the segment was not listened to.
+    # heard (studio/audio/listen.py), with the tries it took; "" when the segment was not listened to.
     return [[s["index"] + 1, s["text"], "" if s.get("seed") is None else str(s["seed"]),
              round(s.get("seconds") or 0, 1), s["state"], _wer(s)] for s in chapter["segments"]]
 
@@ -111,7 +111,7 @@ class ProjectsView:
         self.projects, self.runner = projects, runner
         self.out_dir = Path(out_dir)
         self.access = access or Access()
-        self.transcriber = transcriber  # word times inside a segment for the captions (studio/asr.py)
+        self.transcriber = transcriber  # word times inside a segment for the captions (studio/audio/asr.py)
 
     # ------------------------------------------------------------------ reading the server's state
 

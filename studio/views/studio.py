@@ -16,10 +16,9 @@ from engine.types import (
     MAX_TOP_P,
     TOP_K_SLIDER_MAX,
 )
-from studio import assets, render
-from studio.live import CLIP_VOICE, NO_VOICE
-from studio.service import MAX_TAKES
-from studio.views import TAKES_QUEUE
+from studio.takes.service import MAX_TAKES
+from studio.views import TAKES_QUEUE, assets, render
+from studio.views.live import CLIP_VOICE, NO_VOICE
 from studio.views.takes import TakesView
 from studio.views.toasts import warns
 
@@ -38,7 +37,7 @@ class StudioView:
         self.page = page
         self.service = page.service
         self.access = page.access
-        self.transcriber = page.transcriber  # fills an empty transcript box when a clip arrives (studio/asr.py)
+        self.transcriber = page.transcriber  # fills an empty transcript box when a clip arrives (studio/audio/asr.py)
         self.takes = takes
 
     # ------------------------------------------------------------------ layout
@@ -75,7 +74,7 @@ class StudioView:
         self.estimate = gr.HTML(render.estimate_html(""), elem_id="estimate")
         with gr.Row():
             # Off by default: the text box is said as typed. On, text pasted from a chat is said as a person
-            # would read it aloud (studio/clean.py); the take records the cleaned text.
+            # would read it aloud (studio/text/clean.py); the take records the cleaned text.
             self.clean = gr.Checkbox(False, label="Clean chat text", scale=2, elem_id="clean",
                                      info="Skip markdown marks, code, links' addresses and emoji; tags are kept")
             self.clean_actions = gr.Radio([("Speak *actions*", "speak"), ("Skip *actions*", "skip")], value="speak",

@@ -18,14 +18,15 @@ import numpy as np
 
 from engine.audio import load_audio
 from engine.config import SAMPLE_RATE
-from studio import assets, render
-from studio.acx import acx_check
-from studio.formats import available_formats, to_pcm16, write_audio
-from studio.live import NO_VOICE, page_request
-from studio.loudness import DEFAULT_CEILING, TARGETS, normalize
-from studio.service import MAX_TAKES, Queued, ServiceBusy
-from studio.take import TakeHandle
+from studio.audio.acx import acx_check
+from studio.audio.formats import available_formats, to_pcm16, write_audio
+from studio.audio.loudness import DEFAULT_CEILING, TARGETS, normalize
+from studio.takes.failure import Failure
+from studio.takes.service import MAX_TAKES, Queued
+from studio.takes.take import TakeHandle
+from studio.views import assets, render
 from studio.views.captions import CaptionsPanel
+from studio.views.live import NO_VOICE, page_order
 from studio.views.toasts import warns
 
 log = logging.getLogger("higgs.studio")
@@ -59,7 +60,7 @@ class TakesView:
         self.live = gr.Audio(label="Live" if self.streaming else "Live (off: install ffmpeg to stream)",
                              streaming=self.streaming, autoplay=True, interactive=False, elem_id="live")
         self.metrics = gr.HTML(render.metrics_html(), label="Metrics", elem_id="metrics")
-        # The WebAudio player (studio/live.py); its session token is issued at every page load (studio/page.py).
+        # The WebAudio player (studio/views/live.py); its session token is issued at every page load (studio/views/page.py).
         self.live_panel = gr.HTML(render.live_player_html(""), js_on_load=assets.script("live.js"),
                                   elem_id="live-player")
         self.live_id = gr.Textbox("", visible=False, elem_id="live-id")  # set by CLICK_JS in WebAudio mode
@@ -136,7 +137,7 @@ class TakesView:
     # ------------------------------------------------------------------ files
 
     def take_file(self, take, fmt: str = "wav", loudness: str = "off") -> str:
-        """The take as a file in `fmt` at the `loudness` target (studio/loudness.py), written once; files of takes
+        """The take as a file in `fmt` at the `loudness` target (studio/audio/loudness.py), written once; files of takes
         the history has dropped are removed."""
         out_dir = self.page.out_dir
         level = "" if loudness in (None, "", "off") else f"-{loudness}"
@@ -162,7 +163,7 @@ class TakesView:
                  repeat_guard, takes_n, clean=False, clean_actions="speak", takes=None, live_id="",
                  request: gr.Request = None):
         """Stream a take into the live player and the metrics panel, then show the full take. With `live_id` the
-        browser's own player streams the take (studio/live.py, which applies the public limits) and this handler
+        browser's own player streams the take (studio/views/live.py, which applies the public limits) and this handler
         waits for it to end, so the take lands in the history, take player, downloads and recipe the same way.
         With `takes_n` > 1 the other takes (the next seeds, same settings) run beside it in the engine's batch
         and all of them are shown side by side once they end, each with a Keep button."""
@@ -174,13 +175,12 @@ class TakesView:
                 if handle is None:  # the take failed before it started; the live player says why
                     return
             else:
-                asked = page_request(text=text, style=style, voice=voice, clip=self._clip(clip), clip_text=clip_text,
-                                     temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                                     max_frames=max_frames, repeat_guard=repeat_guard, clean=clean,
-                                     clean_actions=clean_actions)
-                asked = dataclasses.replace(self.access.limit_public(asked, request),
-                                            caller=self.access.page_caller(request))
-                handle = self.service.start(asked)
+                order = page_order(text=text, style=style, voice=voice, clip=self._clip(clip), clip_text=clip_text,
+                                   temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                                   max_frames=max_frames, repeat_guard=repeat_guard, clean=clean,
+                                   clean_actions=clean_actions)
+                order = dataclasses.replace(order, caller=self.access.page_caller(request))
+                handle = self.service.start(order, record=True)
             others = self.service.variants(handle, int(takes_n or 1))
             with self._lock:
                 self._active[key], self._variants[key] = handle, others
@@ -191,13 +191,8 @@ class TakesView:
                 yield from self._stream(handle)
             for thread in running:
                 thread.join()
-        except ValueError as exc:  # bad request: text, settings, voice, style, reference clip
-            raise gr.Error(str(exc)) from None
-        except ServiceBusy as exc:
-            raise gr.Error(str(exc)) from None
-        except Exception as exc:
-            log.exception("generation failed")
-            raise gr.Error(f"Generation failed: {exc}") from None
+        except Exception as exc:  # a bad request, a busy line or a fault: the one sentence for it (a toast)
+            raise gr.Error(Failure.of(exc, "page take").message) from None
         finally:
             if handle is not None and not handle.finished.is_set():
                 for h in (handle, *others):

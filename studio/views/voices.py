@@ -9,9 +9,9 @@ from __future__ import annotations
 import gradio as gr
 
 from engine.audio import load_audio
-from studio.admission import OWNER
-from studio.live import NO_VOICE
+from studio.takes.admission import OWNER
 from studio.views import GPU_QUEUE
+from studio.views.live import NO_VOICE
 from studio.views.toasts import warns
 
 HEADERS = ["name", "id", "visitors", "style", "seconds", "transcript", "description"]

@@ -1,7 +1,7 @@
 """Voice bundles: the zip a library or a visitor exports and imports, one folder per voice
 (`<id>/voice.json`, `audio.wav`, `codes.npy` when encoded). Reading one trusts nothing, and holds no more than
 its caps: the directory's names, structure and voice count are checked before anything is inflated
-(`studio/archive.py` reads the members, counting what they inflate to), then each voice is read and checked
+(`studio/files/archive.py` reads the members, counting what they inflate to), then each voice is read and checked
 in turn (JSON, audio format, codes, content hash) before it is staged.
 """
 
@@ -20,10 +20,23 @@ import soundfile as sf
 
 from engine.audio import ReferenceAudioError
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
-from studio.archive import KB, MB, Archive, ArchiveRefused, Caps
-from studio.voices.model import (ID_RE, MAX_DESCRIPTION, MAX_REFERENCE_SECONDS, MAX_TRANSCRIPT, Consent, Staged,
-                                 VoiceError, VoiceImportError, check_codes, clean_name, clean_seed, clean_style,
-                                 clean_text, content_hash)
+from studio.files.archive import KB, MB, Archive, ArchiveRefused, Caps
+from studio.voices.model import (
+    ID_RE,
+    MAX_DESCRIPTION,
+    MAX_REFERENCE_SECONDS,
+    MAX_TRANSCRIPT,
+    Consent,
+    Staged,
+    VoiceError,
+    VoiceImportError,
+    check_codes,
+    clean_name,
+    clean_seed,
+    clean_style,
+    clean_text,
+    content_hash,
+)
 
 MAX_IMPORT_BYTES = 256 * MB  # the bundle file itself
 MAX_IMPORT_VOICES = 200  # voices in one library import

@@ -1,6 +1,6 @@
 """The voice library's durable writes: fsynced files renamed into place, the root's lock, and the staged
 all-or-nothing write of several voices with the sweep that finishes or removes one a crash interrupted.
-One-file writes and the file lock come from studio/durable.py.
+One-file writes and the file lock come from studio/files/durable.py.
 
     with root_lock(root).hold():
         replace_file(voice_dir, "voice.json", data)        # one file, atomically
@@ -27,7 +27,7 @@ import numpy as np
 import soundfile as sf
 
 from engine.config import SAMPLE_RATE
-from studio.durable import file_lock, fsync_dir, write_file
+from studio.files.durable import file_lock, fsync_dir, write_file
 from studio.voices.model import ID_RE
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from studio.archive import MB, size
+from studio.files.archive import MB, size
 from studio.voices.bundles import MAX_VOICE_INFLATED
 from studio.voices.private import MAX_PRIVATE_VOICES
 

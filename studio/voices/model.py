@@ -19,8 +19,8 @@ import soundfile as sf
 from engine.audio import prepare_reference
 from engine.config import FULL_SIZE, SAMPLE_RATE, SAMPLES_PER_FRAME
 from engine.types import SEED_LIMIT
-from studio.presets import check_style_prefix
 from studio.text import clean_line
+from studio.text.presets import check_style_prefix
 
 VOICE_FORMAT = "higgs-studio-voice/1"
 ID_RE = re.compile(r"v_[0-9a-f]{16,64}")

@@ -32,8 +32,8 @@ import soundfile as sf
 
 from engine.config import SAMPLE_RATE
 from studio.voices.bundles import bundle_zip, stage_bundle
-from studio.voices.model import Staged, VoiceError, VoiceNotFound, VoiceRecord, check_codes, record_json
 from studio.voices.disk import npy_bytes, wav_bytes
+from studio.voices.model import Staged, VoiceError, VoiceNotFound, VoiceRecord, check_codes, record_json
 
 HANDLE_PREFIX = "pv_"
 BROWSER_KEY = "higgs-studio-private-voices"  # the localStorage key

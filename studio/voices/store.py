@@ -37,12 +37,28 @@ import numpy as np
 import soundfile as sf
 
 from engine.config import SAMPLES_PER_FRAME
-from studio.durable import replace_file
+from studio.files.durable import replace_file
 from studio.voices.bundles import bundle_zip, stage_zip
 from studio.voices.disk import npy_bytes, remove, root_lock, sweep, wav_bytes, write_voices
-from studio.voices.model import (ID_RE, MAX_DESCRIPTION, MAX_TRANSCRIPT, Consent, Staged, Voice,
-                                 VoiceError, VoiceImportError, VoiceNotFound, check_codes, clean_name, clean_seed,
-                                 clean_style, clean_text, content_hash, record_json, stage_audio)
+from studio.voices.model import (
+    ID_RE,
+    MAX_DESCRIPTION,
+    MAX_TRANSCRIPT,
+    Consent,
+    Staged,
+    Voice,
+    VoiceError,
+    VoiceImportError,
+    VoiceNotFound,
+    check_codes,
+    clean_name,
+    clean_seed,
+    clean_style,
+    clean_text,
+    content_hash,
+    record_json,
+    stage_audio,
+)
 
 log = logging.getLogger(__name__)
 

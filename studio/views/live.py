@@ -30,7 +30,7 @@ Auth: the page token is an HMAC of its expiry time under a per-process secret, i
 loads. It proves a request comes from a page this server served, so with `--api-key` the route is not an
 open door to the engine for scripts: they get 401 unless they send the key, as on `/v1/*`. On a public page
 a token is any visitor's, so its takes are a visitor's: the public limits, and one fair share per client
-address however many tokens it holds (studio/access.py `visitor`, studio/admission.py).
+address however many tokens it holds (studio/api/access.py `visitor`, studio/takes/admission.py).
 """
 
 from __future__ import annotations
@@ -54,16 +54,15 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from engine.audio import load_audio
-from engine.tokenizer import strip_tags
 from engine.types import SamplingParams
-from studio.access import Access, visitor
-from studio.admission import OWNER
+from studio.api.access import Access, visitor
 from studio.api.model import FORM_OVERHEAD, MAX_UPLOAD_BYTES, MB
-from studio.clean import clean_text
-from studio.formats import to_pcm16
-from studio.gpu_queue import Queued, ServiceBusy, ServiceClosed
-from studio.service import StudioService, SynthesisRequest
-from studio.take import TakeHandle
+from studio.audio.formats import to_pcm16
+from studio.takes.failure import Failure
+from studio.takes.gpu_queue import Queued, ServiceBusy, ServiceClosed
+from studio.takes.order import Order
+from studio.takes.service import StudioService
+from studio.takes.take import TakeHandle
 
 ROUTE = "/studio/live"
 TOKEN_HEADER = "X-Studio-Token"
@@ -75,28 +74,20 @@ FORGET_AFTER_S = 300.0  # entries nobody claimed (the Gradio event never came) a
 LIVE_ID = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 
 
-def page_request(*, text, style, voice, clip, clip_text, temperature, top_p, top_k, seed, max_frames,
-                 repeat_guard, clean=False, clean_actions="speak") -> SynthesisRequest:
-    """The page's form values → a request (the same for the Gradio event and the live route). `clip` is
+def page_order(*, text, style, voice, clip, clip_text, temperature, top_p, top_k, seed, max_frames,
+               repeat_guard, clean=False, clean_actions="speak") -> Order:
+    """The page's form values → an order (the same for the Gradio event and the live route). `clip` is
     (samples, sample_rate) or None; seed < 0 means random, 0 frames means automatic, 0 guard means off;
-    `clean` speaks chat text (studio/clean.py: markdown, code, URLs and emoji removed; `clean_actions`
-    "speak" or "skip" for `*actions*`), and the take records the text as cleaned."""
-    if clean:
-        text = clean_text(text or "", actions=clean_actions or "speak")
-        if not strip_tags(text).strip():
-            raise ValueError("Nothing is left to say once the markdown, code, links and emoji are removed: turn "
-                             "\"Clean chat text\" off, or type some words.")
-    ref = None
-    if voice == CLIP_VOICE:
-        if clip is None:
-            raise ValueError("Voice is set to the reference clip, but no clip is loaded. Upload or record one.")
-        ref = clip
+    `clean` speaks chat text (studio/text/clean.py), and the take records the text as cleaned."""
+    if voice == CLIP_VOICE and clip is None:
+        raise ValueError("Voice is set to the reference clip, but no clip is loaded. Upload or record one.")
     params = SamplingParams.of(
         temperature=float(temperature), top_k=int(top_k), top_p=float(top_p),
         seed=None if seed is None or int(seed) < 0 else int(seed), max_frames=int(max_frames or 0) or None,
         repeat_guard=int(repeat_guard or 0) or None)
-    return SynthesisRequest(text=text or "", voice_id=voice if voice not in (NO_VOICE, CLIP_VOICE) else None,
-                            style=style or None, params=params, ref_audio=ref, ref_text=clip_text or None, source="ui")
+    return Order(text=text or "", voice=voice if voice not in (NO_VOICE, CLIP_VOICE) else None, style=style or None,
+                 params=params, clip=clip if voice == CLIP_VOICE else None, clip_text=clip_text or None,
+                 clean=bool(clean), clean_actions=clean_actions or "speak", door="ui")
 
 
 class Timeline:
@@ -225,7 +216,7 @@ class LivePlayer:
     # ------------------------------------------------------------------ the route
 
     def mount(self, app: FastAPI, *, access: Access | None = None) -> None:
-        """Add the route to Gradio's running FastAPI app (beside the HTTP API). `access` (studio/access.py)
+        """Add the route to Gradio's running FastAPI app (beside the HTTP API). `access` (studio/api/access.py)
         decides who is the owner: everyone else's takes are held to the public page's limits."""
         access = access or Access()
 
@@ -252,17 +243,15 @@ class LivePlayer:
             except ValueError as exc:
                 return JSONResponse({"error": str(exc)}, status_code=409)
             try:
-                synth = page_request(clip=clip, **{k: fields.get(k) for k in (
+                order = page_order(clip=clip, **{k: fields.get(k) for k in (
                     "text", "style", "voice", "clip_text", "temperature", "top_p", "top_k", "seed", "max_frames",
                     "repeat_guard", "clean", "clean_actions")})
-                synth.validate()
+                order.check()
                 # A page token proves the page was loaded, not who loaded it: on a public page that is any
                 # visitor, so only the key (or a page behind the owner's login) lifts the public limits.
                 if access.api_key is not None and access.public_page and not owner:
-                    synth = dataclasses.replace(access.limit_public(synth, None), caller=visitor(
+                    order = dataclasses.replace(order, caller=visitor(
                         request.headers, request.client.host if request.client else None, fallback=token))
-                else:
-                    synth = dataclasses.replace(synth, caller=OWNER)
             except (ValueError, TypeError) as exc:
                 message = str(exc) if isinstance(exc, ValueError) else "A setting is missing or not a number."
                 self._update(entry, error=message)
@@ -270,11 +259,12 @@ class LivePlayer:
                 return JSONResponse({"error": message}, status_code=400)
             timeline.mark("parsed")
             try:
-                handle = await run_in_threadpool(self.service.start, synth)  # reads the voice library
-            except ValueError as exc:  # a voice or style this caller may not use: the take fails in the stream
+                # prepared now (its limits, voice and style; a long text is one long take, recorded whole)
+                handle = await run_in_threadpool(lambda: self.service.start(order, record=True))
+            except ValueError as exc:  # a bad order: the take fails in the stream, where the page shows it once
                 entry.closed.set()
                 self._update(entry)
-                return StreamingResponse(iter([_line({"type": "error", "message": str(exc)})]),
+                return StreamingResponse(iter([_line({"type": "error", "message": Failure.of(exc).message})]),
                                          media_type="application/x-ndjson", headers={"Cache-Control": "no-store"})
             timeline.mark("ready")
             self._update(entry, handle=handle)
@@ -332,7 +322,7 @@ class LivePlayer:
                 try:
                     item = pending.result()
                 except (ValueError, ServiceBusy, ServiceClosed) as exc:
-                    yield _line({"type": "error", "message": str(exc)})
+                    yield _line({"type": "error", "message": Failure.of(exc).message})
                     return
                 pending = None
                 if item is end:
@@ -354,7 +344,7 @@ class LivePlayer:
                              "stop_reason": take.stop_reason, "metrics": dataclasses.asdict(take.metrics),
                              "warnings": list(handle.warnings), "timeline": timeline.marks})
         except Exception as exc:  # an engine failure: tell the page in-band, the status line is long gone
-            yield _line({"type": "error", "message": f"Generation failed: {exc}"})
+            yield _line({"type": "error", "message": Failure.of(exc, "live take").message})
         finally:
             if not handle.finished.is_set():
                 handle.cancel.set()

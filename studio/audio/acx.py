@@ -4,7 +4,7 @@
   ≤ −60 dB, room tone 0.5–1 s at the head and 1–5 s at the tail, each a pass/fail `Check` of an `AcxReport`
   (`render.acx_html` shows it). A project calls it with a chapter's float32 samples.
 * `export(audio, rate, "acx")`: the preset applied to one chapter: speech trimmed, room tone added at the
-  head and the tail, levelled to −20 dB RMS under −3.5 dBTP (studio/loudness.py), 192 kbps CBR MP3 at
+  head and the tail, levelled to −20 dB RMS under −3.5 dBTP (studio/audio/loudness.py), 192 kbps CBR MP3 at
   44.1 kHz through ffmpeg.
 """
 
@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from studio.formats import FormatError, ffmpeg_path, pcm_input_command, to_pcm16
-from studio.loudness import SILENCE_DB, level_to, rms_db, round_or_none, to_db, true_peak
+from studio.audio.formats import FormatError, ffmpeg_path, pcm_input_command, to_pcm16
+from studio.audio.loudness import SILENCE_DB, level_to, rms_db, round_or_none, to_db, true_peak
 
 ACX_RMS = (-23.0, -18.0)  # dB RMS
 ACX_PEAK = -3.0  # dB
@@ -96,7 +96,7 @@ def speech_bounds(audio: np.ndarray, rate: int, floor: float | None = None) -> t
 
 def acx_check(audio: np.ndarray, rate: int, *, peak_db: float | None = None) -> AcxReport:
     """ACX's rules for one chapter file, each a pass/fail `Check` (`report.failed` names the lines that fail).
-    `peak_db`: the true peak in dB when the caller has measured it already (studio/loudness.py `measure`)."""
+    `peak_db`: the true peak in dB when the caller has measured it already (studio/audio/loudness.py `measure`)."""
     audio = np.asarray(audio, dtype=np.float64).reshape(-1)
     seconds = audio.size / rate
     rms, floor = rms_db(audio), noise_floor_db(audio, rate)

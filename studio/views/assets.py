@@ -11,7 +11,7 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-STATIC_DIR = Path(__file__).resolve().parent / "static"
+STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
 ROUTE = "/studio/static"  # live.js names the worklet's address under it
 STYLESHEET = STATIC_DIR / "studio.css"
 

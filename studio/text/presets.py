@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from engine.tokenizer import CONTROL_TAGS, ControlTag
-from studio.durable import file_lock, replace_file
+from studio.files.durable import file_lock, replace_file
 from studio.text import clean_line
 
-BUILTIN_PATH = Path(__file__).resolve().parents[1] / "presets" / "styles.json"
+BUILTIN_PATH = Path(__file__).resolve().parents[2] / "presets" / "styles.json"
 STORE_FORMAT = "higgs-studio-presets/1"
 MAX_NAME = 48
 MAX_DESCRIPTION = 300

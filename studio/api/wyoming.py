@@ -13,14 +13,14 @@ What a connection may send, and what it gets:
 * `synthesize` → `audio-start`, `audio-chunk`s (PCM16, 24 kHz, mono) as the take is made, `audio-stop`; a text
   too long for one take goes through the long form, as on `/v1/audio/speech`;
 * `synthesize-start`, `synthesize-chunk`s, `synthesize-stop` → each sentence is spoken as soon as it is complete
-  (studio/sentences.py), in order, as one gapless audio stream (`audio-start` … `audio-stop`), then
+  (studio/takes/sentences.py), in order, as one gapless audio stream (`audio-start` … `audio-stop`), then
   `synthesize-stopped`. The next sentence's take starts while the current one is sent, so it is ready when the
   current one ends. The
   `synthesize` Home Assistant sends inside a stream, for servers that cannot stream, is ignored;
 * a bad request (unknown voice, empty text, the line full) → an `error` event with a sentence, then this
   connection is closed, as wyoming-piper does: Home Assistant waits for `audio-stop` and would otherwise hang.
   A client that goes away cancels its takes. Other connections are never touched;
-* an event whose header declares more data or payload than studio/wyoming_events.py allows is refused the same
+* an event whose header declares more data or payload than studio/api/wyoming_events.py allows is refused the same
   way before any of it is read, and a connection with no event for STREAM_IDLE_S while none of its takes runs
   hears why and is closed. Text is cut into sentences, and takes are checked, off the event loop;
 * past MAX_CONNECTIONS_PER_ADDRESS connections open from one address, or MAX_CONNECTIONS in all, a new one
@@ -54,15 +54,16 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 
 from engine.config import SAMPLE_RATE
 from engine.types import SEED_LIMIT, SamplingParams
-from studio.admission import STREAM_IDLE_S, Caller
 from studio.api.model import DEFAULT_VOICE
-from studio.formats import to_pcm16
-from studio.gpu_queue import ServiceBusy, ServiceClosed
-from studio.longform import start_long, wants_long_form
-from studio.sentences import SentenceBuffer
-from studio.service import StudioService, SynthesisRequest
-from studio.take import LoopTake, TakeHandle
-from studio.wyoming_events import BadEvent, read_event
+from studio.api.wyoming_events import BadEvent, read_event
+from studio.audio.formats import to_pcm16
+from studio.takes.admission import STREAM_IDLE_S, Caller
+from studio.takes.failure import Failure
+from studio.takes.order import Order, voice_named
+from studio.takes.prepare import lookup_voice
+from studio.takes.sentences import SentenceBuffer
+from studio.takes.service import StudioService
+from studio.takes.take import LoopTake, TakeHandle
 
 log = logging.getLogger("higgs.wyoming")
 
@@ -127,25 +128,21 @@ class WyomingServer:
         return Info(tts=[program])
 
     def voice_of(self, voice: SynthesizeVoice | None) -> str | None:
-        """The saved voice a request names (checked now: ValueError for an unknown one), or None for the
-        model's own voice. A request naming none gets the first voice listed."""
+        """The voice a request names as written, checked now (VoiceNotFound naming it for an unknown one), or
+        None for the model's own voice. A request naming none gets the first voice listed."""
         name = voice.name if voice is not None and voice.name else self.voice_names()[0]
-        if name.strip().lower() == DEFAULT_VOICE:
-            return None
-        return self.service.resolve_voice(name, self.caller).id
+        lookup_voice(self.service, name, self.caller)
+        return name if voice_named(name) else None
 
-    def request(self, text: str, voice_id: str | None, index: int = 0) -> SynthesisRequest:
+    def order(self, text: str, voice: str | None, index: int = 0) -> Order:
         params = self.params
         if params.seed is not None:
             params = params.with_seed((params.seed + index) % SEED_LIMIT)
-        return SynthesisRequest(text=text, voice_id=voice_id, params=params, caller=self.caller, source="wyoming")
+        return Order(text=text, voice=voice, params=params, caller=self.caller, door="wyoming")
 
-    def start_take(self, text: str, voice_id: str | None, index: int = 0) -> TakeHandle:
-        """A take's handle, validated now (ValueError with a sentence); a long text goes through the long form."""
-        request = self.request(text, voice_id, index)
-        if isinstance(text, str) and wants_long_form(text):
-            return start_long(self.service, request)
-        return self.service.start(request)
+    def start_take(self, text: str, voice: str | None, index: int = 0) -> TakeHandle:
+        """A take's handle, prepared now (ValueError with a sentence); a long text is one long take."""
+        return self.service.start(self.order(text, voice, index))
 
     # ---------------------------------------------------------------- the thread and the loop
     def start(self, timeout: float = 30.0) -> None:
@@ -217,7 +214,7 @@ class _Connection(AsyncEventHandler):
         self._takes: set[_Take] = set()
 
     async def run(self) -> None:
-        """The package's loop (`AsyncEventHandler.run`) over studio/wyoming_events.py `read_event`, which checks
+        """The package's loop (`AsyncEventHandler.run`) over studio/api/wyoming_events.py `read_event`, which checks
         an event's declared sizes before reading it; a refused event, or `idle_s` with no event while no take
         of this connection runs, is told to the client and ends the connection; so is a connection past the
         connection caps, before anything is read."""
@@ -375,17 +372,12 @@ class _Connection(AsyncEventHandler):
             feed.cancel()
 
     async def _fail(self, exc: Exception) -> None:
-        if isinstance(exc, (ServiceBusy, ServiceClosed)):
-            code, text = "busy", str(exc)
-        elif isinstance(exc, ValueError):  # VoiceNotFound, empty text, the limits: sentences for the user
-            code, text = "bad-request", str(exc)
-        elif isinstance(exc, (ConnectionError, OSError)):  # the client went away: nobody to tell
+        if isinstance(exc, (ConnectionError, OSError)) and not isinstance(exc, TimeoutError):  # the client left
             return
-        else:
-            log.exception("Wyoming request failed", exc_info=exc)
-            code, text = "failed", f"The take failed ({type(exc).__name__}: {exc})."
+        failure = Failure.of(exc, "Wyoming request")
+        code = {"user": "bad-request", "busy": "busy"}.get(failure.kind, "failed")
         try:
-            await self.write_event(Error(text=text, code=code).event())
+            await self.write_event(Error(text=failure.message, code=code).event())
         except (ConnectionError, OSError):
             pass
 

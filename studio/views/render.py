@@ -81,7 +81,7 @@ def typeahead_html() -> str:
 
 def live_player_html(token: str) -> str:
     """The live player panel: state, playhead, elapsed time and the browser-side numbers. `token` is the page
-    session token the live route checks (studio/live.py), read by `static/live.js`; a fresh one is issued at
+    session token the live route checks (studio/views/live.py), read by `static/live.js`; a fresh one is issued at
     every page load. `data-seed-bits` is how many bits a seed the browser draws has (engine.types)."""
     tiles = [("m-heard", "Heard", "ms"), ("live-ttfa", "TTFA", "ms"), ("live-net", "Heard − TTFA", "ms"),
              ("live-rtf", "RTF", ""), ("live-mem", "Peak memory", ""), ("live-underruns", "Underruns", "")]
@@ -109,7 +109,7 @@ def _bytes(n) -> str:
 def metrics_html(metrics: Metrics | None = None, *, state: str = "idle", seconds: float = 0.0,
                  warnings: list[str] | None = None, note: str = "", loudness=None) -> str:
     """The live metrics panel. Each value sits in an element with a stable id (`m-ttfa`, `m-rtf`, …);
-    `loudness` (studio/loudness.py) once the take is complete."""
+    `loudness` (studio/audio/loudness.py) once the take is complete."""
     g = (dataclasses.asdict(metrics) if metrics is not None else {}).get  # None: nothing measured yet
     mem_kind = (g("mem_kind") or "").upper() or "memory"
     reused, prompt = g("reused_tokens"), g("prompt_tokens")
@@ -193,7 +193,7 @@ def levels_line(loudness, report) -> str:
 
 
 def acx_html(report) -> str:
-    """An ACX report (studio/loudness.py) as a small table: each rule, what was measured, pass or fail
+    """An ACX report (studio/audio/loudness.py) as a small table: each rule, what was measured, pass or fail
     (rows `acx-<name>` with class `pass` / `fail`)."""
     rows = "".join(
         f'<tr id="acx-{_esc(c.name)}" class="{"pass" if c.passed else "fail"}"><td>{"✓" if c.passed else "✗"}</td>'
@@ -205,7 +205,7 @@ def acx_html(report) -> str:
 
 
 def aliases_md(aliases) -> str:
-    """The voice names chat clients send (`studio.aliases.Alias`es) and what each speaks with, as a table."""
+    """The voice names chat clients send (`studio.voices.aliases.Alias`es) and what each speaks with, as a table."""
     if not aliases:
         return "No voice names are set up for chat clients."
     intro = ("Chat clients (Open WebUI, SillyTavern, the OpenAI SDK) send OpenAI's voice names to "

@@ -1,4 +1,4 @@
-"""Loudness to a standard: measured and normalised (studio/acx.py checks it against ACX and exports it).
+"""Loudness to a standard: measured and normalised (studio/audio/acx.py checks it against ACX and exports it).
 
 * `measure(audio, rate)`: integrated loudness (ITU-R BS.1770-4 through `pyloudnorm`: K-weighting, 400 ms
   blocks, the −70 LUFS and relative gates) and the true peak (engine/peaks.py: 4× oversampled with a

@@ -1,6 +1,6 @@
 """A take: as it goes through the studio's line (`TakeHandle`), followed into an asyncio loop (`LoopTake`),
-and as the history keeps it (`Take`). studio/service.py makes them; the HTTP API, the WebSocket, Wyoming
-and the page follow them."""
+and as the history keeps it (`Take`). studio/takes/run.py makes the handles, studio/takes/service.py
+records the takes; every door follows them."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import numpy as np
 
 from engine.peaks import peak_ceiling
 from engine.types import Metrics, SamplingParams
-from studio.gpu_queue import GpuQueue, Job
-from studio.loudness import Loudness, measure
+from studio.audio.loudness import Loudness, measure
+from studio.takes.gpu_queue import GpuQueue, Job
 
 
 @dataclass
@@ -36,8 +36,8 @@ class Take:
     audio: np.ndarray
     sample_rate: int
     warnings: list[str]
-    source: str
-    pronunciations: tuple = ()  # the pronunciation rules that fired on its text (studio/pronounce.py Rule)
+    door: str  # where the take was asked: "ui", "api", "ws", "mcp", "wyoming", "project"
+    pronunciations: tuple = ()  # the pronunciation rules that fired on its text (studio/text/pronounce.py Rule)
     peak_cut_db: float = 0.0  # the deepest cut the true-peak ceiling made (engine/peaks.py; 0.0: none)
 
     @property
@@ -46,7 +46,7 @@ class Take:
 
     @functools.cached_property
     def loudness(self) -> Loudness:
-        """The take's levels as made (studio/loudness.py), measured when first asked for: by the page or
+        """The take's levels as made (studio/audio/loudness.py), measured when first asked for: by the page or
         the API, off the GPU line, not in the slot the take was made in."""
         return measure(self.audio, self.sample_rate)
 
@@ -65,15 +65,14 @@ class Take:
 
 
 class TakeHandle:
-    """One take on its way through the service: what was asked (`request`, the service's `SynthesisRequest`: this
-    module sits below studio/service.py and does not import it), the settings it runs with (`params`,
-    with its seed), the notes for the user (`warnings`), the `cancel` any thread may set, and the recorded `take`
-    once `finished` is set. `stream()` puts it in the line and yields what it makes; however the stream ends
+    """One take on its way through the line: what was asked (`order`, studio/takes/order.py) and its `plan`
+    (studio/takes/prepare.py), the settings it runs with (`params`, with its seed), the notes for the user
+    (`warnings`), the `cancel` any thread may set, and the recorded `take` once `finished` is set. `stream()` puts it in the line and yields what it makes; however the stream ends
     (the consumer stops early, fails or goes away), a take that has not finished is cancelled."""
 
-    def __init__(self, line: GpuQueue, request: Any, params: SamplingParams, warnings: list[str],
-                 work: Callable[[Job, TakeHandle], None]):
-        self.request, self.params, self.warnings = request, params, warnings
+    def __init__(self, line: GpuQueue, order: Any, params: SamplingParams, warnings: list[str],
+                 work: Callable[[Job, TakeHandle], None], *, plan: Any = None):
+        self.order, self.plan, self.params, self.warnings = order, plan, params, warnings
         self.cancel = threading.Event()
         self.finished = threading.Event()
         self.take: Any = None  # a Take (a LongTake for the page's long form) once finished
@@ -85,7 +84,7 @@ class TakeHandle:
 
     def stream(self, *, positions: bool = False) -> Iterator[Any]:
         try:
-            yield from self._line.run(lambda job: self._work(job, self), self.cancel, caller=self.request.caller,
+            yield from self._line.run(lambda job: self._work(job, self), self.cancel, caller=self.order.caller,
                                       positions=positions)
         finally:
             if not self.finished.is_set():

@@ -1,16 +1,17 @@
 """The studio's service layer: one engine, one line for the GPU, shared by the Gradio page and the HTTP API.
 
-`StudioService` owns policy only: request validation, voice and style resolution, fair admission to the
-engine's batch (studio/gpu_queue.py over studio/admission.py), cancellation, and a bounded history of takes.
-The engine does the work.
+`StudioService` holds what every take shares: the engine, its batch behind the one fair line
+(studio/takes/gpu_queue.py over studio/takes/admission.py), the voice library, the style presets, the
+pronunciation dictionary, the limits (studio/takes/limits.py) and a bounded history of takes. A take goes in
+one way, whatever door it came by: an `Order` (studio/takes/order.py) is prepared into a `Plan`
+(studio/takes/prepare.py) and run (studio/takes/run.py). The engine does the work.
 
     service = StudioService(engine, voices, presets)
-    request = SynthesisRequest(text="Hello there.", voice_id="Narrator", style="Calm narrator",
-                               params=SamplingParams.of(seed=7))
-    for chunk in service.stream(request):       # engine Chunks; the last one has final=True
+    order = Order(text="Hello there.", voice="Narrator", style="Calm narrator", params=SamplingParams.of(seed=7))
+    for chunk in service.stream(order):         # engine Chunks; the last one has final=True
         play(chunk.audio)
 
-    handle = service.start(request)             # validated and resolved now; a TakeHandle
+    handle = service.start(order)               # prepared now (ValueError with a sentence); a TakeHandle
     handle.warnings                             # tag-lint and resolution notes
     handle.seed                                 # the seed it runs with (drawn when the request had none)
     for item in handle.stream(positions=True):  # also Queued(position) while it waits
@@ -19,15 +20,15 @@ The engine does the work.
 
 Cancel with `handle.cancel.set()` (from any thread): a waiting take leaves the line at once, a running one stops
 within a frame (the engine watches the same event; the takes beside it in the batch go on) and its slot takes the
-next one. `request.caller` (default `OWNER`) decides its turn: `Caller.visitor(address)` for a visitor of a
+next one. `order.caller` (default `OWNER`) decides its turn: `Caller.visitor(address)` for a visitor of a
 public page.
 
 HTTP API integration: app.py builds the Gradio `Blocks`, adds the documented endpoints that are also the MCP
-tools (`studio.mcp.register(blocks, ...)`, before launch), launches, and then calls
+tools (`studio.api.mcp.register(blocks, ...)`, before launch), launches, and then calls
 `studio.api.register(blocks.app, service, api_key=...)`: the routes go on Gradio's own running FastAPI app
 (`launch()` builds a new one each time), so the page, `/v1/audio/speech` and MCP share one port, one line and
 this one service. Use `service.stream()` / `service.start()` / `service.synthesize()` for generation,
-`service.run_exclusive(fn)` for any other GPU work (e.g. encoding a voice), and `studio.formats.encode_audio()`
+`service.run_exclusive(fn)` for any other GPU work (e.g. encoding a voice), and `studio.audio.formats.encode_audio()`
 for response bodies.
 """
 
@@ -39,64 +40,33 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from engine.config import FRAME_RATE, SAMPLE_RATE
-from engine.longform import has_pauses, model_pauses
 from engine.normalize import looks_english
-from engine.peaks import PeakLimiter
-from engine.ssml import read_text
-from engine.tokenizer import CONTROL_TAGS, estimate_seconds, lint_tags
+from engine.tokenizer import CONTROL_TAGS, estimate_seconds
 from engine.types import SEED_LIMIT, Metrics, SamplingParams
-from studio.admission import OWNER, Caller
-from studio.aliases import Alias, VoiceAliases
-from studio.gpu_queue import GpuQueue, Job, Queued, ServiceBusy, ServiceClosed, TooManyTakes
-from studio.presets import apply_preset, check_style_prefix
-from studio.pronounce import Dictionary, DictionaryStore, digest, merged
-from studio.take import Take, TakeHandle
+from studio.takes.admission import OWNER, Caller
+from studio.takes.gpu_queue import GpuQueue, Queued, ServiceBusy, ServiceClosed, TooManyTakes
+from studio.takes.limits import (
+    HISTORY_SECONDS,
+    HISTORY_TAKES,
+    MAX_TAKES,
+    QUEUE_TIMEOUT_S,
+    VISITOR_RUNNING,
+    VISITOR_WAITING,
+    TakeLimits,
+)
+from studio.takes.order import Order
+from studio.takes.prepare import Plan, prepare, prepare_open
+from studio.takes.run import run
+from studio.takes.take import Take, TakeHandle
+from studio.text.presets import check_style_prefix
+from studio.text.pronounce import Dictionary, DictionaryStore, digest, merged
 from studio.voices import Consent, VoiceNotFound
-
-MAX_TEXT_CHARS = 4096  # the OpenAI speech API's `input` limit
-MAX_TAKES = 4  # takes of one text made side by side (the page's "Takes")
-
-
-@dataclass(frozen=True)
-class SynthesisRequest:
-    """One generation as asked. `style` is a preset name or a raw tag prefix (SPEC D1); `voice_id` names a saved
-    voice (id or name); `ref_audio=(samples, sample_rate)` + `ref_text` clone a voice for this request only.
-    `params.seed=None` draws a random seed when the take starts (`TakeHandle.seed`, recorded in the take)."""
-
-    text: str
-    voice_id: str | None = None
-    style: str | None = None
-    params: SamplingParams = field(default_factory=SamplingParams)
-    ref_audio: tuple[np.ndarray, int] | None = None
-    ref_text: str | None = None
-    source: str = "api"  # "ui" or "api", recorded in the history
-    ssml: bool | None = None  # the text is SSML: None decides by its `<speak>` root (engine/ssml.py)
-    caller: Caller = OWNER  # whose take: its turn in the line, and which voices it may use
-    # Pronunciation rules for this take instead of the studio's (studio/pronounce.py): a recipe's, which holds
-    # the rules that fired when the take was made. None: the owner's dictionary as it stands.
-    dictionary: Dictionary | None = None
-
-    def validate(self) -> None:
-        """Raise ValueError with a sentence the user can act on (the sampling settings were checked when
-        `params` was built)."""
-        if not isinstance(self.text, str) or not self.text.strip():
-            raise ValueError("Text is empty: type something to say.")
-        for what, value in (("Text", self.text), ("The style", self.style), ("The clip's transcript", self.ref_text)):
-            _check_unicode(what, value)
-        if len(self.text) > MAX_TEXT_CHARS:
-            raise ValueError(f"Text is {len(self.text)} characters; the limit is {MAX_TEXT_CHARS}. Split it.")
-        if self.voice_id is not None and self.ref_audio is not None:
-            raise ValueError("Give either a saved voice or a reference clip, not both.")
-        if self.ref_audio is not None:
-            audio, sr = self.ref_audio
-            if not isinstance(sr, int | np.integer) or sr <= 0 or np.asarray(audio).size == 0:
-                raise ValueError("The reference clip is empty or has no sample rate; upload or record it again.")
+from studio.voices.aliases import Alias, VoiceAliases
 
 
 def _settings_of(params: SamplingParams) -> dict[str, Any]:
@@ -108,17 +78,19 @@ class StudioService:
     """One engine, its batch behind the studio's one fair line, a bounded history behind them."""
 
     def __init__(self, engine, voices=None, presets=None, *, aliases: VoiceAliases | None = None,
-                 history_size: int = 50, queue_timeout: float = 600.0, max_queue: int = 64,
-                 visitor_concurrency: int = 2, visitor_queue: int = 4, dictionary: DictionaryStore | None = None):
+                 history_size: int = HISTORY_TAKES, queue_timeout: float = QUEUE_TIMEOUT_S,
+                 visitor_concurrency: int = VISITOR_RUNNING, visitor_queue: int = VISITOR_WAITING,
+                 dictionary: DictionaryStore | None = None, limits: TakeLimits | None = None, listener=None):
         self.engine = engine
+        self.limits = limits if limits is not None else TakeLimits()
+        self.listener = listener  # studio/audio/listen.py: a long take's segments heard when its order asks
         self.voices = voices
         self.presets = presets
-        self.dictionary = dictionary  # the owner's pronunciation dictionary (studio/pronounce.py), or None
+        self.dictionary = dictionary  # the owner's pronunciation dictionary (studio/text/pronounce.py), or None
         # OpenAI's voice names (what chat clients send) → voices and styles; the built-in table by default.
         self.aliases = aliases if aliases is not None else VoiceAliases.build(voices=voices, presets=presets)
-        self.max_queue = max_queue
-        self.line = GpuQueue(max(1, engine.info.max_batch), timeout=queue_timeout,
-                             visitor_running=visitor_concurrency, visitor_waiting=visitor_queue, max_waiting=max_queue)
+        self.line = GpuQueue(max(1, engine.info.max_batch), timeout=queue_timeout, visitor_running=visitor_concurrency,
+                             visitor_waiting=visitor_queue, max_waiting=self.limits.max_queue)
         self._history: collections.deque[Take] = collections.deque(maxlen=history_size)
         self._history_lock = threading.Lock()  # workers append while page/API threads read
         self._take_ids = itertools.count(1)
@@ -143,7 +115,7 @@ class StudioService:
         return self.line.run_exclusive(fn, *args, timeout=timeout, caller=caller, **kwargs)
 
     def transcriber_for(self, transcriber, caller: Caller = OWNER):
-        """`transcriber` (studio/asr.py) with its calls made as device work in `caller`'s turn in the line:
+        """`transcriber` (studio/audio/asr.py) with its calls made as device work in `caller`'s turn in the line:
         captions asked by the page or the API. None stays None."""
         return None if transcriber is None else transcriber.through(
             lambda fn, *args: self.run_exclusive(fn, *args, caller=caller))
@@ -151,10 +123,13 @@ class StudioService:
     def close(self) -> None:
         self.line.close()
 
-    def handle(self, request: SynthesisRequest, params: SamplingParams, warnings: list[str],
-               work: Callable[[Job, TakeHandle], None]) -> TakeHandle:
-        """A handle for `work` in this service's line (the long form builds its takes with it)."""
-        return TakeHandle(self.line, request, params, warnings, work)
+    @property
+    def max_queue(self) -> int:
+        return self.limits.max_queue
+
+    def handle(self, order: Order, params: SamplingParams, warnings: list[str], work) -> TakeHandle:
+        """A handle for other `work` in this service's line, in `order.caller`'s turn (a project's render job)."""
+        return TakeHandle(self.line, order, params, warnings, work)
 
     # ---------------------------------------------------------------- generation
 
@@ -211,6 +186,17 @@ class StudioService:
         puts in a segment's cache key, so that changing a rule makes exactly the segments holding its word stale."""
         return digest(self.pronounce(text, voice, language, project=project)[1])
 
+    def respell_segments(self, segments: list, voice_of=lambda segment: None, *, project: Dictionary | None = None,
+                         only: Dictionary | None = None) -> list:
+        """Planned (normalised) segments with the pronunciation dictionary (the owner's, then `project`'s; or
+        `only` these rules) applied: the text the model reads. `voice_of(segment)` is the segment's saved voice
+        record (None: zero-shot), or its name as the voices map wrote it, for the rules scoped to a voice."""
+        def names(segment) -> tuple[str, ...]:
+            voice = voice_of(segment)
+            return (voice,) if isinstance(voice, str) else (voice.id, voice.name) if voice is not None else ()
+        return [dataclasses.replace(s, text=self.respell(s.text, names(s), project=project, only=only))
+                for s in segments]
+
     def resolve_voice(self, voice_id: str | None, caller: Caller = OWNER):
         """A saved voice's id or name → its library record (None for zero-shot). A visitor finds only the
         voices shared with visitors, the presets and their own private voices."""
@@ -247,110 +233,68 @@ class StudioService:
         on a generation worker (a take's, a long take's) or through `run_exclusive`: encoding is device work."""
         return self.engine.encode_codes(wav24k).numpy()
 
-    def start(self, request: SynthesisRequest) -> TakeHandle:
-        """Validate and resolve `request` on the caller's thread (ValueError with a sentence for a bad one) and
-        return its handle, with its warnings and its seed; nothing is queued until `handle.stream()`."""
-        request.validate()
-        voice_id, style = request.voice_id, request.style
-        alias = self.resolve_alias(voice_id, request.caller)
-        if alias is not None:
-            voice_id = alias.voice_id
-            style = style if style is not None else alias.style
-        voice = self.resolve_voice(voice_id, request.caller)
-        if style is None and voice is not None and voice.style:
-            style = voice.style
-        read = read_text(request.text, request.ssml)
-        text, notes = read.text, list(read.warnings)
-        if has_pauses(text):  # one prompt has no join to put exact silence at (the long form has)
-            text = model_pauses(text)
-            notes.append("pauses in a single take are the model's own pause tags, not exact silence; a long "
-                         "take (the Long form tab, or the API) inserts them exactly")
-        spoken, fired = self.pronounce(text.strip(), (voice.id, voice.name) if voice is not None else (),
-                                       only=request.dictionary)
-        prompt_text = apply_preset(spoken, self.resolve_style(style))
-        clone = voice is not None or request.ref_audio is not None
-        warnings = [*notes, *(f"{w.tag}: {w.message}" for w in lint_tags(prompt_text, clone=clone))]
-        sampling_note = self.engine.info.sampling_note
-        if sampling_note:  # a remote server that sets sampling itself: say so rather than pretend
-            warnings.append(sampling_note)
-        return self.handle(request, request.params.resolved(), warnings,
-                           lambda job, handle: self._generate(job, handle, prompt_text, voice, style, fired))
+    def plan(self, order: Order) -> Plan:
+        """`order` checked and planned (studio/takes/prepare.py): what `start` would run."""
+        return prepare(self, order)
 
-    def stream(self, request: SynthesisRequest, *, positions: bool = False) -> Iterator[Any]:
-        """Validate, queue, generate: yields the engine's Chunks (the last has `final=True`), and with
-        `positions=True` first a `Queued` each time the request's place in the line changes. Raises
-        ValueError for bad requests, ServiceBusy when the wait times out. A stopped take ends with a final
-        chunk whose `metrics.stop_reason` is "cancelled". Use `start()` for the take's handle."""
-        yield from self.start(request).stream(positions=positions)
+    def start(self, order: Order, **options) -> TakeHandle:
+        """Prepare `order` on the caller's thread (ValueError with a sentence for a bad one) and return its
+        handle, with its warnings and its seed; nothing is queued until `handle.stream()`. `options` go to
+        studio/takes/run.py `run` (`record`, `pieces`, `listener`)."""
+        return run(self, prepare(self, order), **options)
 
-    def _generate(self, job: Job, handle: TakeHandle, prompt_text: str, voice, style, fired=()) -> None:
-        engine, request = self.engine, handle.request
-        if voice is not None and engine.is_remote:
-            ref = engine.encode_voice(voice.wav(), SAMPLE_RATE, transcript=voice.transcript or None)  # the clip travels
-        elif voice is not None:
-            ref = self.voices.voice_ref(voice.id, encode=self.encode_codes)  # codes cached in the library
-        elif request.ref_audio is not None:
-            audio, sr = request.ref_audio
-            ref = engine.encode_voice(np.asarray(audio, dtype=np.float32), int(sr), transcript=request.ref_text)
-        else:
-            ref = None
-        chunks = engine.generate_stream(prompt_text, voice=ref, params=handle.params, cancel=handle.cancel)
-        # Every take leaves under the true-peak ceiling: each chunk is limited before it is sent, the
-        # limiter holding back only the ~10 ms its look-ahead needs, which the final chunk carries.
-        limiter = PeakLimiter()
-        pieces: list[np.ndarray] = []
-        last = None
-        try:
-            # The engine watches `cancel` every frame and ends with a final "cancelled" chunk.
-            for chunk in chunks:
-                last = chunk
-                if chunk.final:
-                    break
-                chunk = dataclasses.replace(chunk, audio=limiter.feed(chunk.audio))
-                pieces.append(chunk.audio)
-                job.out.put(chunk)
-        finally:
-            chunks.close()
-        if last is None:
-            return
-        tail = np.concatenate([limiter.feed(last.audio) if last.final else np.zeros(0, np.float32), limiter.flush()])
-        pieces.append(tail)
-        last = dataclasses.replace(last, audio=tail, final=True, metrics=last.metrics if last.final else
-                                   dataclasses.replace(last.metrics, stop_reason="cancelled"))
-        handle.finish(self._record(handle, prompt_text, voice, style, last.metrics, pieces, fired, limiter.gain_db))
-        job.out.put(last)
+    def start_open(self, order: Order, feed, **options) -> TakeHandle:
+        """An open long take whose sentences come from `feed` (studio/takes/sentences.py) as they are written."""
+        return run(self, prepare_open(self, order), feed=feed, **options)
+
+    def stream(self, order: Order, *, positions: bool = False) -> Iterator[Any]:
+        """Prepare, queue, generate: yields the engine's Chunks (the last has `final=True`), and with
+        `positions=True` first a `Queued` each time the take's place in the line changes. Raises ValueError
+        for bad orders, ServiceBusy when the wait times out. A stopped take ends with a final chunk whose
+        `metrics.stop_reason` is "cancelled"."""
+        yield from self.start(order).stream(positions=positions)
 
     def variants(self, handle: TakeHandle, takes: int) -> list[TakeHandle]:
         """`takes - 1` more takes like `handle`'s, with the seeds after its seed, for takes compared side by side
         (PRODUCT §7.9). Streamed beside it, they run in free slots and the engine decodes them in one batch with
-        it; each gives the take its seed gives alone."""
+        it; each gives the take its seed gives alone. A long take is one take: it has no side-by-side."""
         if isinstance(takes, bool) or not isinstance(takes, int) or not 1 <= takes <= MAX_TAKES:
             raise ValueError(f"Takes must be a whole number from 1 to {MAX_TAKES}.")
+        if takes > 1 and handle.plan is not None and handle.plan.long:
+            handle.warnings.append("a long take is made once: Takes side by side compare one-prompt takes")
+            return []
         seeds = [(handle.seed + i) % SEED_LIMIT for i in range(1, takes)]
-        return [self.start(dataclasses.replace(handle.request, params=handle.params.with_seed(seed))) for seed in seeds]
+        return [self.start(dataclasses.replace(handle.order, params=handle.params.with_seed(seed)), record=True)
+                for seed in seeds]
 
-    def synthesize(self, request: SynthesisRequest) -> Take:
-        """Generate to the end and return the recorded take."""
-        handle = self.start(request)
+    def synthesize(self, order: Order) -> Take:
+        """Generate to the end and return the recorded take (a long one too)."""
+        handle = self.start(order, record=True)
         for _ in handle.stream():
             pass
         if handle.take is None:
             raise RuntimeError("The generation was cancelled before it produced audio.")
         return handle.take
 
-    def _record(self, handle: TakeHandle, prompt_text, voice, style, metrics: Metrics, pieces, fired=(),
-                peak_cut_db: float = 0.0) -> Take:
-        request = handle.request
-        audio = np.concatenate(pieces)
+    def record(self, handle: TakeHandle, prompt_text: str, metrics: Metrics, pieces, fired=(),
+               peak_cut_db: float = 0.0) -> Take:
+        """A finished take into the history: at most HISTORY_TAKES takes and, beyond the newest, HISTORY_SECONDS
+        of audio in all (the oldest go first)."""
+        order, plan = handle.order, handle.plan
+        voice = plan.voice if plan is not None else None
+        audio = np.concatenate(pieces) if len(pieces) else np.zeros(0, np.float32)
         take = Take(
-            id=next(self._take_ids), created=time.time(), text=request.text, prompt_text=prompt_text,
+            id=next(self._take_ids), created=time.time(), text=plan.text if plan is not None else order.text,
+            prompt_text=prompt_text,
             voice_id=voice.id if voice is not None else None, voice_name=voice.name if voice is not None else None,
-            style=style, settings=_settings_of(handle.params), seed=handle.seed, metrics=metrics,
-            audio=audio, sample_rate=SAMPLE_RATE, warnings=list(handle.warnings), source=request.source,
+            style=plan.style if plan is not None else None, settings=_settings_of(handle.params), seed=handle.seed,
+            metrics=metrics, audio=audio, sample_rate=SAMPLE_RATE, warnings=list(handle.warnings), door=order.door,
             pronunciations=tuple(fired), peak_cut_db=peak_cut_db)
         with self._history_lock:
             self._history.append(take)
             self._last_batch = metrics.batch
+            while len(self._history) > 1 and sum(t.seconds for t in self._history) - take.seconds > HISTORY_SECONDS:
+                self._history.popleft()
         return take
 
     def take(self, take_id: int) -> Take | None:
@@ -418,17 +362,4 @@ class StudioService:
         return status
 
 
-def _check_unicode(what: str, value: str | None) -> None:
-    """Refuse text that is not valid Unicode: a lone surrogate (JSON allows "\\ud800") breaks the tokenizer."""
-    if value is None:
-        return
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"{what} holds an invalid character at position {exc.start} (a lone UTF-16 surrogate). "
-                         "Send valid Unicode text.") from None
-
-
-
-__all__ = ["MAX_TAKES", "MAX_TEXT_CHARS", "Queued", "ServiceBusy", "ServiceClosed", "StudioService", "SynthesisRequest",
-           "TooManyTakes"]
+__all__ = ["MAX_TAKES", "Order", "Queued", "ServiceBusy", "ServiceClosed", "StudioService", "TooManyTakes"]

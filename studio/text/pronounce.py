@@ -5,7 +5,7 @@ Every engine reads plain text, so a rule is a respelling (voicebox's choice, Ele
 otherwise, or is a regular expression (openedai-speech's `pre_process_map`); it may be scoped to a voice
 (id or name) or a language. It applies after normalisation (engine/normalize.py) and before tokenisation,
 never inside a control tag, in one pass: every rule reads the text as written, so a respelling is never matched
-again, and the spoken text grows by at most MAX_GROWTH_FACTOR× or MAX_GROWTH_CHARS characters (studio/respell.py).
+again, and the spoken text grows by at most MAX_GROWTH_FACTOR× or MAX_GROWTH_CHARS characters (studio/text/respell.py).
 
     rules = Dictionary([Rule.make("Nguyen", "Win"), Rule.make(r"\\bv(\\d+)\\b", r"version \\1", regex=True)])
     rules.apply("Nguyen shipped v3.")              # "Win shipped version 3."
@@ -14,12 +14,12 @@ again, and the spoken text grows by at most MAX_GROWTH_FACTOR× or MAX_GROWTH_CH
     changed(old, new, segment_texts)               # indices of the segments a change of rules touches
     merged(studio_rules, project_rules)            # project rules win over the owner's global ones
 
-Regular expressions are RE2's (studio/respell.py): linear time in the text whatever the pattern, so none can
+Regular expressions are RE2's (studio/text/respell.py): linear time in the text whatever the pattern, so none can
 hang a worker; a pattern RE2 cannot run (a backreference, a lookaround) or too large for its memory budget is
 refused with a sentence naming it, and a dictionary holds at most MAX_REGEX_RULES of them.
 
 `DictionaryStore` keeps the owner's global dictionary in one JSON file beside the voice library (an
-fsynced replace under a file lock, studio/durable.py). Files: JSON, TSV, and PLS
+fsynced replace under a file lock, studio/files/durable.py). Files: JSON, TSV, and PLS
 (the W3C lexicon ElevenLabs imports), of which the `<alias>` entries are read with defusedxml.
 """
 
@@ -39,9 +39,9 @@ from defusedxml import ElementTree
 from defusedxml.common import DefusedXmlException
 
 from engine.tokenizer import TAG_RE
-from studio.durable import file_lock, replace_file
-from studio.respell import MAX_REGEX_RULES, Matcher, PronunciationError, check_regex
+from studio.files.durable import file_lock, replace_file
 from studio.text import clean_line
+from studio.text.respell import MAX_REGEX_RULES, Matcher, PronunciationError, check_regex
 
 FORMAT = "higgs-studio-dictionary/1"
 MAX_RULES = 2000

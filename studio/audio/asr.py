@@ -2,7 +2,7 @@
 
     asr = Transcriber.from_flag("auto")      # --asr / HIGGS_ASR: auto | none | <hub id or folder>
     text, note = asr.transcribe(samples, rate)
-    words = asr.words(samples, rate)          # [WordTime(word, start, end)] for captions (studio/captions.py)
+    words = asr.words(samples, rate)          # [WordTime(word, start, end)] for captions (studio/audio/captions.py)
 
 "auto" is `openai/whisper-large-v3-turbo` with a GPU and `openai/whisper-base` without one (large-v3-turbo
 runs about 1x real time on two CPU cores; base is several times faster and good enough for a clear clip).
@@ -15,7 +15,7 @@ captions and listen-and-retry all use the same transcriber. Whisper hears one 30
 `transcribe` hears a clip's first 30 s (a reference clip is no longer), `words` cuts longer audio into windows
 of at most 30 s, each ending at its quietest 20 ms in its last 5 s, and shifts each window's word times by
 its start. On a ZeroGPU Space the model runs on the CPU: the GPU is attached only inside the engine's
-decorated calls (studio/zerogpu.py).
+decorated calls (studio/takes/zerogpu.py).
 """
 
 from __future__ import annotations
@@ -59,16 +59,16 @@ class Transcriber:
         self._run_lock = threading.Lock()  # one transcription at a time
 
     @classmethod
-    def from_flag(cls, flag: str | None) -> Transcriber:
-        """`none` turns it off; `auto` (or empty) picks by hardware; anything else names the model."""
+    def from_flag(cls, flag: str | None, *, zerogpu: bool = False) -> Transcriber:
+        """`none` turns it off; `auto` (or empty) picks by hardware; anything else names the model. On ZeroGPU
+        (`zerogpu`: studio/takes/zerogpu.py `active()`) it runs on the CPU: the GPU is attached only inside
+        decorated calls."""
         flag = (flag or "auto").strip()
         if flag.lower() == "none":
             return cls(None)
         import torch
 
-        from studio import zerogpu
-
-        device = "cpu" if zerogpu.active() else "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cpu" if zerogpu else "cuda" if torch.cuda.is_available() else "cpu"
         if flag.lower() == "auto":
             flag = GPU_MODEL if device == "cuda" else CPU_MODEL
         return cls(flag, device=device)
@@ -128,7 +128,7 @@ class Transcriber:
 
     def through(self, run: Callable) -> LinedTranscriber:
         """This transcriber with each call made by `run(fn, *args)`: the GPU line's `run_exclusive`
-        (studio/service.py `transcriber_for`), so that a caption's transcription takes its turn with takes."""
+        (studio/takes/service.py `transcriber_for`), so that a caption's transcription takes its turn with takes."""
         return LinedTranscriber(self, run)
 
     def transcribe(self, audio, sample_rate: int | None = None) -> tuple[str, str | None]:

@@ -1,5 +1,5 @@
 """Text that arrives in pieces (an LLM's reply as it is written) → the sentences to speak, as soon as each is
-complete. Shared by the Wyoming server's streaming events (studio/wyoming.py) and the speech WebSocket
+complete. Shared by the Wyoming server's streaming events (studio/api/wyoming.py) and the speech WebSocket
 (studio/api/stream.py).
 
     feed = SentenceFeed(style="<|emotion:elation|>")
@@ -18,7 +18,7 @@ import threading
 
 from engine.longform import SENTENCE_PAUSE, Segment, plan, split_sentences
 from engine.normalize import AUTO
-from studio.longform import MAX_LONG_INPUT_CHARS
+from studio.takes.limits import MAX_INPUT_CHARS
 
 _END = object()
 POLL_S = 0.05  # how often a take waiting for text looks at its cancel event
@@ -37,7 +37,7 @@ class SentenceBuffer:
     cost 112 million characters). A sentence still unfinished past MAX_SENTENCE_CHARS is given out at its
     last space: that bounds what one piece re-reads, and the planner cuts such a sentence at clauses anyway."""
 
-    def __init__(self, limit: int = MAX_LONG_INPUT_CHARS):
+    def __init__(self, limit: int = MAX_INPUT_CHARS):
         self.text, self.limit, self.total = "", limit, 0  # text: the unfinished sentence, as it came
 
     def add(self, piece: str) -> list[str]:
@@ -92,7 +92,7 @@ class SentenceFeed:
     to tell: name the language when it is known)."""
 
     def __init__(self, *, style: str = "", normalize: bool = True, language: str = AUTO,
-                 limit: int = MAX_LONG_INPUT_CHARS):
+                 limit: int = MAX_INPUT_CHARS):
         self.style, self.normalize, self.language = style, normalize, language
         self.buffer = SentenceBuffer(limit)
         self._segments: queue.Queue = queue.Queue()
@@ -122,7 +122,7 @@ class SentenceFeed:
     def _queue(self, sentences: list[str]) -> list[str]:
         """Plan and queue `sentences`. A sentence cut into pieces keeps no `source` on its first piece (the
         planner puts the whole sentence there): each piece then shows what it speaks, as
-        studio/captions.py `shown_texts` does for a closed take, and never the whole sentence again."""
+        studio/audio/captions.py `shown_texts` does for a closed take, and never the whole sentence again."""
         for sentence in sentences:
             pieces = plan(sentence, style=self.style, normalize=self.normalize, language=self.language)
             for segment in pieces:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from studio.presets import check_style_prefix
+from studio.text.presets import check_style_prefix
 from studio.voices import VoiceNotFound
 
 # OpenAI's built-in voice names, in the order the built-in table gives them the preset voices.

@@ -1,7 +1,7 @@
 """The studio's documented Gradio endpoints, which are also its MCP tools: `synthesize`, `list_voices`, `add_voice`,
 and with projects (studio/projects/) `render_project` and `project_status`.
 
-    studio.mcp.register(blocks, service, access=Access(key, public_page=...))   # before blocks.launch()
+    studio.api.mcp.register(blocks, service, access=Access(key, public_page=...))   # before blocks.launch()
 
 Each tool is a `gr.api` endpoint, so it runs through the same `StudioService` as the page and the HTTP API.
 They are registered whatever `--mcp` says, so the page's "Use via API" link and `gradio_client` find them
@@ -32,10 +32,11 @@ from gradio.data_classes import FileData
 
 from engine.audio import load_audio
 from engine.types import SamplingParams
-from studio.access import Access
-from studio.admission import OWNER, Caller
-from studio.formats import write_audio
-from studio.service import SynthesisRequest
+from studio.api.access import Access
+from studio.audio.formats import write_audio
+from studio.takes.admission import OWNER, Caller
+from studio.takes.failure import Failure
+from studio.takes.order import Order
 from studio.voices import Consent
 
 KEEP_FILES = 64  # synthesized files kept on disk for clients to fetch; older ones are removed
@@ -98,20 +99,18 @@ def register(blocks: gr.Blocks, service, *, api_key: str | None = None, access: 
         give the same audio.
 
         Args:
-            text: What to say (up to 4096 characters); may contain inline control tags such as <|emotion:elation|>.
+            text: What to say (a long text is voiced whole, as one long take); may contain inline control tags such as <|emotion:elation|>.
             voice: A saved voice's id or name from list_voices; empty for the default (zero-shot) voice.
             style: A style preset name from list_voices (e.g. "Calm narrator") or tags like "<|emotion:awe|>"; may be empty.
             seed: Seed for sampling; empty for a random one (the one used is reported so it can be reused).
         """
         who = caller(authorization, request)
         try:
-            synth = SynthesisRequest(text=text, voice_id=voice.strip() or None, style=style.strip() or None,
-                                     params=SamplingParams.of(seed=seed), source="api", caller=who)
-            if not who.owner:
-                synth = access.limit_public(synth, None)
-            take = service.synthesize(synth)
-        except (ValueError, TimeoutError, RuntimeError) as exc:
-            raise gr.Error(str(exc)) from None
+            take = service.synthesize(Order(text=text, voice=(voice or "").strip() or None,
+                                            style=(style or "").strip() or None, params=SamplingParams.of(seed=seed),
+                                            caller=who, door="mcp"))
+        except Exception as exc:  # the one sentence for it, as an MCP tool error
+            raise gr.Error(Failure.of(exc, "MCP synthesize").message) from None
         # One output: Gradio's MCP bridge serves a returned file by URL only when it is the whole output.
         path = write_audio(outputs.new(f"speech-seed{take.seed}-{take.id}.wav"), take.audio, take.sample_rate)
         return FileData(path=path, mime_type="audio/wav", orig_name=Path(path).name)

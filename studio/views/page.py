@@ -12,15 +12,14 @@ from pathlib import Path
 
 import gradio as gr
 
-from studio import assets, render
-from studio.access import Access
-from studio.admission import Caller
-from studio.asr import Transcriber
-from studio.formats import ffmpeg_path
-from studio.live import CLIP_VOICE, NO_VOICE, LivePlayer
-from studio.service import StudioService
-from studio.views import GPU_QUEUE
+from studio.api.access import Access
+from studio.audio.asr import Transcriber
+from studio.audio.formats import ffmpeg_path
+from studio.takes.admission import Caller
+from studio.takes.service import StudioService
+from studio.views import GPU_QUEUE, assets, render
 from studio.views.dictionary import DictionaryView
+from studio.views.live import CLIP_VOICE, NO_VOICE, LivePlayer
 from studio.views.longform import LongFormView
 from studio.views.private import PrivateVoicesView
 from studio.views.projects import ProjectsView
@@ -38,7 +37,7 @@ class Page:
                  private_voices: PrivateVoices | None = None, transcriber: Transcriber | None = None,
                  projects=None, runner=None, listener=None):
         self.service = service
-        self.transcriber = transcriber  # fills an empty transcript box when a clip arrives (studio/asr.py)
+        self.transcriber = transcriber  # fills an empty transcript box when a clip arrives (studio/audio/asr.py)
         self.access = access or Access()  # no key: whoever reaches the page is the owner
         # Gradio encodes streamed audio with an ffmpeg subprocess; without it the page plays each take once
         # it is complete instead of failing every generation.

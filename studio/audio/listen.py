@@ -1,5 +1,5 @@
 """Listen and retry: every segment of a long take or a project is transcribed by the studio's ASR
-(studio/asr.py) and scored by its word error rate against the text as spoken; a segment above the threshold
+(studio/audio/asr.py) and scored by its word error rate against the text as spoken; a segment above the threshold
 is generated again with the next seed, and the best attempt kept (engine/longtake.py `again` / `best`).
 
     listener = Listener(asr, above=0.25, retries=2)      # app.py: --asr, --retry-wer, --retry-max
@@ -11,7 +11,7 @@ The WER is jiwer's, over words normalised the same way on both sides: control ta
 and units written as English words (engine/normalize.py, so Whisper's "23" matches the planner's
 "twenty-three"; the same on both sides in any language), case folded, punctuation and hyphens made spaces (apostrophes inside a word
 kept). The reference is the text the model read: style prefix, normalisation and pronunciation dictionary
-applied, so a respelling is heard as it was written. Whisper hears one 30 s window (studio/asr.py
+applied, so a respelling is heard as it was written. Whisper hears one 30 s window (studio/audio/asr.py
 MAX_SECONDS): a segment that runs longer is judged on its first 30 s, and scores badly, as it should.
 The transcription runs on the take's worker thread, in its turn in the line; the transcriber runs one call at
 a time, whoever makes it.
@@ -52,7 +52,7 @@ def wer(reference: str, heard: str) -> float | None:
 
 
 class Listener:
-    """The studio's listen-and-retry policy over a transcriber (studio/asr.py `Transcriber`, or anything with
+    """The studio's listen-and-retry policy over a transcriber (studio/audio/asr.py `Transcriber`, or anything with
     its `off_note` and `transcribe`); `transcriber=None` is off."""
 
     def __init__(self, transcriber, *, above: float = DEFAULT_ABOVE, retries: int = DEFAULT_RETRIES):

@@ -5,14 +5,13 @@
     access.launch_kwargs()                                   # Gradio's login, when the page needs one
     access.bearer_login(app)                                 # ... which the key passes too (in the lifespan)
     @access.owner_only                                       # a page handler that changes the shared library
-    request = access.limit_public(synthesis_request, gr_request)  # the public page's generation limits
-    params = check_limits(params, access, text)              # the same, on a visitor's settings alone
-    access.page_caller(gr_request)                           # whose turn a page event's take is (admission)
+    access.page_caller(gr_request)                           # whose take a page event's is: its limits and turn
     access.cross_site_refusal(origin, host)                  # a keyless server refuses other sites' writes
     host_guard(bind_host, api_key, allowed_hosts, share)     # a keyless local server answers local names only
     friendly_queue_full(demo)                                # a full queue answers with a sentence
 
-Every limit of a public studio, with its flag, is listed in docs/SPACES.md ("Limits").
+Every limit of a public studio, with its flag, is listed in docs/SPACES.md ("Limits"); a visitor's take is held
+to them by studio/takes/limits.py, whatever door it came by.
 
 Without a key (the local default) whoever can reach the studio is its owner. With a key, the owner is whoever
 shows it: as `Authorization: Bearer <key>` on any request (HTTP API, MCP, `gradio_client`, the file URLs they are
@@ -23,7 +22,6 @@ whatever the page shows.
 
 from __future__ import annotations
 
-import dataclasses
 import hmac
 import inspect
 import ipaddress
@@ -36,12 +34,9 @@ from urllib.parse import urlsplit
 import fastapi
 import gradio as gr
 
-from engine.config import FRAME_RATE
-from engine.delay import default_max_frames
-from engine.types import PUBLIC_MAX_FRAMES, SamplingParams
-from studio.admission import OWNER, Caller
+from studio.takes.admission import OWNER, Caller
+from studio.takes.limits import PUBLIC_MAX_TEXT_CHARS
 
-PUBLIC_MAX_TEXT_CHARS = 1000  # with PUBLIC_MAX_FRAMES (engine/types.py): a visitor's take
 DEFAULT_QUEUE_SIZE = 64  # takes waiting in Gradio's queue (--queue-size); each holds a browser connection
 QUEUE_FULL = ("The studio is busy: {size} requests are already waiting for the GPU. Try again in a minute.")
 OWNER_ONLY = ("Only the studio's owner can see the voice library's details, change or export it, and save style "
@@ -62,12 +57,9 @@ WRONG_HOST = ("This studio has no API key and answers only to local addresses, n
 class Access:
     """The studio's access rule, shared by the page, the HTTP API and the MCP tools."""
 
-    def __init__(self, api_key: str | None = None, *, public_page: bool = False,
-                 public_max_chars: int = PUBLIC_MAX_TEXT_CHARS, public_max_frames: int = PUBLIC_MAX_FRAMES):
+    def __init__(self, api_key: str | None = None, *, public_page: bool = False):
         self.api_key = api_key or None
         self.public_page = public_page
-        self.public_max_chars = public_max_chars  # --public-max-chars
-        self.public_max_frames = public_max_frames  # --public-max-seconds × 25
 
     def bearer_ok(self, authorization: str | None) -> bool:
         """True if no key is set, or `authorization` is `Bearer <key>` (compared in constant time)."""
@@ -160,13 +152,6 @@ class Access:
         client = getattr(request, "client", None)
         return visitor(getattr(request, "headers", None) or {}, getattr(client, "host", None),
                        fallback=getattr(request, "session_hash", None) or "anonymous")
-
-    def limit_public(self, req, request: gr.Request | None):
-        """`req` (a `studio.service.SynthesisRequest`) held to the public limits unless `request` is the owner's:
-        ValueError with the limit, else the request with its length capped (`check_limits`)."""
-        if self.is_owner(request):
-            return req
-        return dataclasses.replace(req, params=check_limits(req.params, self, req.text or ""))
 
     def cross_site_refusal(self, origin: str | None, host: str | None) -> str | None:
         """Why a state-changing request from another site is refused, or None. Only a keyless server needs
@@ -292,17 +277,3 @@ def friendly_queue_full(demo: gr.Blocks) -> None:
         return ok, result, status
 
     queue.push = friendly_push
-
-
-def check_limits(params: SamplingParams, access: Access, text: str) -> SamplingParams:
-    """A visitor's settings for `text` held to the public page's limits, the studio's only limits past
-    SamplingParams' own: ValueError past the text or length limit, else `params` with its length capped (an
-    automatic length is capped too)."""
-    if len(text) > access.public_max_chars:
-        raise ValueError(f"The public page speaks up to {access.public_max_chars} characters at a time (this text "
-                         f"has {len(text)}). Split it.")
-    most = access.public_max_frames
-    if params.max_frames is not None and params.max_frames > most:
-        raise ValueError(f"The public page makes takes of up to {most} frames ({most // FRAME_RATE} s). Lower the "
-                         "max length.")
-    return SamplingParams.of(params, max_frames=min(params.max_frames or default_max_frames(text), most))

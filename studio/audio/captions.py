@@ -1,5 +1,5 @@
 """Captions of the studio's takes: a single take (one segment over its audio) or a long take (its segments'
-exact spans), with word times from the studio's ASR when it is on (studio/asr.py). The cue maths and the
+exact spans), with word times from the studio's ASR when it is on (studio/audio/asr.py). The cue maths and the
 file formats are engine/captions.py's; this module only gathers each take's texts, spans and audio.
 
     found = take_captions(take, level="sentence", transcriber=asr)   # Take or LongTake
@@ -48,7 +48,7 @@ def captions(texts: list[str], spans: list[tuple[int, int]], total: int, *, leve
     """Cues for segments `texts` over `spans` of a `total`-sample take. With a `transcriber` that is on and
     the take's `audio`, each segment (of more than one unit) is transcribed for its word times; otherwise
     the times inside a segment are estimated, and `note` says why. Pass the page's or the API's transcriber
-    through the line (studio/service.py `transcriber_for`): transcribing is device work."""
+    through the line (studio/takes/service.py `transcriber_for`): transcribing is device work."""
     note = "no speech recognition: times inside a segment are estimated from character share"
     words = None
     if level != "segment":
@@ -69,7 +69,7 @@ def captions(texts: list[str], spans: list[tuple[int, int]], total: int, *, leve
 
 
 def take_captions(take, *, level: str = "sentence", transcriber=None, audio: np.ndarray | None = None) -> Captions:
-    """Captions of a studio `Take` (studio/service.py) or a `LongTake`; `audio` is the take's, for a long
+    """Captions of a studio `Take` (studio/takes/service.py) or a `LongTake`; `audio` is the take's, for a long
     take streamed without keeping it (None: the take's own, if it kept it)."""
     if isinstance(take, LongTake):
         listening = level != "segment" and transcriber is not None and transcriber.off_note is None

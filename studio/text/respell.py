@@ -1,4 +1,4 @@
-"""How pronunciation rules find their words (studio/pronounce.py holds the rules, their files and store): words
+"""How pronunciation rules find their words (studio/text/pronounce.py holds the rules, their files and store): words
 looked up in a table, regular expressions run by RE2 (linear in the text whatever the pattern), in one pass in
 which every rule reads the text as written, never another rule's respelling.
 

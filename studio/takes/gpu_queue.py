@@ -1,4 +1,4 @@
-"""The studio's one line for the GPU: fair admission (studio/admission.py) in front of the engine's batch.
+"""The studio's one line for the GPU: fair admission (studio/takes/admission.py) in front of the engine's batch.
 
     queue = GpuQueue(slots=engine.info.max_batch, visitor_running=2, visitor_waiting=4, max_waiting=64)
     for item in queue.run(work, cancel, caller=caller, positions=True):   # Queued(position), then work's output
@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from studio.admission import OWNER, Admission, Caller, Refused
+from studio.takes.admission import OWNER, Admission, Caller, Refused
 
 
 class ServiceBusy(TimeoutError):

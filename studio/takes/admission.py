@@ -54,6 +54,11 @@ class Caller:
     def visitor(cls, identity: str) -> Caller:
         return cls(f"visitor:{identity}")
 
+    @property
+    def public(self) -> bool:
+        """A visitor of a public page: held to the public page's limits (studio/takes/limits.py)."""
+        return self.key.startswith("visitor:")
+
 
 # The key's holder or the logged-in page; on a studio without a key, everyone who reaches it.
 OWNER = Caller("owner", owner=True)

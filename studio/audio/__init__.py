@@ -1,0 +1,1 @@
+"""Audio out of a take: formats, loudness, mastering checks, transcription and captions."""
