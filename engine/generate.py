@@ -36,7 +36,7 @@ from .config import SAMPLE_RATE, SAMPLES_PER_FRAME, Dims
 from .delay import StopRule, default_max_frames
 from .device import peak_memory
 from .runner import Runner, SerialRun, prefix_key
-from .scheduler import Scheduler, Take
+from .scheduler import Scheduler, ScheduledTake
 from .streaming import drain
 from .types import Chunk, EngineInfo, Metrics, SamplingParams
 
@@ -249,7 +249,7 @@ class Engine:
         started = time.perf_counter()
         stream = self.codec.stream() if audio else None
         if self.scheduler is not None:
-            take = self.scheduler.submit(Take(prompt, rule, params, cancel, started, self.dims.codebooks))
+            take = self.scheduler.submit(ScheduledTake(prompt, rule, params, cancel, started, self.dims.codebooks))
             if submitted is not None:
                 submitted()
             try:

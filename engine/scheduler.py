@@ -34,9 +34,9 @@ failure (the worker goes on with the others), a take whose admission fails or wh
 sampled (NaN or inf: `sampling.NonFiniteLogits`) ends alone, and anything else
 the worker raises ends every take it holds, running or queued, and resets the books; the next submit
 starts a fresh worker. A take that ends gets its step's figures first and is then never touched again by
-the worker (`Take.close` relies on it).
+the worker (`ScheduledTake.close` relies on it).
 
-The consumer side (`Take.advance`) runs in the caller's thread: it waits for rows while the worker runs
+The consumer side (`ScheduledTake.advance`) runs in the caller's thread: it waits for rows while the worker runs
 ahead, and the caller streams them through its own codec state, so codec work overlaps decode steps.
 """
 
@@ -53,7 +53,7 @@ from .runner import Runner, prefix_key
 from .sampling import sample_row, uniforms
 
 
-class Take:
+class ScheduledTake:
     """One take's state, shared by its caller (which reads rows) and the worker (which writes them)."""
 
     def __init__(self, prompt, rule, params, cancel: threading.Event | None, started: float, codebooks: int):
@@ -114,8 +114,8 @@ class Scheduler:
         self.runner, self.max_batch = runner, max_batch
         self.stream = runner.model.stream  # where the backend launches (None: torch's current)
         self.cond = threading.Condition()
-        self.waiting: deque[Take] = deque()
-        self.active: list[Take] = []
+        self.waiting: deque[ScheduledTake] = deque()
+        self.active: list[ScheduledTake] = []
         self.keys: list = [None] * max_batch  # prefix cache key whose KV sits at the start of each slot
         self.busy: set[int] = set()
         self.worker: threading.Thread | None = None
@@ -123,7 +123,7 @@ class Scheduler:
         self.largest = 0  # the most takes decoded in one step so far
         self._holds = 0  # while > 0 no waiting take is admitted (`held`)
 
-    def submit(self, take: Take) -> Take:
+    def submit(self, take: ScheduledTake) -> ScheduledTake:
         with self.cond:
             take.scheduler = self
             self.waiting.append(take)
@@ -147,7 +147,7 @@ class Scheduler:
                 self._holds -= 1
                 self.cond.notify_all()
 
-    def withdraw(self, take: Take) -> None:
+    def withdraw(self, take: ScheduledTake) -> None:
         with self.cond:
             if take in self.waiting:
                 self.waiting.remove(take)
@@ -218,7 +218,7 @@ class Scheduler:
                 return False
             return True
 
-    def _run_step(self, active: list[Take]) -> None:
+    def _run_step(self, active: list[ScheduledTake]) -> None:
         # The backend's stream current: its launches then wait for nothing queued on torch's default
         # stream by the listeners' codec pushes (`_on_stream` orders after the caller's stream).
         on_stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
@@ -248,12 +248,12 @@ class Scheduler:
         for take in held:
             take.finish(error)
 
-    def _end_faulty(self, take: Take, error: BaseException) -> None:
+    def _end_faulty(self, take: ScheduledTake, error: BaseException) -> None:
         """End a take a fault reached; what the fault left in its slot is unknown, so no prefix is kept there."""
         self.mark(take.slot, None)
         take.finish(error)
 
-    def _admit(self, take: Take) -> None:
+    def _admit(self, take: ScheduledTake) -> None:
         slot, hit = self._pick(prefix_key(take.prompt))
         try:
             take.segments, take.reused = self.runner.plan(take.prompt, hit)
@@ -264,7 +264,7 @@ class Scheduler:
         take.queued_s = take.admitted - take.started
         self.active.append(take)
 
-    def _step(self, active: list[Take]) -> None:
+    def _step(self, active: list[ScheduledTake]) -> None:
         runner = self.runner
         prefilling = [t for t in active if t.segments and not t.finished]
         if prefilling:
@@ -319,7 +319,7 @@ class Scheduler:
         for take in stepping:
             take.notify()
 
-    def _prefill_chunk(self, take: Take) -> None:
+    def _prefill_chunk(self, take: ScheduledTake) -> None:
         ids, ref_rows, start, key = take.segments.pop(0)
         self.runner.ensure_room(len(take.prompt.ids) + take.rule.max_rows)
         take.logits = self.runner.prefill_segment(ids, ref_rows, start, take.slot, self.stream)

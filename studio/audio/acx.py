@@ -148,7 +148,7 @@ EXPORT_PRESETS = {
 
 
 @dataclass(frozen=True)
-class Export:
+class MasteredExport:
     data: bytes  # the encoded file
     mime: str
     audio: np.ndarray  # the mastered samples at the input's rate, before encoding
@@ -182,7 +182,7 @@ def master(audio: np.ndarray, rate: int, preset: ExportPreset) -> np.ndarray:
     return np.concatenate([head, levelled, tail]).astype(np.float32)
 
 
-def export(audio: np.ndarray, rate: int, preset: str = "acx") -> Export:
+def export(audio: np.ndarray, rate: int, preset: str = "acx") -> MasteredExport:
     """One chapter through an export preset (`EXPORT_PRESETS`): mastered, checked and encoded with ffmpeg
     (constant bit rate, resampled to the preset's rate). Raises ValueError for an unknown preset or a
     silent chapter, FormatError when ffmpeg is missing or fails."""
@@ -198,8 +198,8 @@ def export(audio: np.ndarray, rate: int, preset: str = "acx") -> Export:
     if proc.returncode != 0:
         raise FormatError(f"ffmpeg could not encode the {preset} export: "
                           f"{proc.stderr.decode(errors='replace').strip()}")
-    return Export(proc.stdout, "audio/mpeg", mastered, acx_check(mastered, rate))
+    return MasteredExport(proc.stdout, "audio/mpeg", mastered, acx_check(mastered, rate))
 
 
-__all__ = ["EXPORT_PRESETS", "AcxReport", "Check", "Export", "ExportPreset", "acx_check", "export", "master",
+__all__ = ["EXPORT_PRESETS", "AcxReport", "Check", "MasteredExport", "ExportPreset", "acx_check", "export", "master",
            "noise_floor_db", "room_tone", "speech_bounds"]

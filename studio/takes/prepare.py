@@ -44,7 +44,7 @@ class Plan:
     prefix: str  # its checked tag prefix, with the speed tag
     params: SamplingParams
     prompt: str = ""  # one prompt: the text the model reads
-    fired: tuple = ()  # one prompt: the pronunciation rules that fired on it
+    fired: tuple = ()  # the pronunciation rules that fired on its text
     segments: tuple = ()  # a long take: its planned segments, respelled
     records: Mapping[str, Any] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
@@ -94,13 +94,20 @@ def prepare(service, order: Order) -> Plan:
             raise OrderError(str(exc), field="text") from None
         records = {name: service.resolve_voice(name, order.caller)
                    for name in {s.voice for s in segments if s.voice is not None}}
-        segments = service.respell_segments(segments, lambda s: records[s.voice] if s.voice is not None else voice,
-                                            only=order.dictionary)
+        fired: list = []  # the rules that fired on any segment, in the order they first did (the recipe keeps them)
+
+        def respelled(segment):
+            record = records[segment.voice] if segment.voice is not None else voice
+            spoken, rules = service.pronounce(segment.text, (record.id, record.name) if record is not None else (),
+                                              only=order.dictionary)
+            fired.extend(rule for rule in rules if rule not in fired)
+            return dataclasses.replace(segment, text=spoken)
+        segments = [respelled(segment) for segment in segments]
         clone = clone or bool(records)
         warnings = [*notes, *made, *(f"segment {s.index + 1}: {w.tag}: {w.message}"
                                      for s in segments for w in lint_tags(s.text, clone=clone))]
         return Plan(order, True, text, voice, style, prefix, params, segments=tuple(segments), records=records,
-                    warnings=tuple(warnings), alias=alias)
+                    fired=tuple(fired), warnings=tuple(warnings), alias=alias)
     spoken, fired = service.pronounce(text.strip(), (voice.id, voice.name) if voice is not None else (),
                                       only=order.dictionary)
     prompt = apply_preset(spoken, prefix)

@@ -136,7 +136,7 @@ def _chunks(service, plan: Plan, job, handle: TakeHandle, listener, record: bool
     metrics = _metrics(take, frames, samples, started, reason)
     if record:
         prompt = "\n".join(s.text for s in plan.segments)
-        handle.finish(service.record(handle, prompt, metrics, kept))
+        handle.finish(service.record(handle, prompt, metrics, kept, plan.fired))
     else:
         handle.finish(take)  # its spans and texts stay for captions; its audio is not kept
     job.out.put(Chunk(audio=np.zeros(0, np.float32), metrics=metrics, final=True))
