@@ -28,7 +28,7 @@ from engine.config import SAMPLE_RATE
 from engine.normalize import normalize_text
 from engine.tokenizer import strip_tags
 
-DEFAULT_ABOVE = 0.25  # --retry-wer: about one word in four wrong (the default; not tuned on the real model)
+DEFAULT_ABOVE = 0.25  # --retry-wer: about one word in four wrong (a starting point; not tuned on the real model)
 DEFAULT_RETRIES = 2  # --retry-max
 MAX_RETRIES = 10
 _APOSTROPHES = re.compile(r"[’‘`]")
