@@ -12,9 +12,10 @@ from typing import Any
 
 from engine.config import FRAME_RATE
 from engine.delay import default_max_frames
-from engine.tokenizer import CONTROL_TAGS, estimate_seconds, lint_tags
+from engine.tokenizer import CONTROL_TAGS
 from engine.types import DRAWN_SEED_BITS, Metrics
 
+PLAN_NOTES = 3  # a long take's notes past these are counted, not listed: the line stays a line
 PALETTE_GROUPS = (("emotion", "Emotion"), ("style", "Style"), ("sfx", "Sounds"), ("prosody", "Prosody"))
 
 
@@ -46,20 +47,24 @@ def header_html(status: dict[str, Any]) -> str:
             f'{banner}')
 
 
-def estimate_html(text: str, *, clone: bool = False, max_frames: int | None = None) -> str:
-    """The live line under the text box: duration and frame estimate, then tag-lint findings."""
-    text = text or ""
-    if not text.strip():
-        return '<div class="hs-est muted">Type what to say. Tags like &lt;|emotion:awe|&gt; steer the delivery.</div>'
-    seconds = estimate_seconds(text)
-    frames = round(seconds * FRAME_RATE)
-    budget = max_frames or default_max_frames(text)  # the engine's own cap when none is set
-    cap = f" · budget {budget} frames ({budget / FRAME_RATE:.0f} s{'' if max_frames else ', auto'})"
-    parts = [(f'<div class="hs-est">≈ <b>{seconds:.1f} s</b> of speech · ~{frames} frames{cap} · '
-              f'{len(text)} characters</div>')]
-    for w in lint_tags(text, clone=clone):
-        parts.append(f'<div class="hs-lint {w.severity}">{_esc(w.message)}</div>')
-    return "".join(parts)
+def plan_html(plan=None, *, error: str = "") -> str:
+    """The line under the text box: what Generate will do (`plan`, studio/takes/prepare.py `Plan`: its summary,
+    a one-prompt take's frame budget, the characters sent, then its notes), or `error`, the sentence Generate
+    would fail with; nothing without either (an empty box)."""
+    if error:
+        return f'<div class="hs-lint error">{_esc(error)}</div>'
+    if plan is None:
+        return ""
+    parts = [f"<b>{_esc(plan.summary())}</b>"]
+    if not plan.long:  # a long take's segments each get their own length cap
+        budget = plan.params.max_frames or default_max_frames(plan.prompt)  # the engine's own cap when none is set
+        auto = "" if plan.order.params.max_frames else ", auto"
+        parts.append(f"budget {budget} frames ({budget / FRAME_RATE:.0f} s{auto})")
+    parts.append(f"{len(plan.order.text)} characters")
+    notes = [f'<div class="hs-lint">{_esc(w)}</div>' for w in plan.warnings[:PLAN_NOTES]]
+    if len(plan.warnings) > PLAN_NOTES:
+        notes.append(f'<div class="hs-lint">… and {len(plan.warnings) - PLAN_NOTES} more notes</div>')
+    return f'<div class="hs-est">{" · ".join(parts)}</div>' + "".join(notes)
 
 
 def palette_html() -> str:

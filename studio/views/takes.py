@@ -215,6 +215,25 @@ class TakesView:
                self.last_seed: last_seed, self.result: render.result_json(take, handle.warnings),
                **self._side_by_side([take] + [h.take for h in others if h.take is not None] if others else [])}
 
+    def plan(self, text, style, voice, clip, clip_text, temperature, top_p, top_k, seed, max_frames, repeat_guard,
+             clean=False, clean_actions="speak", request: gr.Request = None) -> str:
+        """The line under the text box (render.plan_html): what Generate will do with the form as it stands, with
+        the caller's limits, or the sentence it would fail with (never a toast for typing); nothing for an empty
+        box. Planning reads SSML, cleans, resolves the voice, segments and respells, and touches no GPU."""
+        if not (text or "").strip():
+            return ""
+        # A plan only checks that a clip is there; decoding the file at every keystroke would cost more than the
+        # plan itself. Generate decodes the real one (and says so if it cannot).
+        present = (np.zeros(1, np.float32), SAMPLE_RATE) if clip is not None else None
+        try:
+            order = page_order(text=text, style=style, voice=voice, clip=present, clip_text=clip_text,
+                               temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, max_frames=max_frames,
+                               repeat_guard=repeat_guard, clean=clean, clean_actions=clean_actions)
+            plan = self.service.plan(dataclasses.replace(order, caller=self.access.page_caller(request)))
+        except Exception as exc:  # the sentence Generate would show
+            return render.plan_html(error=Failure.of(exc, "page plan").message)
+        return render.plan_html(plan)
+
     def _run_variant(self, handle: TakeHandle) -> threading.Thread:
         """Generate one of the other takes to its end in a thread; the service records it (`handle.take`)."""
         def run():
