@@ -122,12 +122,9 @@ def test_clean_chat_text_speaks_the_cleaned_text_and_the_alias_table_lists_the_n
     assert "| `alloy` | style Neutral | built in |" in table and "| `nova` | style Excited | built in |" in table
 
 
-def test_render_palette_estimate_and_metrics():
+def test_render_palette_and_metrics():
     palette = render.palette_html()
     assert palette.count("data-tag=") == 43 and "data-tag=\"&lt;|sfx:laughter|&gt;\"" in palette
-    est = render.estimate_html("Hello <|bogus|> there.", max_frames=50)
-    assert "budget 50 frames" in est and "bogus" in est and 'class="hs-lint error"' in est
-    assert "auto" in render.estimate_html("Hello there.")
     empty = render.metrics_html()
     assert 'id="m-ttfa">—<' in empty and 'id="m-state">idle<' in empty
     html = render.metrics_html(Metrics.blank(frames=50, seed=3, stop_reason="eoc"), state="done", seconds=2.0)

@@ -68,7 +68,7 @@ def test_generate_streams_audio_and_shows_metrics(page, artifacts_dir):
     pg.click("button[data-tag='<|sfx:laughter|>']")  # the palette inserts at the cursor, with no space after sfx
     pg.keyboard.type("Haha.")
     assert pg.input_value("#text textarea") == "Hello there, this is the studio. <|sfx:laughter|>Haha."
-    pg.wait_for_function("() => document.querySelector('#estimate')?.innerText.includes('s of speech')")
+    pg.wait_for_function("() => document.querySelector('#plan')?.innerText.includes('one take')")
 
     pg.click("#generate-btn")
     # The live player starts playing while the take is produced (tests/test_live_player.py goes further).

@@ -62,9 +62,9 @@ class Plan:
     def summary(self) -> str:
         """The plan in words, for the page before Generate: "one take, ~6 s" or "long take: 31 sentences, ~3 min"."""
         if not self.long:
-            return f"one take, ~{estimate_seconds(self.prompt):.0f} s"
-        seconds = sum(s.seconds for s in self.segments)
-        size = f"~{seconds / 60:.0f} min" if seconds >= 90 else f"~{seconds:.0f} s"
+            return f"one take, ~{max(1, round(estimate_seconds(self.prompt)))} s"
+        seconds = sum(s.seconds + s.pause_after for s in self.segments)  # speech and its exact pauses
+        size = f"~{seconds / 60:.0f} min" if seconds >= 90 else f"~{max(1, round(seconds))} s"
         return f"long take: {len(self.segments)} segments, {size}"
 
 

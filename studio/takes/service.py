@@ -44,9 +44,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.config import FRAME_RATE, SAMPLE_RATE
+from engine.config import SAMPLE_RATE
 from engine.normalize import looks_english
-from engine.tokenizer import CONTROL_TAGS, estimate_seconds
+from engine.tokenizer import CONTROL_TAGS
 from engine.types import SEED_LIMIT, Metrics, SamplingParams
 from studio.takes.admission import OWNER, Caller
 from studio.takes.gpu_queue import GpuQueue, Queued, ServiceBusy, ServiceClosed, TooManyTakes
@@ -341,11 +341,6 @@ class StudioService:
         return self.presets.add(name, self.resolve_style(style), description=description)
 
     # ---------------------------------------------------------------- status
-
-    def estimate(self, text: str) -> dict[str, float]:
-        """Duration estimate for text before generating (PRODUCT §7.11): seconds and frames."""
-        seconds = estimate_seconds(text or "")
-        return {"seconds": seconds, "frames": round(seconds * FRAME_RATE)}
 
     def status(self) -> dict[str, Any]:
         """Engine facts for the status panel and `/health`-style routes."""
