@@ -115,7 +115,7 @@ def test_a_private_voice_is_the_owners_alone_and_a_shared_one_is_everyones(studi
     token = page_token(visitor)
     by_id = LiveTake(visitor, token, voice=ids[PRIVATE])
     by_id.join(120)
-    assert by_id.end == "error" and "No saved voice" in by_id.lines[-1]["message"]
+    assert by_id.end == "error" and "No voice called" in by_id.lines[-1]["message"]
     assert clean(json.dumps(by_id.lines), beyond_id)
     by_name_take = LiveTake(visitor, token, voice=PRIVATE)
     by_name_take.join(120)
@@ -125,7 +125,7 @@ def test_a_private_voice_is_the_owners_alone_and_a_shared_one_is_everyones(studi
     assert shared.end == "done", shared.lines
     generate = by_name["generate"]
     args = ["Hello from a visitor.", "", ids[PRIVATE], None, "", 0.8, 0.8, 30, 1, 8, 0, 1, False, "speak", [], ""]
-    assert "No saved voice" in refused(run_event(visitor, generate, args)[1])
+    assert "No voice called" in refused(run_event(visitor, generate, args)[1])
     args[2] = ids[SHARED]
     assert run_event(visitor, generate, args)[1]["success"]
 
@@ -157,7 +157,7 @@ def test_gradio_client_calls_the_documented_endpoints_as_a_visitor(studio):
     assert SHARED in listed and PRIVATE not in listed and ids[PRIVATE] not in listed
     with pytest.raises(Exception, match="up to 1000 characters"):
         gc.predict("word " * 250, api_name="/synthesize")
-    with pytest.raises(Exception, match="No saved voice"):
+    with pytest.raises(Exception, match="No voice called"):
         gc.predict("Hello.", ids[PRIVATE], api_name="/synthesize")
     # The same visitor (this address) fills its share through the page's live route: two running, four waiting.
     http = client(url)
