@@ -65,6 +65,31 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def shared_engine():
+    """The one factory of in-process engines: `shared_engine(checkpoint=None, *, device="cpu", precision="auto",
+    max_batch=16)` is `Engine.load` of `checkpoint` (None: the demo checkpoint behind `--demo`) with these
+    settings, loaded once per test process and shared by every file that asks for the same. A load costs ~2 s
+    here (the tokenizer, the codec) and an engine's first take ~1 s of warm-up, once instead of once per file.
+    Sharing changes no claim: a take's codes depend neither on its company nor on what ran before (batch
+    invariance), and a prefix is reused only by a prompt that starts with it, so each file builds its own voices
+    and prompts. A test about a cold engine (nothing in its prefix cache) loads one of its own."""
+    from engine.demo import demo_checkpoint
+    from engine.device import resolve_device
+    from engine.generate import DEFAULT_MAX_BATCH, Engine
+
+    built = {}
+
+    def engine(checkpoint=None, *, device="cpu", precision="auto", max_batch=DEFAULT_MAX_BATCH):
+        root = Path(checkpoint if checkpoint is not None else demo_checkpoint()).resolve()
+        key = (root, str(resolve_device(device)), precision, max_batch)
+        if key not in built:
+            built[key] = Engine.load(root, device=device, precision=precision, max_batch=max_batch)
+        return built[key]
+
+    return engine
+
+
+@pytest.fixture(scope="session")
 def interp_take(parity_dir) -> dict:
     """The cubin backend's greedy take under the interpreter beside the torch reference (tests/interp_step.py):
     minutes of interpreter time, built once for tests/test_kernels_step.py and tests/test_kernels_v2_step.py."""
@@ -92,6 +117,31 @@ def torch_threads(request):
     want = 1 if request.node.get_closest_marker("demo_threads") else _TORCH_THREADS[0]
     if torch.get_num_threads() != want:
         torch.set_num_threads(want)
+
+
+# ------------------------------------------------------------------------------------------ the browser
+# Debian's Chromium (apt-get install chromium), driven by Playwright: CI never runs `playwright install`.
+# --no-sandbox: root in CI; the background-networking flags stop Chromium's calls home, which this machine's
+# closed network refuses many at a time; autoplay: the live player starts without a click on the page.
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--autoplay-policy=no-user-gesture-required", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    """Headless Chromium (a Playwright `Browser`) for one file; skips with the reason when Chromium or
+    Playwright is missing. Not one per session: while Playwright's sync API is open its thread has a running
+    event loop, and a later file's `asyncio.run` would refuse to start (a launch costs ~1 s)."""
+    if not CHROMIUM.exists():
+        pytest.skip(f"Debian chromium is not installed at {CHROMIUM} (apt-get install chromium)")
+    pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
 
 
 # ------------------------------------------------------------------------------------------ shared studios
@@ -123,11 +173,20 @@ def public_studio(tmp_path_factory):
     yield from shared_studio(tmp_path_factory, "--api-key", KEY, "--public-page")
 
 
+@pytest.fixture(scope="session")
+def space_studio(tmp_path_factory):
+    """`app.py --demo --api-key SECRET --public-page --private-voices`, started as a Space starts: visitors keep
+    their voices in their browsers, and every file the server writes lands under its `root`."""
+    from tests.studio_server import KEY, shared_studio
+
+    yield from shared_studio(tmp_path_factory, "--api-key", KEY, "--public-page", "--private-voices", contained=True)
+
+
 # ------------------------------------------------------------------------------------------ two workers
 # `--dist loadgroup` (pyproject.toml) hands each worker whole groups. A file is a group of its own, so its
 # module-scoped servers and models are built once; the files that use one of these session fixtures join one
 # group, so it is built once in all.
-SHARED_FIXTURES = ("demo_studio", "keyed_studio", "public_studio", "interp_take")
+SHARED_FIXTURES = ("demo_studio", "keyed_studio", "public_studio", "space_studio", "interp_take")
 # The files (or groups, named by one file) that ran longest on the 2-core CI machine (`--durations`), longest
 # first. They are handed out first: a long file handed out last keeps one worker busy while the other has
 # nothing left to do.

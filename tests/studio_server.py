@@ -1,8 +1,8 @@
 """Start `python app.py --demo` on a free localhost port for the client and browser tests.
 
 `running_studio` starts one for a block of code. The studios that many files only need running are started
-once per test process instead (`shared_studio`, behind tests/conftest.py's `demo_studio`, `keyed_studio` and
-`public_studio`)."""
+once per test process instead (`shared_studio`, behind tests/conftest.py's `demo_studio`, `keyed_studio`,
+`public_studio` and `space_studio`)."""
 
 from __future__ import annotations
 
@@ -82,14 +82,20 @@ def running_studio(tmp: Path, *args: str, env: dict[str, str] | None = None):
 
 @dataclass(frozen=True)
 class Studio:
-    """A running studio: its base URL and its voice library's folder."""
+    """A running studio: its base URL, its voice library's folder and the folder it was started in."""
 
     url: str
     voices: Path
+    root: Path
 
 
-def shared_studio(tmp_path_factory, *args: str):
-    """The body of a session fixture: yields the `Studio` started with `args`, stops it at the session's end."""
+def shared_studio(tmp_path_factory, *args: str, contained: bool = False):
+    """The body of a session fixture: yields the `Studio` started with `args`, stops it at the session's end.
+    `contained`: every file it writes (its temp files and Gradio's upload cache too) lands under its root."""
     root = tmp_path_factory.mktemp("studio")
-    with running_studio(root, *args) as url:
-        yield Studio(url, root / "voices")
+    env = None
+    if contained:
+        (root / "tmp").mkdir()
+        env = {"TMPDIR": str(root / "tmp"), "GRADIO_TEMP_DIR": str(root / "gradio")}
+    with running_studio(root, *args, env=env) as url:
+        yield Studio(url, root / "voices", root)
