@@ -8,21 +8,19 @@ import time
 
 import pytest
 
-from engine import Engine
-from engine.demo import demo_checkpoint
 from studio.takes.service import StudioService
 
 N = 8
 
 
 @pytest.fixture(scope="module")
-def api():
+def api(shared_engine):
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
     from studio import api as speech_api
 
-    service = StudioService(Engine.load(demo_checkpoint(), device="cpu"))
+    service = StudioService(shared_engine())
     app = FastAPI()
     speech_api.register(app, service)
     with TestClient(app) as client:

@@ -106,17 +106,15 @@ def test_off_or_offline_leaves_the_box_empty_with_a_one_line_note(clip, tmp_path
 
 
 @pytest.fixture(scope="module")
-def voices_api(tmp_path_factory):
+def voices_api(tmp_path_factory, shared_engine):
     """The HTTP API on the demo engine with a voice library, built per transcriber."""
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from engine import Engine
-    from engine.demo import demo_checkpoint
     from studio import api
     from studio.voices import VoiceLibrary
 
-    engine = Engine.load(demo_checkpoint(), device="cpu")
+    engine = shared_engine()
     services = []
 
     def make(transcriber):

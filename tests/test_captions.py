@@ -11,7 +11,6 @@ import pytest
 import srt
 import webvtt
 
-from engine import Engine
 from engine.captions import Cue, WordTime, cues, to_srt, to_vtt
 from engine.config import SAMPLE_RATE
 from engine.longform import plan
@@ -31,8 +30,8 @@ def vtt_seconds(stamp: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_checkpoint):
-    return Engine.load(tiny_checkpoint, device="cpu", precision="fp32", max_batch=1)
+def engine(shared_engine, tiny_checkpoint):
+    return shared_engine(tiny_checkpoint, precision="fp32", max_batch=1)
 
 
 @pytest.fixture(scope="module")

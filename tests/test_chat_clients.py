@@ -12,8 +12,6 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from engine import Engine
-from engine.demo import demo_checkpoint
 from studio.voices.aliases import DEFAULT_STYLES, OPENAI_VOICES, VoiceAliases
 from studio.text.presets import PresetStore
 from studio.takes.service import StudioService
@@ -27,7 +25,7 @@ TAKE = {"seed": 21, "max_frames": 12, "stream": False}  # one buffered body: the
 
 
 @pytest.fixture(scope="module")
-def studio(tmp_path_factory):
+def studio(tmp_path_factory, shared_engine):
     """The owner's API with saved voices "Narrator" and "Ann", started as app.py does with
     `--voice-alias alloy=Narrator --voice-alias nova=Sad` (the rest: the built-in table)."""
     from fastapi import FastAPI
@@ -38,7 +36,7 @@ def studio(tmp_path_factory):
     root = tmp_path_factory.mktemp("chat")
     catalog = VoiceCatalog(VoiceLibrary(root / "voices"))
     presets = PresetStore(root / "presets.json")
-    service = StudioService(Engine.load(demo_checkpoint(), device="cpu"), catalog, presets)
+    service = StudioService(shared_engine(), catalog, presets)
     add_voices(catalog, service, (("Narrator", 130.0), ("Ann", 220.0)))
     service.aliases = VoiceAliases.build(["alloy=Narrator", "nova=Sad"], voices=catalog, presets=presets)
     app = FastAPI()

@@ -5,7 +5,6 @@ predict, and a second request with the same voice reuses the voice prefix bit-id
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -14,14 +13,15 @@ import torch
 
 from engine import Engine
 from engine.config import SAMPLES_PER_FRAME
+from tests.helpers import espeak_clip
 
 TTS, TEXT, AUDIO, REF_AUDIO, REF_TEXT = 151667, 151672, 151670, 151679, 151680
 BOC, EOC = 1024, 1025
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_checkpoint):
-    return Engine.load(tiny_checkpoint, device="cpu", precision="fp32")
+def engine(shared_engine, tiny_checkpoint):
+    return shared_engine(tiny_checkpoint, precision="fp32")
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +29,7 @@ def clip(tmp_path_factory):
     """About 1.5 s of synthetic speech from espeak-ng (22.05 kHz), or a voiced glide when it is absent."""
     if shutil.which("espeak-ng"):
         path = tmp_path_factory.mktemp("clip") / "ref.wav"
-        subprocess.run(["espeak-ng", "-w", str(path), "Hello from the reference speaker."], check=True)
-        wav, rate = sf.read(path, dtype="float32")
+        wav, rate = sf.read(espeak_clip(path, "Hello from the reference speaker."), dtype="float32")
         return wav, rate
     rate = 16000
     t = np.arange(int(1.8 * rate)) / rate

@@ -12,12 +12,14 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from engine.config import SAMPLE_RATE
 from studio.api.access import Access, client_address, visitor
 from studio.takes.admission import OWNER, Caller
 from studio.views.live import ROUTE, TOKEN_HEADER
 from studio.views.page import Page
 from studio.takes.service import Queued, StudioService, TooManyTakes
 from tests.fakes import FakeEngine
+from tests.helpers import tone
 from tests.test_service import request
 
 KEY = "SECRET"
@@ -172,11 +174,8 @@ def test_the_live_route_gives_each_client_address_one_share(public_page, monkeyp
     holder.cancel.set()
 
 
-def test_a_long_takes_segments_take_turns_with_another_caller():
-    from engine.demo import demo_checkpoint
-    from engine.generate import Engine
-
-    svc = StudioService(Engine.load(demo_checkpoint(), device="cpu", max_batch=1), None, None)
+def test_a_long_takes_segments_take_turns_with_another_caller(shared_engine):
+    svc = StudioService(shared_engine(max_batch=1), None, None)
     assert svc.slots == 1
     text = " ".join(f"Sentence number {i} of a chapter that is long enough to be planned in several "
                     "segments of speech, one after another." for i in range(6))  # four segments
@@ -195,18 +194,11 @@ def test_a_long_takes_segments_take_turns_with_another_caller():
     svc.close()
 
 
-def tone(pitch: float = 180.0, seconds: float = 2.0):
-    import numpy as np
-
-    t = np.arange(int(seconds * 24_000)) / 24_000
-    return 24_000, (0.4 * np.sin(2 * np.pi * pitch * t)).astype(np.float32)
-
-
 def test_library_voices_are_private_until_shared_and_imports_come_in_private(tmp_path):
     from studio.voices import Consent, VoiceLibrary
 
     library = VoiceLibrary(tmp_path / "voices")
-    voice = library.add(tone(), name="Mine", transcript="Mine.", consent=Consent("owner"))
+    voice = library.add((SAMPLE_RATE, tone(2.0, pitch=180)), name="Mine", transcript="Mine.", consent=Consent("owner"))
     assert voice.shared is False and library.list(visitor=True) == []
     with pytest.raises(ValueError, match="No saved voice called 'Mine'"):
         library.get("Mine", visitor=True)
@@ -230,7 +222,7 @@ def test_the_owner_shares_a_voice_over_the_api_and_bad_changes_are_sentences(tmp
     from studio.voices import Consent, VoiceLibrary
 
     library = VoiceLibrary(tmp_path / "voices")
-    voice = library.add(tone(), name="Mine", transcript="Mine.", consent=Consent("owner"))
+    voice = library.add((SAMPLE_RATE, tone(2.0, pitch=180)), name="Mine", transcript="Mine.", consent=Consent("owner"))
     service = StudioService(FakeEngine(), library, None)
     app = FastAPI()
     api.register(app, service, api_key=KEY)
@@ -270,7 +262,7 @@ def test_the_voices_tab_shares_and_unshares_a_voice(tmp_path):
     from studio.voices import Consent, VoiceLibrary
 
     library = VoiceLibrary(tmp_path / "voices")
-    voice = library.add(tone(), name="Mine", transcript="Mine.", consent=Consent("owner"))
+    voice = library.add((SAMPLE_RATE, tone(2.0, pitch=180)), name="Mine", transcript="Mine.", consent=Consent("owner"))
     page = Page(StudioService(FakeEngine(), library, None))  # no key: the page is the owner's
     page.build()
     assert page.voices._voice_rows()[0][:3] == ["Mine", voice.id, "private"]

@@ -10,9 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from engine import Engine
 from engine.config import SAMPLE_RATE
-from engine.demo import demo_checkpoint
 from engine.longform import MAX_PAUSE_SECONDS, plan
 from engine.longtake import LongTake
 from engine.ssml import read_text
@@ -31,8 +29,8 @@ FULL_SCALE = 32767
 
 
 @pytest.fixture(scope="module")
-def engine():
-    return Engine.load(demo_checkpoint(), device="cpu")
+def engine(shared_engine):
+    return shared_engine()
 
 
 def speech(studio, body: dict) -> httpx.Response:

@@ -7,9 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine import Engine
 from engine.delay import apply_delay
-from engine.demo import demo_checkpoint
 from engine.longform import plan
 from engine.longtake import LongTake
 from engine.types import SamplingParams
@@ -28,9 +26,9 @@ SENTENCE = "The tide came in over the flats, slow and grey, and the birds lifted
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory):
+def service(tmp_path_factory, shared_engine):
     library = VoiceLibrary(tmp_path_factory.mktemp("voices"))
-    service = StudioService(Engine.load(demo_checkpoint(), device="cpu"), library)
+    service = StudioService(shared_engine(), library)
     add_voices(library, service, (("Narrator", 140.0), ("Guest", 220.0)))
     yield service
     service.close()

@@ -6,12 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine import Engine
 from engine.config import SAMPLE_RATE
-from engine.demo import demo_checkpoint
 from engine.joins import FADE_SECONDS, KEEP_SECONDS, MAX_GAIN_DB, WINDOW, shape_segment, speech_rms
 from engine.longform import PARAGRAPH_PAUSE, SENTENCE_PAUSE, plan
 from engine.longtake import LongTake
+from tests.helpers import tone
 
 pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)
 
@@ -33,8 +32,8 @@ def long_text() -> str:
 
 
 @pytest.fixture(scope="module")
-def engine():
-    return Engine.load(demo_checkpoint(), device="cpu")
+def engine(shared_engine):
+    return shared_engine()
 
 
 def test_a_long_text_streams_as_the_assembled_take(engine):
@@ -81,14 +80,9 @@ def test_a_long_text_streams_as_the_assembled_take(engine):
     assert sum(s.pause_after == PARAGRAPH_PAUSE for s in segments) == text.count("\n\n")
 
 
-def tone(seconds: float, amplitude: float, rate: int = SAMPLE_RATE) -> np.ndarray:
-    t = np.arange(int(seconds * rate)) / rate
-    return (amplitude * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
-
-
 def test_a_join_trims_silence_to_the_kept_decay():
     silence = np.zeros(SAMPLE_RATE, np.float32)
-    audio = np.concatenate([silence[:SAMPLE_RATE // 2], tone(1.0, 0.3), silence])
+    audio = np.concatenate([silence[:SAMPLE_RATE // 2], tone(1.0, pitch=220, amplitude=0.3), silence])
     shaped = shape_segment(audio, trim_start=True, reference_rms=None)
     keep = int(KEEP_SECONDS * SAMPLE_RATE)
     assert len(shaped) == SAMPLE_RATE + 2 * keep  # 40 ms kept on each side of the tone
@@ -105,8 +99,8 @@ def test_a_join_fades_both_ends():
 
 
 def test_loudness_is_matched_within_limits():
-    quiet, loud = tone(1.0, 0.05), tone(1.0, 0.3)
-    reference = speech_rms(tone(1.0, 0.1))
+    quiet, loud = tone(1.0, pitch=220, amplitude=0.05), tone(1.0, pitch=220, amplitude=0.3)
+    reference = speech_rms(tone(1.0, pitch=220, amplitude=0.1))
     matched = speech_rms(shape_segment(quiet, trim_start=True, reference_rms=reference))
     assert matched == pytest.approx(reference, rel=0.01)
     # 0.3 → 0.1 would need −9.5 dB: the gain stops at −MAX_GAIN_DB.

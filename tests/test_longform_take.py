@@ -29,8 +29,8 @@ STORY = ("The boat left at dawn. The sea was calm and grey. Gulls followed it ou
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_checkpoint):
-    return Engine.load(tiny_checkpoint, device="cpu", precision="fp32")
+def engine(shared_engine, tiny_checkpoint):
+    return shared_engine(tiny_checkpoint, precision="fp32")
 
 
 @pytest.fixture(scope="module")

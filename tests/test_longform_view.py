@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from engine import Engine
-from engine.demo import demo_checkpoint
 from studio.takes.service import StudioService
 from studio.views.longform import LongFormView, parse_voices_map
 
@@ -21,8 +19,8 @@ PARAGRAPHS = "\n\n".join(
 
 
 @pytest.fixture(scope="module")
-def service():
-    service = StudioService(Engine.load(demo_checkpoint(), device="cpu"))
+def service(shared_engine):
+    service = StudioService(shared_engine())
     yield service
     service.close()
 

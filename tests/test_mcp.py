@@ -16,6 +16,7 @@ import pytest
 import soundfile as sf
 
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
+from tests.helpers import clip_bytes
 from tests.studio_server import free_port
 
 gr = pytest.importorskip("gradio")
@@ -29,13 +30,11 @@ TOOLS = {"synthesize", "list_voices", "add_voice"}
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def served(tmp_path_factory, shared_engine):
     """A Blocks with only the MCP tools, mounted with mcp_server=True, on a free port."""
     import fastapi
     import uvicorn
 
-    from engine.generate import Engine
-    from engine.demo import demo_checkpoint
     from studio.api import mcp
     from studio.text.presets import PresetStore, load_builtin_presets
     from studio.takes.service import StudioService
@@ -43,7 +42,7 @@ def served(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("mcp")
     library = VoiceLibrary(root / "voices")
-    service = StudioService(Engine.load(demo_checkpoint()), library,
+    service = StudioService(shared_engine(device="auto"), library,
                             PresetStore(root / "presets.json", builtins=load_builtin_presets()))
     with gr.Blocks() as blocks:
         gr.Markdown("MCP test")
@@ -79,11 +78,7 @@ def call(base: str, calls: list[tuple[str, dict]], key: str | None = KEY) -> lis
 
 
 def clip_data_url(seconds: float = 2.0) -> str:
-    t = np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE
-    x = (0.4 * np.sin(2 * np.pi * 170 * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
-    buf = io.BytesIO()
-    sf.write(buf, x, SAMPLE_RATE, format="WAV")
-    return "data:audio/wav;base64," + base64.b64encode(buf.getvalue()).decode()
+    return "data:audio/wav;base64," + base64.b64encode(clip_bytes(seconds, pitch=170, rate=SAMPLE_RATE)).decode()
 
 
 def test_schema_lists_the_three_tools_with_descriptions(served):

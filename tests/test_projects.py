@@ -7,34 +7,26 @@ from __future__ import annotations
 import io
 import time
 import zipfile
-from contextlib import contextmanager
 
 import numpy as np
 import pytest
 import soundfile as sf
-from fastapi import FastAPI
-from starlette.testclient import TestClient
 
-from engine import Engine
-from studio import api
-from studio.api.access import Access
 from studio.projects import importing
-from studio.projects.importing import ImportRefused, Limits
+from studio.projects.importing import ImportRefused
 from studio.projects.jobs import JobRunner
-from studio.projects.library import Projects
-from studio.projects.store import Store
 from studio.takes.service import StudioService
+from tests.helpers import PROJECT_SETTINGS, projects_client, running_projects, wait_job
 
 pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)
 
-SETTINGS = {"seed": 11, "max_frames": 12}
 BOOK = ("# The book\n\n## One\n\nThe boat left at dawn.\n\nThe sea was calm.\n\n"
         "## Two\n\nGulls followed it out.\n\nBy noon the wind had turned.\n\n## Three\n\nNobody spoke.")
 
 
 @pytest.fixture(scope="module")
-def service(tiny_checkpoint):
-    service = StudioService(Engine.load(tiny_checkpoint, device="cpu", precision="fp32", max_batch=2), None, None)
+def service(shared_engine, tiny_checkpoint):
+    service = StudioService(shared_engine(tiny_checkpoint, precision="fp32", max_batch=2), None, None)
     yield service
     service.close()
 
@@ -53,32 +45,10 @@ class Counting:
         return self.engine.generate_stream(*args, prompt=prompt, **kwargs)
 
 
-@contextmanager
-def running(service, folder):
-    """(the projects library, its started job runner) over a store in `folder`; stopped and closed after."""
-    store = Store(folder)
-    projects = Projects(store, service, limits=Limits(max_chars=5000, max_chapters=8, max_bytes=200_000))
-    runner = JobRunner(projects, service)
-    runner.start()
-    try:
-        yield projects, runner
-    finally:
-        runner.stop()
-        store.close()
-
-
 @pytest.fixture
 def studio(service, tmp_path):
-    with running(service, tmp_path / "projects") as studio:
+    with running_projects(service, tmp_path / "projects") as studio:
         yield studio
-
-
-def wait(runner, job_id, states=("done", "failed", "cancelled"), timeout=60):
-    deadline = time.monotonic() + timeout
-    while (view := runner.view(job_id))["state"] not in states:
-        assert time.monotonic() < deadline, view
-        time.sleep(0.05)
-    return view
 
 
 # ------------------------------------------------------------------------------------------- imports
@@ -182,11 +152,11 @@ def test_size_caps_refuse_a_book_before_anything_is_stored(studio):
 # ------------------------------------------------------------------------------------------- rendering
 def test_a_render_stores_every_segment_and_an_edited_paragraph_is_all_that_renders_again(studio, service):
     projects, runner = studio
-    project = projects.create("owner", importing.from_text(BOOK, markdown=True), SETTINGS)
+    project = projects.create("owner", importing.from_text(BOOK, markdown=True), PROJECT_SETTINGS)
     counting = Counting(service.engine)
     service.engine = counting
     try:
-        job = wait(runner, runner.render(project.id).id)
+        job = wait_job(runner, runner.render(project.id).id)
         assert job["state"] == "done" and job["done"] == job["total"] == 5 and job["rendered"] == 5
         assert job["rtf"] > 0 and job["error"] is None
         view = projects.view(project.id)
@@ -197,7 +167,7 @@ def test_a_render_stores_every_segment_and_an_edited_paragraph_is_all_that_rende
         edited = "The boat left at dawn.\n\nThe sea was grey and still."
         projects.patch(project.id, {"chapters": [{"index": 0, "text": edited}]})
         assert [c["state"] for c in projects.view(project.id)["chapters"]] == ["stale", "done", "done"]
-        again = wait(runner, runner.render(project.id).id)
+        again = wait_job(runner, runner.render(project.id).id)
         assert again["rendered"] == 1 and again["done"] == again["total"] == 5
         new_prompts = counting.texts[texts:]
         assert 1 <= len(new_prompts) <= 2  # the edited paragraph's one segment (and its retry if cut short)
@@ -208,7 +178,7 @@ def test_a_render_stores_every_segment_and_an_edited_paragraph_is_all_that_rende
         assert not np.array_equal(before[0], after[0])
         # the same text again is a render that exists: nothing runs
         projects.patch(project.id, {"chapters": [{"index": 0, "text": "The boat left at dawn.\n\nThe sea was calm."}]})
-        assert wait(runner, runner.render(project.id).id)["rendered"] == 0
+        assert wait_job(runner, runner.render(project.id).id)["rendered"] == 0
         assert np.array_equal(projects.chapter_pcm(project.id, 0), before[0])
     finally:
         service.engine = counting.engine
@@ -218,12 +188,12 @@ def test_a_render_writes_each_segments_row_once(studio, monkeypatch):
     """A job's worker keeps the book's plan between steps; the rows it has keyed since are not written again
     at every step (a book of n segments made n²/2 transactions)."""
     projects, runner = studio
-    project = projects.create("owner", importing.from_text(BOOK, markdown=True), SETTINGS)
+    project = projects.create("owner", importing.from_text(BOOK, markdown=True), PROJECT_SETTINGS)
     writes = []
     set_segment = projects.store.set_segment
     monkeypatch.setattr(projects.store, "set_segment",
                         lambda *a, **k: (writes.append((a, k.get("key"))), set_segment(*a, **k))[1])
-    job = wait(runner, runner.render(project.id).id)
+    job = wait_job(runner, runner.render(project.id).id)
     assert job["state"] == "done" and job["rendered"] == 5
     keyed = [w for w in writes if w[1] is not None]
     assert len(keyed) == len(set(keyed)) == 5
@@ -231,8 +201,9 @@ def test_a_render_writes_each_segments_row_once(studio, monkeypatch):
 
 def test_segment_files_are_complete_flac_and_codes(studio):
     projects, runner = studio
-    project = projects.create("owner", importing.from_text("One line here. And one more line after it."), SETTINGS)
-    wait(runner, runner.render(project.id).id)
+    book = importing.from_text("One line here. And one more line after it.")
+    project = projects.create("owner", book, PROJECT_SETTINGS)
+    wait_job(runner, runner.render(project.id).id)
     for p in projects.planned(project.id):
         flac, codes = projects.store.render_paths(p.key)
         audio, rate = sf.read(flac, dtype="float32")
@@ -244,7 +215,7 @@ def test_segment_files_are_complete_flac_and_codes(studio):
 def test_pause_resume_and_cancel_with_the_time_left(studio):
     projects, runner = studio
     long_book = "\n\n".join(f"# {c}\n\n" + "\n\n".join(f"Line {c} {n}." for n in range(3)) for c in "ABC")
-    project = projects.create("owner", importing.from_text(long_book, markdown=True), SETTINGS)
+    project = projects.create("owner", importing.from_text(long_book, markdown=True), PROJECT_SETTINGS)
     job = runner.render(project.id)
     deadline = time.monotonic() + 60
     while runner.view(job.id)["rendered"] < 2:
@@ -257,20 +228,20 @@ def test_pause_resume_and_cancel_with_the_time_left(studio):
     assert view["rtf"] > 0 and view["eta_s"] > 0  # from the measured RTF and the speech left
     assert projects.view(project.id)["job"] == job.id
     assert runner.resume(job.id).state == "queued"
-    assert wait(runner, job.id)["state"] == "done" and runner.view(job.id)["eta_s"] is None
+    assert wait_job(runner, job.id)["state"] == "done" and runner.view(job.id)["eta_s"] is None
     with pytest.raises(ValueError, match="done already"):
         runner.cancel(job.id)
     projects.set_segment(project.id, 1, 0)  # the next seed
     job = runner.render(project.id, [1])
     assert runner.cancel(job.id).state == "cancelled"
     assert projects.view(project.id)["job"] is None
-    assert wait(runner, runner.render(project.id, [1]).id)["rendered"] == 1
+    assert wait_job(runner, runner.render(project.id, [1]).id)["rendered"] == 1
 
 
 def test_a_restart_sweeps_half_written_files_and_resumes_the_job_that_was_running(studio, service):
     projects, runner = studio
     runner.stop()  # the server that was killed
-    project = projects.create("owner", importing.from_text(BOOK, markdown=True), SETTINGS)
+    project = projects.create("owner", importing.from_text(BOOK, markdown=True), PROJECT_SETTINGS)
     job = projects.store.add_job(project.id, None, 5)
     projects.store.update_job(job.id, state="running")  # as a killed server left it
     stray = projects.store.renders_dir / "ab" / "abcd.flac.tmp-123-456"
@@ -280,14 +251,14 @@ def test_a_restart_sweeps_half_written_files_and_resumes_the_job_that_was_runnin
     again.start()
     try:
         assert not stray.exists()
-        assert wait(again, job.id)["state"] == "done"
+        assert wait_job(again, job.id)["state"] == "done"
     finally:
         again.stop()
 
 
 def test_chapters_are_renamed_reordered_merged_and_skipped(studio):
     projects, _ = studio
-    project = projects.create("owner", importing.from_text(BOOK, markdown=True), SETTINGS)
+    project = projects.create("owner", importing.from_text(BOOK, markdown=True), PROJECT_SETTINGS)
     projects.patch(project.id, {"chapters": [{"index": 2, "title": "Coda", "skip": True}], "order": [2, 0, 1]})
     chapters = projects.view(project.id)["chapters"]
     assert [(c["title"], c["skip"]) for c in chapters] == [("Coda", True), ("One", False), ("Two", False)]
@@ -302,16 +273,10 @@ def test_chapters_are_renamed_reordered_merged_and_skipped(studio):
 
 
 # ------------------------------------------------------------------------------------------- HTTP
-def _client(service, studio, key=None) -> TestClient:
-    projects, runner = studio
-    app = FastAPI()
-    api.register(app, service, access=Access(key), projects=projects, runner=runner)
-    return TestClient(app)
-
-
 def test_the_api_creates_renders_and_serves_a_project(service, studio):
-    client = _client(service, studio)
-    r = client.post("/v1/projects", json={"title": "Sea", "text": BOOK, "format": "markdown", "settings": SETTINGS})
+    client = projects_client(service, studio)
+    r = client.post("/v1/projects", json={"title": "Sea", "text": BOOK, "format": "markdown",
+                                          "settings": PROJECT_SETTINGS})
     assert r.status_code == 201, r.text
     project = r.json()
     assert [c["title"] for c in project["chapters"]] == ["One", "Two", "Three"]
@@ -339,7 +304,7 @@ def test_the_api_creates_renders_and_serves_a_project(service, studio):
 
 
 def test_bad_requests_get_a_sentence_and_store_nothing(service, studio):
-    client = _client(service, studio)
+    client = projects_client(service, studio)
     assert client.post("/v1/projects", content=b"{nope", headers={"content-type": "application/json"}).status_code == 400
     r = client.post("/v1/projects", json={"text": "   "})
     assert r.status_code == 400 and "empty" in r.json()["error"]["message"]
@@ -357,7 +322,7 @@ def test_bad_requests_get_a_sentence_and_store_nothing(service, studio):
 
 
 def test_an_epub_upload_keeps_its_cover_and_unticks_front_matter(service, studio):
-    client = _client(service, studio)
+    client = projects_client(service, studio)
     data = _epub([("Copyright", "<p>All rights reserved.</p>"), ("One", "<p>Hello there.</p>"),
                   ("Two", "<p>Bye now.</p>")])
     r = client.post("/v1/projects", files={"file": ("sea.epub", data, "application/epub+zip")},
@@ -370,7 +335,7 @@ def test_an_epub_upload_keeps_its_cover_and_unticks_front_matter(service, studio
 
 
 def test_a_keyed_studio_keeps_projects_to_its_owner(service, studio):
-    client = _client(service, studio, key="k")
+    client = projects_client(service, studio, key="k")
     assert client.get("/v1/projects").status_code == 401
     assert client.post("/v1/projects", json={"text": "Hi."}).status_code == 401
     ok = client.post("/v1/projects", json={"text": "Hi."}, headers={"Authorization": "Bearer k"})

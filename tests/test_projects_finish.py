@@ -18,14 +18,13 @@ import soundfile as sf
 import srt
 import webvtt
 
-from engine import Engine
 from studio.audio.formats import ffmpeg_path
 from studio.projects import importing
 from studio.projects.library import Projects
 from studio.projects.store import Store
 from studio.text.pronounce import Dictionary, DictionaryStore, Rule
 from studio.takes.service import StudioService
-from tests.test_projects import SETTINGS, _client, running, wait
+from tests.helpers import PROJECT_SETTINGS, projects_client, running_projects, wait_job
 
 pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)
 
@@ -51,8 +50,8 @@ class Prompts:
 
 
 @pytest.fixture(scope="module")
-def service(tiny_checkpoint):
-    service = StudioService(Engine.load(tiny_checkpoint, device="cpu", precision="fp32", max_batch=2), None, None)
+def service(shared_engine, tiny_checkpoint):
+    service = StudioService(shared_engine(tiny_checkpoint, precision="fp32", max_batch=2), None, None)
     yield service
     service.close()
 
@@ -61,15 +60,15 @@ def service(tiny_checkpoint):
 def studio(service, tmp_path_factory):
     """One store for the file: renders are keyed by what makes them, so each test's new copy of the book
     finds the first one's renders and renders nothing (only what a test changes is made)."""
-    with running(service, tmp_path_factory.mktemp("finish") / "projects") as studio:
+    with running_projects(service, tmp_path_factory.mktemp("finish") / "projects") as studio:
         yield studio
 
 
 @pytest.fixture
 def rendered(studio):
     projects, runner = studio
-    project = projects.create("owner", importing.from_text(BOOK, markdown=True), SETTINGS)
-    assert wait(runner, runner.render(project.id).id)["state"] == "done"
+    project = projects.create("owner", importing.from_text(BOOK, markdown=True), PROJECT_SETTINGS)
+    assert wait_job(runner, runner.render(project.id).id)["state"] == "done"
     return project
 
 
@@ -123,7 +122,7 @@ def test_the_books_captions_continue_across_chapters_as_the_m4b_does(studio, ser
 
 
 def test_the_captions_route_serves_srt_vtt_and_json(service, studio, rendered):
-    client = _client(service, studio)
+    client = projects_client(service, studio)
     base = f"/v1/projects/{rendered.id}/captions"
     r = client.get(base, params={"format": "vtt", "chapter": 0})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/vtt")
@@ -137,7 +136,7 @@ def test_the_captions_route_serves_srt_vtt_and_json(service, studio, rendered):
     assert client.get(base, params={"format": "ass"}).status_code == 400
     assert client.get(base, params={"level": "letter"}).status_code == 400
     assert client.get(base, params={"chapter": 9}).status_code == 400
-    fresh = client.post("/v1/projects", json={"text": "Not rendered.", "settings": SETTINGS}).json()
+    fresh = client.post("/v1/projects", json={"text": "Not rendered.", "settings": PROJECT_SETTINGS}).json()
     r = client.get(f"/v1/projects/{fresh['id']}/captions")
     assert r.status_code == 400 and "not rendered yet" in r.json()["error"]["message"]
 
@@ -162,7 +161,7 @@ def test_a_changed_rule_makes_exactly_its_segments_stale_and_only_they_render(st
         assert _states(projects, rendered.id) == [["done", "stale"], ["done", "done"], ["stale"]]
         assert [c["state"] for c in projects.view(rendered.id)["chapters"]] == ["stale", "done", "stale"]
         assert projects.chapter_view(rendered.id, 2)["segments"][0]["spoken"] == "Nobody spoke of the see."
-        job = wait(runner, runner.render(rendered.id).id)
+        job = wait_job(runner, runner.render(rendered.id).id)
         assert job["rendered"] == 2 and sorted(prompts.texts) == ["Nobody spoke of the see.",
                                                                   "The see was calm. Gulls cried."]
         assert _states(projects, rendered.id) == [["done", "done"], ["done", "done"], ["done"]]
@@ -171,7 +170,7 @@ def test_a_changed_rule_makes_exactly_its_segments_stale_and_only_they_render(st
         prompts.texts.clear()
         service.dictionary.replace(Dictionary([Rule.make("gulls", "gals")]))
         assert _states(projects, rendered.id) == [["done", "stale"], ["stale", "done"], ["done"]]
-        assert wait(runner, runner.render(rendered.id).id)["rendered"] == 2
+        assert wait_job(runner, runner.render(rendered.id).id)["rendered"] == 2
         assert sorted(prompts.texts) == ["The see was calm. gals cried.", "gals followed it out."]
 
         # the project's rules are replaced as a whole: "sea" is gone, so chapter Three's segment is its first
@@ -179,7 +178,7 @@ def test_a_changed_rule_makes_exactly_its_segments_stale_and_only_they_render(st
         prompts.texts.clear()
         projects.patch(rendered.id, {"dictionary": [{"word": "gulls", "respelling": "gulls"}]})
         assert _states(projects, rendered.id) == [["done", "stale"], ["stale", "done"], ["done"]]
-        assert wait(runner, runner.render(rendered.id).id)["rendered"] == 2
+        assert wait_job(runner, runner.render(rendered.id).id)["rendered"] == 2
         assert sorted(prompts.texts) == ["The sea was calm. gulls cried.", "gulls followed it out."]
         assert projects.view(rendered.id)["dictionary"] == {"rules": [Rule.make("gulls", "gulls").to_json()]}
     finally:
@@ -190,7 +189,7 @@ def test_a_changed_rule_makes_exactly_its_segments_stale_and_only_they_render(st
 
 
 def test_the_api_takes_a_projects_dictionary_and_refuses_a_bad_rule(service, studio, rendered):
-    client = _client(service, studio)
+    client = projects_client(service, studio)
     url = f"/v1/projects/{rendered.id}"
     r = client.patch(url, json={"dictionary": {"rules": [{"word": r"(\w)\1", "respelling": "x", "regex": True}]}})
     assert r.status_code == 400 and "backreference" in r.json()["error"]["message"]
@@ -204,7 +203,7 @@ def test_the_api_takes_a_projects_dictionary_and_refuses_a_bad_rule(service, stu
 # ------------------------------------------------------------------------------------------- ACX and loudness
 def test_a_chapters_acx_report_is_in_the_api_view_and_measured_once(service, studio, rendered, monkeypatch):
     fresh = Projects(studio[0].store, service)  # no report measured yet (the file's other tests read some)
-    client = _client(service, (fresh, studio[1]))
+    client = projects_client(service, (fresh, studio[1]))
     assert all(c["acx"] is None for c in client.get(f"/v1/projects/{rendered.id}").json()["chapters"])
     from studio.projects import outputs
 
@@ -229,7 +228,7 @@ def _probe(data: bytes) -> dict:
 
 @pytest.mark.skipif(ffmpeg_path() is None, reason="ffmpeg not on PATH")
 def test_the_acx_export_is_one_192k_cbr_mp3_at_44k1_per_chapter(service, studio, rendered):
-    client = _client(service, studio)
+    client = projects_client(service, studio)
     r = client.get(f"/v1/projects/{rendered.id}/export", params={"format": "acx"})
     assert r.status_code == 200 and r.headers["content-type"] == "application/zip"
     with zipfile.ZipFile(io.BytesIO(r.content)) as zf:
@@ -250,7 +249,7 @@ def test_the_acx_export_is_one_192k_cbr_mp3_at_44k1_per_chapter(service, studio,
 
 
 def test_an_export_levels_each_chapter_to_the_loudness_asked(service, studio, rendered):
-    client = _client(service, studio)
+    client = projects_client(service, studio)
     url = f"/v1/projects/{rendered.id}/export"
     meter = pyloudnorm.Meter(SR)
     for n in range(2):

@@ -6,6 +6,7 @@ ends with each segment rendered once; the book exports as an M4B with its chapte
 `GET /v1/projects/{id}/export`."""
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -15,7 +16,6 @@ import urllib.request
 import pytest
 
 from studio.views.projects import chapter_rows, chapter_state, job_line, segment_rows, summary_md
-from tests.test_studio_browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)
 
@@ -55,10 +55,8 @@ def test_the_tables_say_each_chapters_state():
 
 
 @pytest.fixture(scope="module")
-def view(tmp_path_factory):
+def view(tmp_path_factory, shared_engine):
     """The tab's handlers over a real library and job runner on the demo engine (no page, no browser)."""
-    from engine import Engine
-    from engine.demo import demo_checkpoint
     from studio.projects.jobs import JobRunner
     from studio.projects.library import Projects
     from studio.projects.store import Store
@@ -66,7 +64,7 @@ def view(tmp_path_factory):
     from studio.views.projects import ProjectsView
 
     folder = tmp_path_factory.mktemp("projects")
-    service = StudioService(Engine.load(demo_checkpoint(), device="cpu", max_batch=2))
+    service = StudioService(shared_engine(max_batch=2))
     projects = Projects(Store(folder / "store"), service)
     runner = JobRunner(projects, service)
     runner.start()
@@ -152,10 +150,7 @@ def api(url: str, path: str, body: dict | None = None, *, raw: bool = False):
 
 
 @pytest.fixture(scope="module")
-def studio_url(demo_studio):
-    if not CHROMIUM.exists():
-        pytest.skip("Debian chromium is not installed at /usr/bin/chromium (apt-get install chromium)")
-    pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
+def studio_url(chromium, demo_studio):
     return demo_studio.url
 
 
@@ -194,16 +189,12 @@ def table_done(pg) -> int:
 
 
 @pytest.mark.browser
-def test_a_page_opened_again_shows_the_same_render_going_on(studio_url, tmp_path, artifacts_dir):
-    from playwright.sync_api import sync_playwright
-
+def test_a_page_opened_again_shows_the_same_render_going_on(studio_url, chromium, tmp_path, artifacts_dir):
     project = api(studio_url, "/v1/projects", {"title": "Reattach", "text": BOOK, "format": "markdown",
                                                "settings": {"max_frames": MAX_FRAMES}})
     pid = project["id"]
     assert [c["segments"] for c in project["chapters"]] == [3, 3, 3]
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1400, "height": 1400})
+    with contextlib.closing(chromium.new_context(viewport={"width": 1400, "height": 1400})) as context:
         pg = open_tab(context, studio_url)  # a browser with nothing remembered opens the newest project: this one
         pg.wait_for_function(f"() => document.querySelector('#proj-picker input')?.value === 'Reattach ({pid})'"
                              " && document.querySelector('#proj-summary')?.innerText.includes('Reattach')",
@@ -240,7 +231,6 @@ def test_a_page_opened_again_shows_the_same_render_going_on(studio_url, tmp_path
         pg.wait_for_function("() => (document.querySelector('#proj-chapters')?.innerText.match(/\\bdone\\b/g) || [])"
                              ".length === 3", timeout=30_000)
         pg.screenshot(path=str(artifacts_dir / "projects.png"), full_page=True)
-        browser.close()
 
     # The job started on the first page is the one that finished, and it generated each segment once.
     finished = api(studio_url, f"/v1/jobs/{job['id']}")

@@ -192,10 +192,8 @@ def test_cpu_facts_name_the_machine():
     assert facts["cpu"] and facts["kernels"] and isinstance(facts["native_bf16"], bool)
 
 
-def test_engine_auto_on_the_demo_is_fp32_and_says_why():
-    from engine.demo import demo_checkpoint
-
-    engine = Engine.load(demo_checkpoint(), device="cpu")
+def test_engine_auto_on_the_demo_is_fp32_and_says_why(shared_engine):
+    engine = shared_engine()  # Engine.load(demo_checkpoint(), device="cpu"), precision "auto"
     assert engine.info.precision == "fp32" and "small model" in engine.info.precision_reason
 
 

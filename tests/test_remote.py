@@ -372,11 +372,8 @@ def server(keyed_studio):
 
 
 @pytest.fixture(scope="module")
-def local():
-    from engine.demo import demo_checkpoint
-    from engine.generate import Engine
-
-    return Engine.load(demo_checkpoint())
+def local(shared_engine):
+    return shared_engine(device="auto")  # where the studio runs its own
 
 
 def pcm(audio: np.ndarray) -> np.ndarray:

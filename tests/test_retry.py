@@ -36,7 +36,7 @@ from studio.projects.recipes import anchor_of_render
 from studio.projects.store import Store, as_stored
 from studio.takes.service import StudioService, Order
 from tests.fakes import FakeEngine
-from tests.test_projects import wait
+from tests.helpers import wait_job
 
 PARAGRAPHS = ["The boat left the harbour at dawn, and the sea beyond the wall was calm and grey for many miles.",
               "Gulls followed it out past the lighthouse, crying over the wake, until the land was only a line.",
@@ -221,7 +221,7 @@ def test_a_project_render_listens_retries_and_records_every_attempt(service, tmp
     runner = JobRunner(projects, service, listener=Listener(asr, above=0.25, retries=2))
     runner.start()
     try:
-        job = wait(runner, runner.render(project.id).id, timeout=30)
+        job = wait_job(runner, runner.render(project.id).id, timeout=30)
     finally:
         runner.stop()
     assert job["state"] == "done" and job["rendered"] == 2

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
-import subprocess
 import zipfile
 
 import numpy as np
@@ -14,13 +12,12 @@ import pytest
 import torch
 
 from engine.config import FULL_SIZE, SAMPLES_PER_FRAME
-from studio.voices import Consent, VoiceError, VoiceLibrary, VoiceNotFound
+from studio.voices import VoiceError, VoiceLibrary, VoiceNotFound
 from studio.voices.catalog import VoiceCatalog
 from studio.voices.model import stage_audio
 from studio.voices.presets import PresetVoices
 from studio.voices.private import PrivateVoices, add_entries, export_bundle, from_browser
-
-CONSENT = Consent("Test Runner", "This is my own voice.")
+from tests.helpers import CONSENT, espeak_clip
 
 
 class CountingEncoder:
@@ -37,18 +34,12 @@ class CountingEncoder:
                                                                      (frames, FULL_SIZE.codebooks)))
 
 
-def speech(path, text):
-    if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
-    subprocess.run(["espeak-ng", "-w", str(path), text], check=True, capture_output=True)
-
-
 @pytest.fixture()
 def preset_folder(tmp_path):
     folder = tmp_path / "presets"
     folder.mkdir()
-    speech(folder / "ann.wav", "Good morning, this is Ann reading the news.")
-    speech(folder / "bob.wav", "Hello, my name is Bob and I tell stories.")
+    espeak_clip(folder / "ann.wav", "Good morning, this is Ann reading the news.")
+    espeak_clip(folder / "bob.wav", "Hello, my name is Bob and I tell stories.")
     (folder / "config.json").write_text(json.dumps({
         "Ann": {"transcript": "Good morning, this is Ann reading the news.", "audio_file": "ann.wav"},
         "Bob": {"transcript": "Hello, my name is Bob and I tell stories.", "audio_file": "bob.wav"}}))
@@ -69,7 +60,7 @@ def test_presets_are_encoded_once_and_cached_across_starts(preset_folder, tmp_pa
     np.testing.assert_array_equal(second.get("Ann").codes(), first.get("Ann").codes())
     # An edited folder is a different set of presets: a fresh cache, encoded again.
     preset_folder.chmod(0o755)
-    speech(preset_folder / "bob.wav", "Bob has a new clip now.")
+    espeak_clip(preset_folder / "bob.wav", "Bob has a new clip now.")
     edited = CountingEncoder()
     PresetVoices(preset_folder, encode=edited, cache_root=tmp_path / "cache")
     assert edited.calls == 2
@@ -94,17 +85,15 @@ def test_presets_are_read_only_and_listed_after_the_library(preset_folder, tmp_p
     assert ref.codes.shape == (catalog.get("Bob").frames, FULL_SIZE.codebooks)
 
 
-def test_a_preset_voice_generates_and_the_api_lists_it(preset_folder, tmp_path):
+def test_a_preset_voice_generates_and_the_api_lists_it(preset_folder, tmp_path, shared_engine):
     from fastapi.testclient import TestClient
     from fastapi import FastAPI
 
-    from engine.generate import Engine
-    from engine.demo import demo_checkpoint
     from studio import api
     from engine.types import SamplingParams
     from studio.takes.service import StudioService, Order
 
-    engine = Engine.load(demo_checkpoint(), device="cpu", precision="fp32")
+    engine = shared_engine()
     encode = CountingEncoder()
     catalog = VoiceCatalog(VoiceLibrary(tmp_path / "library"),
                            presets=PresetVoices(preset_folder, encode=encode, cache_root=tmp_path / "cache"))

@@ -46,12 +46,9 @@ AUTH = {"authorization": f"Bearer {KEY}"}  # pass copies: Starlette's test clien
 
 
 @pytest.fixture(scope="module")
-def studio(tmp_path_factory):
+def studio(tmp_path_factory, shared_engine):
     """One demo engine and service; a keyed app with the page-token hook and a keyless one (cross-site rule)."""
-    from engine import Engine
-    from engine.demo import demo_checkpoint
-
-    service = StudioService(Engine.load(demo_checkpoint(), device="cpu"), VoiceLibrary(tmp_path_factory.mktemp("v")),
+    service = StudioService(shared_engine(), VoiceLibrary(tmp_path_factory.mktemp("v")),
                             limits=TakeLimits(public_max_chars=40))  # a visitor's (the public app's) limit
     keyed, open_app, public = FastAPI(), FastAPI(), FastAPI()
     api.register(keyed, service, api_key=KEY, page_tokens=lambda token: token == "PAGE-TOKEN")

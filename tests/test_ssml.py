@@ -10,7 +10,6 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from engine import Engine
 from engine.config import SAMPLE_RATE
 from engine.longform import SENTENCE_PAUSE, model_pauses, plan, split_pauses
 from engine.longtake import LongTake
@@ -112,8 +111,8 @@ def test_a_tiny_break_is_still_a_pause_and_never_read_aloud():
         assert [s.text for s in segments] == ["One.", "Two."], time_  # "1e-05s" was once spoken as text
 
 
-def test_a_break_is_exactly_that_much_silence_in_the_take(tiny_checkpoint):
-    engine = Engine.load(tiny_checkpoint, device="cpu", precision="fp32")
+def test_a_break_is_exactly_that_much_silence_in_the_take(shared_engine, tiny_checkpoint):
+    engine = shared_engine(tiny_checkpoint, precision="fp32")
     text = read_text('<speak>The boat left at dawn.<break time="1.5s"/>The sea was calm.</speak>').text
     assert is_long(text)
     segments = plan(text, normalize=False)

@@ -34,13 +34,10 @@ WAIT = 120.0  # seconds any one event may take on a busy 2-core machine
 
 
 @pytest.fixture(scope="module")
-def studio(tmp_path_factory):
+def studio(tmp_path_factory, shared_engine):
     """A service on the demo engine with one shared and one private saved voice, and a Wyoming server on it."""
-    from engine import Engine
-    from engine.demo import demo_checkpoint
-
     library = VoiceLibrary(tmp_path_factory.mktemp("voices"))
-    service = StudioService(Engine.load(demo_checkpoint(), device="cpu"), library)
+    service = StudioService(shared_engine(), library)
     add_voices(library, service, (("Narrator", 140.0), ("Secret", 220.0)))
     library.update("Narrator", shared=True)  # "Secret" stays the owner's: a Wyoming client may not use it
     port = free_port()
