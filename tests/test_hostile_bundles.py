@@ -23,9 +23,7 @@ from engine.config import FULL_SIZE, SAMPLE_RATE, SAMPLES_PER_FRAME
 from studio.voices import Consent, VoiceImportError
 from studio.voices.model import stage_audio
 from tests.probes import peak_growth_mb, server_pid
-from tests.studio_server import running_studio
 
-KEY = "owner-key-for-the-hostile-bundles-test"
 MiB = 2 ** 20
 
 
@@ -76,13 +74,9 @@ def browser_entries(count: int) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def space(tmp_path_factory):
+def space(space_studio):
     """(url, tmp): a studio started as a Space starts; every file it writes lands under `tmp`."""
-    tmp = tmp_path_factory.mktemp("space")
-    (tmp / "tmp").mkdir()
-    env = {"TMPDIR": str(tmp / "tmp"), "GRADIO_TEMP_DIR": str(tmp / "gradio")}
-    with running_studio(tmp, "--api-key", KEY, "--public-page", "--private-voices", env=env) as url:
-        yield url, tmp
+    return space_studio.url, space_studio.root
 
 
 def page_events(client: httpx.Client) -> dict[str, int]:

@@ -24,7 +24,6 @@ import soundfile as sf
 
 from tests.live_client import HEARD, LiveTake, client, generate, open_page, page_token, wait
 from tests.studio_server import need_ffmpeg, running_studio
-from tests.test_studio_browser import CHROMIUM, CHROMIUM_ARGS
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -44,30 +43,18 @@ PLAYED = """async () => {
 
 
 @pytest.fixture(scope="module")
-def studio_url(tmp_path_factory):
+def studio_url(chromium, tmp_path_factory):
     need_ffmpeg()
-    if not CHROMIUM.exists():
-        pytest.skip("Debian chromium is not installed at /usr/bin/chromium (apt-get install chromium)")
-    pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
     # A public page (no login; the page's own token), with room for the stop test's long take.
     with running_studio(tmp_path_factory.mktemp("live-player"), "--api-key", KEY, "--public-page",
                         "--public-max-seconds", "180") as url:
         yield url
 
 
-@pytest.fixture(scope="module")
-def chromium(studio_url):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
-
-
 @pytest.fixture
 def browser(chromium):
-    """One Chromium for the file; each test's pages (a context each) are closed after it, players and all."""
+    """The file's one Chromium (tests/conftest.py); each test's pages (a context each) are closed after it, players
+    and all."""
     yield chromium
     for context in chromium.contexts:
         context.close()

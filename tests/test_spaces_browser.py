@@ -5,37 +5,30 @@ reloads and still has it; A exports it, B imports the file, and then B has it.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
-import subprocess
 import urllib.request
 
 import pytest
 
-from tests.studio_server import need_ffmpeg, running_studio
-from tests.test_studio_browser import CHROMIUM, CHROMIUM_ARGS, wait_take_done
+from tests.helpers import espeak_clip, wait_take_done
+from tests.studio_server import KEY, need_ffmpeg
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-KEY = "owner-key-for-the-private-voices-test"
 TRANSCRIPT = "The quick brown fox jumps over the lazy dog near the river bank."
 NAME = "Visitor Fox"
 
 
 @pytest.fixture(scope="module")
-def space(tmp_path_factory):
+def space(chromium, space_studio):
+    """(url, tmp): the studio and the folder every file it writes lands under (its library, its temp files,
+    Gradio's upload cache)."""
     need_ffmpeg()
-    if not CHROMIUM.exists():
-        pytest.skip("Debian chromium is not installed at /usr/bin/chromium (apt-get install chromium)")
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
-    pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
-    tmp = tmp_path_factory.mktemp("space")
-    # Every file the server writes lands under `tmp`: its library, its temp files, Gradio's upload cache.
-    (tmp / "tmp").mkdir()
-    env = {"TMPDIR": str(tmp / "tmp"), "GRADIO_TEMP_DIR": str(tmp / "gradio")}
-    with running_studio(tmp, "--api-key", KEY, "--public-page", "--private-voices", env=env) as url:
-        yield url, tmp
+    return space_studio.url, space_studio.root
 
 
 def owners_voice_list(url: str) -> str:
@@ -56,16 +49,14 @@ def table_has(pg, name: str, present: bool = True):
                          timeout=60_000)
 
 
-def test_a_visitors_voice_is_theirs_alone(space, tmp_path, artifacts_dir):
-    from playwright.sync_api import sync_playwright
-
+def test_a_visitors_voice_is_theirs_alone(space, chromium, tmp_path, artifacts_dir):
     url, server_tmp = space
     clip = tmp_path / "clip.wav"
-    subprocess.run(["espeak-ng", "-w", str(clip), TRANSCRIPT], check=True, timeout=60)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        a = browser.new_context(viewport={"width": 1400, "height": 1200}, accept_downloads=True).new_page()
-        b = browser.new_context(viewport={"width": 1400, "height": 1200}).new_page()
+    espeak_clip(clip, TRANSCRIPT)
+    viewport = {"width": 1400, "height": 1200}
+    with (contextlib.closing(chromium.new_context(viewport=viewport, accept_downloads=True)) as for_a,
+          contextlib.closing(chromium.new_context(viewport=viewport)) as for_b):
+        a, b = for_a.new_page(), for_b.new_page()
         for pg in (a, b):
             pg.goto(url)
             pg.wait_for_selector("#generate-btn", timeout=60_000)
@@ -125,5 +116,4 @@ def test_a_visitors_voice_is_theirs_alone(space, tmp_path, artifacts_dir):
         b.get_by_role("tab", name="Studio").click()
         b.locator("#voice input").click()
         b.wait_for_selector(f"[role=option]:has-text('{NAME} (yours)')", timeout=30_000)
-        browser.close()
     assert NAME not in json.dumps(owners_voice_list(url))

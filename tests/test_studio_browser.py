@@ -9,55 +9,31 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import espeak_clip, wait_take_done
 from tests.studio_server import need_ffmpeg
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM = Path("/usr/bin/chromium")
-# --no-sandbox: root in CI; the background-networking flags stop Chromium's calls home, which this
-# machine's closed network refuses many at a time.
-CHROMIUM_ARGS = ["--autoplay-policy=no-user-gesture-required", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 NUMBER = re.compile(r"^\d+(\.\d+)?$")
 
 
 @pytest.fixture(scope="module")
-def studio_url(demo_studio):
+def studio_url(chromium, demo_studio):
     need_ffmpeg()
-    if not CHROMIUM.exists():
-        pytest.skip("Debian chromium is not installed at /usr/bin/chromium (apt-get install chromium)")
-    pytest.importorskip("playwright.sync_api", reason="playwright (python) is not installed")
     return demo_studio.url
-
-
-@pytest.fixture(scope="module")
-def chromium(studio_url):
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 @pytest.fixture
 def page(chromium, studio_url):
-    """A fresh page (in a context of its own) of the file's one Chromium."""
+    """A fresh page (in a context of its own) of the file's one Chromium (tests/conftest.py)."""
     pg = chromium.new_page(viewport={"width": 1400, "height": 1200})
     pg.goto(studio_url)
     pg.wait_for_selector("#generate-btn", timeout=60_000)
     yield pg
     pg.context.close()
-
-
-def wait_take_done(pg, timeout_ms=180_000):
-    pg.wait_for_function("() => ['done', 'stopped'].includes(document.querySelector('#m-state')?.innerText)",
-                         timeout=timeout_ms)
 
 
 def test_generate_streams_audio_and_shows_metrics(page, artifacts_dir):
@@ -143,11 +119,10 @@ def test_three_takes_play_side_by_side_and_keep_puts_one_in_the_history(page, st
 
 
 def test_save_voice_from_upload_then_generate_with_it(page, tmp_path, artifacts_dir):
-    espeak = shutil.which("espeak-ng")
     clip = tmp_path / "clip.wav"
     transcript = "The quick brown fox jumps over the lazy dog near the river bank."
-    if espeak:
-        subprocess.run([espeak, "-w", str(clip), transcript], check=True, timeout=60)
+    if shutil.which("espeak-ng"):
+        espeak_clip(clip, transcript)
     else:  # a synthetic voiced signal: a 140 Hz buzz with a slow amplitude envelope
         import numpy as np
         import soundfile as sf
