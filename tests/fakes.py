@@ -102,9 +102,10 @@ def add_voices(library, service, names_and_pitches) -> None:
     `service`: for the tests that clone through the demo engine."""
     from studio.voices import Consent
 
-    t = np.arange(2 * SAMPLE_RATE) / SAMPLE_RATE
+    from tests.helpers import tone
+
     for name, pitch in names_and_pitches:
-        wav = (0.3 * np.sin(2 * np.pi * pitch * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+        wav = tone(2.0, pitch=pitch, amplitude=0.3, tremolo=0.4)
         library.add((SAMPLE_RATE, wav), name=name, transcript=f"I am the {name.lower()}.",
                     consent=Consent("the test suite"), encode=service.encode_codes)
 

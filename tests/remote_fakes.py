@@ -450,10 +450,10 @@ def serve(fake: _Fake):
 
 
 def wav_clip(seconds: float, rate: int = 16000) -> bytes:
-    t = np.arange(int(seconds * rate)) / rate
-    buf = io.BytesIO()
-    sf.write(buf, (0.3 * np.sin(2 * np.pi * 170 * t)).astype(np.float32), rate, format="WAV", subtype="FLOAT")
-    return buf.getvalue()
+    """A float WAV of a 170 Hz tone, as a client that sends float samples uploads a voice."""
+    from tests.helpers import tone, wav_bytes
+
+    return wav_bytes(tone(seconds, rate=rate, pitch=170, amplitude=0.3), rate, "FLOAT")
 
 
 def pcm_of(take: Take) -> np.ndarray:

@@ -16,15 +16,15 @@ from studio.takes.service import StudioService, Order
 from studio.voices import VoiceLibrary, VoiceNotFound
 from studio.voices.catalog import VoiceCatalog
 from tests.fakes import FakeEngine
-from tests.test_voices import CONSENT, clip, fake_encode
+from tests.helpers import CONSENT, fake_encode, speech_clip
 
 
 @pytest.fixture()
 def library(tmp_path):
     """A catalog with a private voice "Secret", a shared one "Open", and the built-in style presets."""
     catalog = VoiceCatalog(VoiceLibrary(tmp_path / "voices"))
-    catalog.add(clip(pitch=120), name="Secret", consent=CONSENT, encode=fake_encode())
-    shared = catalog.add(clip(pitch=200, seed=1), name="Open", consent=CONSENT, encode=fake_encode())
+    catalog.add(speech_clip(pitch=120), name="Secret", consent=CONSENT, encode=fake_encode())
+    shared = catalog.add(speech_clip(pitch=200, seed=1), name="Open", consent=CONSENT, encode=fake_encode())
     catalog.update(shared.id, shared=True)
     return catalog, PresetStore(tmp_path / "presets.json")
 
@@ -125,7 +125,7 @@ def test_an_alias_resolves_within_the_callers_rights(library):
 
 def test_a_saved_voice_beats_the_builtin_table_but_not_the_owners_alias(library):
     catalog, presets = library
-    voice = catalog.add(clip(pitch=90, seed=3), name="Coral", consent=CONSENT, encode=fake_encode())
+    voice = catalog.add(speech_clip(pitch=90, seed=3), name="Coral", consent=CONSENT, encode=fake_encode())
     service = StudioService(FakeEngine(), catalog, presets,
                             aliases=VoiceAliases.build(["nova=Open"], voices=catalog, presets=presets))
     try:

@@ -17,7 +17,6 @@ import socket
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -30,6 +29,7 @@ from studio.takes.prepare import speed_tag
 from studio.api.speech import streaming_wav_header
 from studio.audio.formats import MIME, StreamEncoder
 from tests.fakes import LONG_FRAMES, ScriptedEngine
+from tests.helpers import clip_bytes, ffmpeg_children, wait_for
 from tests.studio_server import KEY
 
 openai = pytest.importorskip("openai")
@@ -149,20 +149,6 @@ def decode(data: bytes) -> np.ndarray:
                                         check=True).stdout, dtype="<i2")
 
 
-def ffmpeg_children() -> list[int]:
-    """Pids of this process's ffmpeg children, zombies included (a zombie keeps its /proc entry)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        name, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
-        if name == "ffmpeg" and int(rest[1]) == os.getpid():
-            pids.append(int(stat.parent.name))
-    return pids
-
-
 def sse_events(url: str, body: dict, headers: dict | None = None) -> list[dict]:
     """POST a speech request with stream_format="sse" and return its parsed `data:` events, in order."""
     events = []
@@ -173,15 +159,6 @@ def sse_events(url: str, body: dict, headers: dict | None = None) -> list[dict]:
             if line.startswith("data: "):
                 events.append(json.loads(line[6:]))
     return events
-
-
-def wait_for(condition, seconds: float = 15.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 @pytest.fixture()
@@ -392,14 +369,6 @@ def test_compressed_formats_decode(base, reference, fmt):
                               "pipe:1"], input=r.content, capture_output=True, check=True).stdout
     seconds = len(decoded) / 2 / SAMPLE_RATE
     assert abs(seconds - len(reference) / SAMPLE_RATE) < 0.1  # encoder padding only
-
-
-def clip_bytes(seconds: float = 2.0, pitch: float = 150.0) -> bytes:
-    t = np.arange(int(seconds * 16000)) / 16000
-    x = 0.4 * np.sin(2 * np.pi * pitch * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))
-    buf = io.BytesIO()
-    sf.write(buf, x.astype(np.float32), 16000, format="WAV", subtype="PCM_16")
-    return buf.getvalue()
 
 
 def voice_ids(base) -> list[str]:

@@ -14,6 +14,7 @@ import soundfile as sf
 
 from engine.audio import (MAX_PEAK, TARGET_RMS, ReferenceAudioError, load_audio, prepare_reference)
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
+from tests.helpers import wav_bytes
 
 
 def speechlike(seconds: float, rate: int, *, amplitude: float = 0.5, seed: int = 0) -> np.ndarray:
@@ -31,12 +32,6 @@ def speechlike(seconds: float, rate: int, *, amplitude: float = 0.5, seed: int =
 
 def padded(sound: np.ndarray, rate: int, before: float, after: float) -> np.ndarray:
     return np.concatenate([np.zeros(int(before * rate), np.float32), sound, np.zeros(int(after * rate), np.float32)])
-
-
-def wav_bytes(samples: np.ndarray, rate: int, subtype: str = "PCM_16") -> bytes:
-    buf = io.BytesIO()
-    sf.write(buf, samples, rate, format="WAV", subtype=subtype)
-    return buf.getvalue()
 
 
 def refused(source, match: str, **kwargs) -> str:

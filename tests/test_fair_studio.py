@@ -13,18 +13,16 @@ Space the connection's address is what counts; tests/test_fair.py covers the for
 
 from __future__ import annotations
 
-import io
 import json
 import statistics
 
 import httpx
-import numpy as np
 import pytest
 import soundfile as sf
 
+from tests.helpers import clip_bytes, events, refused, run_event
 from tests.live_client import LiveTake, client, page_token, wait
 from tests.studio_server import KEY
-from tests.test_security import events, refused, run_event
 
 pytestmark = pytest.mark.slow
 
@@ -36,13 +34,6 @@ PRIVATE_TRANSCRIPT = "Only the owner may speak with this one."
 PRIVATE_STYLE = "<|emotion:bitterness|><|prosody:pitch_low|>"
 
 
-def tone(pitch: float) -> bytes:
-    t = np.arange(32_000) / 16_000
-    buf = io.BytesIO()
-    sf.write(buf, (0.4 * np.sin(2 * np.pi * pitch * t)).astype(np.float32), 16_000, format="WAV", subtype="PCM_16")
-    return buf.getvalue()
-
-
 @pytest.fixture(scope="module")
 def studio(public_studio):
     """The public studio with one private and one shared voice of the owner's; (url, {name: id})."""
@@ -51,7 +42,7 @@ def studio(public_studio):
         r = httpx.post(f"{url}/v1/audio/voices", headers=BEARER, timeout=120,
                        data={"name": name, "ref_text": transcript, "consent": "true",
                              **({"style": PRIVATE_STYLE} if name == PRIVATE else {})},
-                       files={"audio_sample": ("clip.wav", tone(pitch), "audio/wav")})
+                       files={"audio_sample": ("clip.wav", clip_bytes(pitch=pitch, tremolo=0.0), "audio/wav")})
         assert r.status_code == 201 and r.json()["shared"] is False, r.text  # saved voices start private
         ids[name] = r.json()["id"]
     r = httpx.patch(f"{url}/v1/audio/voices/{ids[SHARED]}", headers=BEARER, json={"shared": True})

@@ -23,13 +23,9 @@ from studio.audio.formats import (
     ffmpeg_path,
     to_pcm16,
 )
+from tests.helpers import tone
 
 SR = 24_000
-
-
-def tone(seconds: float = 1.3) -> np.ndarray:
-    t = np.arange(int(SR * seconds)) / SR
-    return (0.5 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
 
 
 def ffmpeg_decode(data: bytes) -> np.ndarray:
@@ -49,7 +45,7 @@ def test_pcm_is_raw_int16_le():
 
 @pytest.mark.parametrize("fmt", ["wav", "flac"])
 def test_lossless_roundtrip(fmt):
-    wav = tone()
+    wav = tone(1.3, amplitude=0.5)
     data, mime = encode_audio(wav, SR, fmt)
     assert mime == f"audio/{fmt}"
     back, sr = sf.read(io.BytesIO(data), dtype="int16")
@@ -61,7 +57,7 @@ def test_lossless_roundtrip(fmt):
 def test_ffmpeg_formats_decode_to_right_length(fmt):
     if ffmpeg_path() is None:
         pytest.skip("ffmpeg not on PATH")
-    wav = tone()
+    wav = tone(1.3, amplitude=0.5)
     data, _ = encode_audio(wav, SR, fmt)
     back = ffmpeg_decode(data)
     # Lossy codecs pad by up to one or two codec frames (AAC priming is 1024 samples, mp3 frames are 1152).
@@ -78,10 +74,10 @@ def test_empty_audio_encodes():
 
 def test_unknown_format_and_missing_ffmpeg(monkeypatch):
     with pytest.raises(FormatError, match="Unknown audio format"):
-        encode_audio(tone(), SR, "ogg-vorbis")
+        encode_audio(tone(1.3, amplitude=0.5), SR, "ogg-vorbis")
     monkeypatch.setattr("studio.audio.formats.shutil.which", lambda name: None)
     with pytest.raises(FormatError, match="needs ffmpeg"):
-        encode_audio(tone(), SR, "mp3")
+        encode_audio(tone(1.3, amplitude=0.5), SR, "mp3")
     assert available_formats() == ("wav", "pcm", "flac")
     assert set(FORMATS) == {"wav", "pcm", "flac", "mp3", "opus", "aac"}
 
@@ -113,7 +109,7 @@ def stream_encode(fmt: str, pcm: np.ndarray, frames_per_feed: int = 1) -> tuple[
 @pytest.mark.parametrize("frames", [1, 3, 40])
 def test_stream_encoder_decodes_to_the_fed_length(fmt, frames):
     need_ffmpeg()
-    pcm = to_pcm16(tone(frames * FRAME / SR))
+    pcm = to_pcm16(tone(frames * FRAME / SR, amplitude=0.5))
     assert len(pcm) == frames * FRAME
     pieces, tail = stream_encode(fmt, pcm)
     back = ffmpeg_decode(b"".join(pieces) + tail)
@@ -127,7 +123,7 @@ def test_stream_encoder_decodes_to_the_fed_length(fmt, frames):
 def test_stream_encoder_gives_bytes_before_the_end(fmt):
     """Fed at the pace of a live take, encoded bytes come back from `feed` long before `close`."""
     need_ffmpeg()
-    pcm = to_pcm16(tone(2.0))
+    pcm = to_pcm16(tone(2.0, amplitude=0.5))
     enc = StreamEncoder(fmt, SR)
     early = b""
     try:
@@ -145,18 +141,18 @@ def test_stream_encoder_gives_bytes_before_the_end(fmt):
 def test_stream_encoder_kill_reaps_and_failure_is_a_format_error():
     need_ffmpeg()
     enc = StreamEncoder("mp3", SR)
-    enc.feed(to_pcm16(tone(0.2)).tobytes())
+    enc.feed(to_pcm16(tone(0.2, amplitude=0.5)).tobytes())
     enc.kill()
     enc.kill()  # idempotent
     assert not os.path.exists(f"/proc/{enc.pid}")  # reaped, not a zombie
     with pytest.raises(FormatError, match="ffmpeg stopped while encoding mp3"):
-        enc.feed(to_pcm16(tone(0.2)).tobytes())
+        enc.feed(to_pcm16(tone(0.2, amplitude=0.5)).tobytes())
 
     dying = StreamEncoder("aac", SR)
     os.kill(dying.pid, signal.SIGKILL)  # ffmpeg dies mid-stream
     with pytest.raises(FormatError, match="ffmpeg stopped"):
         for _ in range(50):  # the first writes may still fit in the pipe buffer
-            dying.feed(to_pcm16(tone(0.5)).tobytes())
+            dying.feed(to_pcm16(tone(0.5, amplitude=0.5)).tobytes())
         dying.close()
     dying.kill()
 

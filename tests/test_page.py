@@ -18,6 +18,7 @@ from studio.views.page import Page
 from studio.text.presets import PresetStore
 from studio.takes.service import StudioService, Order
 from tests.fakes import FakeEngine
+from tests.helpers import gen_args
 
 
 @pytest.fixture
@@ -27,13 +28,6 @@ def page(tmp_path):
     page.build()
     yield page
     service.close()
-
-
-def gen_args(text, **kw):
-    args = {"text": text, "style": "", "voice": "", "clip": None, "clip_text": "", "temperature": 0.8, "top_p": 0.8,
-            "top_k": 30, "seed": 5, "max_frames": 0, "repeat_guard": 32, "takes_n": 1, "takes": [], "request": None}
-    args.update(kw)
-    return args
 
 
 def test_generate_reports_queue_position_then_streams(page):

@@ -16,6 +16,7 @@ import soundfile as sf
 
 from engine.config import SAMPLES_PER_FRAME
 from engine.remote import RemoteEngine
+from tests.helpers import gen_args
 from tests.remote_fakes import DELAY_TAIL, MODEL, SglangOmniFake, VllmOmniFake, pcm_of, serve, wav_clip
 from tests.studio_server import free_port, running_studio
 
@@ -135,7 +136,6 @@ def test_health_and_page_say_which_server_and_whether_it_honours_sampling(remote
 def test_three_takes_from_the_page_all_arrive(remote):
     from studio.views.page import Page
     from studio.takes.service import StudioService
-    from tests.test_page import gen_args
 
     fake, _ = remote
     service = StudioService(RemoteEngine(fake.url), None, None)
@@ -179,7 +179,6 @@ def test_a_refusal_reaches_the_page_as_the_servers_sentence():
 
     from studio.views.page import Page
     from studio.takes.service import StudioService
-    from tests.test_page import gen_args
 
     with serve(VllmOmniFake()) as fake:
         service = StudioService(RemoteEngine(fake.url, model="not-served"), None, None)

@@ -20,7 +20,6 @@ import base64
 import hashlib
 import io
 import json
-import os
 import random
 import shutil
 import signal
@@ -37,9 +36,9 @@ import pytest
 import soundfile as sf
 
 from tests.fakes import ScriptedEngine
+from tests.helpers import clip_bytes, events, ffmpeg_children, refused, run_event, wait_for
 from tests.probes import memory_kb, server_pid
 from tests.studio_server import KEY, REPO, free_port, running_studio
-from tests.test_api import ffmpeg_children, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -58,47 +57,11 @@ def tree_hash(root: Path) -> str:
     return digest.hexdigest()
 
 
-def clip_bytes(seconds: float = 2.0, pitch: float = 150.0) -> bytes:
-    t = np.arange(int(seconds * 16000)) / 16000
-    x = 0.4 * np.sin(2 * np.pi * pitch * t) * (0.6 + 0.4 * np.sin(2 * np.pi * 3 * t))
-    buf = io.BytesIO()
-    sf.write(buf, x.astype(np.float32), 16000, format="WAV", subtype="PCM_16")
-    return buf.getvalue()
-
-
 def bomb(path: Path, seconds: float, rate: int = 192_000, layout: str = "7.1") -> bytes:
     """Silence that compresses to almost nothing but claims `seconds` × `rate` × 8 channels."""
     subprocess.run(["ffmpeg", "-v", "error", "-y", "-f", "lavfi", "-i", f"anullsrc=r={rate}:cl={layout}",
                     "-t", str(seconds), "-c:a", "flac", "-compression_level", "8", str(path)], check=True, timeout=120)
     return path.read_bytes()
-
-
-def run_event(client: httpx.Client, fn_index: int, data: list, *, headers: dict | None = None,
-              event_data=None) -> tuple[int, dict | None]:
-    """One Gradio event through the queue by `fn_index`: (HTTP status of the join, the completion message)."""
-    session = os.urandom(6).hex()
-    r = client.post("/gradio_api/queue/join", headers=headers,
-                    json={"data": data, "fn_index": fn_index, "session_hash": session, "event_data": event_data})
-    if r.status_code != 200:
-        return r.status_code, None
-    with client.stream("GET", "/gradio_api/queue/data", params={"session_hash": session}, headers=headers,
-                       timeout=120) as stream:
-        for line in stream.iter_lines():
-            if line.startswith("data:"):
-                message = json.loads(line[5:])
-                if message.get("msg") == "process_completed":
-                    return 200, message
-    raise AssertionError(f"event {fn_index} never completed")
-
-
-def events(config: dict) -> dict[str, int]:
-    """The page's events by their function name (Gradio's api_name for private events) → fn_index."""
-    return {dep["api_name"]: i for i, dep in enumerate(config["dependencies"]) if dep.get("api_name")}
-
-
-def refused(message: dict | None) -> str:
-    assert message is not None and message["success"] is False, message
-    return message["output"]["error"]
 
 
 def healthy(url: str) -> bool:

@@ -24,32 +24,9 @@ from engine.audio import ReferenceAudioError
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from studio.voices import (ENTRY_LIMITS, Consent, VoiceError, VoiceImportError, VoiceLibrary, VoiceNotFound,
                            default_voices_dir)
+from tests.helpers import CONSENT, fake_encode, speech_clip
 
 REPO = Path(__file__).resolve().parents[1]
-CONSENT = Consent("Test Runner", "This is my own voice.")
-
-
-def clip(seconds: float = 2.0, rate: int = 16000, *, pitch: float = 140.0, seed: int = 0) -> tuple[int, np.ndarray]:
-    """A speech-like (sr, int16 samples) tuple as Gradio gives it; `pitch`/`seed` make distinct voices."""
-    t = np.arange(int(seconds * rate)) / rate
-    phase = 2 * np.pi * np.cumsum(pitch + 15 * np.sin(2 * np.pi * 0.8 * t)) / rate
-    x = sum(np.sin(k * phase) / k for k in range(1, 5)) * (0.6 + 0.4 * np.sin(2 * np.pi * 3.5 * t))
-    x = x + np.random.default_rng(seed).normal(0, 0.01, len(t))
-    return rate, (0.4 * x / np.max(np.abs(x)) * 32767).astype(np.int16)
-
-
-def fake_encode(calls: list | None = None):
-    """Stands in for the codec: codes derived from the audio, [frames, 8], values < 1024."""
-    def encode(wav: np.ndarray) -> np.ndarray:
-        assert wav.dtype == np.float32 and len(wav) % SAMPLES_PER_FRAME == 0
-        if calls is not None:
-            calls.append(len(wav))
-        frames = wav.reshape(-1, SAMPLES_PER_FRAME)
-        base = (np.abs(frames).mean(axis=1) * 5000).astype(np.int64) % 1024
-        return (base[:, None] + np.arange(8)[None, :]) % 1024
-    return encode
-
-
 def snapshot(root: Path) -> dict[str, str]:
     """Every file under root (except the lock file) with its sha256: 'the library unchanged'."""
     out = {}
@@ -68,7 +45,7 @@ def lib(tmp_path) -> VoiceLibrary:
 
 def test_add_list_get_rename_delete(lib):
     calls: list[int] = []
-    alice = lib.add(clip(), name="Alice", transcript="Hello there, friend.", description="warm alto",
+    alice = lib.add(speech_clip(), name="Alice", transcript="Hello there, friend.", description="warm alto",
                     style="<|emotion:affection|>", seed=42, consent=CONSENT, encode=fake_encode(calls))
     assert alice.id.startswith("v_") and len(alice.id) == 18
     assert alice.path == lib.root / alice.id
@@ -87,7 +64,7 @@ def test_add_list_get_rename_delete(lib):
     np.testing.assert_array_equal(codes, fake_encode()(wav))  # the codes of exactly the stored samples
     assert calls == [len(wav)]
 
-    bob = lib.add(clip(pitch=220, seed=1), name="Bob", consent=CONSENT)
+    bob = lib.add(speech_clip(pitch=220, seed=1), name="Bob", consent=CONSENT)
     assert not bob.has_codes and bob.codes() is None
     assert [v.name for v in lib.list()] == ["Alice", "Bob"]
     assert lib.get(alice.id) == alice
@@ -110,13 +87,13 @@ def test_add_list_get_rename_delete(lib):
 
 
 def test_library_is_shared_through_the_disk(lib):
-    voice = lib.add(clip(), name="Shared", consent=CONSENT)
+    voice = lib.add(speech_clip(), name="Shared", consent=CONSENT)
     other = VoiceLibrary(lib.root)
     assert other.get("shared") == voice
 
 
 def test_same_content_dedupes(lib):
-    rate, samples = clip()
+    rate, samples = speech_clip()
     first = lib.add((rate, samples), name="One", transcript="Same words.", consent=CONSENT)
     # The same recording from a file, under another name: the same prepared audio + transcript.
     buf = io.BytesIO()
@@ -134,17 +111,17 @@ def test_same_content_dedupes(lib):
 def test_consent_is_required(lib):
     before = snapshot(lib.root)
     with pytest.raises(VoiceError, match="consent"):
-        lib.add(clip(), name="NoConsent", consent=None)
+        lib.add(speech_clip(), name="NoConsent", consent=None)
     with pytest.raises(VoiceError, match="consent"):
-        lib.add(clip(), name="Blank", consent=Consent("   ", "I agree"))
+        lib.add(speech_clip(), name="Blank", consent=Consent("   ", "I agree"))
     with pytest.raises(VoiceError, match="consent"):
-        lib.add(clip(), name="Blank", consent=Consent("me", ""))
+        lib.add(speech_clip(), name="Blank", consent=Consent("me", ""))
     assert snapshot(lib.root) == before and lib.list() == []
 
 
 @pytest.mark.parametrize("bad, error", [
     ((16000, np.zeros(16000 * 3, np.int16)), "silent"),
-    (clip(0.2), "only 0.2 s"),
+    (speech_clip(0.2), "only 0.2 s"),
     (b"definitely not a recording" * 40, "could not be read as audio"),
 ], ids=["silence", "too-short", "not-audio"])
 def test_bad_audio_stores_nothing(lib, bad, error):
@@ -156,25 +133,25 @@ def test_bad_audio_stores_nothing(lib, bad, error):
 
 
 def test_names_are_validated_and_unique(lib):
-    alice = lib.add(clip(), name="Alice", consent=CONSENT)
+    alice = lib.add(speech_clip(), name="Alice", consent=CONSENT)
     with pytest.raises(VoiceError, match="already called 'Alice'"):
-        lib.add(clip(pitch=200, seed=3), name="alice", consent=CONSENT)
-    bob = lib.add(clip(pitch=200, seed=3), name="Bob", consent=CONSENT)
+        lib.add(speech_clip(pitch=200, seed=3), name="alice", consent=CONSENT)
+    bob = lib.add(speech_clip(pitch=200, seed=3), name="Bob", consent=CONSENT)
     with pytest.raises(VoiceError, match="already called"):
         lib.rename(bob.id, "ALICE")
     assert lib.rename(alice.id, "alice").name == "alice"  # changing only the case of its own name is fine
     for bad, match in [("", "empty"), ("   \t", "empty"), ("x" * 65, "limit is 64"),
                        ("v_0123456789abcdef", "looks like a voice id"), (None, "empty"), (5, "must be text")]:
         with pytest.raises(VoiceError, match=match):
-            lib.add(clip(pitch=300, seed=9), name=bad, consent=CONSENT)
-    cleaned = lib.add(clip(pitch=300, seed=9), name="  Tab\tand\x00nul\x1b[31m ", consent=CONSENT)
+            lib.add(speech_clip(pitch=300, seed=9), name=bad, consent=CONSENT)
+    cleaned = lib.add(speech_clip(pitch=300, seed=9), name="  Tab\tand\x00nul\x1b[31m ", consent=CONSENT)
     assert cleaned.name == "Tab and nul [31m"
 
 
 def test_hostile_names_never_touch_the_file_system(lib, tmp_path):
     outside_before = sorted(p.name for p in tmp_path.iterdir())
-    evil = lib.add(clip(), name="../../etc/passwd", consent=CONSENT)
-    also = lib.add(clip(pitch=250, seed=4), name="/tmp/x\\..\\y", consent=CONSENT)
+    evil = lib.add(speech_clip(), name="../../etc/passwd", consent=CONSENT)
+    also = lib.add(speech_clip(pitch=250, seed=4), name="/tmp/x\\..\\y", consent=CONSENT)
     assert lib.get("../../etc/passwd") == evil and lib.get("/tmp/x\\..\\y") == also
     assert {p.name for p in lib.root.iterdir()} == {".lock", evil.id, also.id}
     assert sorted(p.name for p in tmp_path.iterdir()) == outside_before
@@ -184,12 +161,12 @@ def test_hostile_names_never_touch_the_file_system(lib, tmp_path):
 
 def test_metadata_validation(lib):
     with pytest.raises(VoiceError, match="not a known control tag"):
-        lib.add(clip(), name="A", style="<|emotion:happy|>", consent=CONSENT)
+        lib.add(speech_clip(), name="A", style="<|emotion:happy|>", consent=CONSENT)
     with pytest.raises(VoiceError, match="seed"):
-        lib.add(clip(), name="A", seed=-1, consent=CONSENT)
+        lib.add(speech_clip(), name="A", seed=-1, consent=CONSENT)
     with pytest.raises(VoiceError, match="seed"):
-        lib.add(clip(), name="A", seed=2 ** 63, consent=CONSENT)
-    voice = lib.add(clip(), name="A", style=" <|style:whispering|> ", seed=0, consent=CONSENT)
+        lib.add(speech_clip(), name="A", seed=2 ** 63, consent=CONSENT)
+    voice = lib.add(speech_clip(), name="A", style=" <|style:whispering|> ", seed=0, consent=CONSENT)
     assert voice.style == "<|style:whispering|>" and voice.seed == 0
     updated = lib.update("a", description="new", style="", seed=None)
     assert (updated.description, updated.style, updated.seed) == ("new", "", None)
@@ -198,7 +175,7 @@ def test_metadata_validation(lib):
 
 
 def test_transcript_edit_keeps_id_and_codes(lib):
-    rate, samples = clip()
+    rate, samples = speech_clip()
     voice = lib.add((rate, samples), name="V", transcript="First take.", consent=CONSENT, encode=fake_encode())
     codes = voice.codes()
     edited = lib.update(voice.id, transcript="First take, corrected.")
@@ -214,7 +191,7 @@ def test_transcript_edit_keeps_id_and_codes(lib):
 
 
 def test_codes_are_computed_lazily_once(lib):
-    voice = lib.add(clip(), name="Lazy", consent=CONSENT)
+    voice = lib.add(speech_clip(), name="Lazy", consent=CONSENT)
     calls: list[int] = []
     codes = lib.ensure_codes("lazy", fake_encode(calls))
     assert calls == [len(voice.wav())] and codes.shape == (voice.frames, 8)
@@ -232,9 +209,9 @@ def test_codes_are_computed_lazily_once(lib):
 ], ids=["frames", "codebooks", "range", "dtype"])
 def test_bad_encoder_output_stores_nothing(lib, bad_codes, match):
     with pytest.raises(VoiceError, match=match):
-        lib.add(clip(), name="Enc", consent=CONSENT, encode=bad_codes)
+        lib.add(speech_clip(), name="Enc", consent=CONSENT, encode=bad_codes)
     assert lib.list() == []
-    voice = lib.add(clip(), name="Enc", consent=CONSENT)
+    voice = lib.add(speech_clip(), name="Enc", consent=CONSENT)
     with pytest.raises(VoiceError, match=match):
         lib.ensure_codes(voice.id, bad_codes)
     assert not lib.get(voice.id).has_codes
@@ -253,8 +230,8 @@ def test_encoder_that_prepares_again_sees_the_stored_samples(lib):
         seen.append(np.array_equal(again, wav))
         return fake_encode()(again)
 
-    voice = lib.add((44100, clip(rate=44100)[1]), name="Twice", consent=CONSENT, encode=encode)
-    lazy = lib.add(clip(pitch=230, seed=12), name="Later", consent=CONSENT)
+    voice = lib.add((44100, speech_clip(rate=44100)[1]), name="Twice", consent=CONSENT, encode=encode)
+    lazy = lib.add(speech_clip(pitch=230, seed=12), name="Later", consent=CONSENT)
     lib.ensure_codes(lazy.id, encode)
     assert seen == [True, True]
     np.testing.assert_array_equal(voice.codes(), fake_encode()(voice.wav()))
@@ -263,7 +240,7 @@ def test_encoder_that_prepares_again_sees_the_stored_samples(lib):
 def test_voice_ref_for_the_engine(lib):
     pytest.importorskip("torch")
     prompt = pytest.importorskip("engine.prompt")
-    voice = lib.add(clip(), name="Ref", transcript="Hi there.", consent=CONSENT, encode=fake_encode())
+    voice = lib.add(speech_clip(), name="Ref", transcript="Hi there.", consent=CONSENT, encode=fake_encode())
     ref = lib.voice_ref("ref", encode=fake_encode())
     assert isinstance(ref, prompt.VoiceRef) and ref.transcript == "Hi there."
     np.testing.assert_array_equal(ref.codes.numpy(), voice.codes())
@@ -272,9 +249,9 @@ def test_voice_ref_for_the_engine(lib):
 # ---- export / import ------------------------------------------------------------------------------
 
 def test_export_import_round_trip(lib, tmp_path):
-    a = lib.add(clip(), name="Alice", transcript="Hello.", style="<|emotion:relief|>", seed=3, consent=CONSENT,
+    a = lib.add(speech_clip(), name="Alice", transcript="Hello.", style="<|emotion:relief|>", seed=3, consent=CONSENT,
                 encode=fake_encode())
-    b = lib.add(clip(pitch=210, seed=2), name="Bob", consent=CONSENT)
+    b = lib.add(speech_clip(pitch=210, seed=2), name="Bob", consent=CONSENT)
     data = lib.export_zip()
     with zipfile.ZipFile(io.BytesIO(data)) as zf:
         assert sorted(zf.namelist()) == sorted([f"{a.id}/voice.json", f"{a.id}/audio.wav", f"{a.id}/codes.npy",
@@ -320,7 +297,7 @@ def _zip(entries: dict[str, bytes], *, symlinks: tuple[str, ...] = ()) -> bytes:
 @pytest.fixture
 def source(tmp_path) -> VoiceLibrary:
     src = VoiceLibrary(tmp_path / "source")
-    src.add(clip(), name="Alice", transcript="Hello.", consent=CONSENT, encode=fake_encode())
+    src.add(speech_clip(), name="Alice", transcript="Hello.", consent=CONSENT, encode=fake_encode())
     return src
 
 
@@ -362,7 +339,7 @@ def _hostile_cases(files: dict[str, bytes]) -> dict[str, tuple[bytes, str]]:
 
 def test_hostile_zips_are_rejected_and_change_nothing(tmp_path, source):
     target = VoiceLibrary(tmp_path / "target")
-    keep = target.add(clip(pitch=260, seed=5), name="Keep", consent=CONSENT)
+    keep = target.add(speech_clip(pitch=260, seed=5), name="Keep", consent=CONSENT)
     before = snapshot(target.root)
     files = _bundle(source)
     for label, (data, match) in _hostile_cases(files).items():
@@ -377,7 +354,7 @@ def test_import_is_all_or_nothing(tmp_path, source):
     target = VoiceLibrary(tmp_path / "target")
     good = _bundle(source)
     second = VoiceLibrary(tmp_path / "second")
-    second.add(clip(pitch=190, seed=6), name="Carol", consent=CONSENT)
+    second.add(speech_clip(pitch=190, seed=6), name="Carol", consent=CONSENT)
     carol = _bundle(second)
     carol_json = next(n for n in carol if n.endswith("voice.json"))
     broken_carol = {**carol, carol_json: b"not json"}
@@ -385,7 +362,7 @@ def test_import_is_all_or_nothing(tmp_path, source):
         target.import_zip(_zip({**good, **broken_carol}))
     assert target.list() == []
     # A name clash with a different voice already in the library rejects the whole bundle too.
-    target.add(clip(pitch=330, seed=7), name="carol", consent=CONSENT)
+    target.add(speech_clip(pitch=330, seed=7), name="carol", consent=CONSENT)
     before = snapshot(target.root)
     with pytest.raises(VoiceImportError, match="already called 'carol'"):
         target.import_zip(_zip({**good, **carol}))
@@ -414,7 +391,7 @@ def test_oversized_bundle_and_too_many_entries(tmp_path, source, monkeypatch):
 # ---- durability and concurrency -------------------------------------------------------------------
 
 def test_crash_while_adding_loses_nothing(lib, monkeypatch):
-    keep = lib.add(clip(), name="Keep", consent=CONSENT, encode=fake_encode())
+    keep = lib.add(speech_clip(), name="Keep", consent=CONSENT, encode=fake_encode())
     before = snapshot(lib.root)
     real_rename = os.rename
 
@@ -425,14 +402,14 @@ def test_crash_while_adding_loses_nothing(lib, monkeypatch):
 
     monkeypatch.setattr(os, "rename", crash)
     with pytest.raises(OSError, match="power cut"):
-        lib.add(clip(pitch=240, seed=8), name="New", consent=CONSENT, encode=fake_encode())
+        lib.add(speech_clip(pitch=240, seed=8), name="New", consent=CONSENT, encode=fake_encode())
     monkeypatch.undo()
     assert [v.id for v in lib.list()] == [keep.id]
     assert snapshot(lib.root) == before  # the temp directory was cleaned up as well
 
 
 def test_leftovers_of_a_real_crash_are_invisible_and_swept(lib):
-    keep = lib.add(clip(), name="Keep", consent=CONSENT)
+    keep = lib.add(speech_clip(), name="Keep", consent=CONSENT)
     # What a process killed mid-write leaves: a full temp voice, a half-deleted voice, a temp json.
     half = lib.root / ".tmp-0123"
     shutil.copytree(keep.path, half)
@@ -447,8 +424,8 @@ def test_leftovers_of_a_real_crash_are_invisible_and_swept(lib):
 
 
 def test_a_committed_write_interrupted_by_a_crash_is_completed_on_open(lib, tmp_path):
-    keep = lib.add(clip(), name="Keep", consent=CONSENT)
-    other = VoiceLibrary(tmp_path / "other").add(clip(pitch=280, seed=11), name="Second", consent=CONSENT)
+    keep = lib.add(speech_clip(), name="Keep", consent=CONSENT)
+    other = VoiceLibrary(tmp_path / "other").add(speech_clip(pitch=280, seed=11), name="Second", consent=CONSENT)
     # A crash after the commit mark, with one voice renamed into place and one still staged.
     stage = lib.root / ".stage-89ab"
     stage.mkdir()
@@ -462,7 +439,7 @@ def test_a_committed_write_interrupted_by_a_crash_is_completed_on_open(lib, tmp_
 
 
 def test_crash_while_updating_or_deleting_keeps_the_voice(lib, monkeypatch):
-    voice = lib.add(clip(), name="Stay", transcript="Words.", consent=CONSENT)
+    voice = lib.add(speech_clip(), name="Stay", transcript="Words.", consent=CONSENT)
     before = snapshot(lib.root)
 
     def crash(*args, **kwargs):
@@ -480,7 +457,7 @@ def test_crash_while_updating_or_deleting_keeps_the_voice(lib, monkeypatch):
 
 
 def test_crash_during_a_multi_voice_import_rolls_back(tmp_path, source, monkeypatch):
-    source.add(clip(pitch=280, seed=11), name="Second", consent=CONSENT)
+    source.add(speech_clip(pitch=280, seed=11), name="Second", consent=CONSENT)
     data = source.export_zip()
     target = VoiceLibrary(tmp_path / "target")
     real_rename = os.rename
@@ -523,26 +500,26 @@ def _race(n: int, work) -> list:
 
 def test_threads_adding_at_once_all_land(lib):
     libs = [VoiceLibrary(lib.root) for _ in range(4)]
-    made = _race(4, lambda i: libs[i].add(clip(pitch=120 + 40 * i, seed=i), name=f"V{i}", consent=CONSENT,
+    made = _race(4, lambda i: libs[i].add(speech_clip(pitch=120 + 40 * i, seed=i), name=f"V{i}", consent=CONSENT,
                                           encode=fake_encode()))
     assert sorted(v.name for v in lib.list()) == ["V0", "V1", "V2", "V3"]
     assert len({v.id for v in made}) == 4
 
 
 def test_threads_adding_the_same_voice_get_one(lib):
-    made = _race(4, lambda i: lib.add(clip(), name="Same", transcript="Hi.", consent=CONSENT))
+    made = _race(4, lambda i: lib.add(speech_clip(), name="Same", transcript="Hi.", consent=CONSENT))
     assert len(lib.list()) == 1 and len({v.id for v in made}) == 1
 
 
 def test_the_same_voice_saved_by_another_thread_meanwhile_is_no_name_clash(lib, monkeypatch):
     # The interleaving the race above can hit: this add looked for its content before the other thread
     # saved it, and checks the name after.
-    first = lib.add(clip(), name="Same", transcript="Hi.", consent=CONSENT)
+    first = lib.add(speech_clip(), name="Same", transcript="Hi.", consent=CONSENT)
     monkeypatch.setattr(lib, "_by_content", lambda content_hash: None)
-    assert lib.add(clip(), name="Same", transcript="Hi.", consent=CONSENT).id == first.id
+    assert lib.add(speech_clip(), name="Same", transcript="Hi.", consent=CONSENT).id == first.id
     assert len(lib.list()) == 1
     with pytest.raises(VoiceError, match="already called"):  # different content under that name still clashes
-        lib.add(clip(pitch=300), name="Same", transcript="Hi.", consent=CONSENT)
+        lib.add(speech_clip(pitch=300), name="Same", transcript="Hi.", consent=CONSENT)
 
 
 def test_processes_adding_at_once_all_land(lib, tmp_path):
@@ -553,10 +530,10 @@ def test_processes_adding_at_once_all_land(lib, tmp_path):
         "import sys, time\n"
         "from pathlib import Path\n"
         "from studio.voices import VoiceLibrary, Consent\n"
-        "from tests.test_voices import clip\n"
+        "from tests.helpers import speech_clip\n"
         "lib = VoiceLibrary(sys.argv[1]); k = int(sys.argv[2])\n"
-        "clips = [clip(pitch=100 + 30 * (3 * k + j), seed=10 * k + j) for j in range(3)]\n"
-        "same = clip()\n"
+        "clips = [speech_clip(pitch=100 + 30 * (3 * k + j), seed=10 * k + j) for j in range(3)]\n"
+        "same = speech_clip()\n"
         "print('ready', flush=True)\n"
         "while not Path(sys.argv[3]).exists():\n"
         "    time.sleep(0.005)\n"
@@ -587,7 +564,7 @@ def _write_preset_dir(folder: Path, entries: dict[str, tuple[str, str]]) -> None
     folder.mkdir(parents=True, exist_ok=True)
     config = {}
     for i, (name, (audio_file, transcript)) in enumerate(entries.items()):
-        rate, samples = clip(pitch=130 + 50 * i, seed=20 + i)
+        rate, samples = speech_clip(pitch=130 + 50 * i, seed=20 + i)
         target = folder / audio_file
         if target.parent == folder or target.parent.exists():
             sf.write(target, samples, rate)
