@@ -29,7 +29,7 @@ from kernels import manifest as mf
 from kernels import ops
 from kernels.runtime import InterpretedKernels, cubin_ops
 from tests import interp_rounding
-from tests.helpers import cosine
+from tests.helpers import BrokenJit, cosine
 from tests.interp_step import fast_tiles
 
 interp_rounding.install()
@@ -140,7 +140,6 @@ def test_self_check_covers_the_batched_step(parity, monkeypatch):
     """The load-time self-check runs its last steps through decode_rows too: a skinny GEMM that writes
     nothing (the single-stream GEMVs untouched) fails it."""
     from engine.backends.self_check import SELF_CHECK_IDS, SELF_CHECK_MIN_COSINE, SELF_CHECK_STEPS, self_check
-    from tests.test_self_check import BrokenJit
 
     ckpt, _ = parity
     ref = HiggsModel.from_state_dict(ckpt.dims, ckpt.backbone, dtype=torch.bfloat16,

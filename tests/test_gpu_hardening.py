@@ -25,7 +25,7 @@ from engine.config import FULL_SIZE
 from kernels import manifest as mf
 from kernels import runtime
 from kernels.check import Row
-from tests.test_kernels_runtime import _entry, one_kernel_root
+from tests.helpers import kernel_entry, one_kernel_root
 
 REPO = Path(__file__).resolve().parents[1]
 GB = 1e9
@@ -225,7 +225,7 @@ class RecordingLoader:
 
 
 def test_the_launcher_refuses_a_launch_on_a_foreign_stream(tmp_path):
-    e = _entry({"X": "*fp32", "n": "i32"}, name="scale", symbol="scale_kernel", cubin="scale.cubin",
+    e = kernel_entry({"X": "*fp32", "n": "i32"}, name="scale", symbol="scale_kernel", cubin="scale.cubin",
                sha256=mf.sha256(b"ELF"))
     one_kernel_root(tmp_path, e)
     loader = RecordingLoader()

@@ -9,6 +9,7 @@ from engine import sampling
 from kernels import ops
 from kernels import reference as ref
 from tests import interp_rounding
+from tests.helpers import SAMPLER_TAKES, nan_like
 
 interp_rounding.install()
 
@@ -20,10 +21,6 @@ BUCKETS = (1, 4, 8, 16)
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
-
-
-def nan_like(shape, dtype=BF16):
-    return torch.full(shape, float("nan"), dtype=dtype)
 
 
 def gemm_inputs(m, n, k, fp8, gen=None):
@@ -142,16 +139,6 @@ def test_decode_attention_batch_per_sequence_lengths(heads, kv_heads, d):
 
 
 # ---------------------------------------------------------------------------------------------- sampler
-TAKES = [
-    # (temperature, top_k, top_p, seed, step, countdown, done)
-    (0.8, 30, 0.8, 2 ** 63 + 12345, 8, -1, 0),    # the defaults; a seed above 2^63
-    (0.0, 30, 0.8, 7, 3, -1, 0),                   # greedy, inside the delay window
-    (1.3, 0, 0.9, 99, 40, 3, 0),                   # top-p only, in the EOC tail
-    (0.7, 50, 1.0, 2 ** 40 + 1, 17, -1, 0),        # top-k only
-    (1.0, 2000, 0.999, 5, 120, 1, 0),              # tail ending at this step
-]
-
-
 def run_batch(logits, takes, hidden=24):
     b = len(takes)
     embed = torch.randn(8 * 1026, hidden).to(BF16)
@@ -168,10 +155,11 @@ def run_batch(logits, takes, hidden=24):
 
 def test_batched_sampler_matches_d6_per_take():
     gen = torch.Generator().manual_seed(11)
-    logits = torch.randn(len(TAKES), 8, 1026, generator=gen) * torch.tensor([1.0, 3.0, 2.0, 5.0, 1.0])[:, None, None]
+    spread = torch.tensor([1.0, 3.0, 2.0, 5.0, 1.0])[:, None, None]
+    logits = torch.randn(len(SAMPLER_TAKES), 8, 1026, generator=gen) * spread
     logits[2, 0, 1025] = 30.0                           # take 2 draws EOC on codebook 0 (no effect: in its tail)
-    rows, state, x, embed = run_batch(logits, TAKES)
-    for b, (temperature, top_k, top_p, seed, step, countdown, done) in enumerate(TAKES):
+    rows, state, x, embed = run_batch(logits, SAMPLER_TAKES)
+    for b, (temperature, top_k, top_p, seed, step, countdown, done) in enumerate(SAMPLER_TAKES):
         want = ref.sample_row_ref(logits[b], step=step, seed=seed, temperature=temperature, top_k=top_k,
                                   top_p=top_p)
         assert rows[b, step].tolist() == want, b
@@ -188,9 +176,9 @@ def test_batched_sampler_matches_d6_per_take():
 def test_batched_sampler_row_equals_the_one_take_kernel():
     """Each take in a batch samples exactly what the one-take sampler gives it alone."""
     gen = torch.Generator().manual_seed(12)
-    logits = torch.randn(len(TAKES), 8, 1026, generator=gen) * 2
-    rows, state, x, embed = run_batch(logits, TAKES)
-    for b, (temperature, top_k, top_p, seed, step, countdown, done) in enumerate(TAKES):
+    logits = torch.randn(len(SAMPLER_TAKES), 8, 1026, generator=gen) * 2
+    rows, state, x, embed = run_batch(logits, SAMPLER_TAKES)
+    for b, (temperature, top_k, top_p, seed, step, countdown, done) in enumerate(SAMPLER_TAKES):
         one_state, one_params = ops.sampler_state(seed, top_k, temperature, top_p, "cpu")
         one_state[0], one_state[3], one_state[4] = step, countdown, done
         one_rows = torch.full(rows.shape[1:], -1, dtype=torch.int32)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from kernels import manifest as mf
-from tests.test_kernels_build import committed, sass_ops
+from tests.helpers import committed_cubins, sass_instructions, sass_ops
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install -r requirements-dev.txt)")
 
@@ -24,7 +24,7 @@ TENSOR_CORE = ("HMMA", "HGMMA", "QMMA", "QGMMA", "OMMA")
 
 
 
-SKINNY = committed("gemm_skinny_")
+SKINNY = committed_cubins("gemm_skinny_")
 
 
 @pytest.mark.skipif(not SKINNY, reason="no committed batch cubins (python -m kernels.build)")
@@ -48,14 +48,13 @@ def test_all_archs_have_the_skinny_gemm():
 def test_split_k_skinny_gemm_reduces_with_one_integer_ticket(cc, name):
     """The split variants' reduction: one integer `ATOMG.E.ADD` behind a GPU-scope `MEMBAR` (the partials are
     visible before the ticket moves), and no float atomics anywhere; the plain variants have no atomic."""
-    from tests.test_kernels_fused_sass import instructions
-
     m = mf.load(cc)
-    ins = instructions(m.root / m.kernels[name].cubin)
+    ins = sass_instructions(m.root / m.kernels[name].cubin)
     atoms = [i for i, (_, op, _) in enumerate(ins) if op.startswith(("ATOM", "RED"))]
     assert len(atoms) == 1 and ins[atoms[0]][1].startswith("ATOMG.E.ADD") and ".F32" not in ins[atoms[0]][1]
     before = [op for _, op, _ in ins[max(0, atoms[0] - 6):atoms[0]]]
     assert any(op.startswith("MEMBAR") and op.endswith(".GPU") for op in before), (m.target, before)
     plain = name.removesuffix("_split")
     if plain in m.kernels:  # W8A16 (o_proj) is built split only
-        assert not any(op.startswith(("ATOM", "RED")) for _, op, _ in instructions(m.root / m.kernels[plain].cubin))
+        plain_ins = sass_instructions(m.root / m.kernels[plain].cubin)
+        assert not any(op.startswith(("ATOM", "RED")) for _, op, _ in plain_ins)

@@ -13,50 +13,17 @@ import re
 import shutil
 import subprocess
 import sys
-from functools import cache
 from pathlib import Path
 
 import pytest
 
 from kernels import manifest as mf
+from tests.helpers import committed_cubins, cuobjdump, sass_ops
 
-triton = pytest.importorskip("triton", reason="Triton is not installed (pip install -r requirements-dev.txt)")
+pytest.importorskip("triton", reason="Triton is not installed (pip install -r requirements-dev.txt)")
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = ("tests.kernel_fixture",)
-
-
-@cache
-def tools() -> tuple[str, dict]:
-    """cuobjdump (pip nvidia-cuda-cuobjdump 13.x, else the one in Triton's wheel) and an environment
-    whose PATH finds Triton's nvdisasm, which `cuobjdump -sass` runs."""
-    triton_bin = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    candidates = []
-    try:
-        import nvidia
-
-        candidates += [Path(p) / "cu13" / "bin" / "cuobjdump" for p in nvidia.__path__]
-    except ImportError:
-        pass
-    candidates.append(triton_bin / "cuobjdump")
-    exe = next((str(c) for c in candidates if c.exists()), None) or shutil.which("cuobjdump")
-    if exe is None:
-        pytest.skip("no cuobjdump (pip install nvidia-cuda-cuobjdump)")
-    env = dict(os.environ, PATH=f"{triton_bin}{os.pathsep}{os.environ.get('PATH', '')}")
-    return exe, env
-
-
-@cache
-def _cuobjdump(flag: str, cubin: Path, digest: str) -> str:
-    exe, env = tools()
-    out = subprocess.run([exe, flag, str(cubin)], capture_output=True, text=True, env=env, timeout=60)
-    assert out.returncode == 0, out.stderr
-    return out.stdout
-
-
-def cuobjdump(flag: str, cubin: Path) -> str:
-    """Output of `cuobjdump <flag> <cubin>`, cached per file content (the large sampler takes seconds)."""
-    return _cuobjdump(flag, cubin, mf.sha256(cubin.read_bytes()))
 
 
 def kparam_info(cubin: Path) -> list[tuple[int, int]]:
@@ -66,10 +33,6 @@ def kparam_info(cubin: Path) -> list[tuple[int, int]]:
     table = {int(o, 16): (int(off, 16), int(s, 16)) for o, off, s in rows}
     assert sorted(table) == list(range(len(table))), f"gaps in KPARAM_INFO ordinals: {sorted(table)}"
     return [table[i] for i in range(len(table))]
-
-
-def sass_ops(cubin: Path) -> list[str]:
-    return re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.x]+)", cuobjdump("-sass", cubin))
 
 
 WIDE_LOAD = re.compile(r"^LDG\..*\.(128|256)$|^LDGSTS\..*\.128$")
@@ -267,16 +230,7 @@ def test_manifest_load_reports_missing_and_unsupported(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Committed product cubins
 
-def committed(prefix: str = "") -> list[tuple[int, str]]:
-    """(arch, kernel name) of every committed cubin whose name starts with `prefix` (the SASS tests' inputs)."""
-    out = []
-    for cc, target in mf.TARGETS.items():
-        if (mf.CUBIN_DIR / target / mf.MANIFEST).exists():
-            out += [(cc, name) for name in mf.load(cc).kernels if name.startswith(prefix)]
-    return out
-
-
-COMMITTED = committed()
+COMMITTED = committed_cubins()
 needs_committed = pytest.mark.skipif(not COMMITTED, reason="no committed cubins yet (python -m kernels.build)")
 
 

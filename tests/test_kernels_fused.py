@@ -9,6 +9,7 @@ import torch
 
 from kernels import ops
 from tests import interp_rounding
+from tests.helpers import gemv_reference, gemv_weights, nan_like, rel_err
 
 interp_rounding.install()
 
@@ -22,37 +23,10 @@ def _seed():
     torch.manual_seed(0)
 
 
-def nan_like(shape, dtype=BF16):
-    return torch.full(shape, float("nan"), dtype=dtype)
-
-
-def rel_err(x, want):
-    return ((x.double() - want.double()).abs().max() / want.double().abs().max()).item()
-
-
 def rms_normed(h, g):
     """fp32 math of rmsnorm_kernel: h·rstd·g (the caller rounds it)."""
     h = h.float()
     return h * torch.rsqrt(h.pow(2).mean() + EPS) * g.float()
-
-
-def product(x, w, w_scale=None, x_scale=None, residual=None):
-    """float64 y = x·wᵀ (· scales), rounded to bf16, + residual rounded to bf16 — gemv_kernel's contract."""
-    y = w.double() @ x.double()
-    if w_scale is not None:
-        y = y * w_scale.double()
-    if x_scale is not None:
-        y = y * x_scale.double()
-    if residual is not None:
-        y = y.to(BF16).double() + residual.double()
-    return y
-
-
-def weights(n, k, fp8):
-    w = torch.randn(n, k) * 0.05
-    if not fp8:
-        return w.to(BF16), None
-    return ops.quantize_weight_fp8(w)
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "w8a8"])
@@ -60,7 +34,7 @@ def weights(n, k, fp8):
 def test_gemv2_norm_prologue(fp8, n, k):
     h = (torch.randn(k) * 3).to(BF16)
     g = (1 + 0.1 * torch.randn(k)).to(BF16)
-    w, ws = weights(n, k, fp8)
+    w, ws = gemv_weights(n, k, fp8)
     y_ref = rms_normed(h, g)
     if fp8:
         xs = (y_ref.abs().max() * 1.5 / 448).reshape(1)
@@ -70,7 +44,7 @@ def test_gemv2_norm_prologue(fp8, n, k):
         x = y_ref.to(BF16).float()
     y = ops.gemv2(h, w, prologue="norm", norm_w=g, eps=EPS, w_scale=ws, x_scale=xs, out=nan_like((n,)))
     assert not torch.isnan(y.float()).any()
-    want = product(x, w.float(), ws, xs)
+    want = gemv_reference(x, w.float(), ws, xs)
     assert rel_err(y, want) < 5e-3                      # one bf16 rounding of the output
     # the same as the unfused pair (rmsnorm kernel, then the v1 GEMV), up to a flipped rounding of x
     xn = ops.rmsnorm(h, g, EPS, scale=xs)
@@ -81,13 +55,13 @@ def test_gemv2_norm_prologue(fp8, n, k):
 def test_gemv2_silu_prologue_and_residual_in_place(fp8):
     n, inter = 40, 1552
     gu = (torch.randn(2 * inter) * 2).to(BF16)
-    w, ws = weights(n, inter, fp8)
+    w, ws = gemv_weights(n, inter, fp8)
     g, u = gu.float().chunk(2)
     act = torch.nn.functional.silu(g) * u
     xs = (act.abs().max() * 1.5 / 448).reshape(1) if fp8 else None
     x = ops.quantize_fp8(act, xs).float() if fp8 else act.to(BF16).float()
     h = torch.randn(n).to(BF16)
-    want = product(x, w.float(), ws, xs, residual=h)
+    want = gemv_reference(x, w.float(), ws, xs, residual=h)
     y = ops.gemv2(gu, w, prologue="silu", w_scale=ws, x_scale=xs, residual=h, out=h)
     assert y is h and not torch.isnan(h.float()).any()
     assert rel_err(h, want) < 5e-3
@@ -97,11 +71,11 @@ def test_gemv2_silu_prologue_and_residual_in_place(fp8):
 def test_gemv2_plain_with_residual(fp8):
     n, k = 29, 4112
     x = torch.randn(k).to(BF16)
-    w, ws = weights(n, k, fp8)
+    w, ws = gemv_weights(n, k, fp8)
     r = torch.randn(n).to(BF16)
     y = ops.gemv2(x, w, w_scale=ws, residual=r, out=nan_like((n,)))
     assert not torch.isnan(y.float()).any()
-    assert rel_err(y, product(x, w.float(), ws, residual=r)) < 5e-3
+    assert rel_err(y, gemv_reference(x, w.float(), ws, residual=r)) < 5e-3
 
 
 def reference_attention(qkv, q_norm, k_norm, cos, sin, kc, vc, pos, heads, kv_heads, d):

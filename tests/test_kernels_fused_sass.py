@@ -23,18 +23,12 @@ import re
 import pytest
 
 from kernels import manifest as mf
-from tests.test_kernels_build import committed, cuobjdump
+from tests.helpers import committed_cubins, sass_instructions
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install -r requirements-dev.txt)")
 
 MIN_LOADS_IN_FLIGHT = 4
-LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.x]+)\s*([^;]*);")
 WIDE = re.compile(r"^LDG\.E(\.\w+)*\.128$")
-
-
-def instructions(cubin) -> list[tuple[int, str, str]]:
-    """(address, opcode, operands) of every SASS instruction."""
-    return [(int(a, 16), op, args.strip()) for a, _, op, args in LINE.findall(cuobjdump("-sass", cubin))]
 
 
 def main_loop(ins):
@@ -60,7 +54,7 @@ def accumulates(op: str, args: str) -> bool:
 def loads_in_flight(cubin) -> int:
     """Independent 128-bit global loads issued in the main loop before its first accumulating FFMA."""
     count, loaded = 0, set()
-    for _, op, args in main_loop(instructions(cubin)):
+    for _, op, args in main_loop(sass_instructions(cubin)):
         if accumulates(op, args):
             break
         regs = re.findall(r"\bR(\d+)", args)
@@ -76,7 +70,7 @@ def loads_in_flight(cubin) -> int:
 
 
 
-V2 = committed("gemv2_")
+V2 = committed_cubins("gemv2_")
 
 
 @pytest.mark.skipif(not V2, reason="no committed v2 cubins (python -m kernels.build)")
@@ -87,14 +81,14 @@ def test_v2_gemv_keeps_four_weight_loads_in_flight(cc, name):
     assert n >= MIN_LOADS_IN_FLIGHT, f"{m.target}/{name}: {n} independent 128-bit loads before the first FFMA"
 
 
-@pytest.mark.skipif(not committed("gemv_w8a8"), reason="no committed cubins")
+@pytest.mark.skipif(not committed_cubins("gemv_w8a8"), reason="no committed cubins")
 def test_the_check_fails_on_the_v1_gemv():
     for cc in mf.TARGETS:
         m = mf.load(cc)
         assert loads_in_flight(m.root / m.kernels["gemv_w8a8"].cubin) < MIN_LOADS_IN_FLIGHT, m.target
 
 
-ATTN = committed("decode_attn_fused_")
+ATTN = committed_cubins("decode_attn_fused_")
 
 
 @pytest.mark.skipif(not ATTN, reason="no committed v2 cubins (python -m kernels.build)")
@@ -105,14 +99,14 @@ def test_fused_attention_takes_one_ticket_per_cta_after_a_release_fence(cc, name
     Read by hand on sm_90a, not asserted here: a branch lets only thread 0 reach the atomic, `CCTL.IVALL`
     follows it, and the ticket reaches the other threads through shared memory and a barrier."""
     m = mf.load(cc)
-    ins = instructions(m.root / m.kernels[name].cubin)
+    ins = sass_instructions(m.root / m.kernels[name].cubin)
     atoms = [i for i, (_, op, _) in enumerate(ins) if op.startswith("ATOMG")]
     assert len(atoms) == 1 and ins[atoms[0]][1].startswith("ATOMG.E.ADD"), [ins[i][1] for i in atoms]
     before = [op for _, op, _ in ins[max(0, atoms[0] - 6):atoms[0]]]
     assert any(op.startswith("MEMBAR") and op.endswith(".GPU") for op in before), (m.target, before)
 
 
-SPLITK = committed("gemv3_")
+SPLITK = committed_cubins("gemv3_")
 
 
 @pytest.mark.skipif(not SPLITK, reason="no committed v3 cubins (python -m kernels.build)")
@@ -123,7 +117,7 @@ def test_splitk_gemv_streams_and_takes_one_ticket_after_a_release_fence(cc, name
     m = mf.load(cc)
     cubin = m.root / m.kernels[name].cubin
     assert loads_in_flight(cubin) >= MIN_LOADS_IN_FLIGHT
-    ins = instructions(cubin)
+    ins = sass_instructions(cubin)
     atoms = [i for i, (_, op, _) in enumerate(ins) if op.startswith(("ATOM", "RED"))]
     assert len(atoms) == 1 and ins[atoms[0]][1].startswith("ATOMG.E.ADD") and ".F32" not in ins[atoms[0]][1]
     before = [op for _, op, _ in ins[max(0, atoms[0] - 6):atoms[0]]]
@@ -152,6 +146,6 @@ def test_the_loads_in_flight_are_the_weight_tiles(cc, name):
     e = m.kernels[name]
     cubin = m.root / e.cubin
     per_step = weight_loads_per_step(e)
-    wide = sum(bool(WIDE.match(op)) for _, op, _ in main_loop(instructions(cubin)))
+    wide = sum(bool(WIDE.match(op)) for _, op, _ in main_loop(sass_instructions(cubin)))
     assert per_step == MIN_LOADS_IN_FLIGHT and wide >= per_step, (m.target, name, per_step, wide)
     assert loads_in_flight(cubin) - (wide - per_step) >= MIN_LOADS_IN_FLIGHT, (m.target, name)

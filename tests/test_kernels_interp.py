@@ -18,16 +18,12 @@ from kernels import reference as ref
 from kernels.common import to_e4m3
 from tests import interp_rounding
 from tests.conftest import PARITY, parity_missing
-from tests.helpers import rel_err
+from tests.helpers import SAMPLING_CASES, nan_like, rel_err, scripted_logits
 
 interp_rounding.install()
 
 FP8 = torch.float8_e4m3fn
 BF16 = torch.bfloat16
-
-
-def nan_like(shape, dtype):
-    return torch.full(shape, float("nan"), dtype=dtype)
 
 
 def fp8_step(v):
@@ -242,18 +238,6 @@ def _run_sampler(logits, *, step, seed, temperature, top_k, top_p, hidden=24, co
     return rows, state, x, embed
 
 
-SAMPLING_CASES = [
-    # (temperature, top_k, top_p)
-    (0.8, 30, 0.8),       # the product defaults
-    (1.0, 0, 1.0),        # plain softmax sampling
-    (0.7, 50, 1.0),       # top-k only
-    (1.3, 0, 0.9),        # top-p only
-    (0.5, 1, 1.0),        # top-k 1
-    (1.0, 2000, 0.0),     # top-k disabled (≥ vocab), top-p 0 keeps exactly one
-    (1.0, -1, 0.999),
-]
-
-
 @pytest.mark.parametrize("temperature,top_k,top_p", SAMPLING_CASES)
 def test_sampler_matches_python_d6(temperature, top_k, top_p):
     gen = torch.Generator().manual_seed(int(temperature * 100) + top_k)
@@ -310,17 +294,6 @@ def test_sampler_uniform_matches_counter_rng():
         assert rows[9].tolist() == [0 if ref.uniform(seed, 9, k) < 0.5 else 1 for k in range(8)]
 
 
-def _scripted_logits(step, overrides):
-    logits = torch.zeros(8, 1026)
-    for c in range(8):
-        logits[c, (10 * c + step) % 1000] = 5.0
-        logits[c, 1024] = 4.0
-    for o in overrides:
-        if o["step"] == step:
-            logits[o["codebook"], o["code"]] = 9.0
-    return logits
-
-
 def test_sampler_stop_state_matches_sglang_trace():
     """Greedy kernel steps on the fixture's scripted logits reproduce sglang-omni's emitted rows and stop."""
     if not (PARITY / "stop_trace.json").exists():
@@ -334,7 +307,7 @@ def test_sampler_stop_state_matches_sglang_trace():
         x = torch.empty(8, dtype=BF16)
         emitted = 0
         while emitted < max_rows:
-            ops.sample(_scripted_logits(emitted, case["overrides"]), embed, state, params, rows, x)
+            ops.sample(scripted_logits(emitted, case["overrides"]), embed, state, params, rows, x)
             emitted += 1
             if int(state[4]):
                 break

@@ -16,16 +16,9 @@ import torch
 
 from kernels import manifest as mf
 from kernels import packing, runtime
+from tests.helpers import TOOLCHAIN, kernel_entry, one_kernel_root
 
 REPO = Path(__file__).resolve().parents[1]
-TOOLCHAIN = mf.Toolchain(ptxas="12.9", elf_abi=7, min_driver_cuda=12000, min_driver="525.60.13")
-
-
-def _entry(signature: dict[str, str], **kw) -> mf.KernelEntry:
-    base = dict(name="k", symbol="k", cubin="k.cubin", sha256="0" * 64, module="m", num_warps=4, num_stages=3,
-                num_ctas=1, shared=0, static_shared=0, global_scratch_size=0, global_scratch_align=1, profile_scratch_size=0,
-                profile_scratch_align=1, constexprs={}, params=mf.make_params(signature))
-    return mf.KernelEntry(**{**base, **kw})
 
 
 def test_available_without_driver_is_fast_and_clear():
@@ -96,7 +89,7 @@ def test_cubin_kernels_without_gpu_raises_the_reason():
 
 
 def test_manifest_validation_catches_bad_layout_and_hash(tmp_path):
-    e = _entry({"X": "*fp32", "n": "i32"}, sha256=mf.sha256(b"cubin"))
+    e = kernel_entry({"X": "*fp32", "n": "i32"}, sha256=mf.sha256(b"cubin"))
     d = tmp_path / "sm_89"
     d.mkdir()
     (d / "k.cubin").write_bytes(b"cubin")
@@ -121,7 +114,7 @@ def test_manifest_validation_catches_bad_layout_and_hash(tmp_path):
 
 
 def test_pack_args_types_and_errors():
-    e = _entry({"X": "*bf16", "W": "*fp8e4nv", "R": "*bf16", "alpha": "fp32", "n": "i32", "seed": "i64"})
+    e = kernel_entry({"X": "*bf16", "W": "*fp8e4nv", "R": "*bf16", "alpha": "fp32", "n": "i32", "seed": "i64"})
     x = torch.zeros(8, dtype=torch.bfloat16)
     w = torch.zeros(8, dtype=torch.float8_e4m3fn)
     p = packing.pack_args(e, (x, w, None, 0.5, 7, 2**40), device_type="cpu")
@@ -158,19 +151,9 @@ class RecordingLoader:
         self.launches.append((handle, grid, block, shared, packed.values))
 
 
-def one_kernel_root(root: Path, entry: mf.KernelEntry) -> Path:
-    """A committed-cubin folder for sm_120a under `root` holding the one kernel `entry` names ("scale")."""
-    d = root / "sm_120a"
-    d.mkdir()
-    (d / "scale.cubin").write_bytes(b"ELF")
-    (d / mf.MANIFEST).write_text(mf.Manifest(cc=120, target="sm_120a", triton="3.9.0", sources={},
-                                             kernels={"scale": entry}, root=d, toolchain=TOOLCHAIN).to_json())
-    return d
-
-
 def test_cubin_kernels_launch_path_with_recording_loader(tmp_path):
     sig = {"X": "*fp32", "Out": "*fp32", "n": "i32"}
-    e = _entry(sig, name="scale", symbol="scale_kernel", cubin="scale.cubin", sha256=mf.sha256(b"ELF"),
+    e = kernel_entry(sig, name="scale", symbol="scale_kernel", cubin="scale.cubin", sha256=mf.sha256(b"ELF"),
                shared=73728, num_warps=8, global_scratch_size=16)
     one_kernel_root(tmp_path, e)
     loader = RecordingLoader()

@@ -17,7 +17,7 @@ from kernels import ops
 from kernels import reference as ref
 from kernels.sampler import _largest_bits_with_count, _largest_bits_with_mass, _radix_largest
 from tests.conftest import PARITY, parity_missing
-from tests.test_kernels_interp import SAMPLING_CASES, _scripted_logits, nan_like
+from tests.helpers import SAMPLER_TAKES, SAMPLING_CASES, committed_cubins, nan_like, sass_instructions, scripted_logits
 
 BF16 = torch.bfloat16
 HIDDEN = 24
@@ -124,7 +124,7 @@ def test_grid_sampler_stop_trace_matches_sglang():
         embed, x = torch.zeros(8 * 1026, 8, dtype=BF16), torch.empty(8, dtype=BF16)
         emitted = 0
         while emitted < case["max_rows"]:
-            ops.sample_grid(_scripted_logits(emitted, case["overrides"]), embed, state, params, rows, x, scratch)
+            ops.sample_grid(scripted_logits(emitted, case["overrides"]), embed, state, params, rows, x, scratch)
             emitted += 1
             if int(state[4]):
                 break
@@ -136,9 +136,7 @@ def test_grid_sampler_takes_are_each_sampled_as_alone():
     """The grid (8, B) in `sample_batch`'s layout: each take, with its own settings, seed, step and stop state,
     gets exactly what the single-program sampler gives it alone (row history, state, next input), and every
     take's ticket counter is back at zero; take 2 draws EOC inside its own tail, take 3 starts its tail."""
-    from tests.test_kernels_batch import TAKES
-
-    takes = TAKES + [(0.0, 0, 1.0, 3, 9, -1, 0)]
+    takes = SAMPLER_TAKES + [(0.0, 0, 1.0, 3, 9, -1, 0)]
     gen = torch.Generator().manual_seed(13)
     logits = torch.randn(len(takes), 8, 1026, generator=gen) * 2
     logits[2, 0, 1025] = logits[5, 0, 1025] = 30.0
@@ -237,10 +235,8 @@ def tiny_checkpoint_dims(parity_dir):
 # ---------------------------------------------------------------------------------------------- SASS
 def _grid_cubins():
     from kernels import manifest as mf
-    from tests.test_kernels_build import committed
-
     return [mf.load(cc).root / mf.load(cc).kernels[name].cubin
-            for cc, name in committed("sample_embed_grid")]
+            for cc, name in committed_cubins("sample_embed_grid")]
 
 
 @pytest.mark.skipif(not _grid_cubins(), reason="no committed grid-sampler cubins (python -m kernels.build)")
@@ -249,9 +245,7 @@ def test_grid_sampler_takes_one_integer_ticket_after_a_release_fence(cubin):
     """The finishing program is chosen by one integer `ATOMG.E.ADD` per program with a GPU-scope `MEMBAR`
     among the 8 instructions before it (every pick stored before the counter moves), and no float atomics
     anywhere; no spills is checked for every committed cubin by tests/test_kernels_build.py."""
-    from tests.test_kernels_fused_sass import instructions
-
-    ins = instructions(cubin)
+    ins = sass_instructions(cubin)
     atoms = [i for i, (_, op, _) in enumerate(ins) if op.startswith(("ATOM", "RED."))]   # not REDUX (warp)
     assert len(atoms) == 1 and ins[atoms[0]][1].startswith("ATOMG.E.ADD") and ".F32" not in ins[atoms[0]][1]
     before = [op for _, op, _ in ins[max(0, atoms[0] - 8):atoms[0]]]     # sm_89 schedules it 7 before

@@ -15,33 +15,12 @@ from engine.checkpoint import load_checkpoint
 from engine.model import HiggsModel
 from kernels import ops
 from tests import interp_rounding
+from tests.helpers import BrokenJit
 from tests.interp_step import FAST_TILES
 
 interp_rounding.install()
 
 MAX_LEN = 64
-
-
-class BrokenJit:
-    """Stands in for ops.gemv_kernel / ops.gemm_kernel with one fault. Both take (x/a, W, W_SCALE, x/a
-    scale, R, out, ...) positionally, so the fault is applied by position."""
-
-    W, W_SCALE, OUT = 1, 2, 5
-
-    def __init__(self, jit, fault: str):
-        self.jit, self.fault = jit, fault
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            args = list(args)
-            if self.fault == "transposed":  # the kernel reads the weight in the other layout
-                args[self.W] = args[self.W].t().contiguous().view(args[self.W].shape)
-            if self.fault == "scale16" and kwargs.get("HAS_W_SCALE"):
-                args[self.W_SCALE] = args[self.W_SCALE] * 16
-            self.jit[grid](*args, **kwargs)
-            if self.fault == "zeroed":
-                args[self.OUT].zero_()
-        return launch
 
 
 @pytest.fixture(scope="module")
