@@ -4,6 +4,7 @@ that read it skip with the reason when it is absent."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 # Kernel tests run Triton's CPU interpreter. Triton decides when a module is imported whether its
@@ -62,6 +63,20 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     from engine.demo import write_tiny_checkpoint
 
     return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", seed=5)
+
+
+@pytest.fixture(scope="session")
+def demo_cache(tmp_path_factory) -> Path:
+    """A studio cache (HIGGS_STUDIO_CACHE) that already holds the demo checkpoint and the reference tokenizer,
+    for the subprocesses that run `--demo` (`python -m engine say`): in an empty cache each would build both
+    again (~9 s). A copy of this process's own, so no subprocess writes to the user's cache."""
+    from engine.demo import demo_checkpoint, reference_tokenizer_path
+
+    root = tmp_path_factory.mktemp("higgs-cache")
+    checkpoint = demo_checkpoint()
+    shutil.copytree(checkpoint, root / checkpoint.name)
+    shutil.copy2(reference_tokenizer_path(), root)
+    return root
 
 
 @pytest.fixture(scope="session")

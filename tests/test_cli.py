@@ -18,8 +18,8 @@ def run(args, cache, timeout=600):
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    return tmp_path_factory.mktemp("cache")
+def cache(demo_cache):
+    return demo_cache
 
 
 def test_say_demo_writes_wav(cache, tmp_path):

@@ -16,12 +16,12 @@ def run(args, cache, timeout=600):
                           text=True, timeout=timeout)
 
 
-def test_say_file_writes_one_long_take(tmp_path):
+def test_say_file_writes_one_long_take(tmp_path, demo_cache):
     chapter = tmp_path / "chapter.txt"
     chapter.write_text("Dr. Smith arrived at 10:30. It was 70 °F and the tea cost $3.50.\n\n"
                        "The second paragraph is here. It has two sentences, and then it ends.\n", encoding="utf-8")
     out = tmp_path / "long.wav"
-    proc = run(["say", "--demo", "--file", str(chapter), "--out", str(out), "--seed", "3"], tmp_path / "cache")
+    proc = run(["say", "--demo", "--file", str(chapter), "--out", str(out), "--seed", "3"], demo_cache)
     assert proc.returncode == 0, proc.stderr
     segments = int(re.search(r"characters in (\d+) segments", proc.stdout).group(1))
     assert segments == 3
@@ -31,8 +31,8 @@ def test_say_file_writes_one_long_take(tmp_path):
     assert rate == 24000 and abs(len(wav) / rate - seconds) < 0.01 and abs(wav).max() > 0
 
 
-def test_say_rejects_text_and_file_together(tmp_path):
-    proc = run(["say", "hi", "--demo", "--file", "x.txt"], tmp_path / "cache", timeout=120)
+def test_say_rejects_text_and_file_together(tmp_path, demo_cache):
+    proc = run(["say", "hi", "--demo", "--file", "x.txt"], demo_cache, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip() == "error: give either a text or --file, not both"
-    proc = run(["say", "--demo", "--file", str(tmp_path / "missing.txt")], tmp_path / "cache", timeout=120)
+    proc = run(["say", "--demo", "--file", str(tmp_path / "missing.txt")], demo_cache, timeout=120)
     assert proc.returncode == 2 and "missing.txt" in proc.stderr and "Traceback" not in proc.stderr
