@@ -210,8 +210,9 @@ LONGEST_FIRST = ("test_self_check.py", "test_cubin_batch.py", "test_security.py"
                  "test_kernels_step.py", "test_studio_browser.py", "test_projects_view.py", "test_torch_graph.py",
                  "test_gpu_check.py", "test_codec.py", "test_engine.py", "test_batch.py", "test_scheduler_faults.py",
                  "test_wyoming.py", "test_speech_ws.py", "test_remote_servers.py", "test_spaces_browser.py",
-                 "test_projects_kill.py", "test_projects.py", "test_projects_finish.py", "test_captions.py",
-                 "test_dictionary.py", "test_loudness.py")
+                 "test_longform_api.py", "test_projects_kill.py", "test_app.py", "test_longform_cli.py",
+                 "test_projects.py", "test_projects_finish.py", "test_captions.py", "test_cli.py", "test_dictionary.py",
+                 "test_loudness.py", "test_zerogpu.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
