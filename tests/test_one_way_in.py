@@ -59,15 +59,12 @@ LIVE_IDS = itertools.count()
 
 
 @pytest.fixture(scope="module")
-def studio(tmp_path_factory):
+def studio(tmp_path_factory, shared_engine):
     """One service with a saved voice, the page built on it, the HTTP routes and the page's live route on one app,
     a Wyoming server, a projects library, and the record of every plan prepared."""
-    from engine import Engine
-    from engine.demo import demo_checkpoint
-
     tmp = tmp_path_factory.mktemp("doors")
     library = VoiceLibrary(tmp / "voices")
-    service = StudioService(Engine.load(demo_checkpoint(), device="cpu"), library)
+    service = StudioService(shared_engine(), library)
     add_voices(library, service, (("Narrator", 140.0),))
     library.update("Narrator", shared=True)  # a Wyoming client may use it
     page = Page(service)
