@@ -134,6 +134,18 @@ def ffmpeg_children() -> list[int]:
     return pids
 
 
+# ------------------------------------------------------------------------------------------ orders
+def request(**kw):
+    """An `Order` (studio/takes/order.py) from flat keywords: the sampling ones go into its `params`."""
+    from dataclasses import fields
+
+    from engine.types import SamplingParams
+    from studio.takes.order import Order
+
+    params = SamplingParams.of(**{k: kw.pop(k) for k in list(kw) if k in {f.name for f in fields(SamplingParams)}})
+    return Order(params=params, **kw)
+
+
 # ------------------------------------------------------------------------------------------ the page
 def gen_args(text, **kw):
     """The page's Generate handler's arguments by name: `text` with the page's defaults, `kw` on top."""

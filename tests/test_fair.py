@@ -19,8 +19,7 @@ from studio.views.live import ROUTE, TOKEN_HEADER
 from studio.views.page import Page
 from studio.takes.service import Queued, StudioService, TooManyTakes
 from tests.fakes import FakeEngine
-from tests.helpers import tone
-from tests.test_service import request
+from tests.helpers import request, tone
 
 KEY = "SECRET"
 A, B, C = Caller.visitor("10.0.0.1"), Caller.visitor("10.0.0.2"), Caller.visitor("10.0.0.3")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -13,15 +13,7 @@ import pytest
 from engine.types import SamplingParams, SpeechEngine
 from studio.takes.service import Queued, ServiceBusy, StudioService, Order
 from tests.fakes import FakeEngine
-
-SAMPLING = {f.name for f in fields(SamplingParams)}
-
-
-def request(**kw) -> Order:
-    """An order from flat keywords: the sampling ones go into its `params`."""
-    params = SamplingParams.of(**{k: kw.pop(k) for k in list(kw) if k in SAMPLING})
-    return Order(params=params, **kw)
-
+from tests.helpers import request
 
 @dataclass
 class FakePreset:
