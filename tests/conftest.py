@@ -11,6 +11,13 @@ from pathlib import Path
 # @triton.jit functions are interpreted, so the variable must be set before any test imports kernels/;
 # the ahead-of-time cubin build runs in subprocesses with it switched off (kernels/build.py).
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# Two test workers share the CI machine's two cores. torch's OpenMP threads spin while they wait for one another,
+# and beside the other worker one of them is often off its core: its sibling then spins away that worker's time.
+# Passive waiting puts a waiting thread to sleep instead; thread counts and results are unchanged. libgomp reads
+# the variable when torch loads it, so it is set before any test imports torch (workers and the studios they
+# start inherit it). On this machine with the other cores busy (load 6-8): tests/test_engine.py 64 s → 19 s,
+# tests/test_quant.py 84-109 s → 30 s, tests/test_batch.py 66-79 s → 34 s.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest  # noqa: E402
 
