@@ -261,3 +261,16 @@ def test_every_door_writes_an_order(studio):
     plans.clear()
     studio["service"].synthesize(Order(text=SHORT, params=SamplingParams(seed=SEED, max_frames=FRAMES)))
     assert len(plans) == 1 and plans[0].order.door == "api"
+
+
+def test_a_project_reads_its_voices_as_every_door_does(studio):
+    """A project's voice and its script's voices are looked up as an order's: an OpenAI voice name nothing
+    stands for is the model's own voice (as at the speech API), an unknown one is named."""
+    projects = studio["projects"]
+    script = from_text("A: Hello there.\nB: And welcome back.")
+    created = projects.create("owner", script, {"voice": "alloy", "voices": {"A": "Narrator", "B": "nova"}, "seed": SEED})
+    settings = projects.project(created.id).settings
+    narrator = studio["service"].resolve_voice("Narrator").id
+    assert settings["voice"] is None and settings["voices"] == {"A": narrator, "B": None}
+    with pytest.raises(ValueError, match="'Nobody'"):
+        projects.create("owner", script, {"voices": {"A": "Nobody", "B": None}})

@@ -35,6 +35,8 @@ from studio.projects.importing import MAX_TITLE_CHARS, Book, Draft, Limits, chec
 from studio.projects.outputs import ChapterOutputs, chapter_index, pick
 from studio.projects.recipes import SAMPLING_FIELDS, Planned, checkpoint_identity, plan_book
 from studio.projects.store import Chapter, ProjectNotFound, SegmentRow, Store
+from studio.takes.admission import OWNER
+from studio.takes.prepare import lookup_voice
 from studio.text.pronounce import Dictionary, digest, rules_json
 
 SETTINGS = ("voice", "voices", "style", "seed", "normalize", "temperature", "top_k", "top_p", "repeat_guard",
@@ -74,21 +76,23 @@ class Projects(ChapterOutputs):
         out["seed"] = params.seed if params.seed is not None else new_seed()
         if not isinstance(out["normalize"], bool):
             raise ValueError("`normalize` must be true or false.")
-        if out["voice"]:
-            out["voice"] = self.service.resolve_voice(str(out["voice"])).id
-        else:
-            out["voice"] = None
+        out["voice"] = self._voice_id(out["voice"])
         if out["voices"] is not None:
             if not isinstance(out["voices"], dict) or not out["voices"]:
                 raise ValueError("`voices` maps a script's speakers to saved voices, e.g. {\"Alice\": \"Narrator\", "
                                  "\"Bob\": null}; null is zero-shot.")
-            out["voices"] = {str(k): (self.service.resolve_voice(str(v)).id if v else None)
-                             for k, v in out["voices"].items()}
+            out["voices"] = {str(k): self._voice_id(v) for k, v in out["voices"].items()}
         if out["style"]:
             self.service.resolve_style(out["style"])  # ValueError for an unknown preset or a bad prefix
         else:
             out["style"] = None
         return out
+
+    def _voice_id(self, voice) -> str | None:
+        """A voice as written → the saved voice's id the project keeps, looked up as every take's voice is
+        (studio/takes/prepare.py: an alias, a saved voice, an OpenAI name nothing stands for: zero-shot)."""
+        record = lookup_voice(self.service, str(voice), OWNER)[0] if voice else None
+        return record.id if record is not None else None
 
     def plan_chapter(self, text: str, settings: dict, language: str) -> list[SegmentRow]:
         try:
