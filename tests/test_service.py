@@ -317,3 +317,11 @@ def test_variants_take_the_seeds_after_the_takes_own(svc):
     for bad in (0, 5, True):
         with pytest.raises(ValueError, match="Takes"):
             svc.variants(first, bad)
+
+
+def test_the_history_keeps_a_bounded_length_of_audio(svc, monkeypatch):
+    """Beyond the newest take, at most HISTORY_SECONDS of audio stay (a long take recorded whole is large)."""
+    monkeypatch.setattr("studio.takes.service.HISTORY_SECONDS", 0.15)  # each fake take is 0.12 s
+    for seed in (1, 2, 3):
+        run(svc, text="Hi.", seed=seed)
+    assert [t.seed for t in svc.history] == [2, 3]
