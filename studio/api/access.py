@@ -37,7 +37,6 @@ import gradio as gr
 from studio.takes.admission import OWNER, Caller
 from studio.takes.limits import PUBLIC_MAX_TEXT_CHARS
 
-DEFAULT_QUEUE_SIZE = 64  # takes waiting in Gradio's queue (--queue-size); each holds a browser connection
 QUEUE_FULL = ("The studio is busy: {size} requests are already waiting for the GPU. Try again in a minute.")
 OWNER_ONLY = ("Only the studio's owner can see the voice library's details, change or export it, and save style "
               "presets. Log in with the studio's key, or use the HTTP API with `Authorization: Bearer <key>`.")
