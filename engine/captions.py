@@ -7,9 +7,9 @@ The model gives no word durations, but a take knows where every segment's sample
   drifts; offsets counted in samples do not);
 * within a segment, sentence (or word) boundaries come from an ASR's word timestamps when the caller has
   them (`WordTime`, relative to the segment's first sample), and otherwise from each unit's share of the
-  segment's characters over its speech: such a cue is `estimated`, which the files say (WebVTT: a NOTE
-  block and the cue identifier; SRT, which has no comments: "estimated" after the timing line's times,
-  where players read optional coordinates and ignore the rest);
+  segment's characters over its speech: such a cue is `estimated`, which is said beside the times, never
+  in the timing line (WebVTT: a NOTE block and the cue identifier; the JSON form: each cue's `estimated`;
+  SRT has no place for a note, so its timing lines are the format's own and nothing more);
 * cues tile the take: each ends where the next begins, a segment's last cue holds through the pause
   after it, and the last ends with the audio.
 
@@ -179,11 +179,11 @@ def _lines(text: str) -> str:
 
 
 def to_srt(items: list[Cue]) -> str:
-    """SubRip: numbered cues; an estimated cue says "estimated" after its times."""
+    """SubRip: numbered cues, each timing line exactly "00:00:01,000 --> 00:00:02,500" (strict readers refuse
+    anything after the times, so which cues are estimated is said only by the WebVTT and JSON forms)."""
     blocks = []
     for n, cue in enumerate(items, start=1):
-        mark = " estimated" if cue.estimated else ""
-        blocks.append(f"{n}\n{_clock(cue.start, ',')} --> {_clock(cue.end, ',')}{mark}\n{_lines(cue.text)}\n")
+        blocks.append(f"{n}\n{_clock(cue.start, ',')} --> {_clock(cue.end, ',')}\n{_lines(cue.text)}\n")
     return "\n".join(blocks)
 
 

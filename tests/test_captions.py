@@ -5,6 +5,7 @@ libraries read back."""
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pytest
@@ -19,9 +20,9 @@ from studio.audio.asr import Transcriber
 from studio.audio.captions import captions, take_captions
 from tests.fakes import AsrPipeline
 
-SENTENCES = [f"Sentence number {word} is here." for word in (
-    "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
-    "seventeen eighteen nineteen twenty").split()]
+SENTENCES = [f"Sentence number {word} is here." for word in [
+    "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen",
+    "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"]]
 
 
 def vtt_seconds(stamp: str) -> float:
@@ -68,7 +69,7 @@ def test_a_long_take_of_twenty_sentences_is_captioned_on_its_exact_sample_offset
     assert [p.content for p in parsed] == SENTENCES
     for p, cue in zip(parsed, found.cues):
         assert abs(p.start.total_seconds() - cue.start) <= 1e-3 and abs(p.end.total_seconds() - cue.end) <= 1e-3
-        assert (p.proprietary == "estimated") == cue.estimated
+        assert p.proprietary == ""  # nothing after the times: SRT has no place for "estimated"
     vtt = webvtt.from_buffer(io.StringIO(found.vtt()))
     assert [c.text for c in vtt.captions] == SENTENCES
     for c, cue in zip(vtt.captions, found.cues):
@@ -209,13 +210,65 @@ def test_bad_ssml_is_a_400_that_says_why(api_client):
     assert "not well-formed" in r.json()["error"]["message"]
 
 
+# ------------------------------------------------------------------------------------------ the files, strictly
+SRT_TIMING = re.compile(r"\d{2}:\d{2}:\d{2},\d{3} --> \d{2}:\d{2}:\d{2},\d{3}")
+ESTIMATED_CUES = [Cue(0.0, 1.0, "First one.", 0, False), Cue(1.0, 2.5, "Second one.", 0, True),
+                  Cue(2.5, 3.25, "Third.", 1, True)]
+
+
+def test_srt_timing_lines_are_the_formats_own_and_the_estimate_is_said_beside_them():
+    text = to_srt(ESTIMATED_CUES)
+    timing = [line for line in text.splitlines() if "-->" in line]
+    assert timing == ["00:00:00,000 --> 00:00:01,000", "00:00:01,000 --> 00:00:02,500",
+                      "00:00:02,500 --> 00:00:03,250"]
+    assert all(SRT_TIMING.fullmatch(line) for line in timing) and "estimated" not in text
+    parsed = list(srt.parse(text, ignore_errors=False))  # strict: anything after the times is an error
+    assert [(p.content, p.proprietary) for p in parsed] == [("First one.", ""), ("Second one.", ""), ("Third.", "")]
+    vtt = to_vtt(ESTIMATED_CUES)
+    assert all(not line.endswith("estimated") for line in vtt.splitlines() if "-->" in line)
+    assert vtt.startswith("WEBVTT\n\nNOTE ") and [c.as_dict()["estimated"] for c in ESTIMATED_CUES] == [False, True,
+                                                                                                     True]
+
+
+@pytest.mark.parametrize("kind", ["srt", "vtt"])
+def test_webvtt_py_and_ffmpeg_read_our_files(kind, tmp_path):
+    import shutil
+    import subprocess
+
+    path = tmp_path / f"take.{kind}"
+    path.write_text(to_srt(ESTIMATED_CUES) if kind == "srt" else to_vtt(ESTIMATED_CUES), encoding="utf-8")
+    read = webvtt.from_srt(str(path)) if kind == "srt" else webvtt.read(str(path))
+    assert [(c.start, c.end, c.text) for c in read.captions] == [
+        ("00:00:00.000", "00:00:01.000", "First one."), ("00:00:01.000", "00:00:02.500", "Second one."),
+        ("00:00:02.500", "00:00:03.250", "Third.")]
+    if shutil.which("ffmpeg") is None:
+        pytest.skip("ffmpeg is not on PATH (apt-get install ffmpeg)")
+    out = tmp_path / "take.ass"
+    run = subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-y", "-i", str(path), str(out)], check=False,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0 and not run.stderr.strip(), run.stderr
+    events = [line for line in out.read_text(encoding="utf-8").splitlines() if line.startswith("Dialogue:")]
+    assert [e.split(",")[1:3] for e in events] == [["0:00:00.00", "0:00:01.00"], ["0:00:01.00", "0:00:02.50"],
+                                                   ["0:00:02.50", "0:00:03.25"]]
+    assert [e.rsplit(",", 1)[1] for e in events] == ["First one.", "Second one.", "Third."]
+
+
 # ------------------------------------------------------------------------------------------ the page
+def test_the_cue_list_shows_times_finer_than_a_second():
+    from studio.audio.captions import Captions, captions_html
+
+    three = [Cue(0.0, 0.8, "One.", 0, False), Cue(0.8, 1.65, "Two.", 1, False), Cue(1.65, 62.5, "Three.", 2, False),
+             Cue(62.5, 599.97, "Four.", 3, False)]
+    shown = re.findall(r'<span class="hs-cue-time">([^<]*)</span>', captions_html(Captions(three), "long-take"))
+    assert shown == ["0:00.0", "0:00.8", "0:01.6", "1:02.5"]  # 1.65 s is a tenth away, not "0:01"
+
+
 def test_the_panel_under_a_player_gives_its_subtitles_the_cue_list_and_downloads(tmp_path):
     import gradio as gr
 
     from engine.types import SamplingParams
     from studio.audio.formats import write_audio
-    from studio.takes.service import StudioService, Order
+    from studio.takes.service import Order, StudioService
     from studio.views.captions import CaptionsPanel
     from tests.fakes import FakeEngine
 
@@ -269,7 +322,7 @@ def test_a_caption_transcription_takes_its_turn_in_the_gpu_line():
     import threading
 
     from studio.takes.admission import Caller
-    from studio.takes.service import StudioService, Order
+    from studio.takes.service import Order, StudioService
     from tests.fakes import FakeEngine
 
     heard_at = []  # (the take ahead had finished, on the main thread) at each transcription

@@ -105,8 +105,9 @@ def captions_html(found: Captions | None, player: str) -> str:
 
 
 def _clock(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    return f"{minutes}:{secs:02d}"
+    """m:ss.t: to the tenth of a second, so that short sentences in a row do not all read "0:00"."""
+    minutes, tenths = divmod(round(seconds * 10), 600)
+    return f"{minutes}:{tenths // 10:02d}.{tenths % 10}"
 
 
 __all__ = ["Captions", "captions", "captions_html", "shown_texts", "take_captions"]
