@@ -39,16 +39,16 @@ def test_the_tables_say_each_chapters_state():
                  "seconds": 0},
                 {"index": 3, "title": "Notes", "skip": True, "state": "not started", "segments": 1, "rendered": 0,
                  "seconds": 0}]
-    assert [chapter_state(c) for c in chapters] == ["done", "rendering 3 of 5", "stale", "skipped"]
+    assert [chapter_state(c) for c in chapters] == ["done", "rendering 3 of 5", "out of date", "skipped"]
     project = {"title": "B", "author": "A", "disk_bytes": 2_500_000, "chapters": chapters,
                "job": {"state": "running", "done": 5, "total": 9, "eta_s": 75, "rtf": 0.5, "error": None}}
-    assert chapter_rows(project)[1] == [2, "Two", "rendering 3 of 5", 5, 6.0]
+    assert chapter_rows(project)[1] == [2, "Two", "narrator", "rendering 3 of 5", 5, 6.0]
     assert summary_md(project) == ("**B** by A · 4 chapters · 2.5 MB on disk\n\n"
-                                   "Render: running · 5 of 9 segments · about 1 min 15 s left · RTF 0.50")
+                                   "Render: rendering 5 of 9 segments · about 1 min 15 s left · RTF 0.50")
     assert job_line({"state": "failed", "done": 1, "total": 3, "eta_s": None, "rtf": None, "error": "disk full"}) == \
-        "failed · 1 of 3 segments · error: disk full"
+        "failed at 1 of 3 segments · error: disk full"
     assert segment_rows({"segments": [{"index": 0, "text": "Hi.", "seed": 7, "seconds": None, "state": "waiting"}]}) \
-        == [[1, "Hi.", "7", 0, "waiting", ""]]
+        == [[1, "Hi.", "7", 0, "not rendered", ""]]
     heard = {"index": 1, "text": "Ho.", "seed": 9, "seconds": 1.26, "state": "done", "wer": 0.125,
              "attempts": [{"seed": 8, "wer": 0.6}, {"seed": 9, "wer": 0.125}]}
     assert segment_rows({"segments": [heard]}) == [[2, "Ho.", "9", 1.3, "done", "0.12 (2 tries)"]]
@@ -95,11 +95,13 @@ def test_handlers_create_render_regenerate_play_and_export(view, tmp_path):
         view.render("")
     upload = tmp_path / "Two Doors.md"
     upload.write_text("# One\n\nA red door.\n\nA blue door.\n\n# Two\n\nA green door.\n")
-    picker, pid, chapter, summary, rows, segments, shown = view.create("", "Ann", "", str(upload), False)
+    picker, pid, chapter, *form, summary, rows, segments, _, _, _, _, shown = view.create("", "Ann", "", str(upload),
+                                                                                        False)
     assert picker["value"] == pid and chapter == 1 and "**Two Doors** by Ann · 2 chapters" in summary
-    assert rows == [[1, "One", "not started", 2, 0], [2, "Two", "not started", 1, 0]]
+    assert form[5] == "Two Doors"  # the name box
+    assert rows == [[1, "One", "narrator", "not started", 2, 0], [2, "Two", "narrator", "not started", 1, 0]]
     assert [r[1] for r in segments] == ["A red door.", "A blue door."]
-    assert view.tick(pid, 1, shown) == (gr_skip(),) * 4  # nothing changed: nothing sent
+    assert view.tick(pid, 1, shown) == (gr_skip(),) * 8  # nothing changed: nothing sent
     with pytest.raises(ValueError, match="no render in progress"):
         view.pause(pid)
     with pytest.raises(ValueError, match="not rendered yet"):
@@ -108,16 +110,16 @@ def test_handlers_create_render_regenerate_play_and_export(view, tmp_path):
     # Short takes for the render: the same book, its settings with max_frames.
     book = importing.from_file(upload.name, upload.read_bytes())
     pid = view.projects.create(OWNER.key, book, {"max_frames": MAX_FRAMES}).id
-    assert re.search("queued|running", view.render(pid))
+    assert re.search("waiting to render|rendering", view.render(pid)[0])
     wait_done(view, pid)
-    summary, rows, segments, shown = view.tick(pid, 1, shown)
-    assert "done · 3 of 3 segments" in summary and [r[2] for r in rows] == ["done", "done"]
+    summary, rows, segments, *_ = view.tick(pid, 1, shown)
+    assert "done · 3 of 3 segments" in summary and [r[3] for r in rows] == ["done", "done"]
     samples = view.projects.chapter_audio(pid, 0).samples
     assert sf.info(view.play_chapter(pid, 1)).frames == samples
     assert sf.info(view.play_segment(pid, 1, 2)).frames > 0
 
     seed = int(segments[1][2])
-    summary, rows, segments = view.regenerate(pid, 1, 2, "", "")  # the next seed, rendered by a job
+    view.regenerate(pid, 1, 2, "", "")  # the next seed, rendered by a job
     wait_done(view, pid)
     segments = view.show(pid, 1)[2]
     # Rendered again with a later seed (the demo's takes are cut short, so the render itself retried once more).
@@ -125,12 +127,12 @@ def test_handlers_create_render_regenerate_play_and_export(view, tmp_path):
     with pytest.raises(ValueError, match="whole number"):
         view.regenerate(pid, 1, 2, "12a", "")
     with pytest.raises(ValueError, match="Pick a chapter between 1 and 2"):
-        view.export(pid, "mp3", 3)
+        view.export_file(pid, "mp3", 3)
 
-    book_file = view.export(pid, "zip", 0)["value"]
+    book_file = view.export_file(pid, "zip", 0)
     with zipfile.ZipFile(book_file) as zf:
         assert sorted(zf.namelist()) == ["01 One.mp3", "02 Two.mp3", "manifest.json"]
-    chapter_file = view.export(pid, "wav", 2)["value"]
+    chapter_file = view.export_file(pid, "wav", 2)
     assert chapter_file.endswith("Two Doors - 02 Two.wav")
     assert sf.info(chapter_file).frames == view.projects.chapter_audio(pid, 1).samples
 
@@ -181,9 +183,14 @@ def paused_after(url: str, pid: str, done: int) -> dict:
     return job
 
 
+def enabled(pg) -> dict[str, bool]:
+    """Which of the render job's buttons can be pressed."""
+    return {name: pg.is_enabled(f"#proj-{name}") for name in ("render", "pause", "resume", "cancel")}
+
+
 def table_done(pg) -> int:
     """The segments rendered as the chapters table counts them (3 chapters: done, rendering k of 3)."""
-    states = re.findall(r"rendering (\d) of 3|(done)", pg.inner_text("#proj-chapters"))
+    states = re.findall(r"(?:rendering|paused at) (\d) of 3|(done)", pg.inner_text("#proj-chapters"))
     assert len(states) == 3, states
     return sum(int(n) if n else 3 for n, _ in states)
 
@@ -196,7 +203,7 @@ def test_a_page_opened_again_shows_the_same_render_going_on(studio_url, chromium
     assert [c["segments"] for c in project["chapters"]] == [3, 3, 3]
     with contextlib.closing(chromium.new_context(viewport={"width": 1400, "height": 1400})) as context:
         pg = open_tab(context, studio_url)  # a browser with nothing remembered opens the newest project: this one
-        pg.wait_for_function(f"() => document.querySelector('#proj-picker input')?.value === 'Reattach ({pid})'"
+        pg.wait_for_function("() => document.querySelector('#proj-picker input')?.value === 'Reattach'"
                              " && document.querySelector('#proj-summary')?.innerText.includes('Reattach')",
                              timeout=30_000)
         pg.click("#proj-render")
@@ -205,8 +212,10 @@ def test_a_page_opened_again_shows_the_same_render_going_on(studio_url, chromium
         job = paused_after(studio_url, pid, 0)
         before = (job["done"], SEGMENTS)
         pg.wait_for_function(f"() => document.querySelector('#proj-summary')?.innerText"
-                             f".includes('paused · {before[0]} of {SEGMENTS} segments')", timeout=30_000)
+                             f".includes('paused at {before[0]} of {SEGMENTS} segments')", timeout=30_000)
         assert table_done(pg) == before[0]  # the table agrees
+        assert "rendering" not in pg.inner_text("#proj-chapters")  # paused, as the line says
+        assert enabled(pg) == {"render": False, "pause": False, "resume": True, "cancel": True}
         pg.close()  # nothing of the render lives in the page
 
         # It goes on with no page open; paused again (by the API), so what the next page shows is known.
@@ -230,6 +239,8 @@ def test_a_page_opened_again_shows_the_same_render_going_on(studio_url, chromium
         assert f"done · {SEGMENTS} of {SEGMENTS} segments" in pg.inner_text("#proj-summary")
         pg.wait_for_function("() => (document.querySelector('#proj-chapters')?.innerText.match(/\\bdone\\b/g) || [])"
                              ".length === 3", timeout=30_000)
+        pg.wait_for_function("() => !document.querySelector('#proj-render').disabled", timeout=30_000)
+        assert enabled(pg) == {"render": True, "pause": False, "resume": False, "cancel": False}
         pg.screenshot(path=str(artifacts_dir / "projects.png"), full_page=True)
 
     # The job started on the first page is the one that finished, and it generated each segment once.

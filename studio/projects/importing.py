@@ -21,6 +21,7 @@ from ebooklib import ITEM_COVER, ITEM_DOCUMENT, ITEM_IMAGE, epub
 from lxml import etree, html
 
 from studio.files.archive import MB, Archive, ArchiveRefused, Caps
+from studio.projects.headings import split_chapters
 from studio.text.clean import clean_text
 
 MAX_PROJECT_CHARS = 2_000_000  # ~35 hours of speech: a long novel (--project-max-chars)
@@ -81,17 +82,35 @@ class Book:
     notes: list[str] = field(default_factory=list)
 
 
-def from_text(text: str, *, title: str = "", markdown: bool = False, limits: Limits = Limits()) -> Book:
-    """Pasted or uploaded text: one chapter, or with `markdown` one per heading."""
+def from_text(text: str, *, title: str = "", markdown: bool = False, limits: Limits = Limits(),
+              fallback: str = "") -> Book:
+    """Pasted or uploaded text: a chapter per heading line ("Chapter 1", "Part II": studio/projects/headings.py)
+    or with `markdown` per `#` heading, else one chapter. The title: `title`, else the one the text gives
+    (a `# Title` over `##` chapters, a first line before "Chapter 1"), else `fallback` (a file's name)."""
     if not isinstance(text, str) or not text.strip():
         raise ImportRefused("The text is empty: paste the book's text or upload a .txt, .md or .epub file.")
     if len(text) > limits.max_chars:
         raise ImportRefused(f"The text is {len(text):,} characters; a project holds at most {limits.max_chars:,} "
                             "(--project-max-chars). Split the book into several projects.")
-    if not markdown:
-        return checked(Book(title or "Untitled", [Draft(title or "Chapter 1", text.strip())]), limits)
-    heading, chapters, notes = _markdown_chapters(text)
-    return checked(Book(title or heading or "Untitled", chapters, notes=notes), limits)
+    found = split_chapters(text)  # "Chapter 1", "Part II" … on lines of their own
+    if markdown and _has_headings(text) or found is None and markdown:
+        heading, chapters, notes = _markdown_chapters(text)
+        return checked(Book(title or heading or fallback or "Untitled", chapters, notes=notes), limits)
+    if found is None:
+        name = title or fallback
+        return checked(Book(name or "Untitled", [Draft(name or "Chapter 1", text.strip())]), limits)
+    chapters = [Draft(_title(name), body) for name, body in found.chapters]
+    return checked(Book(title or found.title or fallback or "Untitled", chapters, author=found.author), limits)
+
+
+def _has_headings(text: str) -> bool:
+    fenced = False
+    for line in text.splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced and _HEADING.match(line):
+            return True
+    return False
 
 
 def from_file(name: str, data: bytes, *, title: str = "", limits: Limits = Limits()) -> Book:
@@ -110,7 +129,7 @@ def from_file(name: str, data: bytes, *, title: str = "", limits: Limits = Limit
         raise ImportRefused(f"The file is not UTF-8 text (byte {exc.start}); save it as UTF-8 and upload it "
                             "again.") from None
     stem = posixpath.splitext(posixpath.basename(name))[0]
-    return from_text(text, title=title or stem, markdown=ext in (".md", ".markdown"), limits=limits)
+    return from_text(text, title=title, markdown=ext in (".md", ".markdown"), limits=limits, fallback=stem)
 
 
 def checked(book: Book, limits: Limits) -> Book:
@@ -152,6 +171,12 @@ def _markdown_chapters(text: str) -> tuple[str, list[Draft], list[str]]:
     if len(tops) == 1:
         book_title = tops[0][2]
     cuts = [h for h in headings if h[1] == level]
+    if not book_title and cuts and not clean_text("\n".join(lines[:cuts[0][0]])).strip():
+        # The first heading opens the file: the book's title when it is the only one of its level, or has no text
+        # of its own before the next (`# Title` over `# One`, `# Two`).
+        end = cuts[1][0] if len(cuts) > 1 else len(lines)
+        if len(cuts) == 1 or not clean_text("\n".join(lines[cuts[0][0] + 1:end])).strip():
+            book_title = cuts[0][2]
     sections = []
     start, name = 0, ""
     for n, _, title in cuts:
@@ -164,7 +189,7 @@ def _markdown_chapters(text: str) -> tuple[str, list[Draft], list[str]]:
                                               and _HEADING.match(line).group(2).strip() == book_title)]
         spoken = clean_text("\n".join(body)).strip()
         if not spoken:
-            if name:
+            if name and name != book_title:
                 notes.append(f"The section {name!r} has no text and was left out.")
             continue
         chapters.append(Draft(_title(name or book_title or f"Chapter {i + 1}"), spoken))

@@ -31,6 +31,7 @@ from engine.normalize import AUTO
 from engine.tokenizer import estimate_seconds
 from engine.types import SEED_LIMIT, SamplingParams, new_seed
 from studio.audio.acx import AcxReport
+from studio.projects.casting import cast_of, cast_segments, checked_loudness, with_cast
 from studio.projects.importing import MAX_TITLE_CHARS, Book, Draft, Limits, checked
 from studio.projects.outputs import ChapterOutputs, chapter_index, pick
 from studio.projects.recipes import SAMPLING_FIELDS, Planned, checkpoint_identity, plan_book
@@ -40,7 +41,7 @@ from studio.takes.prepare import lookup_voice
 from studio.text.pronounce import Dictionary, digest, rules_json
 
 SETTINGS = ("voice", "voices", "style", "seed", "normalize", "temperature", "top_k", "top_p", "repeat_guard",
-            "max_frames")
+            "max_frames", "loudness")
 PROJECT_FIELDS = ("title", "author", "language", "settings", "dictionary", "chapters", "order", "merge")
 SPOKEN_CACHE = 20_000  # (rules, text, voice, language) → what is read: the view is read every second
 DICTIONARY_CACHE = 64  # projects' rule sets, checked
@@ -69,7 +70,7 @@ class Projects(ChapterOutputs):
         unknown = sorted(set(given) - set(SETTINGS))
         if unknown:
             raise ValueError(f"Unknown setting(s) {', '.join(unknown)}; a project's settings are {', '.join(SETTINGS)}.")
-        out = {"voice": None, "voices": None, "style": None, "seed": None, "normalize": True,
+        out = {"voice": None, "voices": None, "style": None, "seed": None, "normalize": True, "loudness": None,
                **SamplingParams().as_dict(), **(base or {}), **given}
         params = SamplingParams.of(**{k: out.get(k) for k in SAMPLING_FIELDS}, seed=out.get("seed"))  # ValueError
         out.update({k: getattr(params, k) for k in SAMPLING_FIELDS})
@@ -77,6 +78,7 @@ class Projects(ChapterOutputs):
         if not isinstance(out["normalize"], bool):
             raise ValueError("`normalize` must be true or false.")
         out["voice"] = self._voice_id(out["voice"])
+        out["loudness"] = checked_loudness(out["loudness"])
         if out["voices"] is not None:
             if not isinstance(out["voices"], dict) or not out["voices"]:
                 raise ValueError("`voices` maps a script's speakers to saved voices, e.g. {\"Alice\": \"Narrator\", "
@@ -94,14 +96,17 @@ class Projects(ChapterOutputs):
         record = lookup_voice(self.service, str(voice), OWNER)[0] if voice else None
         return record.id if record is not None else None
 
-    def plan_chapter(self, text: str, settings: dict, language: str) -> list[SegmentRow]:
+    def plan_chapter(self, text: str, settings: dict, language: str, cast: dict | None = None) -> list[SegmentRow]:
+        """The chapter's segments, in its own voice and style where it is cast (studio/projects/casting.py)."""
+        settings = with_cast(settings, cast)
         try:
             segments = plan(text, style=self.service.resolve_style(settings.get("style")),
                             normalize=settings.get("normalize", True), language=language or AUTO,
                             voices=settings.get("voices"))
         except ValueError as exc:
             raise ValueError(f"{str(exc)[:1].upper()}{str(exc)[1:]}.") from None
-        return [SegmentRow(s.index, s.text, s.source, s.pause_after, s.speaker, s.voice) for s in segments]
+        return cast_segments([SegmentRow(s.index, s.text, s.source, s.pause_after, s.speaker, s.voice)
+                              for s in segments], cast)
 
     # ---------------------------------------------------------------- create, edit, delete
     def create(self, owner: str, book: Book, settings: dict | None = None):
@@ -143,13 +148,18 @@ class Projects(ChapterOutputs):
         if "dictionary" in changes:  # PronunciationError (a ValueError) names the rule that cannot be used
             meta["dictionary"] = rules_json(Dictionary.from_json(changes["dictionary"] or []))["rules"]
         language = meta.get("language", project.language)
-        replan = settings != project.settings or language != project.language
+        # the export's loudness is no part of a plan: changing it renders nothing again
+        replan = _planned(settings) != _planned(project.settings) or language != project.language
         chapters = self.store.chapters(project_id)
-        rows = [[c.id, c.title, c.text, c.skip, False] for c in chapters]  # the last: its text changed
+        rows = [[c.id, c.title, c.text, c.skip, False, c.cast] for c in chapters]  # [4]: to plan again
         for edit in _list(changes.get("chapters"), "chapters"):
             if not isinstance(edit, dict) or not isinstance(edit.get("index"), int):
-                raise ValueError("Each entry of `chapters` is {\"index\": n, \"title\"?, \"skip\"?, \"text\"?}.")
+                raise ValueError("Each entry of `chapters` is {\"index\": n, \"title\"?, \"skip\"?, \"text\"?, "
+                                 "\"voice\"?, \"style\"?}.")
             row = rows[chapter_index(edit["index"], len(rows))]
+            cast = cast_of(edit, row[5], self._voice_id, self.service.resolve_style)
+            if cast != row[5]:
+                row[4], row[5] = True, cast
             if "title" in edit:
                 row[1] = _title(_string(edit["title"], "title"))
             if "skip" in edit:
@@ -177,15 +187,15 @@ class Projects(ChapterOutputs):
                 raise ValueError(f"`order` lists every chapter's index once in the new order (0 … {len(rows) - 1}).")
             rows = [rows[i] for i in order]
         planned = []
-        for cid, title, text, skip, edited in rows:
+        for cid, title, text, skip, edited, cast in rows:
             segments = None
             if edited or replan:
                 try:
-                    segments = self._keep_seeds(cid, self.plan_chapter(text, settings, language))
+                    segments = self._keep_seeds(cid, self.plan_chapter(text, settings, language, cast))
                 except ValueError as exc:
                     raise ValueError(f"Chapter {title!r}: {exc}") from None
-            planned.append((cid, title, text, skip, segments))
-        checked(Book(project.title, [Draft(t, x) for _, t, x, _, _ in planned]), self.limits)
+            planned.append((cid, title, text, skip, segments, cast))
+        checked(Book(project.title, [Draft(p[1], p[2]) for p in planned]), self.limits)
         if meta or settings != project.settings:
             self.store.update_project(project_id, **meta, settings=settings)
         self.store.replace_chapters(project_id, planned)
@@ -332,6 +342,7 @@ class Projects(ChapterOutputs):
             state = "not started"
         seconds = sum(renders[p.key].samples for p in done) / SAMPLE_RATE
         return {"index": chapter.position, "title": chapter.title, "skip": chapter.skip, "state": state,
+                "voice": chapter.cast.get("voice"), "style": chapter.cast.get("style"),
                 "segments": len(mine), "rendered": len(done), "seconds": round(seconds, 2),
                 "characters": len(chapter.text), "acx": self._cached_acx(planned, mine) if state == "done" else None}
 
@@ -349,7 +360,9 @@ class Projects(ChapterOutputs):
                 state = "stale" if p.rendered_key and p.rendered_key != p.key else "waiting"
             else:
                 state = f"cut short ({render.stop_reason})" if render.stop_reason in CUT_SHORT else "done"
-            rows.append({"index": p.position, "text": p.source, "spoken": p.text, "speaker": p.speaker,
+            # `voice`: the saved voice it was rendered in (its render's recipe), else the one it is planned in
+            voice = render.recipe.get("voice") if render else p.voice_id
+            rows.append({"index": p.position, "text": p.source, "spoken": p.text, "speaker": p.speaker, "voice": voice,
                          "seed": render.seed if render else p.seed, "retried": bool(render and render.retried),
                          "seconds": round(render.samples / SAMPLE_RATE, 2) if render else None,
                          "estimated_seconds": round(estimate_seconds(p.text), 1), "state": state, "key": p.key,
@@ -379,6 +392,10 @@ def _heard(render) -> dict:
     None when it was not listened to."""
     listen = render.recipe.get("listen") if render is not None else None
     return {"wer": listen["wer"] if listen else None, "attempts": listen["attempts"] if listen else None}
+
+
+def _planned(settings: dict) -> dict:
+    return {k: v for k, v in settings.items() if k != "loudness"}
 
 
 def _title(text: str) -> str:

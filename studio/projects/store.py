@@ -46,7 +46,7 @@ CREATE TABLE IF NOT EXISTS projects (
 CREATE TABLE IF NOT EXISTS chapters (
     id INTEGER PRIMARY KEY AUTOINCREMENT, project TEXT NOT NULL REFERENCES projects(id) ON DELETE CASCADE,
     position INTEGER NOT NULL, title TEXT NOT NULL, text TEXT NOT NULL, skip INTEGER NOT NULL DEFAULT 0,
-    finished INTEGER NOT NULL DEFAULT 0);
+    finished INTEGER NOT NULL DEFAULT 0, "cast" TEXT NOT NULL DEFAULT '{}');
 CREATE INDEX IF NOT EXISTS chapters_by_project ON chapters(project, position);
 CREATE TABLE IF NOT EXISTS segments (
     chapter INTEGER NOT NULL REFERENCES chapters(id) ON DELETE CASCADE, position INTEGER NOT NULL,
@@ -91,6 +91,8 @@ class Store:
         columns = {r["name"] for r in self._db.execute("PRAGMA table_info(projects)")}
         if "dictionary" not in columns:  # a folder made before projects had a pronunciation dictionary
             self._db.execute("ALTER TABLE projects ADD COLUMN dictionary TEXT NOT NULL DEFAULT '[]'")
+        if "cast" not in {r["name"] for r in self._db.execute("PRAGMA table_info(chapters)")}:  # before casting
+            self._db.execute("ALTER TABLE chapters ADD COLUMN \"cast\" TEXT NOT NULL DEFAULT '{}'")
 
     def close(self) -> None:
         with self._lock:
@@ -190,23 +192,24 @@ class Store:
         return [_segment(r) for r in self._rows("SELECT * FROM segments WHERE chapter = ? ORDER BY position",
                                                 (chapter_id,))]
 
-    def replace_chapters(self, project_id: str, chapters: list[tuple[int | None, str, str, bool, list[SegmentRow] | None]]
-                         ) -> None:
-        """The project's chapters as `(id or None for a new one, title, text, skip, segments or None to keep them)`
-        in their new order, in one transaction; chapters not listed are removed."""
+    def replace_chapters(self, project_id: str, chapters: list[tuple[int | None, str, str, bool, list[SegmentRow] | None,
+                                                                     dict]]) -> None:
+        """The project's chapters as `(id or None for a new one, title, text, skip, segments or None to keep them,
+        cast)` in their new order, in one transaction; chapters not listed are removed."""
         with self._tx() as db:
             keep = {cid for cid, *_ in chapters if cid is not None}
             for row in db.execute("SELECT id FROM chapters WHERE project = ?", (project_id,)).fetchall():
                 if row["id"] not in keep:
                     db.execute("DELETE FROM chapters WHERE id = ?", (row["id"],))
             # positions are rewritten through negative numbers so no two rows ever share one mid-way
-            for position, (cid, title, text, skip, segments) in enumerate(chapters):
+            for position, (cid, title, text, skip, segments, cast) in enumerate(chapters):
                 if cid is None:
-                    cid = db.execute("INSERT INTO chapters (project, position, title, text, skip) VALUES (?,?,?,?,?)",
-                                     (project_id, -1 - position, title, text, int(skip))).lastrowid
+                    cid = db.execute("INSERT INTO chapters (project, position, title, text, skip, \"cast\") "
+                                     "VALUES (?,?,?,?,?,?)",
+                                     (project_id, -1 - position, title, text, int(skip), json.dumps(cast))).lastrowid
                 else:
-                    db.execute("UPDATE chapters SET position = ?, title = ?, text = ?, skip = ? WHERE id = ?",
-                               (-1 - position, title, text, int(skip), cid))
+                    db.execute("UPDATE chapters SET position = ?, title = ?, text = ?, skip = ?, \"cast\" = ? "
+                               "WHERE id = ?", (-1 - position, title, text, int(skip), json.dumps(cast), cid))
                 if segments is not None:
                     db.execute("DELETE FROM segments WHERE chapter = ?", (cid,))
                     _insert_segments(db, cid, segments)
@@ -384,7 +387,8 @@ def _project(r: sqlite3.Row) -> Project:
 
 
 def _chapter(r: sqlite3.Row) -> Chapter:
-    return Chapter(r["id"], r["project"], r["position"], r["title"], r["text"], bool(r["skip"]), bool(r["finished"]))
+    return Chapter(r["id"], r["project"], r["position"], r["title"], r["text"], bool(r["skip"]), bool(r["finished"]),
+                   json.loads(r["cast"]))
 
 
 def _segment(r: sqlite3.Row) -> SegmentRow:

@@ -61,6 +61,7 @@ class Chapter:
     text: str
     skip: bool
     finished: bool  # every segment was rendered once: a chapter not rendered now is stale, not new
+    cast: dict = field(default_factory=dict)  # the chapter's own voice and style over the project's ("casting")
 
 
 @dataclass(frozen=True)

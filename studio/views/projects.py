@@ -22,87 +22,41 @@ from studio.api.access import Access
 from studio.audio.formats import write_audio
 from studio.audio.loudness import TARGETS
 from studio.projects import importing
-from studio.projects.export import EXPORT_FORMATS, chapter_export, export, levelled
+from studio.projects.export import chapter_export, export, levelled
 from studio.takes.admission import OWNER
 from studio.text.pronounce import from_tsv, rules_json, to_tsv
+from studio.views.project_cast import PROJECTS, ZERO_SHOT, ProjectEdits
+from studio.views.project_rows import (
+    CHAPTER_HEADERS,
+    CHAPTER_WIDTHS,
+    SEGMENT_HEADERS,
+    SEGMENT_WIDTHS,
+    chapter_rows,
+    chapter_state,
+    controls,
+    job_line,
+    project_choices,
+    segment_rows,
+    summary_md,
+)
 from studio.views.render import acx_html
 from studio.views.toasts import warns
 
-CHAPTER_HEADERS = ["#", "chapter", "state", "segments", "seconds"]
-SEGMENT_HEADERS = ["#", "text", "seed", "seconds", "state", "WER"]
 POLL_SECONDS = 1.0
 OWNER_ONLY_PROJECTS = ("Projects are the studio's owner's: log in with the studio's key, or use /v1/projects with "
                        "`Authorization: Bearer <key>`.")
 UPLOAD_TYPES = [".txt", ".md", ".markdown", ".epub"]
-LOUDNESS_CHOICES = [("as rendered", "off"), *((f"{name} ({lufs:g} LUFS)", name) for name, lufs in TARGETS.items())]
-CAPTION_FORMATS = ["srt", "vtt"]
+# Short labels that fit their boxes whole: the targets' levels are in the box's label.
+LOUDNESS_CHOICES = [("as rendered", "off"), *((f"{name} {lufs:g}", name) for name, lufs in TARGETS.items())]
+FORMAT_CHOICES = [("M4B book", "m4b"), ("ZIP of MP3s", "zip"), ("ACX (Audible)", "acx"), ("MP3", "mp3"),
+                  ("WAV", "wav"), ("FLAC", "flac")]
+CAPTION_FORMATS = [("SRT", "srt"), ("WebVTT", "vtt")]
+VIEWS = 8  # what `_views` fills: summary, the two tables, the four job buttons, `shown`
+MAKING = gr.update(value=None, interactive=False, label="Making the file…")
+NOTHING = gr.update(value=None, interactive=False, label="Download")
 
 
-def chapter_state(chapter: dict) -> str:
-    """A chapter's state as the table says it: not started, rendering x of n, done, stale."""
-    if chapter.get("skip"):
-        return "skipped"
-    if chapter["state"] == "rendering":
-        return f"rendering {chapter['rendered']} of {chapter['segments']}"
-    return chapter["state"]
-
-
-def chapter_rows(project: dict | None) -> list[list]:
-    if not project:
-        return []
-    return [[c["index"] + 1, c["title"], chapter_state(c), c["segments"], round(c.get("seconds") or 0, 1)]
-            for c in project["chapters"]]
-
-
-def segment_rows(chapter: dict | None) -> list[list]:
-    if not chapter:
-        return []
-    # Seeds as text: they are 63-bit, more than a JavaScript number holds exactly. WER: what listen and retry
-    # heard (studio/audio/listen.py), with the tries it took; "" when the segment was not listened to.
-    return [[s["index"] + 1, s["text"], "" if s.get("seed") is None else str(s["seed"]),
-             round(s.get("seconds") or 0, 1), s["state"], _wer(s)] for s in chapter["segments"]]
-
-
-def _wer(segment: dict) -> str:
-    wer, attempts = segment.get("wer"), segment.get("attempts") or []
-    if wer is None:
-        return ""
-    return f"{wer:.2f}" + (f" ({len(attempts)} tries)" if len(attempts) > 1 else "")
-
-
-def job_line(job: dict | None) -> str:
-    """The render job in one line: state, segments done of total, time left, RTF, the error if any."""
-    if not job:
-        return "not rendered yet"
-    parts = [job["state"], f"{job['done']} of {job['total']} segments"]
-    if job["state"] in ("queued", "running") and job.get("eta_s") is not None:
-        parts.append(f"about {_duration(job['eta_s'])} left")
-    if job.get("rtf"):
-        parts.append(f"RTF {job['rtf']:.2f}")
-    if job.get("error"):
-        parts.append(f"error: {job['error']}")
-    return " · ".join(parts)
-
-
-def summary_md(project: dict | None) -> str:
-    if not project:
-        return "No project open: create one below, or pick one."
-    by = f" by {project['author']}" if project.get("author") else ""
-    disk = project.get("disk_bytes") or 0
-    return (f"**{project['title']}**{by} · {len(project['chapters'])} chapters · {disk / 1e6:.1f} MB on disk\n\n"
-            f"Render: {job_line(project.get('job'))}")
-
-
-def _duration(seconds: float) -> str:
-    seconds = round(seconds)
-    return f"{seconds // 60} min {seconds % 60} s" if seconds >= 60 else f"{seconds} s"
-
-
-def project_choices(summaries: list[dict]) -> list[tuple[str, str]]:
-    return [(f"{p['title']} ({p['id']})", p["id"]) for p in summaries]
-
-
-class ProjectsView:
+class ProjectsView(ProjectEdits):
     """Builds the tab and handles its events over the projects library (`Projects`) and its `JobRunner`."""
 
     _files = itertools.count(1)
@@ -139,13 +93,16 @@ class ProjectsView:
 
     def show(self, project_id: str, chapter: int | None) -> tuple[str, list, list]:
         """(summary, chapter rows, the chosen chapter's segment rows)."""
-        project = self.project(project_id)
-        return summary_md(project), chapter_rows(project), segment_rows(self.chapter(project_id, chapter))
+        return self._views(project_id, chapter)[:3]
 
     def _views(self, project_id: str | None, chapter: int | None) -> tuple:
-        """(summary, chapter rows, segment rows, what they are: the `shown` state the timer compares)."""
-        view = self.show(project_id, chapter)
-        return (*view, [project_id, chapter, *view])
+        """(summary, chapter rows, segment rows, Render / Pause / Resume / Cancel enabled where they apply, what
+        they show: the `shown` state the timer compares)."""
+        project = self.project(project_id)
+        view = (summary_md(project), chapter_rows(project, self.voice_names()),
+                segment_rows(self.chapter(project_id, chapter)))
+        buttons = controls((project or {}).get("job"), project is not None)
+        return (*view, *(gr.update(interactive=on) for on in buttons), [project_id, chapter, *view, buttons])
 
     # ------------------------------------------------------------------ handlers (plain functions)
 
@@ -154,19 +111,22 @@ class ProjectsView:
         choices = self.choices()
         ids = [value for _, value in choices]
         project_id = remembered if remembered in ids else (ids[-1] if ids else None)
-        return gr.update(choices=choices, value=project_id), project_id or "", *self._views(project_id, 1)
+        return (gr.update(choices=choices, value=project_id), project_id or "", *self.form(project_id),
+                *self._views(project_id, 1))
 
     def open(self, project_id: str):
-        """Another project picked: its state from the first chapter, remembered by the browser."""
-        return project_id or "", 1, *self._views(project_id, 1)
+        """Another project picked: its state from the first chapter, remembered by the browser; the downloads
+        of the one before are gone."""
+        gone = gr.update(value=None, interactive=False, label="Download")
+        return project_id or "", 1, gone, gone, *self.form(project_id), *self._views(project_id, 1)
 
     def tick(self, project_id: str, chapter: int | None, shown):
         """The timer: the state again, and nothing sent when nothing changed (the tables keep their scroll)."""
         if not project_id:
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return (gr.skip(),) * VIEWS
         views = self._views(project_id, chapter)
         if shown == views[-1]:
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return (gr.skip(),) * VIEWS
         return views
 
     def create(self, title, author, text, upload, markdown):
@@ -183,28 +143,29 @@ class ProjectsView:
         project = self.projects.create(OWNER.key, book)
         for note in book.notes:
             gr.Info(note)
-        return gr.update(choices=self.choices(), value=project.id), project.id, 1, *self._views(project.id, 1)
+        return (gr.update(choices=self.choices(), value=project.id), project.id, 1, *self.form(project.id),
+                *self._views(project.id, 1))
 
-    def render(self, project_id: str):
+    def render(self, project_id: str, chapter=1):
         self.runner.render(self._id(project_id))
-        return summary_md(self.project(project_id))
+        return self._views(project_id, chapter)
 
-    def pause(self, project_id: str):
-        return self._job_action("pause", project_id)
+    def pause(self, project_id: str, chapter=1):
+        return self._job_action("pause", project_id, chapter)
 
-    def resume(self, project_id: str):
-        return self._job_action("resume", project_id)
+    def resume(self, project_id: str, chapter=1):
+        return self._job_action("resume", project_id, chapter)
 
-    def cancel(self, project_id: str):
-        return self._job_action("cancel", project_id)
+    def cancel(self, project_id: str, chapter=1):
+        return self._job_action("cancel", project_id, chapter)
 
-    def _job_action(self, action: str, project_id: str):
+    def _job_action(self, action: str, project_id: str, chapter):
         """Pause, resume or cancel the project's unfinished job."""
         job = self.projects.active_job(self._id(project_id))
         if job is None:
             raise ValueError("This project has no render in progress; press Render to start one.")
         getattr(self.runner, action)(job[0])
-        return summary_md(self.project(project_id))
+        return self._views(project_id, chapter)
 
     def pick_chapter(self, project_id: str, evt: gr.SelectData):
         """A click on a chapter's row: its segments below, its number in the chapter box."""
@@ -227,7 +188,7 @@ class ProjectsView:
         self.projects.set_segment(project_id, chapter, segment, seed=int(seed) if seed else None,
                                   text=(text or "").strip() or None)
         self.runner.render(project_id, [chapter])
-        return self.show(project_id, chapter + 1)
+        return self._views(project_id, chapter + 1)
 
     def play_chapter(self, project_id: str, chapter) -> str:
         """The chapter as a WAV for the player (streamed to the file a block at a time)."""
@@ -250,8 +211,19 @@ class ProjectsView:
         return write_audio(path, self.projects.store.read_audio(row["key"]), SAMPLE_RATE)
 
     def export(self, project_id: str, fmt: str, chapter, loudness: str = "off"):
-        """The download: the book (m4b, zip, acx, or wav / flac / mp3 in one file) or one chapter (wav / flac /
-        mp3 / acx), each chapter levelled to `loudness` when one is chosen (not for acx: it levels itself)."""
+        """The export's download button: emptied at once (never the file an earlier export made), then the
+        new file once it is written."""
+        yield MAKING
+        try:
+            path = self.export_file(project_id, fmt, chapter, loudness)
+        except ValueError:
+            yield NOTHING
+            raise
+        yield gr.update(value=path, interactive=True, label=f"Download {Path(path).name}")
+
+    def export_file(self, project_id: str, fmt: str, chapter, loudness: str = "off") -> str:
+        """The book (m4b, zip, acx, or wav / flac / mp3 in one file) or one chapter (wav / flac / mp3 / acx) as
+        a file, each chapter levelled to `loudness` when one is chosen (not for acx: it levels itself)."""
         project_id = self._id(project_id)
         loudness = None if fmt == "acx" else loudness
         if chapter and fmt not in ("m4b", "zip"):
@@ -262,11 +234,20 @@ class ProjectsView:
         else:
             chapters, meta = self.projects.book(project_id, OWNER.key)
             made = export(chapters, meta, fmt, loudness=loudness)
-        path = self._save(made)
-        return gr.update(value=path, label=f"Download {Path(path).name}")
+        return self._save(made)
 
     def captions(self, project_id: str, fmt: str, chapter):
-        """The captions as a download: one chapter's, or the book's (chapter 0) timed as the M4B is."""
+        """The captions' download button, emptied at once, then the file: as `captions_file`."""
+        yield MAKING
+        try:
+            path = self.captions_file(project_id, fmt, chapter)
+        except ValueError:
+            yield NOTHING
+            raise
+        yield gr.update(value=path, interactive=True, label=f"Download {Path(path).name}")
+
+    def captions_file(self, project_id: str, fmt: str, chapter) -> str:
+        """The captions as a file: one chapter's, or the book's (chapter 0) timed as the M4B is."""
         project_id = self._id(project_id)
         index = self._index(project_id, chapter) if chapter else None
         found = self.projects.captions(project_id, index, OWNER.key, transcriber=self.transcriber)
@@ -278,7 +259,7 @@ class ProjectsView:
         path.write_text(found.srt() if fmt == "srt" else found.vtt(), encoding="utf-8")
         if found.note:
             gr.Info(f"Captions: {found.note}.")
-        return gr.update(value=str(path), label=f"Download {path.name}")
+        return str(path)
 
     def load_rules(self, project_id: str) -> str:
         """The project's own pronunciation rules as TSV (the owner's global ones are in the Studio tab)."""
@@ -292,7 +273,7 @@ class ProjectsView:
         if active is not None and self.projects.store.job(active[0]).state == "running":
             raise ValueError("The project is rendering; pause or cancel it before changing its pronunciation rules.")
         self.projects.patch(project_id, {"dictionary": rules_json(from_tsv(text or ""))["rules"]}, OWNER.key)
-        return self.show(project_id, chapter)
+        return self._views(project_id, chapter)
 
     def acx_check(self, project_id: str, chapter) -> str:
         """The chosen chapter's ACX report (measured once per render of it) as a small table."""
@@ -334,80 +315,125 @@ class ProjectsView:
         shown = gr.State(None)  # what the tables show, so the timer sends only changes
         self.picker = gr.Dropdown([], label="Project", elem_id="proj-picker")
         summary = gr.Markdown(summary_md(None), elem_id="proj-summary")
-        with gr.Row():
-            render = gr.Button("Render", variant="primary", elem_id="proj-render")
-            pause = gr.Button("Pause", elem_id="proj-pause")
-            resume = gr.Button("Resume", elem_id="proj-resume")
-            cancel = gr.Button("Cancel", variant="stop", elem_id="proj-cancel")
-        chapters = gr.Dataframe(headers=CHAPTER_HEADERS, interactive=False, wrap=True, elem_id="proj-chapters")
+        with gr.Row():  # enabled where they apply to the project's latest render (project_rows.controls)
+            render = gr.Button("Render", variant="primary", interactive=False, elem_id="proj-render")
+            pause = gr.Button("Pause", interactive=False, elem_id="proj-pause")
+            resume = gr.Button("Resume", interactive=False, elem_id="proj-resume")
+            cancel = gr.Button("Cancel", variant="stop", interactive=False, elem_id="proj-cancel")
+        chapters = gr.Dataframe(headers=CHAPTER_HEADERS, interactive=False, wrap=True, column_widths=CHAPTER_WIDTHS,
+                                elem_id="proj-chapters")
         with gr.Row():
             chapter = gr.Number(1, label="Chapter (click its row)", precision=0, minimum=1, elem_id="proj-chapter")
             play = gr.Button("Play chapter", elem_id="proj-play")
             check = gr.Button("ACX check", elem_id="proj-acx-check")
+        with gr.Accordion("Voices and style", open=True):
+            with gr.Row():
+                narrator = gr.Dropdown([ZERO_SHOT], value="", label="Narrator voice", elem_id="proj-narrator")
+                style = gr.Dropdown([("none", "")], value="", label="Style", allow_custom_value=True,
+                                    elem_id="proj-style")
+                seed = gr.Textbox("", label="Seed", elem_id="proj-book-seed")
+            script = gr.Textbox(label="Script voices: lines `Name: …` are spoken by the voice set here, one "
+                                      "`Name = voice name` a line (as in Long form)", lines=2, elem_id="proj-script")
+            save = gr.Button("Save voices and style", elem_id="proj-save-settings")
+            with gr.Row():
+                chapter_voice = gr.Dropdown([PROJECTS], value="", label="This chapter's voice",
+                                            elem_id="proj-chapter-voice")
+                chapter_style = gr.Dropdown([PROJECTS], value="", label="This chapter's style",
+                                            allow_custom_value=True, elem_id="proj-chapter-style")
+                cast = gr.Button("Cast the chapter", elem_id="proj-cast")
         player = gr.Audio(label="Chapter", type="filepath", interactive=False, elem_id="proj-player")
         acx_report = gr.HTML("", elem_id="proj-acx")
-        segments = gr.Dataframe(headers=SEGMENT_HEADERS, interactive=False, wrap=True, elem_id="proj-segments")
+        segments = gr.Dataframe(headers=SEGMENT_HEADERS, interactive=False, wrap=True, column_widths=SEGMENT_WIDTHS,
+                                elem_id="proj-segments")
         with gr.Row():
             segment = gr.Number(1, label="Segment (click its row)", precision=0, minimum=1, elem_id="proj-segment")
-            seed = gr.Textbox("", label="New seed (empty: the next one)", elem_id="proj-seed")
+            new_seed = gr.Textbox("", label="New seed (empty: the next one)", elem_id="proj-seed")
             edited = gr.Textbox(label="Edited text (unchanged: a new seed only)", elem_id="proj-edited")
         with gr.Row():
             play_segment = gr.Button("Play segment", elem_id="proj-play-segment")
             redo = gr.Button("Regenerate segment", elem_id="proj-regenerate")
         segment_audio = gr.Audio(label="Segment", type="filepath", interactive=False, elem_id="proj-segment-audio")
         with gr.Row():
-            fmt = gr.Dropdown(list(EXPORT_FORMATS), value="m4b", label="Export as (acx: Audible's MP3s in a ZIP)",
-                              elem_id="proj-format")
-            loudness = gr.Dropdown(LOUDNESS_CHOICES, value="off", label="Loudness", elem_id="proj-loudness")
-            which = gr.Number(0, label="Chapter (0: the book; m4b and zip are always the book)", precision=0,
-                              minimum=0, elem_id="proj-export-chapter")
+            fmt = gr.Dropdown(FORMAT_CHOICES, value="m4b", label="Export as", min_width=160, elem_id="proj-format")
+            loudness = gr.Dropdown(LOUDNESS_CHOICES, value="off", label="Loudness (LUFS)", min_width=160,
+                                   elem_id="proj-loudness")
+            which = gr.Number(0, label="Chapter (0: the book)", precision=0, minimum=0, min_width=160,
+                              elem_id="proj-export-chapter")
+        with gr.Row():
             make = gr.Button("Export", elem_id="proj-export")
-            caption_fmt = gr.Dropdown(CAPTION_FORMATS, value="srt", label="Captions", elem_id="proj-caption-format")
+            download = gr.DownloadButton("Download", interactive=False, elem_id="proj-download")
+            caption_fmt = gr.Dropdown(CAPTION_FORMATS, value="srt", label="Captions", min_width=120,
+                                      elem_id="proj-caption-format")
             make_captions = gr.Button("Captions", elem_id="proj-captions")
-            download = gr.DownloadButton("Download", elem_id="proj-download")
+            captions = gr.DownloadButton("Download", interactive=False, elem_id="proj-captions-download")
         with gr.Accordion("Pronunciation rules of this project", open=False):
             rules = gr.Textbox(label="word<TAB>respelling[<TAB>regex<TAB>case_sensitive<TAB>voice<TAB>language], one a "
                                      "line; they win over the Studio tab's dictionary", lines=4, elem_id="proj-rules")
             with gr.Row():
                 load_rules = gr.Button("Load", elem_id="proj-rules-load")
                 save_rules = gr.Button("Save (changed words turn stale)", elem_id="proj-rules-save")
+        with gr.Accordion("Rename or delete this project", open=False):
+            with gr.Row():
+                name = gr.Textbox(label="Name", elem_id="proj-name")
+                rename = gr.Button("Rename", elem_id="proj-rename")
+                delete = gr.Button("Delete…", variant="stop", elem_id="proj-delete")
+            with gr.Group(visible=False, elem_id="proj-confirm") as confirm:
+                question = gr.Markdown("", elem_id="proj-confirm-question")
+                with gr.Row():
+                    yes = gr.Button("Yes, delete it", variant="stop", elem_id="proj-delete-yes")
+                    keep = gr.Button("No, keep it", elem_id="proj-delete-no")
         with gr.Accordion("New project", open=False):
             with gr.Row():
                 title = gr.Textbox(label="Title (empty: from the book)", elem_id="proj-title")
                 author = gr.Textbox(label="Author", elem_id="proj-author")
             text = gr.Textbox(label="Text (or upload a book below)", lines=8, elem_id="proj-text")
             markdown = gr.Checkbox(False, label="The text is Markdown: its headings start chapters")
-            upload = gr.File(label="Book (.txt, .md, .epub)", file_types=UPLOAD_TYPES, type="filepath")
+            upload = gr.File(label="Book (.txt, .md, .epub): chapter headings (\"Chapter 1\", \"Part II\") start "
+                                   "chapters", file_types=UPLOAD_TYPES, type="filepath", elem_id="proj-upload")
             create = gr.Button("Create project", variant="primary", elem_id="proj-create")
         timer = gr.Timer(POLL_SECONDS)
 
         owner = functools.partial(self.access.owner_only, message=OWNER_ONLY_PROJECTS)
         private = {"api_visibility": "private"}
-        views = [summary, chapters, segments, shown]
+        views = [summary, chapters, segments, render, pause, resume, cancel, shown]
+        form = [narrator, style, seed, script, loudness, name, chapter_voice, chapter_style]
+        n = len(views)
         # The page load's event (page.py adds it to demo.load): the project this browser had open, as it is now.
-        self.load = (owner(warns(6)(self.reattach)), [remembered], [self.picker, remembered, *views])
-        self.picker.input(owner(warns(6)(self.open)), [self.picker], [remembered, chapter, *views], **private)
-        create.click(owner(warns(7)(self.create)), [title, author, text, upload, markdown],
-                     [self.picker, remembered, chapter, *views], **private)
+        self.load = (owner(warns(2 + len(form) + n)(self.reattach)), [remembered],
+                     [self.picker, remembered, *form, *views])
+        self.picker.input(owner(warns(4 + len(form) + n)(self.open)), [self.picker],
+                          [remembered, chapter, download, captions, *form, *views], **private)
+        create.click(owner(warns(3 + len(form) + n)(self.create)), [title, author, text, upload, markdown],
+                     [self.picker, remembered, chapter, *form, *views], **private)
         # Outside the queue and without a spinner: a second's read of the database, not work to wait for.
         timer.tick(owner(self.tick), [self.picker, chapter, shown], views, queue=False, show_progress="hidden",
                    **private)
-        render.click(owner(warns(1)(self.render)), [self.picker], summary, **private)
-        for button, handler in ((pause, self.pause), (resume, self.resume), (cancel, self.cancel)):
-            button.click(owner(warns(1)(handler)), [self.picker], summary, **private)
+        for button, handler in ((render, self.render), (pause, self.pause), (resume, self.resume),
+                                (cancel, self.cancel)):
+            button.click(owner(warns(n)(handler)), [self.picker, chapter], views, **private)
         chapters.select(owner(warns(2)(self.pick_chapter)), [self.picker], [chapter, segments], **private)
         segments.select(owner(self.pick_segment), None, [segment, edited], **private)
         play.click(owner(warns(1)(self.play_chapter)), [self.picker, chapter], player, **private)
         check.click(owner(warns(1)(self.acx_check)), [self.picker, chapter], acx_report, **private)
+        save.click(owner(warns(n)(self.save_settings)), [self.picker, narrator, style, seed, script, chapter], views,
+                   **private)
+        cast.click(owner(warns(n)(self.cast_chapter)), [self.picker, chapter, chapter_voice, chapter_style], views,
+                   **private)
+        loudness.input(owner(warns(0)(self.save_loudness)), [self.picker, loudness], None, **private)
+        rename.click(owner(warns(1 + n)(self.rename)), [self.picker, name], [self.picker, *views], **private)
+        delete.click(owner(warns(2)(self.ask_delete)), [self.picker], [confirm, question], **private)
+        keep.click(self.keep, None, confirm, **private)
+        yes.click(owner(warns(3 + len(form) + n)(self.delete)), [self.picker],
+                  [confirm, self.picker, remembered, *form, *views], **private)
         load_rules.click(owner(warns(1)(self.load_rules)), [self.picker], rules, **private)
-        save_rules.click(owner(warns(3)(self.save_rules)), [self.picker, rules, chapter], [summary, chapters, segments],
-                         **private)
+        save_rules.click(owner(warns(n)(self.save_rules)), [self.picker, rules, chapter], views, **private)
         play_segment.click(owner(warns(1)(self.play_segment)), [self.picker, chapter, segment], segment_audio,
                            **private)
-        redo.click(owner(warns(3)(self.regenerate)), [self.picker, chapter, segment, seed, edited],
-                   [summary, chapters, segments], **private)
+        redo.click(owner(warns(n)(self.regenerate)), [self.picker, chapter, segment, new_seed, edited], views,
+                   **private)
         make.click(owner(warns(1)(self.export)), [self.picker, fmt, which, loudness], download, **private)
-        make_captions.click(owner(warns(1)(self.captions)), [self.picker, caption_fmt, which], download, **private)
+        make_captions.click(owner(warns(1)(self.captions)), [self.picker, caption_fmt, which], captions, **private)
 
 
-__all__ = ["ProjectsView", "chapter_rows", "chapter_state", "job_line", "segment_rows", "summary_md"]
+__all__ = ["ProjectsView", "chapter_rows", "chapter_state", "controls", "job_line", "project_choices", "segment_rows",
+           "summary_md"]
