@@ -92,7 +92,7 @@ def test_the_page_helpers_fill_the_table_and_regenerate_one_row(service):
     assert all(t is take for t, _ in pieces) and pieces[-1][1].done == len(take.segments)
     rows = segment_rows(take)
     assert [r[0] for r in rows] == list(range(1, len(take.segments) + 1))
-    assert all(r[5] in ("done", "cut short (max_frames)", "cut short (repeat_guard)") for r in rows)
+    assert all(r[5] in ("done", "cut short: too long", "cut short: repeating") for r in rows)
     before, spans = take.assemble(), take.spans()
     after = regenerate_segment(service, take, 2, seed=12345)
     redone = take.takes[2]
@@ -100,3 +100,19 @@ def test_the_page_helpers_fill_the_table_and_regenerate_one_row(service):
     assert segment_rows(take)[2][3] == redone.seed
     for i, ((a, b), (c, d)) in enumerate(zip(spans, take.spans())):
         assert np.array_equal(before[a:b], after[c:d]) == (i != 2)
+
+
+def test_a_row_generated_again_gets_a_seed_no_other_row_has(service):
+    """Row i's seed is the take's seed + i, so "the next seed" of a row is the next row's: the same reading twice.
+    Generated again with no seed given, each row gets one of its own, and never one it tried before."""
+    request = Order(text="\n\n".join([SENTENCE] * 4), long=True, params=SamplingParams(seed=40, max_frames=6),
+                    door="ui")
+    handle = service.start(request, pieces=True)
+    take = list(handle.stream())[-1][0]
+    assert len(take.segments) >= 3
+    for index in (0, 1, 0):
+        tried = {a.seed for a in take.takes[index].attempts}
+        others = set(take.seeds[:index] + take.seeds[index + 1:])
+        regenerate_segment(service, take, index)
+        first = take.takes[index].attempts[0].seed  # a cut-short attempt is retried on the next seed (the engine's)
+        assert first not in others and first not in tried, (index, first, take.seeds)
