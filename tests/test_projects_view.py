@@ -85,8 +85,8 @@ def test_handlers_create_render_regenerate_play_and_export(view, tmp_path):
 
     import soundfile as sf
 
-    from studio.takes.admission import OWNER
     from studio.projects import importing
+    from studio.takes.admission import OWNER
 
     (view.out_dir).mkdir(exist_ok=True)
     with pytest.raises(ValueError, match="The text is empty"):
