@@ -338,12 +338,14 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         demo.launch(server_name=args.host, server_port=args.port, share=args.share, mcp_server=args.mcp,
-                    prevent_thread_lock=True, show_error=False, allowed_paths=[str(page.out_dir)],
+                    prevent_thread_lock=True, show_error=False, allowed_paths=[str(page.out_dir)], quiet=True,
                     max_file_size=max_upload, **access.launch_kwargs(), **launch_kwargs(),
                     app_kwargs={"middleware": host_guard(args.host, args.api_key, args.allowed_hosts.split(","),
                                                          args.share), "lifespan": our_routes})
     except OSError as exc:
         sys.exit(f"Cannot listen on {args.host}:{args.port} ({exc}). Pick another port with --port or PORT.")
+    # quiet=True: Gradio's own lines end with a hint to set share=True, which --share already offers.
+    print(f"Studio page: {demo.local_url}", flush=True)
     print(f"OpenAI-compatible API: POST {demo.local_url.rstrip('/')}/v1/audio/speech"
           + (" (Bearer key required)" if args.api_key else ""), flush=True)
     if not args.api_key and args.host not in ("127.0.0.1", "localhost", "::1"):

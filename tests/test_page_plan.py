@@ -83,3 +83,10 @@ def test_one_take_shows_its_frame_budget_and_the_plans_notes(page):
     assert "budget 50 frames (2 s)" in line and "auto" not in line
     assert 'class="hs-lint"' in line and "bogus" in line  # the tag lint Generate would warn with
     assert re.search(r"budget \d+ frames \(\d+ s, auto\)", plan(page, "Hello there."))
+
+
+def test_a_take_its_length_cap_would_cut_says_so_before_generate(page):
+    text = "This sentence takes a good few seconds to say, far more than one second."
+    line = plan(page, text, max_frames=25)  # 1 s
+    assert re.search(r"one take, ~\d+ s, but cut at 1 s: Max length is shorter than the text", line)
+    assert "cut" not in plan(page, text)  # the automatic cap fits the text

@@ -15,10 +15,32 @@ const S = window.__hsLive = {supported, click: null, ctx: null, ready: null, tak
 const el = (id) => document.getElementById(id);
 const put = (id, text) => { const e = el(id); if (e) e.innerText = text; };
 const state = (name, note) => {
-  const e = el('live-state'); if (e) { e.innerText = name; e.className = 'hs-state ' + name; }
+  for (const id of ['live-state', 'actions-state']) {  // the player and its copy in the action bar
+    const e = el(id); if (e) { e.innerText = name; e.className = 'hs-state ' + name; }
+  }
   if (note !== undefined) put('live-note', note);
 };
 if (supported) document.body.classList.add('hs-webaudio');
+// The action bar's stylesheet (kept beside studio.css; the static route serves both).
+if (!el('hs-actions-css')) {
+  const link = Object.assign(document.createElement('link'),
+                             {id: 'hs-actions-css', rel: 'stylesheet', href: '/studio/static/actions.css'});
+  document.head.appendChild(link);
+}
+
+// One take at a time: from the Generate click until the page's event has shown the take (or Stop's has), the
+// button is disabled and a second click goes nowhere (a double click used to start two takes and break the
+// panel). The page's events call `idle` when they end (IDLE_JS in studio/views/studio.py).
+const generateButton = () => document.querySelector('#generate-btn');
+function busy(on) {
+  S.busy = on;
+  setTimeout(() => {  // after the click that set it has reached Gradio's own handler on the button
+    const b = generateButton();
+    if (b) { b.disabled = S.busy; b.setAttribute('aria-disabled', String(S.busy)); }
+    document.body.classList.toggle('hs-busy', S.busy);
+  }, 0);
+}
+S.idle = () => busy(false);
 
 function context() {
   if (!S.ctx) {  // made at load, suspended until the click resumes it, so the worklet is compiled by then
@@ -32,12 +54,22 @@ if (supported) context();
 document.addEventListener('click', (ev) => {
   if (!ev.target.closest) return;
   if (ev.target.closest('#generate-btn')) {
+    if (S.busy) { ev.preventDefault(); ev.stopImmediatePropagation(); return; }
+    busy(true);
     S.click = performance.now();
     put('m-heard', '…'); put('live-net', '—');
     if (supported) context().resume();  // inside the gesture: browsers only let a click start audio
   } else if (ev.target.closest('#stop-btn')) {
     S.stop();
   }
+}, true);
+
+// Ctrl+Enter (⌘+Enter on a Mac) in the text box generates, as the Generate button would.
+document.addEventListener('keydown', (ev) => {
+  if (ev.key !== 'Enter' || !(ev.ctrlKey || ev.metaKey) || !ev.target.closest?.('#text')) return;
+  ev.preventDefault();
+  const b = generateButton();
+  if (b && !S.busy) b.click();
 }, true);
 
 document.addEventListener('playing', (ev) => {  // the Gradio player (fallback mode)
@@ -52,12 +84,12 @@ function pcm16(b64) {
   return new Int16Array(bytes.buffer);
 }
 
+// The engine's numbers go into the one metrics panel (studio/views/panel.py) as they stream; the page's event
+// fills the rest when the take ends.
 function showMetrics(t, m) {
-  if (m.ttfa_ms != null) { t.ttfa = m.ttfa_ms; put('live-ttfa', Math.round(m.ttfa_ms)); }
-  if (m.rtf != null) put('live-rtf', m.rtf.toFixed(3));
-  if (m.peak_mem_bytes) {
-    put('live-mem', (m.peak_mem_bytes / 2 ** 20).toFixed(0) + ' MiB ' + (m.mem_kind || '').toUpperCase());
-  }
+  if (m.ttfa_ms != null) { t.ttfa = m.ttfa_ms; put('m-ttfa', Math.round(m.ttfa_ms)); }
+  if (m.rtf != null) put('m-rtf', m.rtf.toFixed(3));
+  if (m.peak_mem_bytes) put('m-mem', (m.peak_mem_bytes / 2 ** 20).toFixed(0) + ' MiB');
   if (t.heard != null && t.ttfa != null) put('live-net', Math.round(t.heard - t.ttfa));
 }
 
@@ -120,6 +152,7 @@ function onWorklet(t, m) {
   } else if (m.type === 'silent') {
     t.silentMs = performance.now() - t.stopClick;
     finish(t, 'stopped');
+    t.silenced();
   } else if (m.type === 'drained') {
     finish(t, t.stopReason === 'cancelled' ? 'stopped' : 'done');
   }
@@ -143,6 +176,7 @@ function fail(t, message) {
 function tick(t) {
   const played = t.played / RATE, got = t.received / RATE;
   put('live-pos', played.toFixed(1) + ' / ' + got.toFixed(1) + ' s');
+  put('actions-pos', played.toFixed(1) + ' / ' + got.toFixed(1) + ' s');
   put('live-elapsed', ((performance.now() - t.click) / 1000).toFixed(1) + ' s');
   const bar = el('live-playhead'); if (bar) bar.style.width = (got ? 100 * played / got : 0) + '%';
 }
@@ -205,7 +239,7 @@ S.start = (args) => {
   const t = S.take = {id, click, marks: {click, start: now},
                       abort: new AbortController(), received: 0, played: 0,
                       heard: null, ttfa: null, state: 'waiting'};
-  state('waiting', 'waiting for the GPU');
+  state('waiting', 'waiting for the engine');
   put('live-underruns', 0);
   t.timer = setInterval(() => tick(t), 100);
   const out = args.slice(); out[8] = seed; out[out.length - 1] = id;
@@ -226,10 +260,21 @@ S.stop = () => {
   const t = S.take;
   if (!t || t.stopped || t.ended) return;
   t.stopped = true; t.stopClick = performance.now();
+  // Stop's handler keeps the take as far as it was heard: it waits for the player to fall silent (a 5 ms
+  // fade), or a second at most.
+  t.heardAll = new Promise((resolve) => { t.silenced = resolve; setTimeout(resolve, 1000); });
   // Inside the click, before Stop's Gradio handler runs: the page's event goes out now (also when the stream has
   // not been sent yet), so that handler cancels it as it cancels a running one.
   t.release();
-  if (t.node) t.node.port.postMessage({stop: true}); else { t.silentMs = 0; finish(t, 'stopped'); }
+  if (t.node) t.node.port.postMessage({stop: true}); else { t.silentMs = 0; finish(t, 'stopped'); t.silenced(); }
   t.abort.abort();
   state('stopped');
+};
+
+// Stop's `js=` (STOP_JS in studio/views/studio.py): the stopped take's live id and the samples it played.
+S.stopped = async (takes) => {
+  const t = S.take;
+  if (!t || !t.stopped) return [takes, '', 0];
+  await t.heardAll;
+  return [takes, t.id, t.played];
 };

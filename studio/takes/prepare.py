@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.config import FRAME_RATE
+from engine.delay import default_max_frames
 from engine.longform import MAX_SEGMENT_SECONDS, has_pauses, plan
 from engine.ssml import SPEED_TAGS, rate_tag, read_text
 from engine.tokenizer import estimate_seconds, lint_tags, strip_tags
@@ -60,9 +62,16 @@ class Plan:
                 "warnings": list(self.warnings)}
 
     def summary(self) -> str:
-        """The plan in words, for the page before Generate: "one take, ~6 s" or "long take: 31 sentences, ~3 min"."""
+        """The plan in words, for the page before Generate: "one take, ~6 s" or "long take: 31 sentences, ~3 min";
+        a take its length cap would cut says so, and where."""
         if not self.long:
-            return f"one take, ~{max(1, round(estimate_seconds(self.prompt)))} s"
+            seconds = estimate_seconds(self.prompt)
+            cap = (self.params.max_frames or default_max_frames(self.prompt)) / FRAME_RATE
+            said = f"one take, ~{max(1, round(seconds))} s"
+            if cap < seconds:
+                return f"{said}, but cut at {cap:.0f} s: Max length is shorter than the text (raise it, or shorten " \
+                       "the text)"
+            return said
         seconds = sum(s.seconds + s.pause_after for s in self.segments)  # speech and its exact pauses
         size = f"~{seconds / 60:.0f} min" if seconds >= 90 else f"~{max(1, round(seconds))} s"
         return f"long take: {len(self.segments)} segments, {size}"

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.config import SAMPLE_RATE
+from engine.config import FRAME_RATE, SAMPLE_RATE
 from engine.normalize import looks_english
 from engine.tokenizer import CONTROL_TAGS
 from engine.types import SEED_LIMIT, Metrics, SamplingParams
@@ -296,6 +296,18 @@ class StudioService:
             while len(self._history) > 1 and sum(t.seconds for t in self._history) - take.seconds > HISTORY_SECONDS:
                 self._history.popleft()
         return take
+
+    def trim(self, take_id: int, samples: int) -> Take | None:
+        """A stopped take cut, in place in the history, to its first `samples`: what its listener heard before
+        Stop (the engine runs ahead of playback, so more was made). A take already that short is kept as is."""
+        with self._history_lock:
+            for i, take in enumerate(self._history):
+                if take.id == int(take_id) and 0 < samples < len(take.audio):
+                    frames = min(take.metrics.frames, -(-samples * FRAME_RATE // SAMPLE_RATE))
+                    self._history[i] = dataclasses.replace(
+                        take, audio=take.audio[:samples], metrics=dataclasses.replace(take.metrics, frames=frames))
+                    break
+        return self.take(take_id)
 
     def take(self, take_id: int) -> Take | None:
         return next((t for t in self.history if t.id == int(take_id)), None)

@@ -200,18 +200,20 @@ class LivePlayer:
             entry = self._entries.get(live_id)
             return entry.handle if entry is not None else None
 
-    def wait(self, live_id: str) -> None:
-        """Block until stream `live_id` has ended and its take (if any) is recorded, then forget it."""
+    def wait(self, live_id: str) -> str | None:
+        """Block until stream `live_id` has ended and its take (if any) is recorded, then forget it; the
+        sentence the stream failed with, if it failed."""
         with self._cond:
             entry = self._entries.get(live_id)
         if entry is None:
-            return
+            return None
         entry.closed.wait()
         handle = entry.handle
         if handle is not None and handle.cancel.is_set():
             handle.finished.wait(10.0)  # the worker records a stopped take within a frame
         with self._cond:
             self._entries.pop(live_id, None)
+        return entry.error
 
     # ------------------------------------------------------------------ the route
 
@@ -261,10 +263,11 @@ class LivePlayer:
             try:
                 # prepared now (its limits, voice and style; a long text is one long take, recorded whole)
                 handle = await run_in_threadpool(lambda: self.service.start(order, record=True))
-            except ValueError as exc:  # a bad order: the take fails in the stream, where the page shows it once
+            except ValueError as exc:  # a bad order: the take fails in the stream and the page's event says why
+                message = Failure.of(exc).message
+                self._update(entry, error=message)
                 entry.closed.set()
-                self._update(entry)
-                return StreamingResponse(iter([_line({"type": "error", "message": Failure.of(exc).message})]),
+                return StreamingResponse(iter([_line({"type": "error", "message": message})]),
                                          media_type="application/x-ndjson", headers={"Cache-Control": "no-store"})
             timeline.mark("ready")
             self._update(entry, handle=handle)
@@ -304,8 +307,7 @@ class LivePlayer:
             clip = load_audio(await upload.read())  # (samples, sample_rate); ReferenceAudioError is a ValueError
         return fields, clip
 
-    @staticmethod
-    async def _lines(handle: TakeHandle, entry: _Entry, timeline: Timeline) -> AsyncIterator[bytes]:
+    async def _lines(self, handle: TakeHandle, entry: _Entry, timeline: Timeline) -> AsyncIterator[bytes]:
         """The take as NDJSON lines. However the stream ends (the take ends, Stop, the tab closes), the take is
         cancelled unless finished, and the entry is closed so the page's Gradio event can show the take."""
         stream = handle.stream(positions=True)
@@ -322,7 +324,8 @@ class LivePlayer:
                 try:
                     item = pending.result()
                 except (ValueError, ServiceBusy, ServiceClosed) as exc:
-                    yield _line({"type": "error", "message": Failure.of(exc).message})
+                    self._update(entry, error=Failure.of(exc).message)  # for the page's event too
+                    yield _line({"type": "error", "message": entry.error})
                     return
                 pending = None
                 if item is end:
@@ -344,7 +347,8 @@ class LivePlayer:
                              "stop_reason": take.stop_reason, "metrics": dataclasses.asdict(take.metrics),
                              "warnings": list(handle.warnings), "timeline": timeline.marks})
         except Exception as exc:  # an engine failure: tell the page in-band, the status line is long gone
-            yield _line({"type": "error", "message": Failure.of(exc, "live take").message})
+            self._update(entry, error=Failure.of(exc, "live take").message)
+            yield _line({"type": "error", "message": entry.error})
         finally:
             if not handle.finished.is_set():
                 handle.cancel.set()

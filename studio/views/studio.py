@@ -3,8 +3,11 @@ clone panel), the sampling settings, and the events that tie them to the session
 
 from __future__ import annotations
 
+import inspect
+
 import gradio as gr
 
+from engine.audio import prepare_reference
 from engine.types import (
     DEFAULT_REPEAT_GUARD,
     DEFAULT_TEMPERATURE,
@@ -26,8 +29,21 @@ from studio.views.toasts import warns
 # live id in the event's last input, so the page's handler follows the same take.
 CLICK_JS = "(...args) => window.__hsLive ? window.__hsLive.start(args) : args"
 # Stop's `js=`: the live id of the take the browser's player has just stopped (live.js's capturing click listener
-# runs first), so Stop's handler finds that take even when the page's event has not reached its handler yet.
-STOP_JS = "(takes, id) => [takes, (window.__hsLive?.take?.stopped && window.__hsLive.take.id) || '']"
+# runs first) and the samples it played before falling silent, so Stop's handler finds that take even when the
+# page's event has not reached its handler yet, and keeps it as heard.
+STOP_JS = "(takes, id, heard) => window.__hsLive?.stopped ? window.__hsLive.stopped(takes) : [takes, '', 0]"
+# After Generate's event (and Stop's) the page takes the next click again (live.js holds one take at a time).
+IDLE_JS = "() => { window.__hsLive?.idle(); }"
+ACTIONS_RULE = ("One take at a time: while a take runs, Generate waits and Stop ends it (the take is kept as far as "
+                "you heard it). Ctrl+Enter (⌘+Enter) in the text box generates.")
+# The live player's state and position (live.js mirrors them here), so the bar says what the take is doing.
+ACTIONS_HTML = ('<div class="hs-actions-live" id="actions-live" aria-live="polite"><span class="hs-state idle" '
+                f'id="actions-state">idle</span> <span id="actions-pos"></span></div>'
+                f'<div class="hs-rule" id="actions-rule">{ACTIONS_RULE}</div>')
+# The reference clip's limits, as engine/audio.py's prepare_reference applies them to every clip.
+CLIP_LIMITS = inspect.signature(prepare_reference).parameters
+CLIP_LABEL = (f"Reference clip ({CLIP_LIMITS['min_seconds'].default:g}-{CLIP_LIMITS['max_seconds'].default:g} s; "
+              "3-15 s of clear speech works best)")
 
 
 class StudioView:
@@ -48,15 +64,18 @@ class StudioView:
             with gr.Column(scale=3):
                 self._text_panel()
                 self._style_and_voice()
-                with gr.Row():
-                    self.generate_btn = gr.Button("Generate", variant="primary", scale=3, elem_id="generate-btn")
-                    self.stop_btn = gr.Button("Stop", variant="stop", scale=1, elem_id="stop-btn")
+                # The action bar stays in view while the column scrolls (static/actions.css).
+                with gr.Column(elem_id="actions", elem_classes="hs-actions"):
+                    with gr.Row():
+                        self.generate_btn = gr.Button("Generate", variant="primary", scale=3, elem_id="generate-btn")
+                        self.stop_btn = gr.Button("Stop", variant="stop", scale=1, elem_id="stop-btn")
+                    gr.HTML(ACTIONS_HTML, elem_id="actions-note")
                 with gr.Accordion("Save the style as a preset", open=False), gr.Row():
                     self.preset_name = gr.Textbox(label="Preset name", scale=3)
                     self.save_preset = gr.Button("Save preset", scale=1)
                 self._clone_panel()
                 self._sampling()
-            with gr.Column(scale=2):
+            with gr.Column(scale=2, elem_id="output-column"):
                 self.takes.output_column()
         self.takes.side_by_side_row()
         with gr.Accordion("Voice names for chat clients", open=False):
@@ -101,7 +120,7 @@ class StudioView:
         with gr.Accordion("Clone a voice", open=False, elem_id="clone"):
             # A path, decoded by engine.audio under its sample budget: Gradio's own decoding (type="numpy", or a
             # `format` conversion) would decode a compressed bomb whole first.
-            self.clip = gr.Audio(label="Reference clip (3-15 s of clear speech)", type="filepath",
+            self.clip = gr.Audio(label=CLIP_LABEL, type="filepath",
                                  format=None, sources=["upload", "microphone"], elem_id="clip")
             self.clip_text = gr.Textbox(label="Transcript of the clip (improves cloning a lot)",
                                         elem_id="clip-text")
@@ -162,10 +181,10 @@ class StudioView:
                                             concurrency_id=TAKES_QUEUE, concurrency_limit=self.service.slots,
                                             js=CLICK_JS)
         t.wire(gen_event)
-        self.stop_btn.click(t.stop, [t.takes, t.live_id],
-                            [t.metrics, t.take_audio, t.download, t.history, t.takes, t.last_seed],
+        gen_event.then(None, js=IDLE_JS)
+        self.stop_btn.click(t.stop, [t.takes, t.live_id, t.heard], t.shown,
                             cancels=[gen_event], queue=False, api_name="stop", api_visibility="undocumented",
-                            js=STOP_JS)
+                            js=STOP_JS).then(None, js=IDLE_JS)
         t.use_settings.click(t._use_settings, t.selected, self.settings, api_visibility="private")
 
     def _wire_editing(self):
@@ -186,6 +205,7 @@ class StudioView:
                          api_visibility="private")
         self.clip.change(lambda c, v: CLIP_VOICE if c is not None and v == NO_VOICE else gr.skip(),
                          [self.clip, self.voice], self.voice, queue=False, api_visibility="private")
+        self.clip.upload(self._check_clip, self.clip, self.asr_note, api_visibility="private")
         if self.transcriber is not None:
             self.clip.change(self._transcribe, [self.clip, self.clip_text], [self.clip_text, self.asr_note],
                              concurrency_id="asr", concurrency_limit=1, api_visibility="private")
@@ -221,6 +241,19 @@ class StudioView:
         gr.Info(f"Saved preset {preset.name!r}.")
         return gr.update(choices=self.page.style_choices(), value=preset.prefix)
 
+    @staticmethod
+    def _check_clip(clip):
+        """A clip checked as it arrives, as a take would check it (length, silence): a toast and a line under
+        it now, rather than a failed take later."""
+        if clip is None:
+            return gr.skip()
+        try:
+            prepare_reference(clip)
+        except ValueError as exc:
+            gr.Warning(str(exc))
+            return str(exc)
+        return gr.skip()
+
     def _transcribe(self, clip, text, request: gr.Request = None):
         """A new clip and an empty transcript box: fill the box with the clip's transcript (still editable),
         or say in one line why not. The transcription takes the visitor's turn in the GPU line."""
@@ -230,7 +263,7 @@ class StudioView:
         try:
             transcript, note = transcriber.transcribe(clip)
         except TimeoutError:  # the line's ServiceBusy
-            return gr.skip(), "The GPU is busy: type the transcript, or upload the clip again in a moment."
+            return gr.skip(), "The engine is busy: type the transcript, or upload the clip again in a moment."
         except ValueError as exc:  # an unreadable clip: saving or generating will say so too
             return gr.skip(), str(exc)
         return (transcript or gr.skip()), (note or "")

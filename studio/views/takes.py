@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import gradio as gr
 import numpy as np
+import pandas as pd
 
 from engine.audio import load_audio
 from engine.config import SAMPLE_RATE
@@ -24,7 +25,7 @@ from studio.audio.loudness import DEFAULT_CEILING, TARGETS, normalize
 from studio.takes.failure import Failure
 from studio.takes.service import MAX_TAKES, Queued
 from studio.takes.take import TakeHandle
-from studio.views import assets, render
+from studio.views import assets, panel, render
 from studio.views.captions import CaptionsPanel
 from studio.views.live import NO_VOICE, page_order
 from studio.views.toasts import warns
@@ -33,6 +34,7 @@ log = logging.getLogger("higgs.studio")
 
 LOUDNESS_CHOICES = [("As made", "off")] + [(f"{name.capitalize()} ({lufs:g} LUFS)", name)
                                            for name, lufs in TARGETS.items()]
+RECENT_SESSIONS = 64  # sessions whose latest live take Stop can still find once the page's event let it go
 STREAM_SECONDS = 1.0  # after the first chunk, stream in ~1 s pieces (Gradio's advice for smooth HLS playback)
 
 
@@ -47,6 +49,7 @@ class TakesView:
         self.streaming = page.streaming
         self._active: dict[str, TakeHandle] = {}
         self._variants: dict[str, list[TakeHandle]] = {}  # the other takes of a session's Generate
+        self._recent: dict[str, tuple[str, TakeHandle]] = {}  # a session's latest live take, kept for Stop
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ layout
@@ -54,16 +57,18 @@ class TakesView:
     def state(self):
         """The session's take ids and last seed: built outside the tabs, beside the page's other states."""
         self.takes, self.last_seed = gr.State([]), gr.State(None)
+        self.kept = gr.State(None)  # the take picked with Keep: the History marks it
 
     def output_column(self):
         """The live audio, metrics, the WebAudio player, the finished take and its download."""
         self.live = gr.Audio(label="Live" if self.streaming else "Live (off: install ffmpeg to stream)",
                              streaming=self.streaming, autoplay=True, interactive=False, elem_id="live")
-        self.metrics = gr.HTML(render.metrics_html(), label="Metrics", elem_id="metrics")
         # The WebAudio player (studio/views/live.py); its session token is issued at every page load (studio/views/page.py).
         self.live_panel = gr.HTML(render.live_player_html(""), js_on_load=assets.script("live.js"),
                                   elem_id="live-player")
+        self.metrics = gr.HTML(panel.metrics_html(), label="Metrics", elem_id="metrics")
         self.live_id = gr.Textbox("", visible=False, elem_id="live-id")  # set by CLICK_JS in WebAudio mode
+        self.heard = gr.Number(0, visible=False, precision=0, elem_id="heard")  # set by STOP_JS: samples played
         self.result = gr.JSON(label="Result", visible=False)  # the take's metrics and recipe, for API clients
         self.take_audio = gr.Audio(label="Take", type="filepath", interactive=False, elem_id="take")
         self.captions = CaptionsPanel(self.page.out_dir, "take", transcriber=self.page.transcriber,
@@ -94,8 +99,8 @@ class TakesView:
     def history_panel(self):
         """The session's history table; a selected take shows its player, recipe and curl command."""
         with gr.Accordion("History (this session)", open=True):
-            self.history = gr.Dataframe(headers=render.HISTORY_HEADERS, interactive=False, wrap=True, label="History",
-                                        elem_id="history")
+            self.history = gr.Dataframe(self.history_frame([]), headers=panel.HISTORY_HEADERS, interactive=False,
+                                        wrap=True, label="History", elem_id="history")
             with gr.Row(visible=False) as self.detail:  # shown once a take is selected
                 with gr.Column(scale=2):
                     self.hist_audio = gr.Audio(label="Selected take", type="filepath", interactive=False)
@@ -115,14 +120,18 @@ class TakesView:
         return [self.live, self.metrics, self.take_audio, self.download, self.history, self.takes, self.last_seed,
                 self.result, *side_by_side]
 
+    @property
+    def shown(self) -> list:
+        """What a take shown in the panel fills (`take_outputs` and the metrics panel before them)."""
+        return [self.metrics, self.take_audio, self.download, self.history, self.takes, self.last_seed]
+
     def wire(self, gen_event) -> None:
         """The events inside the panel: Keep, the download format, picking a take in the history."""
         captioned = self.captions.outputs(self.take_audio)
         for i, button in enumerate(self.keep):
-            button.click(functools.partial(self._keep, i), [self.variant_ids, self.takes],
-                         [self.take_audio, self.download, self.history, self.takes, self.last_seed],
-                         api_visibility="private").success(self._captions, self.takes, captioned,
-                                                            api_visibility="private")
+            kept = button.click(functools.partial(self._keep, i), [self.variant_ids, self.takes],
+                                [*self.shown, self.kept], api_visibility="private")
+            kept.success(self._captions, self.takes, captioned, api_visibility="private")
         gen_event.success(self._download_as, [self.fmt, self.takes, self.loudness], self.download,
                           api_visibility="private")
         gen_event.success(self._captions, self.takes, captioned, api_visibility="private")
@@ -150,12 +159,37 @@ class TakesView:
                     old.unlink(missing_ok=True)
         return str(path)
 
-    def take_outputs(self, take, takes: list[int]) -> tuple:
-        """(take player, download button, history table, takes state, last seed) for a finished take."""
-        takes = takes + [take.id] if take.id not in takes else takes
-        rows = render.history_rows(t for t in map(self.service.take, takes) if t is not None)
+    def take_outputs(self, take, takes: list[int], kept: int | None = None) -> tuple:
+        """(metrics panel, take player, download button, history table, takes state, last seed) for a take
+        shown in the panel; the take shown is the last one of `takes` (the History lists it first)."""
+        takes = [i for i in takes if i != take.id] + [take.id]
         wav = self.take_file(take)
-        return wav, gr.update(value=wav, label="Download WAV"), rows, takes, take.seed
+        state = "stopped" if take.stop_reason == "cancelled" else "done"
+        label = f"Take #{take.id} · seed {take.seed}" + (" · kept" if take.id == kept else "") + \
+            (" · stopped" if state == "stopped" else "")
+        metrics = panel.metrics_html(take.metrics, state=state, seconds=take.seconds, warnings=take.warnings,
+                                     loudness=take.loudness, kept=take.id == kept)
+        return (metrics, gr.update(value=wav, label=label), gr.update(value=wav, label="Download WAV"),
+                self.history_frame(takes, kept), takes, take.seed)
+
+    def _drop_files(self, take_id: int) -> None:
+        for old in self.page.out_dir.glob(f"take-{take_id}-*"):
+            old.unlink(missing_ok=True)
+
+    def history_frame(self, takes: list[int], kept: int | None = None) -> pd.DataFrame:
+        """The History table with its own headers, also when it is empty (a bare list would show "0 1 2 …")."""
+        rows = panel.history_rows((t for t in map(self.service.take, takes) if t is not None), kept)
+        return pd.DataFrame(rows, columns=panel.HISTORY_HEADERS)
+
+    def _failed(self, message: str, takes, state: str = "error") -> dict:
+        """A take that failed (or was stopped before any sound): a toast and the panel's own line; the panel
+        keeps the last take it showed, numbers and all."""
+        if state == "error":
+            gr.Warning(message)
+        last = self.service.take(takes[-1]) if takes else None
+        return {self.metrics: panel.metrics_html(last.metrics if last else None, state=state, note=message,
+                                                 seconds=last.seconds if last else 0.0,
+                                                 loudness=last.loudness if last else None)}
 
     # ------------------------------------------------------------------ generation
 
@@ -168,12 +202,10 @@ class TakesView:
         With `takes_n` > 1 the other takes (the next seeds, same settings) run beside it in the engine's batch
         and all of them are shown side by side once they end, each with a Keep button."""
         key = request.session_hash if request else "local"
-        handle, others = None, []
+        handle, others, failure = None, [], None
         try:
             if live_id:
                 handle = self.player.claim(live_id)
-                if handle is None:  # the take failed before it started; the live player says why
-                    return
             else:
                 order = page_order(text=text, style=style, voice=voice, clip=self._clip(clip), clip_text=clip_text,
                                    temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
@@ -184,15 +216,20 @@ class TakesView:
             others = self.service.variants(handle, int(takes_n or 1))
             with self._lock:
                 self._active[key], self._variants[key] = handle, others
+                if live_id:
+                    self._recent.pop(key, None)
+                    self._recent[key] = (live_id, handle)
+                    while len(self._recent) > RECENT_SESSIONS:
+                        del self._recent[next(iter(self._recent))]
             running = [self._run_variant(other) for other in others]
             if live_id:
-                self.player.wait(live_id)
+                failure = self.player.wait(live_id)
             else:
                 yield from self._stream(handle)
             for thread in running:
                 thread.join()
-        except Exception as exc:  # a bad request, a busy line or a fault: the one sentence for it (a toast)
-            raise gr.Error(Failure.of(exc, "page take").message) from None
+        except Exception as exc:  # a bad request, a busy line or a fault: the one sentence for it
+            failure = Failure.of(exc, "page take").message
         finally:
             if handle is not None and not handle.finished.is_set():
                 for h in (handle, *others):
@@ -204,15 +241,19 @@ class TakesView:
                     if self._active.get(key) is handle:
                         del self._active[key]
                         self._variants.pop(key, None)
-        if handle.take is None:
+        take = self.service.take(handle.take.id) if handle is not None and handle.take is not None else None
+        if failure is not None and request is not None and request.headers.get("x-gradio-user") == "api":
+            raise gr.Error(failure)  # a script (gradio_client) gets the sentence as its error; no panel to keep
+        if take is None:  # a toast and the panel's own line; the panel keeps the last take it showed
+            stopped = failure is None and handle is not None and handle.cancel.is_set()
+            yield self._failed("Stopped before any sound: nothing to keep." if stopped
+                               else failure or "The take did not start; try again.", takes or [],
+                               "stopped" if stopped else "error")
             return
-        take = handle.take
-        state = "stopped" if take.stop_reason == "cancelled" else "done"
-        wav, dl, rows, takes, last_seed = self.take_outputs(take, takes or [])
-        yield {self.metrics: render.metrics_html(take.metrics, state=state, seconds=take.seconds,
-                                                 warnings=handle.warnings, loudness=take.loudness),
-               self.take_audio: wav, self.download: dl, self.history: rows, self.takes: takes,
-               self.last_seed: last_seed, self.result: render.result_json(take, handle.warnings),
+        if live_id and take.stop_reason == "cancelled":
+            return  # Stop's handler shows it, as far as it was heard: shown from here too, the two would race
+        shown = dict(zip(self.shown, self.take_outputs(take, takes or [])))
+        yield {**shown, self.result: render.result_json(take, handle.warnings),
                **self._side_by_side([take] + [h.take for h in others if h.take is not None] if others else [])}
 
     def plan(self, text, style, voice, clip, clip_text, temperature, top_p, top_k, seed, max_frames, repeat_guard,
@@ -256,23 +297,24 @@ class TakesView:
             out[info] = render.variant_html(take, i) if take is not None else ""
         return out
 
-    @warns(5)
+    @warns(7)
     def _keep(self, index: int, variant_ids, takes):
-        """Put the side-by-side take in place `index` in the session's history and the take player."""
+        """Show the side-by-side take in place `index` in the panel (player, metrics), marked kept in the
+        History."""
         take = self.service.take(variant_ids[index]) if index < len(variant_ids or []) else None
         if take is None:
             raise ValueError("That take has left the studio's history (it keeps the latest takes only); "
                              "generate again.")
-        return self.take_outputs(take, takes or [])
+        return *self.take_outputs(take, takes or [], kept=take.id), take.id
 
     def _stream(self, handle: TakeHandle) -> Iterator[dict]:
         """Gradio's own streaming path (the fallback player): queue positions, then the audio in ~1 s pieces."""
-        yield {self.live: None, self.metrics: render.metrics_html(state="waiting", note="waiting for the GPU")}
+        yield {self.live: None, self.metrics: panel.metrics_html(state="waiting", note="waiting for the engine")}
         buffer, sent = [], 0
         for item in handle.stream(positions=True):
             if isinstance(item, Queued):
                 if item.position > 1:  # something is ahead of us (1 = next up: the worker takes it at once)
-                    yield {self.metrics: render.metrics_html(state="waiting", note=f"queue position {item.position}")}
+                    yield {self.metrics: panel.metrics_html(state="waiting", note=f"queue position {item.position}")}
                 continue
             if len(item.audio):
                 buffer.append(item.audio)
@@ -281,31 +323,34 @@ class TakesView:
                 piece = np.concatenate(buffer)
                 buffer, sent = [], sent + len(piece)
                 yield {**({self.live: (SAMPLE_RATE, to_pcm16(piece))} if self.streaming else {}),
-                       self.metrics: render.metrics_html(item.metrics, state="streaming", seconds=sent / SAMPLE_RATE,
+                       self.metrics: panel.metrics_html(item.metrics, state="streaming", seconds=sent / SAMPLE_RATE,
                                                          warnings=handle.warnings)}
 
-    def stop(self, takes, live_id: str = "", request: gr.Request = None):
-        """Cancel this session's running take; show what was generated before the stop. `live_id`: the take the
-        browser's player has just stopped (STOP_JS), found through the player when the page's event has not
-        registered it yet (it is sent as the stream's first sound plays: on a busy server Stop can come first,
-        and its `cancels=` then ends that event before it shows anything)."""
+    def stop(self, takes, live_id: str = "", heard=0, request: gr.Request = None):
+        """Cancel this session's running take and show it as far as it was heard: `heard` samples, what the
+        browser's player played before it fell silent (STOP_JS; 0 when unknown: the take as made). `live_id`:
+        the take the browser's player has just stopped, found through the player when the page's event has not
+        registered it yet, or has already let it go (its `cancels=` and this handler race)."""
         key = request.session_hash if request else "local"
         with self._lock:
             handle, others = self._active.pop(key, None), self._variants.pop(key, [])
+            recent = self._recent.get(key)
         if handle is None and live_id:
-            handle = self.player.handle(live_id)
-            if handle is not None and handle.finished.is_set() and handle.take is not None \
-                    and handle.take.stop_reason != "cancelled":
-                handle = None  # it ended on its own just before the click: the page's event shows it
-        if handle is None:  # nothing running (the take had already finished on its own)
-            return (gr.skip(),) * 6
+            handle = self.player.handle(live_id) or (recent if recent is not None and recent[0] == live_id
+                                                     else (None, None))[1]
+        if handle is None or (handle.finished.is_set() and handle.take is not None
+                              and handle.take.stop_reason != "cancelled"):
+            return (gr.skip(),) * 6  # nothing running, or it ended on its own: the page's event shows it
         for h in (handle, *others):
             h.cancel.set()
         if not handle.finished.wait(5.0) or handle.take is None:  # stopped before the first frame
-            return render.metrics_html(state="stopped"), *(gr.skip(),) * 5
+            return panel.metrics_html(state="stopped", note="Stopped before any sound: nothing to keep."), \
+                *(gr.skip(),) * 5
         take = handle.take
-        return (render.metrics_html(take.metrics, state="stopped", seconds=take.seconds, loudness=take.loudness),
-                *self.take_outputs(take, takes or []))
+        if heard and int(heard) < len(take.audio):
+            take = self.service.trim(take.id, int(heard)) or take
+            self._drop_files(take.id)  # a file written before the cut holds the whole take
+        return self.take_outputs(take, takes or [])
 
     @staticmethod
     def _clip(clip) -> tuple[np.ndarray, int] | None:
