@@ -35,19 +35,32 @@ def test_the_voices_map_reads_lines_and_says_what_is_wrong():
 def test_handlers_plan_generate_and_regenerate_one_row(service, tmp_path):
     view = LongFormView(service, tmp_path)
     rows, _spoken, summary = view.preview(PARAGRAPHS, "", "", True)
-    assert len(rows) >= 4 and all(r[5] == "planned" for r in rows) and "segments" in summary
+    assert len(rows) >= 4 and all(r[2] == "planned" for r in rows) and "segments" in summary
     outputs = list(view.generate(PARAGRAPHS, "", "", "", True, 5))
-    take, rows, progress, path = outputs[-1]
-    assert len(rows) == len(take.segments) and all(r[5] != "waiting" for r in rows)
-    assert next(o[2] for o in outputs[:-1]).startswith("1 of ") and progress.startswith("done")
+    take, rows, progress, path, spoken = outputs[-1]
+    assert len(rows) == len(take.segments) and all(r[2] != "waiting" for r in rows)
+    assert next(o[2] for o in outputs[:-1]).startswith("1 of ") and progress.startswith("Done")
+    assert ".;" not in progress and "repeat_guard" not in progress and "max_frames" not in progress
+    assert spoken == "\n\n".join(s.text for s in take.segments)
+    assert [r[4] for r in rows] == [f"{s.pause_after:.2f} s" if s.pause_after else "" for s in take.segments]
     first = sf.read(path)[0]
     spans = take.spans()
     take, rows, _, path = view.regenerate(take, 3, 777, "")
     second = sf.read(path)[0]
     for i, ((a, b), (c, d)) in enumerate(zip(spans, take.spans())):
         assert np.array_equal(first[a:b], second[c:d]) == (i != 2), i
-    with pytest.raises(ValueError, match="between 1 and"):
-        view.regenerate(take, 99, -1, "")
+    assert "between 1 and" in view.regenerate(take, 99, -1, "")[2]  # said in the progress line, the rest kept
+
+
+def test_a_failed_generate_keeps_the_table_and_the_player_and_says_why(service, tmp_path):
+    import gradio as gr
+
+    view = LongFormView(service, tmp_path)
+    outputs = list(view.generate("Alice: Hi.\n\nBob: Hello.", "", "", "Alice =", True, 5))
+    assert len(outputs) == 1  # before the fix nothing was yielded: Gradio then blanked every output
+    take, rows, progress, audio, spoken = outputs[0]
+    assert take == rows == audio == spoken == gr.skip()
+    assert progress.startswith("Not generated:") and "'Bob'" in progress
 
 
 @pytest.mark.slow
@@ -63,12 +76,12 @@ def test_the_tab_through_gradio_client(service, tmp_path):
     blocks.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
     try:
         client = gradio_client.Client(f"http://127.0.0.1:{port}", verbose=False)
-        rows, progress, path = client.predict(PARAGRAPHS, "", "", "", True, 8, api_name="/long_generate")
-        assert len(rows["data"]) >= 4 and progress.startswith("done")
+        rows, progress, path, _spoken = client.predict(PARAGRAPHS, "", "", "", True, 8, api_name="/long_generate")
+        assert len(rows["data"]) >= 4 and progress.startswith("Done")
         first = sf.read(path)[0]
         # The session's take (a gr.State) is what the regenerate event works on.
         rows, progress, path = client.predict(2, 4242, "", api_name="/long_regenerate")
-        assert "row 2" in progress and rows["data"][1][3] in (4242, 4243)
+        assert "Row 2" in progress and rows["data"][1][7] in ("4242", "4243")
         second = sf.read(path)[0]
         differs = np.flatnonzero(first[:min(len(first), len(second))] != second[:len(first)])
         assert len(differs) or len(first) != len(second)

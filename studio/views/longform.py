@@ -27,7 +27,26 @@ from studio.views import render
 from studio.views.captions import CaptionsPanel
 from studio.views.toasts import warns
 
-HEADERS = ["#", "speaker", "text", "seed", "seconds", "status", "WER"]
+# Key columns first and narrow, the text wrapped in the room left, the long seed last (elem class hs-segments).
+HEADERS = ["#", "speaker", "status", "seconds", "pause after", "WER", "text", "seed"]
+WIDTHS = ["44px", "84px", "150px", "76px", "88px", "56px", "45%", "104px"]
+
+
+def table_rows(rows: list[list], pauses: list[float]) -> list[list]:
+    """studio/takes/longform.py's segment rows (#, speaker, text, seed, seconds, status, WER) in the page's
+    column order (HEADERS), with each segment's pause after it."""
+    return [[n, speaker, status, seconds, f"{pause:.2f} s" if pause else "", wer, text, str(seed)]
+            for (n, speaker, text, seed, seconds, status, wer), pause in zip(rows, pauses)]
+
+
+def take_rows(take) -> list[list]:
+    return table_rows(segment_rows(take), [s.pause_after for s in take.segments])
+
+
+def sentences(notes) -> str:
+    """Notes as one line of sentences, each starting with a capital and ending in one full stop."""
+    said = (n.strip().rstrip(".;") for n in notes)
+    return " ".join(f"{n[0].upper()}{n[1:]}." for n in said if n)
 
 
 def parse_voices_map(text: str) -> dict[str, str | None] | None:
@@ -73,38 +92,59 @@ class LongFormView:
         if not (text or "").strip():
             return [], "", ""
         segments = self.service.plan(self._order(text, None, style, voices_map, normalize)).segments
-        rows = [[s.index + 1, s.speaker or "", s.text, "", round(s.seconds, 1), "planned", ""] for s in segments]
+        rows = table_rows([[s.index + 1, s.speaker or "", s.text, "", round(s.seconds, 1), "planned", ""]
+                           for s in segments], [s.pause_after for s in segments])
         seconds = sum(s.seconds + s.pause_after for s in segments)
-        return rows, "\n\n".join(s.text for s in segments), f"{len(segments)} segments, about {seconds:.0f} s of speech"
+        return rows, spoken_text(segments), f"{len(segments)} segments, about {seconds:.0f} s of speech"
 
     def generate(self, text, voice, style, voices_map, normalize, seed):
-        """Generate the take; yields (take, rows, progress, file) as segments finish, the file at the end."""
-        handle = self.service.start(self._order(text, voice, style, voices_map, normalize, seed), pieces=True,
-                                    listener=self.listener)
+        """Generate the take; yields (take, rows, progress, file, spoken text) as segments finish, the file at the
+        end. A take that cannot start leaves the table, the player and the text as they were, and says why."""
+        try:
+            handle = self.service.start(self._order(text, voice, style, voices_map, normalize, seed), pieces=True,
+                                        listener=self.listener)
+        except ValueError as exc:
+            yield failed(exc, 5, progress_at=2)
+            return
         take, started = None, time.perf_counter()
         try:
             for take, piece in handle.stream():
                 if piece.done > piece.segment:
-                    yield take, segment_rows(take), self._progress(take, piece.done, started), gr.skip()
-        except ServiceBusy as exc:
-            raise ValueError(str(exc)) from None
+                    yield (take, take_rows(take), self._progress(take, piece.done, started), gr.skip(),
+                           spoken_text(take.segments))
+        except (ServiceBusy, ValueError) as exc:
+            yield failed(exc, 5, progress_at=2)
+            return
         if take is None:
             return
-        note = "; ".join(handle.warnings)
         path, levels = self._write(take)
-        yield take, segment_rows(take), f"done: {len(take.segments)} segments · {levels}. {note}".strip(), path
+        done = f"Done: {len(take.segments)} segments · {levels}."
+        yield take, take_rows(take), f"{done} {sentences(handle.warnings)}".strip(), path, spoken_text(take.segments)
 
     def regenerate(self, take, row, seed, text):
         """Generate one row again (a new seed when `seed` is empty or negative, or edited `text`)."""
-        if take is None:
-            raise ValueError("Generate a take first; then pick a row to generate again.")
-        index = int(row or 0) - 1
-        if not 0 <= index < len(take.segments):
-            raise ValueError(f"Pick a row between 1 and {len(take.segments)}.")
-        regenerate_segment(self.service, take, index, seed=None if seed is None or seed < 0 else int(seed),
-                           text=(text or "").strip() or None)
+        try:
+            if take is None:
+                raise ValueError("Generate a take first; then pick a row to generate again.")
+            index = int(row or 0) - 1
+            if not 0 <= index < len(take.segments):
+                raise ValueError(f"Pick a row between 1 and {len(take.segments)}.")
+            regenerate_segment(self.service, take, index, seed=None if seed is None or seed < 0 else int(seed),
+                               text=(text or "").strip() or None)
+        except (ServiceBusy, ValueError) as exc:
+            return failed(exc, 4, progress_at=2)
         path, levels = self._write(take)
-        return take, segment_rows(take), f"row {index + 1} generated again (seed {take.seeds[index]}) · {levels}", path
+        return take, take_rows(take), f"Row {index + 1} generated again (seed {take.seeds[index]}) · {levels}.", path
+
+    def pick(self, take, evt: gr.SelectData):
+        """A row clicked: its number and text in the regenerate fields, and its audio in the segment player."""
+        index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+        if take is None or not 0 <= index < len(take.segments):
+            return gr.skip(), gr.skip(), gr.skip()
+        shaped = take.shaped[index] if take.keep_audio else None
+        audio = gr.skip() if shaped is None else write_audio(
+            self.out_dir / f"long-segment-{next(self._files)}.wav", shaped, SAMPLE_RATE)
+        return index + 1, take.segments[index].text, audio
 
     @staticmethod
     def _progress(take, done: int, started: float) -> str:
@@ -112,7 +152,7 @@ class LongFormView:
         spoken = sum(s.seconds for s in take.segments[:done])
         left = sum(s.seconds for s in take.segments[done:])
         eta = (time.perf_counter() - started) / max(spoken, 1e-9) * left
-        return f"{done} of {len(take.segments)} segments, about {eta:.0f} s left"
+        return f"{done} of {len(take.segments)} segments done, about {eta:.0f} s left"
 
     def _write(self, take) -> tuple[str, str]:
         """The assembled take's file, and a line of its levels (loudness, true peak, the ACX check)."""
@@ -139,26 +179,31 @@ class LongFormView:
             with gr.Column(scale=3):
                 text = gr.Textbox(label="Text or script", lines=14, elem_id="long-text",
                                   placeholder="Paste a chapter, or a script with lines like `Alice: Hello.`")
-                spoken = gr.Textbox(label="As it will be spoken", lines=4, interactive=False)
+                spoken = gr.Textbox(label="As it will be spoken", lines=4, interactive=False, elem_id="long-spoken")
             with gr.Column(scale=2):
                 # The config is public on a public page: the owner's own voices arrive with the page's load event.
                 self.voice = gr.Dropdown(self.voice_choices(self.access.anyone()), value="",
                                          label="Voice (plain text)")
                 voice = self.voice
                 style = gr.Textbox(label="Style (preset name or tags)")
-                voices_map = gr.Textbox(label="Script voices, one `Speaker = voice name` per line", lines=3)
+                voices_map = gr.Textbox(label="Script voices, one `Speaker = voice name` per line", lines=3,
+                                        elem_id="long-voices")
                 normalize = gr.Checkbox(True, label="Write numbers, dates and units as words (English)")
                 seed = gr.Number(-1, label="Seed (-1: random)", precision=0)
                 with gr.Row():
                     preview = gr.Button("Plan")
                     go = gr.Button("Generate", variant="primary", elem_id="long-generate")
         progress = gr.Markdown(elem_id="long-progress")
-        table = gr.Dataframe(headers=HEADERS, interactive=False, wrap=True, elem_id="long-table")
+        table = gr.Dataframe(headers=HEADERS, interactive=False, wrap=True, column_widths=WIDTHS,
+                             label="Segments: click a row to hear it and to edit or generate it again",
+                             elem_id="long-table", elem_classes=["hs-segments"])
         with gr.Row():
             row = gr.Number(1, label="Row", precision=0, elem_id="long-row")
-            row_seed = gr.Number(-1, label="New seed (-1: the next one)", precision=0, elem_id="long-row-seed")
-            row_text = gr.Textbox(label="Edited text (empty: keep)")
+            row_seed = gr.Number(-1, label="New seed (-1: one no row has)", precision=0, elem_id="long-row-seed")
+            row_text = gr.Textbox(label="Edited text (empty: keep)", elem_id="long-row-text")
             redo = gr.Button("Regenerate row", elem_id="long-regenerate")
+        segment = gr.Audio(label="The picked row", type="filepath", interactive=False, autoplay=True,
+                           elem_id="long-segment")
         audio = gr.Audio(label="Long take", type="filepath", interactive=False, elem_id="long-take")
         self.captions.build()
         captioned = self.captions.outputs(audio)
@@ -167,14 +212,26 @@ class LongFormView:
                       api_visibility="private")
         owner = functools.partial(self.access.owner_only, message=OWNER_ONLY_LONG)
         # Undocumented: callable by gradio_client (by position) but no MCP tool, like the Studio tab's generate.
-        go.click(owner(warns(4)(self.generate)), [text, voice, style, voices_map, normalize, seed],
-                 [take, table, progress, audio], concurrency_id=concurrency_id, concurrency_limit=1,
+        go.click(owner(warns(5)(self.generate)), [text, voice, style, voices_map, normalize, seed],
+                 [take, table, progress, audio, spoken], concurrency_id=concurrency_id, concurrency_limit=1,
                  api_name="long_generate", api_visibility="undocumented"
                  ).success(warns(4)(self.show_captions), [take, audio], captioned, api_visibility="private")
         redo.click(owner(warns(4)(self.regenerate)), [take, row, row_seed, row_text], [take, table, progress, audio],
                    concurrency_id=concurrency_id, concurrency_limit=1, api_name="long_regenerate",
                    api_visibility="undocumented"
                    ).success(warns(4)(self.show_captions), [take, audio], captioned, api_visibility="private")
+        table.select(self.pick, take, [row, row_text, segment], api_visibility="private")
+
+
+def spoken_text(segments) -> str:
+    return "\n\n".join(s.text for s in segments)
+
+
+def failed(exc: Exception, n_outputs: int, *, progress_at: int) -> tuple:
+    """Outputs for a take that failed: every one kept as it was, but the progress line, which says why (and a
+    toast does)."""
+    gr.Warning(str(exc))
+    return tuple(f"Not generated: {exc}" if i == progress_at else gr.skip() for i in range(n_outputs))
 
 
 __all__ = ["LongFormView", "parse_voices_map"]
