@@ -281,20 +281,20 @@ def test_the_tab_downloads_captions_and_checks_acx_on_demand_never_on_its_timer(
         view.tick(rendered.id, 1, None)  # the one-second timer
     assert calls == []
     assert 'id="acx-verdict"' in view.acx_check(rendered.id, 1) and calls == [1]
-    chapter = view.captions(rendered.id, "vtt", 1)["value"]
+    chapter = view.captions_file(rendered.id, "vtt", 1)
     assert chapter.endswith("The book - 01.vtt") and len(webvtt.read(chapter).captions) == 3
-    book = view.captions(rendered.id, "srt", 0)["value"]
+    book = view.captions_file(rendered.id, "srt", 0)
     with open(book, encoding="utf-8") as f:
         assert len(list(srt.parse(f.read()))) == 6
-    levelled = view.export(rendered.id, "wav", 1, "audiobook")["value"]
+    levelled = view.export_file(rendered.id, "wav", 1, "audiobook")
     audio, _ = sf.read(levelled, dtype="float64")
     assert pyloudnorm.Meter(SR).integrated_loudness(audio) == pytest.approx(-18, abs=0.5)
     # the project's own rules, as TSV: saving marks the segment holding the word stale
     assert view.load_rules(rendered.id).startswith("word\trespelling")
-    _, chapters, segments = view.save_rules(rendered.id, "noon\tmidday", 2)
-    assert [row[2] for row in chapters] == ["done", "stale", "done"]
-    assert segments[1][1] == "By noon the wind had turned." and segments[1][4] == "stale"
-    assert segments[0][4] != "stale"
+    _, chapters, segments, *_ = view.save_rules(rendered.id, "noon\tmidday", 2)
+    assert [row[3] for row in chapters] == ["done", "out of date", "done"]
+    assert segments[1][1] == "By noon the wind had turned." and segments[1][4] == "out of date"
+    assert segments[0][4] != "out of date"
     assert "noon\tmidday" in view.load_rules(rendered.id)
 
 

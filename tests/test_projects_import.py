@@ -166,3 +166,18 @@ def test_a_projects_loudness_is_kept_and_renders_nothing_again(studio):
     assert [p.key for p in projects.planned(project.id)] == keys
     with pytest.raises(ValueError, match="loudness"):
         projects.patch(project.id, {"settings": {"loudness": "very loud"}})
+
+
+def test_a_store_made_before_casting_gains_the_column(tmp_path):
+    import sqlite3
+
+    from studio.projects.store import Store
+
+    Store(tmp_path).close()
+    db = sqlite3.connect(tmp_path / "projects.sqlite3")
+    db.execute('ALTER TABLE chapters DROP COLUMN "cast"')  # the folder as the previous release left it
+    db.close()
+    store = Store(tmp_path)
+    project = store.create_project("owner", title="Old", settings={"seed": 1}, chapters=[("One", "Hi.", False, [])])
+    assert [c.cast for c in store.chapters(project.id)] == [{}]
+    store.close()
