@@ -34,10 +34,12 @@ def _bytes(n) -> str:
 
 
 def metrics_html(metrics: Metrics | None = None, *, state: str = "idle", seconds: float = 0.0,
-                 warnings: list[str] | None = None, note: str = "", loudness=None, kept: bool = False) -> str:
+                 warnings: list[str] | None = None, note: str = "", loudness=None, take: int | None = None,
+                 kept: bool = False) -> str:
     """The metrics panel: each value in an element with a stable id (`m-ttfa`, `m-rtf`, …), the state
     (`m-state`) and a line that says what is going on or what went wrong (`metrics-note`). `loudness`
-    (studio/audio/loudness.py) once the take is complete; `kept`: the take was picked with Keep."""
+    (studio/audio/loudness.py) once the take is complete; `take`: the number of the take it shows, with the
+    player under it (`m-take`); `kept`: that take was picked with Keep."""
     g = (dataclasses.asdict(metrics) if metrics is not None else {}).get  # None: nothing measured yet
     reused, prompt = g("reused_tokens"), g("prompt_tokens")
     tiles = [
@@ -58,6 +60,8 @@ def metrics_html(metrics: Metrics | None = None, *, state: str = "idle", seconds
     engine = " · ".join(str(x) for x in (g("precision"), g("backend"), g("device")) if x)
     stop = g("stop_reason") or ""
     foot = f'<span class="hs-state {_esc(state)}" id="m-state">{_esc(state)}</span>'
+    if take is not None:
+        foot += f' <b id="m-take">take #{take}{" · kept" if kept else ""}</b>'
     if stop:
         foot += f' <span class="hs-stop">stop: <b id="m-stop">{_esc(stop)}</b></span>'
     if engine:

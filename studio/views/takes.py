@@ -15,7 +15,6 @@ from collections.abc import Iterator
 
 import gradio as gr
 import numpy as np
-import pandas as pd
 
 from engine.audio import load_audio
 from engine.config import SAMPLE_RATE
@@ -99,8 +98,8 @@ class TakesView:
     def history_panel(self):
         """The session's history table; a selected take shows its player, recipe and curl command."""
         with gr.Accordion("History (this session)", open=True):
-            self.history = gr.Dataframe(self.history_frame([]), headers=panel.HISTORY_HEADERS, interactive=False,
-                                        wrap=True, label="History", elem_id="history")
+            self.history = gr.Dataframe(headers=panel.HISTORY_HEADERS, interactive=False, wrap=True, label="History",
+                                        elem_id="history")
             with gr.Row(visible=False) as self.detail:  # shown once a take is selected
                 with gr.Column(scale=2):
                     self.hist_audio = gr.Audio(label="Selected take", type="filepath", interactive=False)
@@ -165,21 +164,28 @@ class TakesView:
         takes = [i for i in takes if i != take.id] + [take.id]
         wav = self.take_file(take)
         state = "stopped" if take.stop_reason == "cancelled" else "done"
-        label = f"Take #{take.id} · seed {take.seed}" + (" · kept" if take.id == kept else "") + \
-            (" · stopped" if state == "stopped" else "")
         metrics = panel.metrics_html(take.metrics, state=state, seconds=take.seconds, warnings=take.warnings,
-                                     loudness=take.loudness, kept=take.id == kept)
-        return (metrics, gr.update(value=wav, label=label), gr.update(value=wav, label="Download WAV"),
-                self.history_frame(takes, kept), takes, take.seed)
+                                     loudness=take.loudness, take=take.id, kept=take.id == kept)
+        return (metrics, wav, gr.update(value=wav, label="Download WAV"), self.history_rows(takes, kept), takes,
+                take.seed)
+
+    @staticmethod
+    def _from_page(request: gr.Request | None, live_id: str) -> bool:
+        """The page's own Generate, not a script's call of the event: the live player's take (only the page's
+        CLICK_JS sends a live id), or a browser's request, which carries its page's origin (gradio_client
+        says it is one with `x-gradio-user: api`)."""
+        if live_id:
+            return True
+        headers = request.headers if request is not None else {}
+        return bool(headers.get("origin")) and headers.get("x-gradio-user") != "api"
 
     def _drop_files(self, take_id: int) -> None:
         for old in self.page.out_dir.glob(f"take-{take_id}-*"):
             old.unlink(missing_ok=True)
 
-    def history_frame(self, takes: list[int], kept: int | None = None) -> pd.DataFrame:
-        """The History table with its own headers, also when it is empty (a bare list would show "0 1 2 …")."""
-        rows = panel.history_rows((t for t in map(self.service.take, takes) if t is not None), kept)
-        return pd.DataFrame(rows, columns=panel.HISTORY_HEADERS)
+    def history_rows(self, takes: list[int], kept: int | None = None) -> list[list]:
+        """The History table's rows (newest first), the take picked with Keep marked."""
+        return panel.history_rows((t for t in map(self.service.take, takes) if t is not None), kept)
 
     def _failed(self, message: str, takes, state: str = "error") -> dict:
         """A take that failed (or was stopped before any sound): a toast and the panel's own line; the panel
@@ -242,8 +248,8 @@ class TakesView:
                         del self._active[key]
                         self._variants.pop(key, None)
         take = self.service.take(handle.take.id) if handle is not None and handle.take is not None else None
-        if failure is not None and request is not None and request.headers.get("x-gradio-user") == "api":
-            raise gr.Error(failure)  # a script (gradio_client) gets the sentence as its error; no panel to keep
+        if failure is not None and not self._from_page(request, live_id):
+            raise gr.Error(failure)  # a script gets the sentence as its error; it has no panel to keep
         if take is None:  # a toast and the panel's own line; the panel keeps the last take it showed
             stopped = failure is None and handle is not None and handle.cancel.is_set()
             yield self._failed("Stopped before any sound: nothing to keep." if stopped
