@@ -22,8 +22,15 @@ import studio.voices.bundles as bundles_mod
 import studio.voices.store as store_mod
 from engine.audio import ReferenceAudioError
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
-from studio.voices import (ENTRY_LIMITS, Consent, VoiceError, VoiceImportError, VoiceLibrary, VoiceNotFound,
-                           default_voices_dir)
+from studio.voices import (
+    ENTRY_LIMITS,
+    Consent,
+    VoiceError,
+    VoiceImportError,
+    VoiceLibrary,
+    VoiceNotFound,
+    default_voices_dir,
+)
 from tests.helpers import CONSENT, fake_encode, speech_clip
 
 REPO = Path(__file__).resolve().parents[1]
@@ -628,3 +635,55 @@ def test_preset_cache_root_follows_the_same_rule_in_the_cache_directory(monkeypa
     monkeypatch.setattr(store_mod, "SPACES_DATA", tmp_path / "absent")
     import platformdirs
     assert default_cache_root() == Path(platformdirs.user_cache_dir("higgs-studio")) / "preset-voices"
+
+
+# ---- a zipped Higgs preset folder, and importing a voice the library has -----------------------------------
+
+def _preset_zip(tmp_path: Path, entries: dict[str, tuple[str, str]], *, inside: str = "voice_examples/") -> bytes:
+    folder = tmp_path / "zipped-preset"
+    _write_preset_dir(folder, entries)
+    return _zip({inside + path.name: path.read_bytes() for path in sorted(folder.iterdir())})
+
+
+@pytest.mark.parametrize("inside", ["voice_examples/", ""])
+def test_a_zipped_higgs_preset_folder_is_imported(lib, tmp_path, inside):
+    data = _preset_zip(tmp_path, {"belinda": ("belinda.wav", "Twas the night before my birthday."),
+                                  "broom_salesman": ("broom_salesman.wav", "I would imagine so.")}, inside=inside)
+    made = lib.import_zip(data)
+    assert [v.name for v in made] == ["belinda", "broom_salesman"]
+    assert lib.get("belinda").transcript == "Twas the night before my birthday."
+    assert "preset folder" in lib.get("belinda").consent.statement
+    assert lib.import_zip(data) == made  # the same content again: the voices saved, left as they are
+
+
+def test_a_zipped_preset_folder_that_names_a_missing_clip_changes_nothing(lib, tmp_path):
+    folder = tmp_path / "p"
+    _write_preset_dir(folder, {"ok": ("ok.wav", "Fine.")})
+    config = {"ok": {"transcript": "Fine.", "audio_file": "ok.wav"}, "gone": {"audio_file": "gone.wav"}}
+    before = snapshot(lib.root)
+    with pytest.raises(VoiceImportError, match="'gone'.*not in the zip"):
+        lib.import_zip(_zip({"config.json": json.dumps(config).encode(), "ok.wav": (folder / "ok.wav").read_bytes()}))
+    assert snapshot(lib.root) == before
+
+
+def test_a_visitors_import_names_a_preset_folder_for_the_owner():
+    from studio.voices.bundles import stage_zip
+
+    with pytest.raises(VoiceImportError, match="owner can import it"):
+        stage_zip(_zip({"config.json": b"{}", "a.wav": b"RIFF"}))
+
+
+def test_importing_a_voice_of_a_taken_name_keeps_both_and_overwrites_nothing(tmp_path, source):
+    target = VoiceLibrary(tmp_path / "target")
+    mine = target.add(speech_clip(pitch=330, seed=7), name="alice", consent=CONSENT)
+    before = snapshot(target.root)
+    with pytest.raises(VoiceImportError, match="already called 'alice'"):  # the library's default: refused
+        target.import_zip(source.export_zip())
+    assert snapshot(target.root) == before
+    (theirs,) = target.import_zip(source.export_zip(), keep_both=True)
+    assert theirs.name == "Alice (2)" and theirs.id != mine.id
+    assert target.get(mine.id).name == "alice" and target.get(mine.id).content_hash == mine.content_hash
+    # A voice edited here since it was exported keeps its id; the old export comes in beside it.
+    target.update(theirs.id, transcript="Edited here.")
+    (old,) = target.import_zip(source.export_zip(), keep_both=True)
+    assert old.name == "Alice (3)" and old.id != theirs.id and target.get(theirs.id).transcript == "Edited here."

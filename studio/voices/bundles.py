@@ -1,5 +1,6 @@
 """Voice bundles: the zip a library or a visitor exports and imports, one folder per voice
-(`<id>/voice.json`, `audio.wav`, `codes.npy` when encoded). Reading one trusts nothing, and holds no more than
+(`<id>/voice.json`, `audio.wav`, `codes.npy` when encoded); the owner's library also imports a zipped Higgs
+preset folder (`config.json` naming each voice's transcript and audio file, `stage_preset`). Reading one trusts nothing, and holds no more than
 its caps: the directory's names, structure and voice count are checked before anything is inflated
 (`studio/files/archive.py` reads the members, counting what they inflate to), then each voice is read and checked
 in turn (JSON, audio format, codes, content hash) before it is staged.
@@ -36,6 +37,7 @@ from studio.voices.model import (
     clean_style,
     clean_text,
     content_hash,
+    stage_audio,
 )
 
 MAX_IMPORT_BYTES = 256 * MB  # the bundle file itself
@@ -46,6 +48,8 @@ ENTRY_LIMITS = {"voice.json": 64 * KB, "audio.wav": 3 * MB, "codes.npy": 256 * K
 ENTRY_KINDS = {"voice.json": "a voice's voice.json", "audio.wav": "a voice clip", "codes.npy": "a voice's codes"}
 # Everything one voice inflates to, counted over the whole bundle: a 30 s clip at 24 kHz with its codes and JSON.
 MAX_VOICE_INFLATED = 3 * MB // 2
+# A preset folder's clips are not prepared yet: any rate and format, at most 30 s (48 kHz stereo 24-bit: 8.6 MB).
+PRESET_AUDIO_LIMIT = 10 * MB
 _ENTRY_RE = re.compile(r"(?:([A-Za-z0-9_-][A-Za-z0-9_.-]{0,63})/)?(voice\.json|audio\.wav|codes\.npy)")
 
 
@@ -61,11 +65,13 @@ def bundle_zip(voices: Iterable[tuple[str, dict, bytes, bytes | None]]) -> bytes
     return buf.getvalue()
 
 
-def stage_zip(data: bytes | str | os.PathLike, *, max_voices: int = MAX_IMPORT_VOICES) -> list[Staged]:
+def stage_zip(data: bytes | str | os.PathLike, *, max_voices: int = MAX_IMPORT_VOICES,
+              preset_consent: Consent | None = None) -> list[Staged]:
     """Every voice of a bundle (its bytes, or the path of the file: its size is checked before a byte is
     read), checked and staged; any problem rejects the whole bundle with `VoiceImportError`. At most
     `max_voices` voices, and `max_voices` × `MAX_VOICE_INFLATED` bytes inflated in all; nor a larger file, as
-    a bundle is never larger packed than inflated, give or take its headers."""
+    a bundle is never larger packed than inflated, give or take its headers. With `preset_consent` (the
+    owner's, who asserts it for every voice), a zipped Higgs preset folder is read too (`stage_preset`)."""
     inflated = max_voices * MAX_VOICE_INFLATED
     limit = min(MAX_IMPORT_BYTES, inflated)
     if isinstance(data, (str, os.PathLike)):
@@ -81,13 +87,71 @@ def stage_zip(data: bytes | str | os.PathLike, *, max_voices: int = MAX_IMPORT_V
         raise VoiceImportError("The file is not a zip archive; export voices from Higgs Studio and import that "
                                "file.")
     caps = Caps(noun="voice bundle", members=MAX_IMPORT_VOICES * (len(ENTRY_LIMITS) + 1),
-                total=inflated, member=max(ENTRY_LIMITS.values()))
+                total=inflated, member=max(*ENTRY_LIMITS.values(), PRESET_AUDIO_LIMIT))  # each read names its own
     try:
         with Archive(data, caps) as zf:
+            config = _preset_config(zf.names)
+            if config is not None:
+                return _stage_preset_zip(zf, config, max_voices, preset_consent)
             folders = _folders(zf.names, max_voices)  # nothing inflated yet
             return [_stage_folder(zf, folder, names) for folder, names in sorted(folders.items())]
     except ArchiveRefused as exc:
         raise VoiceImportError(str(exc)) from None
+
+
+def _preset_config(names: list[str]) -> str | None:
+    """The member that makes a zip a Higgs preset folder: one `config.json`, at the top or in one folder."""
+    found = [n for n in names if n.rsplit("/", 1)[-1] == "config.json" and n.count("/") <= 1]
+    return found[0] if len(found) == 1 else None
+
+
+def _stage_preset_zip(zf: Archive, config: str, max_voices: int, consent: Consent | None) -> list[Staged]:
+    if consent is None:
+        raise VoiceImportError("This zip is a Higgs preset folder (config.json). The studio's owner can import it "
+                               "into the library in the Voices tab; here, import a bundle exported from Higgs "
+                               "Studio.")
+    folder = config[:-len("config.json")]
+
+    def read_audio(file_name: str) -> bytes:
+        member = folder + file_name
+        if member not in zf:
+            raise VoiceImportError(f"config.json names {file_name!r}, which is not in the zip beside it.")
+        return zf.read(member, limit=PRESET_AUDIO_LIMIT, kind="a preset's audio file")
+
+    raw = zf.read(config, limit=ENTRY_LIMITS["voice.json"], kind="a preset folder's config.json")
+    return stage_preset(raw, read_audio, consent, max_voices=max_voices)
+
+
+def stage_preset(raw: bytes, read_audio, consent: Consent | None, *,
+                 max_voices: int | None = MAX_IMPORT_VOICES) -> list[Staged]:
+    """A Higgs preset folder's voices, staged: `raw` is its config.json (`{"<name>": {"transcript": …,
+    "audio_file": "<file>"}}`), `read_audio(file name)` gives that file's bytes or path. Every voice is checked
+    (and its audio prepared as a new clip is) before anything is saved; `consent` is asserted for all of them."""
+    try:
+        config = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise VoiceImportError(f"config.json is not valid JSON ({exc}).") from None
+    if not isinstance(config, dict) or not config:
+        raise VoiceImportError("config.json must map each voice name to {\"transcript\", \"audio_file\"}.")
+    if max_voices is not None and len(config) > max_voices:
+        raise VoiceImportError(f"config.json names {len(config):,} voices; at most {max_voices} can be imported "
+                               "at once.")
+    staged = []
+    for name, entry in config.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("audio_file"), str):
+            raise VoiceImportError(f"Voice {name!r} in config.json needs an \"audio_file\".")
+        try:
+            staged.append(stage_audio(read_audio(entry["audio_file"]), name=name, transcript=entry.get("transcript"),
+                                      description=entry.get("description", ""), style="", seed=None, consent=consent))
+        except (ValueError, ReferenceAudioError) as exc:
+            raise VoiceImportError(f"Voice {name!r}: {exc}") from None
+    return staged
+
+
+def preset_consent(by: str = "the studio's owner") -> Consent:
+    """The consent record of voices imported from a preset folder: the owner asserts it for all of them."""
+    return Consent(by, "Imported from a Higgs preset folder by the studio's owner, who has the right to use these "
+                       "voices.")
 
 
 def _folders(names: list[str], max_voices: int) -> dict[str, dict[str, str]]:

@@ -85,5 +85,5 @@ class VoiceCatalog:
     def export_zip(self, ids=None) -> bytes:
         return self.library.export_zip(None if ids is None else [self._writable(i) for i in ids])
 
-    def import_zip(self, data) -> list[Voice]:
-        return self.library.import_zip(data)
+    def import_zip(self, data, *, keep_both: bool = False) -> list[Voice]:
+        return self.library.import_zip(data, keep_both=keep_both)

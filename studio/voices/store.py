@@ -38,11 +38,12 @@ import soundfile as sf
 
 from engine.config import SAMPLES_PER_FRAME
 from studio.files.durable import replace_file
-from studio.voices.bundles import bundle_zip, stage_zip
+from studio.voices.bundles import bundle_zip, preset_consent, stage_preset, stage_zip
 from studio.voices.disk import npy_bytes, remove, root_lock, sweep, wav_bytes, write_voices
 from studio.voices.model import (
     ID_RE,
     MAX_DESCRIPTION,
+    MAX_NAME,
     MAX_TRANSCRIPT,
     Consent,
     Staged,
@@ -63,6 +64,7 @@ from studio.voices.model import (
 log = logging.getLogger(__name__)
 
 SPACES_DATA = Path("/data")  # Hugging Face Spaces persistent storage
+MAX_IMPORT_NAMES = 1000  # "Name (2)" … "Name (999)"
 
 
 def studio_dir(env: str, name: str, *, cache: bool = False) -> Path:
@@ -156,27 +158,18 @@ class VoiceLibrary:
         caller asserts consent for all of them."""
         folder = Path(path).resolve()
         try:
-            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+            raw = (folder / "config.json").read_bytes()
         except FileNotFoundError:
             raise VoiceImportError(f"No config.json in {folder}; a Higgs preset folder holds config.json and "
                                    "the audio files it names.") from None
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise VoiceImportError(f"{folder / 'config.json'} is not valid JSON ({exc}).") from None
-        if not isinstance(config, dict) or not config:
-            raise VoiceImportError("config.json must map each voice name to {\"transcript\", \"audio_file\"}.")
-        staged = []
-        for name, entry in config.items():
-            if not isinstance(entry, dict) or not isinstance(entry.get("audio_file"), str):
-                raise VoiceImportError(f"Voice {name!r} in config.json needs an \"audio_file\".")
-            audio = (folder / entry["audio_file"]).resolve()
+
+        def audio_file(name: str) -> Path:
+            audio = (folder / name).resolve()
             if not audio.is_relative_to(folder) or not audio.is_file():
-                raise VoiceImportError(f"Voice {name!r}: {entry['audio_file']!r} is not a file inside {folder}.")
-            try:
-                staged.append(stage_audio(audio, name=name, transcript=entry.get("transcript"),
-                                          description=entry.get("description", ""), style="", seed=None,
-                                          consent=consent))
-            except ValueError as exc:
-                raise VoiceImportError(f"Voice {name!r}: {exc}") from None
+                raise VoiceImportError(f"{name!r} is not a file inside {folder}.")
+            return audio
+
+        staged = stage_preset(raw, audio_file, consent, max_voices=None)  # the owner's own folder: no count cap
         if encode is not None:
             for s in staged:
                 if self._by_content(s.content_hash) is None:
@@ -257,16 +250,22 @@ class VoiceLibrary:
             return bundle_zip((v.id, v.to_json(), v.audio_path.read_bytes(),
                                v.codes_path.read_bytes() if v.has_codes else None) for v in voices)
 
-    def import_zip(self, data: bytes | str | os.PathLike) -> list[Voice]:
+    def import_zip(self, data: bytes | str | os.PathLike, *, keep_both: bool = False) -> list[Voice]:
         """Import voices exported by `export_zip` (its bytes, or the path of the file). Everything is checked
         first (`bundles.stage_zip`), and on any problem the whole import is rejected with `VoiceImportError`
-        and the library is left as it was. Voices already saved (same content) are returned as they are."""
-        return self._commit(stage_zip(data), error=VoiceImportError)
+        and the library is left as it was. Voices already saved (same content) are returned as they are. A zipped
+        Higgs preset folder (`config.json` and its clips) is imported too, its clips prepared as new ones are.
+        A different voice of a name (or id) already in the library is refused, or with `keep_both` imported
+        beside it as "Name (2)" (under an id of its own): nothing saved is ever overwritten."""
+        return self._commit(stage_zip(data, preset_consent=preset_consent()), error=VoiceImportError,
+                            keep_both=keep_both)
 
     # ------------------------------------------------------------------------------------ internals
 
-    def _commit(self, staged: list[Staged], *, error: type[VoiceError] = VoiceError) -> list[Voice]:
-        """Write staged voices all-or-nothing; already-saved content is returned instead of written."""
+    def _commit(self, staged: list[Staged], *, error: type[VoiceError] = VoiceError,
+                keep_both: bool = False) -> list[Voice]:
+        """Write staged voices all-or-nothing; already-saved content is returned instead of written. A name or
+        id clash is refused, or with `keep_both` the newcomer takes the next free "Name (n)" and id."""
         with self._lock.hold():
             existing = self.list()
             by_hash = {v.content_hash: v for v in existing}
@@ -283,12 +282,19 @@ class VoiceLibrary:
                     results.append(new[h][0])
                     continue
                 key = name.casefold()
+                if keep_both and (key in by_name or key in names):
+                    name = _free_name(name, {*by_name, *names})
+                    s.record = {**s.record, "name": name}
+                    key = name.casefold()
                 if key in by_name:
                     raise error(f"A different voice is already called {by_name[key].name!r}; choose another name.")
                 if key in names:
                     raise error(f"Two voices are called {name!r}; give each a different name.")
                 voice_id = s.voice_id or self._free_id(h)
-                if (self.root / voice_id).exists() or voice_id in {i for i, _ in new.values()}:
+                taken = (self.root / voice_id).exists() or voice_id in {i for i, _ in new.values()}
+                if taken and keep_both:
+                    voice_id, taken = self._free_id(h), False
+                if taken:
                     raise error(f"The id {voice_id} is taken by a different voice.")
                 names[key] = voice_id
                 new[h] = (voice_id, s)
@@ -327,6 +333,15 @@ class VoiceLibrary:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("skipping unreadable voice %s: %s", path, exc)
             return None
+
+
+def _free_name(name: str, taken: set[str]) -> str:
+    """`name (2)`, `name (3)` … : the first that no voice has (`taken` holds casefolded names)."""
+    for n in range(2, MAX_IMPORT_NAMES):
+        candidate = clean_name(f"{name[:MAX_NAME - 8]} ({n})")
+        if candidate.casefold() not in taken:
+            return candidate
+    raise VoiceImportError(f"Too many voices are called {name!r}; rename some first.")
 
 
 def _json_bytes(record: dict[str, Any]) -> bytes:
