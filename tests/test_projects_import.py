@@ -157,15 +157,32 @@ def test_script_lines_take_the_voices_the_map_gives(studio):
                                                                                ("Bob", voices["Bella"])]
 
 
-def test_a_projects_loudness_is_kept_and_renders_nothing_again(studio):
-    _, projects, _ = studio
-    project = projects.create("owner", importing.from_text("A calm sea."), {"max_frames": 25})
+def test_a_projects_loudness_is_kept_renders_nothing_again_and_levels_its_exports(studio):
+    import io
+
+    import pyloudnorm
+    import soundfile as sf
+
+    from tests.helpers import projects_client, wait_job
+
+    service, projects, runner = studio
+    project = projects.create("owner", importing.from_text("A calm sea. The gulls cried."), {"max_frames": 25})
+    wait_job(runner, runner.render(project.id).id)
     keys = [p.key for p in projects.planned(project.id)]
     projects.patch(project.id, {"settings": {"loudness": "audiobook"}})
     assert projects.project(project.id).settings["loudness"] == "audiobook"
     assert [p.key for p in projects.planned(project.id)] == keys
     with pytest.raises(ValueError, match="loudness"):
         projects.patch(project.id, {"settings": {"loudness": "very loud"}})
+
+    client = projects_client(service, (projects, runner))
+    url = f"/v1/projects/{project.id}/export?format=wav&chapter=0"
+    loudness = {}
+    for name, query in (("project's", ""), ("as rendered", "&loudness=off")):
+        audio, rate = sf.read(io.BytesIO(client.get(url + query).content))
+        loudness[name] = pyloudnorm.Meter(rate).integrated_loudness(audio)
+    assert loudness["project's"] == pytest.approx(-18, abs=0.5)  # no loudness asked: the project's
+    assert abs(loudness["as rendered"] - -18) > 0.5
 
 
 def test_a_store_made_before_casting_gains_the_column(tmp_path):

@@ -186,7 +186,8 @@ class ProjectRoutes(Routes):
 
     async def export(self, request: Request) -> StreamingResponse:
         """`?format=m4b|zip|mp3|wav|flac|acx` (m4b by default), `&chapter=N` for one chapter (wav, flac, mp3, acx),
-        `&loudness=<target>` (and `&true_peak=`) to level each chapter: the file, streamed as it is made
+        `&loudness=<target>` (and `&true_peak=`) to level each chapter (none: the project's `loudness`, or as
+        rendered): the file, streamed as it is made
         (studio/projects/export.py); the skipped chapters are not in the book."""
         self.check_auth(request)
         project_id = request.path_params["project_id"]
@@ -197,13 +198,16 @@ class ProjectRoutes(Routes):
         true_peak = _float(request.query_params.get("true_peak", "-1"), "true_peak")
 
         def build():
+            level = loudness
+            if level is None and fmt != "acx":  # none asked: the project's own (acx sets its levels itself)
+                level = self.projects.project(project_id, OWNER.key).settings.get("loudness")
             if index is not None:
                 meta = self.projects.book_meta(project_id, OWNER.key)
                 audio = self.projects.chapter_audio(project_id, index, OWNER.key)
-                return chapter_export(levelled([audio], fmt, loudness, true_peak)[0], meta, fmt, index,
+                return chapter_export(levelled([audio], fmt, level, true_peak)[0], meta, fmt, index,
                                       len(self.projects.store.chapters(project_id)))
             chapters, meta = self.projects.book(project_id, OWNER.key)
-            return export(chapters, meta, fmt, loudness=loudness, true_peak=true_peak)
+            return export(chapters, meta, fmt, loudness=level, true_peak=true_peak)
         made = await self._call(build)
         return StreamingResponse(made.body, media_type=made.media_type, headers=made.headers())
 
