@@ -78,7 +78,7 @@ class Page:
             self.takes.state()
             if self.private is not None:
                 self.private.state()
-            with gr.Tabs():
+            with gr.Tabs(overflow_behavior="wrap"):  # on a phone no tab hides behind a "…" menu
                 with gr.Tab("Studio", id="studio"):
                     self.studio.build()
                     self.dictionary.build()
@@ -129,9 +129,20 @@ class Page:
                 gr.update(choices=self.long_form.voice_choices(caller)))
 
 
+def theme() -> gr.themes.Base:
+    """The page's theme. Its light colours are a shade darker than the Soft theme's where those read below WCAG AA's
+    4.5:1 against their background (the label chips, help lines, grey text, primary buttons): axe-core checks the
+    page (tests/test_page_a11y.py)."""
+    return gr.themes.Soft(primary_hue="indigo", secondary_hue="blue", neutral_hue="slate",
+                          font=["Inter", "ui-sans-serif", "system-ui", "sans-serif"],
+                          font_mono=["ui-monospace", "SFMono-Regular", "monospace"]).set(
+        block_label_text_color="*primary_700", block_title_text_color="*primary_700",
+        body_text_color_subdued="*neutral_600", input_placeholder_color="*neutral_500",
+        button_primary_background_fill="*primary_600", button_primary_background_fill_hover="*primary_700",
+        checkbox_label_background_fill_selected="*primary_600", color_accent="*primary_600")
+
+
 def launch_kwargs() -> dict:
-    """Arguments that Gradio 6 takes at launch() rather than Blocks(): theme and the stylesheet."""
-    theme = gr.themes.Soft(primary_hue="indigo", secondary_hue="blue", neutral_hue="slate",
-                           font=["Inter", "ui-sans-serif", "system-ui", "sans-serif"],
-                           font_mono=["ui-monospace", "SFMono-Regular", "monospace"])
-    return {"theme": theme, "css_paths": [assets.STYLESHEET]}
+    """Arguments that Gradio 6 takes at launch() rather than Blocks(): the theme, the stylesheet and the page's
+    own script (static/page.js), which runs from the page's head."""
+    return {"theme": theme(), "css_paths": [assets.STYLESHEET], "head": f"<script>{assets.script('page.js')}</script>"}

@@ -17,6 +17,7 @@ from engine.types import DRAWN_SEED_BITS, Metrics
 
 PLAN_NOTES = 3  # a long take's notes past these are counted, not listed: the line stays a line
 PALETTE_GROUPS = (("emotion", "Emotion"), ("style", "Style"), ("sfx", "Sounds"), ("prosody", "Prosody"))
+MODEL_NAME = "Higgs TTS 3"  # Boson AI's name for Higgs Audio v3 TTS-4B since its rename
 
 
 def _esc(value: Any) -> str:
@@ -42,9 +43,11 @@ def header_html(status: dict[str, Any]) -> str:
         banner = ('<div class="hs-demo" id="demo-banner"><b>Demo mode.</b> The model has tiny random weights, so '
                   'every take is noise. Everything else (streaming, metrics, voices, history, API) is real. '
                   'Start without <code>--demo</code> and with the checkpoint to hear speech.</div>')
-    return (f'<div class="hs-head"><div class="hs-title">Higgs Studio'
-            f'<span class="hs-sub">Higgs Audio v3 TTS-4B</span></div><div class="hs-chips">{chip_html}</div></div>'
-            f'{banner}')
+    # The skip link is the page's first stop for the keyboard; the page's script (static/page.js) moves the focus
+    # into the text box it names. The model goes by one name on the page: its current one (SPEC.md).
+    return (f'<a class="hs-skip" href="#text">Skip to the text box</a>'
+            f'<header class="hs-head"><h1 class="hs-title">Higgs Studio <span class="hs-sub">for {MODEL_NAME}</span>'
+            f'</h1><div class="hs-chips">{chip_html}</div></header>{banner}')
 
 
 def plan_html(plan=None, *, error: str = "") -> str:
@@ -68,14 +71,23 @@ def plan_html(plan=None, *, error: str = "") -> str:
 
 
 def palette_html() -> str:
-    """Buttons for the 43 control tags, grouped; `static/palette.js` inserts the clicked tag at the cursor."""
-    groups = []
+    """Buttons for the 43 control tags, grouped; `static/palette.js` inserts the clicked tag at the cursor.
+    The palette is one stop for the Tab key (a toolbar with a roving tabindex: only its first button is in the
+    tab order), and the arrow keys move inside it."""
+    groups, first = [], True
     for category, title in PALETTE_GROUPS:
         tags = [t for t in CONTROL_TAGS.values() if (t.text.split(":")[0][2:] == category)]
-        buttons = "".join(f'<button type="button" class="hs-tag hs-{category}" data-tag="{_esc(t.text)}" '
-                          f'title="{_esc(t.text)}">{_esc(t.value.replace("_", " "))}</button>' for t in tags)
-        groups.append(f'<div class="hs-group"><span class="hs-gtitle">{title}</span>{buttons}</div>')
-    return '<div class="hs-palette">' + "".join(groups) + "</div>"
+        buttons = []
+        for t in tags:
+            words = t.value.replace("_", " ")
+            buttons.append(f'<button type="button" class="hs-tag hs-{category}" data-tag="{_esc(t.text)}" '
+                           f'tabindex="{0 if first else -1}" '
+                           f'title="{_esc(t.text)}">{_esc(words)}</button>')
+            first = False
+        groups.append(f'<div class="hs-group" role="group" aria-label="{title}">'
+                      f'<span class="hs-gtitle" aria-hidden="true">{title}</span>{"".join(buttons)}</div>')
+    return ('<div class="hs-palette" role="toolbar" aria-label="Tags: the arrow keys move, Enter inserts">'
+            + "".join(groups) + "</div>")
 
 
 def typeahead_html() -> str:

@@ -1,0 +1,55 @@
+// The whole page's script, run once from the page's <head> (studio/views/page.py launch_kwargs): what no single
+// component can do for itself. Gradio renders its components after this runs and re-renders them at will, so each
+// fix is applied again whenever the page changes.
+//  - Names for Gradio's own controls that have none a screen reader can read (the player's captions button), and
+//    a role for its empty-player placeholder, whose label is not allowed on a plain <div>; no Tab stop on a
+//    dropdown's list.
+//  - Each table cell carries its column's name (data-label): on a phone, studio.css shows a table's rows as
+//    cards, a cell's name before its value, so no table is wider than the screen.
+//  - The skip link puts the keyboard in the text box.
+(() => {
+  const NAMES = {'button[data-testid="subtitles-toggle"]': 'Captions on or off'};
+
+  function nameControls(root) {
+    for (const [selector, name] of Object.entries(NAMES)) {
+      root.querySelectorAll(`${selector}:not([aria-label])`).forEach((el) => el.setAttribute('aria-label', name));
+    }
+    root.querySelectorAll('div.empty[aria-label]:not([role])').forEach((el) => el.setAttribute('role', 'img'));
+    // A dropdown's open list scrolls, and Chromium gives the Tab key every scroller: Tab out of a dropdown landed
+    // on its list, which closes as the box loses the focus, and the focus fell to <body>. The arrow keys move in it.
+    root.querySelectorAll('ul.option-list:not([tabindex])').forEach((el) => { el.tabIndex = -1; });
+  }
+
+  function labelCells(root) {
+    for (const grid of root.querySelectorAll('[role=grid]')) {
+      const names = Array.from(grid.querySelectorAll('th[data-heading]'),
+        (th) => th.innerText.replace('⋮', '').trim());
+      grid.querySelectorAll('[role=gridcell][data-col]').forEach((cell) => {
+        const name = names[+cell.dataset.col];
+        if (name && cell.dataset.label !== name) cell.dataset.label = name;
+      });
+    }
+  }
+
+  let queued = false;
+  function tidy() {  // once per frame at most: Gradio changes the page in bursts
+    if (queued) return;
+    queued = true;
+    requestAnimationFrame(() => {
+      queued = false;
+      nameControls(document);
+      labelCells(document);
+    });
+  }
+
+  new MutationObserver(tidy).observe(document.documentElement, {childList: true, subtree: true});
+  tidy();
+
+  document.addEventListener('click', (ev) => {
+    if (!ev.target.closest('a.hs-skip')) return;
+    const box = document.querySelector('#text textarea');
+    if (!box) return;
+    ev.preventDefault();
+    box.focus();
+  });
+})();
