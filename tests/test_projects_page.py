@@ -105,6 +105,12 @@ def test_an_uploaded_txt_becomes_its_chapters_and_a_cast_chapter_renders_in_its_
     pg.wait_for_function("() => document.querySelector('#proj-chapters')?.innerText.includes('Page Voice')",
                          timeout=30_000)
     assert [c["voice"] for c in api(url, f"/v1/projects/{pid}")["chapters"]] == [None, voice, None]
+    pg.locator("#proj-chapters [role=gridcell]", has_text="Chapter 1").first.click()  # its cast: the project's
+    pg.wait_for_function("() => document.querySelector('#proj-chapter-voice input')?.value === \"the project's\"",
+                         timeout=30_000)
+    pg.locator("#proj-chapters [role=gridcell]", has_text="CHAPTER TWO").first.click()
+    pg.wait_for_function("() => document.querySelector('#proj-chapter-voice input')?.value === 'Page Voice'",
+                         timeout=30_000)
 
     pg.wait_for_function("() => !document.querySelector('#proj-render').disabled", timeout=30_000)
     pg.click("#proj-render")

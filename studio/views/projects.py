@@ -168,9 +168,11 @@ class ProjectsView(ProjectEdits):
         return self._views(project_id, chapter)
 
     def pick_chapter(self, project_id: str, evt: gr.SelectData):
-        """A click on a chapter's row: its segments below, its number in the chapter box."""
+        """A click on a chapter's row: its segments below, its number in the chapter box, its cast in the
+        chapter's voice and style boxes."""
         chapter = int(evt.index[0]) + 1
-        return chapter, segment_rows(self.chapter(project_id, chapter))
+        view = self.chapter(project_id, chapter) or {}
+        return chapter, segment_rows(view or None), view.get("voice") or "", view.get("style") or ""
 
     @staticmethod
     def pick_segment(evt: gr.SelectData):
@@ -411,7 +413,8 @@ class ProjectsView(ProjectEdits):
         for button, handler in ((render, self.render), (pause, self.pause), (resume, self.resume),
                                 (cancel, self.cancel)):
             button.click(owner(warns(n)(handler)), [self.picker, chapter], views, **private)
-        chapters.select(owner(warns(2)(self.pick_chapter)), [self.picker], [chapter, segments], **private)
+        chapters.select(owner(warns(4)(self.pick_chapter)), [self.picker], [chapter, segments, chapter_voice,
+                                                                             chapter_style], **private)
         segments.select(owner(self.pick_segment), None, [segment, edited], **private)
         play.click(owner(warns(1)(self.play_chapter)), [self.picker, chapter], player, **private)
         check.click(owner(warns(1)(self.acx_check)), [self.picker, chapter], acx_report, **private)
