@@ -6,6 +6,8 @@ queue runs any event by its fn_index, whatever the page shows.
 
 from __future__ import annotations
 
+import re
+
 import gradio as gr
 
 from engine.audio import load_audio
@@ -14,7 +16,11 @@ from studio.views import GPU_QUEUE
 from studio.views.live import NO_VOICE
 from studio.views.toasts import warns
 
-HEADERS = ["name", "id", "visitors", "style", "seconds", "transcript", "description"]
+# The short columns first at set widths, the long texts wrapped in the room left, the id last (elem class
+# hs-voices). Widths in px or % (Gradio's Dataframe reads no other unit).
+HEADERS = ["name", "visitors", "seconds", "style", "transcript", "description", "id"]
+WIDTHS = ["170px", "84px", "76px", "120px", "30%", "20%", "180px"]
+ID_COLUMN = HEADERS.index("id")
 
 
 class VoicesView:
@@ -33,8 +39,8 @@ class VoicesView:
         # The table (transcripts, descriptions) is the owner's: with a key it fills when the owner opens the tab,
         # because the page's config, where a starting value would sit, is public on a public page.
         rows = self._voice_rows() if self.access.api_key is None else []
-        self.table = gr.Dataframe(rows, headers=HEADERS, interactive=False, wrap=True, label="Voices",
-                                  elem_id="voices-table")
+        self.table = gr.Dataframe(rows, headers=HEADERS, interactive=False, wrap=True, column_widths=WIDTHS,
+                                  label="Voices", elem_id="voices-table", elem_classes=["hs-voices"])
         current = gr.State(None)
         with gr.Row():
             with gr.Column():
@@ -49,13 +55,16 @@ class VoicesView:
                                       value=False, elem_id="edit-shared")]
                 with gr.Row():
                     save = gr.Button("Save changes", variant="primary", elem_id="edit-save")
-                    confirm = gr.Checkbox(label="Yes, delete it", value=False, elem_id="delete-confirm")
+                    confirm = gr.Checkbox(label="Yes, delete the selected voice", value=False,
+                                          elem_id="delete-confirm")
                     delete = gr.Button("Delete", variant="stop", elem_id="delete-voice")
         with gr.Row():
             with gr.Column():
                 export_all = gr.Button("Export all voices (.zip)")
                 export_file = gr.File(label="Voice bundle", interactive=False)
-            bundle = gr.File(label="Import a voice bundle (.zip)", file_types=[".zip"])
+            bundle = gr.File(label="Import voices (.zip): a Higgs Studio bundle, or a Higgs preset folder "
+                                   "(config.json and its clips)", file_types=[".zip"], elem_id="import-voices")
+        self.status = gr.Markdown("", elem_id="voices-status")
 
         priv = {"api_visibility": "private"}
         lists = [self.table, self.page.studio.voice]
@@ -63,9 +72,11 @@ class VoicesView:
         voices_tab.select(owner(self._voice_rows), None, self.table, queue=False, **priv)
         self.table.select(owner(self._pick_voice), None, [current, preview, *fields, export_one], **priv)
         save.click(owner(self._edit_voice), [current, *fields], lists, **priv)
-        delete.click(owner(self._delete_voice), [current, confirm], [*lists, current, confirm], **priv)
+        delete.click(owner(self._delete_voice), [current, confirm],
+                     [*lists, current, confirm, self.status, preview, *fields], **priv)
         export_all.click(owner(self._export_all), None, export_file, **priv)
-        bundle.upload(owner(self._import), bundle, lists, **priv)
+        # The drop zone is emptied after each import, ready for the next file.
+        bundle.upload(owner(self._import), bundle, [*lists, self.status, bundle], **priv)
 
     def wire(self):
         """The clone panel's "Save as voice" (studio tab) saves into the library, in turn with generation."""
@@ -78,7 +89,7 @@ class VoicesView:
     # ------------------------------------------------------------------ handlers
 
     def _voice_rows(self):
-        return [[v.name, v.id, _visibility(v), v.style, f"{v.seconds:.1f}", v.transcript[:80], v.description]
+        return [[v.name, _visibility(v), f"{v.seconds:.1f}", v.style, v.transcript[:80], v.description, v.id]
                 for v in self.service.list_voices(OWNER)]
 
     def _menu(self, **value) -> dict:
@@ -97,7 +108,7 @@ class VoicesView:
 
     @warns(8)
     def _pick_voice(self, evt: gr.SelectData):
-        voice = self.service.voices.get(evt.row_value[1])
+        voice = self.service.voices.get(evt.row_value[ID_COLUMN])
         return (voice.id, str(voice.audio_path), voice.name, voice.transcript, voice.description, voice.style,
                 voice.shared, self._export([voice.id]))
 
@@ -110,14 +121,17 @@ class VoicesView:
         gr.Info("Saved.")
         return self._voice_rows(), self._menu()
 
-    @warns(4)
+    @warns(11)
     def _delete_voice(self, voice_id, sure):
         if not voice_id:
             raise ValueError("Select a voice in the table first.")
+        name = self.service.voices.get(voice_id).name
         if not sure:
-            raise ValueError("Tick 'Yes, delete it' to confirm.")
+            raise ValueError(f"Tick 'Yes, delete the selected voice' to delete {name!r}; nothing was deleted.")
         self.service.voices.delete(voice_id)
-        return self._voice_rows(), self._menu(value=NO_VOICE), None, False
+        said = f"Deleted the voice {name!r}."
+        gr.Info(said)
+        return (self._voice_rows(), self._menu(value=NO_VOICE), None, False, said, None, "", "", "", "", False)
 
     def _export_all(self) -> str:
         return self._export(None)
@@ -128,11 +142,39 @@ class VoicesView:
         path.write_bytes(self.service.voices.export_zip(ids))
         return str(path)
 
-    @warns(2)
+    @warns(4)
     def _import(self, path):
-        added = self.service.voices.import_zip(path)  # its size is checked before it is read
-        gr.Info(f"Imported {len(added)} voice(s).")
-        return self._voice_rows(), self._menu()
+        before = {v.id: v.name for v in self.service.list_voices(OWNER)}
+        # Its size is checked before it is read; a voice of a name already taken comes in as "Name (2)".
+        found = self.service.voices.import_zip(path, keep_both=True)
+        said = import_note(found, before)
+        gr.Info(said)
+        return self._voice_rows(), self._menu(), said, None
+
+
+def import_note(found, before: dict[str, str]) -> str:
+    """What an import did, in words: the voices added (and under which name where theirs was taken) and those
+    already in the library, which were left as they are."""
+    names = {n.casefold() for n in before.values()}
+    added = [v for v in found if v.id not in before]
+    kept = [v for v in found if v.id in before]
+    parts = []
+    if added:
+        shown = []
+        for voice in added:
+            renamed = re.fullmatch(r"(.+) \(\d+\)", voice.name)
+            clash = renamed is not None and renamed.group(1).casefold() in names
+            shown.append(f"{voice.name!r}" + (f" (a voice called {renamed.group(1)!r} was already there; both are "
+                                              "kept)" if clash else ""))
+        parts.append(f"Imported {_count(len(added))}: {', '.join(shown)}.")
+    if kept:
+        parts.append(f"Already in the library, left as {'it is' if len(kept) == 1 else 'they are'} (same clip and "
+                     f"transcript): {', '.join(repr(before[v.id]) for v in kept)}.")
+    return " ".join(parts) or "The file held no voices."
+
+
+def _count(n: int) -> str:
+    return "1 voice" if n == 1 else f"{n} voices"
 
 
 def _visibility(voice) -> str:
