@@ -160,7 +160,7 @@ def test_save_voice_from_upload_then_generate_with_it(page, tmp_path, artifacts_
     pg.wait_for_function("() => document.querySelector('#voices-table')?.innerText.includes('Renamed Fox')")
     pg.screenshot(path=str(artifacts_dir / "studio-voices-tab.png"), full_page=True)
     pg.click("#delete-voice")
-    pg.wait_for_selector("text=to confirm", timeout=30_000)
+    pg.wait_for_selector("text=nothing was deleted", timeout=30_000)
     assert "Renamed Fox" in pg.inner_text("#voices-table")
     pg.check("#delete-confirm input[type=checkbox]")
     pg.click("#delete-voice")
@@ -195,9 +195,9 @@ def test_long_form_fills_the_segment_table_and_regenerates_one_row(page):
     pg.get_by_role("tab", name="Long form").click()
     pg.fill("#long-text textarea", LONG_TEXT)
     pg.click("#long-generate")
-    pg.wait_for_function("() => document.querySelector('#long-progress')?.innerText.startsWith('done')",
+    pg.wait_for_function("() => document.querySelector('#long-progress')?.innerText.startsWith('Done')",
                          timeout=240_000)
-    done = re.match(r"done: (\d+) segments", pg.inner_text("#long-progress"))
+    done = re.match(r"Done: (\d+) segments", pg.inner_text("#long-progress"))
     assert done and int(done.group(1)) >= 4  # the first segment is one sentence; none crosses a paragraph
     pg.wait_for_function("() => document.querySelector('#long-table')?.innerText.includes('Paragraph four')")
     first_src, first = _long_take(pg)
@@ -205,7 +205,7 @@ def test_long_form_fills_the_segment_table_and_regenerates_one_row(page):
     pg.fill("#long-row input", "2")
     pg.fill("#long-row-seed input", "4242")
     pg.click("#long-regenerate")
-    pg.wait_for_function("() => document.querySelector('#long-progress')?.innerText.includes('row 2 generated')",
+    pg.wait_for_function("() => document.querySelector('#long-progress')?.innerText.includes('Row 2 generated')",
                          timeout=240_000)
     _, second = _long_take(pg, previous=first_src)
     n = min(len(first), len(second))
