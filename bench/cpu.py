@@ -14,6 +14,9 @@
 4. Batched takes (`--only batch`): c = 1, 2, 4, 8 takes decoded together by the engine's scheduler on
    random weights at quarter size, bf16 and fp32: aggregate frames/s, per-take ms/frame, and the cost
    of the batch-invariance padding (a lone take's step at `min_rows` rows vs at one row).
+6. The step (`--only step`, bench/step.py): bf16 against int8 interleaved, the decode step at c = 1 and 8 beside
+   its GEMV-only time, prefill of 40 and 300 tokens, first audio zero-shot and for a saved voice cold and
+   warm, peak RSS; full size, or `--step-layers 6` for 6 real-width layers built in memory.
 5. Precisions (`--only precision`, bench/precision.py): bf16, weight-only int8 and int4 at full size from a
    memory-mapped checkpoint, interleaved: ms/frame and % of the copy floor at c = 1, frames/s at c = 8,
    prefill, fidelity against bf16, and each one's peak RSS at load (needs ~16 GB of memory and ~8 GB of disk).
@@ -250,6 +253,40 @@ def bench_batch(dims: Dims, dtype: torch.dtype, frames: int, label: str, concurr
                   "vs c=1", "batch seen"], rows)
 
 
+# ---------------------------------------------------------------------------------------------- step
+def step_section(args) -> None:
+    """bf16 against int8: the decode step beside its GEMVs, prefill, first audio and RSS (bench/step.py)."""
+    from bench import precision, step
+    from engine.cpu import cpu_facts
+    from engine.demo import cache_dir
+
+    facts = cpu_facts()
+    print(f"CPU: {facts['cpu']}, ISA {', '.join(facts['isa'])}, torch kernels {facts['kernels']}, "
+          f"native bf16 {facts['native_bf16']}, {facts['threads']} threads")
+    floor_bps = copy_bandwidth(1 << 24 if args.smoke else 1 << 30)
+    if args.smoke or args.step_layers:
+        # The full vocabulary: the prompts' structural tokens (<|text|> …) sit at its end.
+        dims = dataclasses.replace(SMOKE, vocab=FULL_SIZE.vocab) if args.smoke else \
+            dataclasses.replace(FULL_SIZE, layers=args.step_layers)
+        state = random_backbone(dims, seed=1, dtype=torch.bfloat16, names="internal")
+        models = {k: HiggsModel.from_state_dict(dims, state, dtype=torch.bfloat16, max_len=640, max_rows=16,
+                                                quant=None if k == "bf16" else k) for k in step.KINDS}
+        del state
+        label = f" ({dims.layers} L, {dims.hidden}, random weights in memory)"
+    else:
+        root = Path(args.precision_dir) if args.precision_dir else cache_dir() / "bench-36x2560-bf16"
+        root = precision.checkpoint(root, FULL_SIZE)
+        models = {k: precision.load(root, k, max_rows=16) for k in ("int8", "bf16")}
+        for m in models.values():
+            m.setup_cache(640)
+        label = " (full size, 36 L, 2560, memory-mapped checkpoint)"
+    frames, rounds = (2, 1) if args.smoke else (args.step_frames, 3)
+    print(step.bench_step(models, floor_bps, frames=frames, rounds=rounds, label=label).markdown())
+    print()
+    print(step.bench_ttfa(models, rounds=1 if args.smoke else 2, clip_frames=20 if args.smoke else 250).markdown())
+    print(f"\npeak RSS of this process (both models): {step.peak_rss_gb():.2f} GB\n")
+
+
 # ---------------------------------------------------------------------------------------------- main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -264,6 +301,10 @@ def main(argv=None) -> int:
                     help="where the precision section keeps its full-size random checkpoint (default: the cache dir)")
     ap.add_argument("--precision-frames", type=int, default=8, help="c = 1 steps timed per round, per precision")
     ap.add_argument("--fidelity-steps", type=int, default=100, help="teacher-forced steps compared with bf16")
+    ap.add_argument("--step-layers", type=int, default=0,
+                    help="the step section at this many real-width layers, built in memory (0: full size, from "
+                         "the precision section's checkpoint)")
+    ap.add_argument("--step-frames", type=int, default=4, help="c = 1 steps timed per round in the step section")
     args = ap.parse_args(argv)
     sections = set(args.only.split(","))
     torch.manual_seed(0)
@@ -320,6 +361,8 @@ def main(argv=None) -> int:
         for table in tables:
             print(table.markdown())
             print()
+    if "step" in sections:
+        step_section(args)
     if "e2e" in sections:
         print(bench_e2e(2 if args.smoke else 5).markdown())
         print()

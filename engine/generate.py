@@ -24,9 +24,11 @@ import contextlib
 import hashlib
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -35,6 +37,7 @@ from .backends.base import BatchedBackend, FusedDecode
 from .config import SAMPLE_RATE, SAMPLES_PER_FRAME, Dims
 from .delay import StopRule, default_max_frames
 from .device import peak_memory
+from .prefix import PrefixStore, checkpoint_fingerprint
 from .runner import Runner, SerialRun, prefix_key
 from .scheduler import Scheduler, ScheduledTake
 from .streaming import drain
@@ -42,6 +45,8 @@ from .types import Chunk, EngineInfo, Metrics, SamplingParams
 
 # KV positions preallocated at load; grown on demand for long prompts + long takes.
 DEFAULT_CACHE_LEN = 4096
+# The text of a warm-up's prompt: its prefix (the voice's part) is all that is computed.
+WARM_TEXT = "Hello."
 # Most takes decoded together by default (Engine.load(max_batch=)).
 DEFAULT_MAX_BATCH = 16
 
@@ -75,6 +80,9 @@ class Engine:
         # With batching, the scheduler owns the KV slots; without it, takes run one at a time in slot 0.
         self.scheduler = Scheduler(self.runner, max_batch) if batched else None
         self.info = replace(info, max_batch=max_batch if batched else 1, min_rows=model.min_rows if batched else 1)
+        if batched and hasattr(model, "read_prefix"):  # prompt prefixes computed once (engine/prefix.py)
+            source = checkpoint_fingerprint(info.root) if info.root else f"unsaved model {uuid.uuid4()}"
+            self.runner.prefixes = PrefixStore(f"{source}|{model.prefill_scheme}")
 
     # ---------------------------------------------------------------- loading
     @classmethod
@@ -123,6 +131,35 @@ class Engine:
                 return self.runner.prefill(prompt, slot, hit, mark=self.scheduler.mark)[0]
         finally:
             self.scheduler.release(slot)
+
+    def keep_prefixes(self, directory) -> None:
+        """Keep warmed prefixes (`warm_voice`) in `directory` too, so they outlive the process."""
+        if self.runner.prefixes is not None:
+            self.runner.prefixes.directory = Path(directory)
+
+    def warm_voice(self, voice) -> bool:
+        """Compute and keep the prompt prefix of `voice` (an `engine.prompt.VoiceRef`: its reference codes
+        and transcript), so a take with it starts from its KV instead of prefilling its clip; on disk too
+        after `keep_prefixes`. Runs through the scheduler, chunk by chunk between the running takes' steps.
+        True when it was computed now; False when it was kept already (in memory, or on disk: then it is
+        read in) or this engine keeps no prefixes."""
+        if self.scheduler is None or self.runner.prefixes is None:
+            return False
+        prompt = self.build_prompt(WARM_TEXT, voice=voice)
+        key = prefix_key(prompt)
+        if key is None:
+            return False
+        if self.runner.prefixes.get(key) is not None:  # kept (from disk: read in now, not at the first take)
+            return False
+        rule = StopRule(self.dims.codebooks, self.dims.boc, self.dims.eoc, 1, None)
+        take = ScheduledTake(prompt, rule, SamplingParams(seed=0), None, time.perf_counter(), self.dims.codebooks)
+        take.warm_only = True
+        self.scheduler.submit(take)
+        with take.cond:
+            take.cond.wait_for(lambda: take.finished)
+        if take.error is not None:
+            raise take.error
+        return True
 
     # ---------------------------------------------------------------- generation
     def predict(self, text: str | None = None, *, prompt=None, voice=None, params: SamplingParams | None = None,

@@ -91,6 +91,15 @@ class KVCache:
         self.values[slot][:, start:end] = v
         return self.keys[slot][:, :end], self.values[slot][:, :end]
 
+    def read(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the slot's first `length` positions (a prefix to keep, engine/prefix.py)."""
+        self._slot(slot)
+        return self.keys[slot][:, :length].clone(), self.values[slot][:, :length].clone()
+
+    def write(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Positions [0, len) of the slot take `k` / `v` [kv_heads, len, head_dim] (a kept prefix)."""
+        self.update(0, k, v, slot)
+
     def grown(self, max_len: int) -> "KVCache":
         """A cache of max_len positions holding this one's contents (takes in flight keep their KV)."""
         out = KVCache(self.shape[0], max_len, self.shape[2], self.dtype, self.device)
@@ -138,11 +147,11 @@ class Attention(nn.Module):
         del self.q_proj, self.k_proj, self.v_proj, self.o_proj
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int,
-                mask: torch.Tensor | None, slot: int = 0) -> torch.Tensor:
+                mask: torch.Tensor | None, slot: int = 0, scratch: torch.Tensor | None = None) -> torch.Tensor:
         """One sequence: x [L, hidden] at positions [start, start + L) of `slot`; cos/sin [L, 1, d] (sin
-        signed, see apply_rope)."""
+        signed, see apply_rope); `scratch`: see quant.linear."""
         n, heads, kv_heads, d = x.shape[0], self.heads, self.kv_heads, self.head_dim
-        qkv = linear(x, self.wqkv).view(n, heads + 2 * kv_heads, d)
+        qkv = linear(x, self.wqkv, scratch).view(n, heads + 2 * kv_heads, d)
         qk = apply_rope(rms_norm(qkv[:, :heads + kv_heads], self.qk_norm, self.eps), cos, sin)
         q = qk[:, :heads].transpose(0, 1)  # [heads, L, d]
         keys, values = self.cache.update(start, qk[:, heads:].transpose(0, 1),
@@ -159,7 +168,7 @@ class Attention(nn.Module):
         else:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask.repeat(group, 1))
         out = out.view(heads, n, d).transpose(0, 1).reshape(n, heads * d)
-        return linear(out, self.wo)
+        return linear(out, self.wo, scratch)
 
     def step(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, slots: list[int],
              positions: list[int]) -> torch.Tensor:
@@ -173,10 +182,12 @@ class Attention(nn.Module):
         for i, (slot, pos) in enumerate(zip(slots, positions)):
             keys, values = self.cache.update(pos, qk[i:i + 1, heads:].transpose(0, 1),
                                              qkv[i:i + 1, heads + kv_heads:].transpose(0, 1), slot)
-            q = qk[i, :heads].reshape(kv_heads, group, d)
-            # The one-query math of `forward`, per sequence over its own slot and length.
-            scores = torch.bmm(q, keys.transpose(1, 2)) * d ** -0.5
-            out[i] = torch.bmm(torch.softmax(scores, -1, dtype=torch.float32).to(q.dtype), values).reshape(heads * d)
+            # Per sequence over its own slot and length, GQA folded as in `forward` (the group's queries
+            # are one query block against their kv head, nothing copied), in one fused op: scores, softmax
+            # and the weighted sum accumulate in fp32. Two bmms in bf16 cost 6-10× more on a CPU without
+            # native bf16 (torch's bf16 GEMM falls back to scalar loops there; docs/PERFORMANCE.md).
+            q = qk[i, :heads].view(kv_heads, group, d)
+            out[i] = F.scaled_dot_product_attention(q, keys, values).view(heads * d)
         return linear(out, self.wo)
 
 
@@ -199,9 +210,9 @@ class MLP(nn.Module):
         self.w_gate_up, self.w_down = quantize(self.w_gate_up, kind), quantize(self.w_down, kind)
         del self.gate_proj, self.up_proj, self.down_proj
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = linear(x, self.w_gate_up).chunk(2, dim=-1)
-        return linear(F.silu(gate) * up, self.w_down)
+    def forward(self, x: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
+        gate, up = linear(x, self.w_gate_up, scratch).chunk(2, dim=-1)
+        return linear(F.silu(gate) * up, self.w_down, scratch)
 
 
 class Block(nn.Module):
@@ -212,9 +223,9 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(dims.hidden, dims.rms_eps)
         self.mlp = MLP(dims)
 
-    def forward(self, x, cos, sin, start, mask, slot=0):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, start, mask, slot)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, cos, sin, start, mask, slot=0, scratch=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, start, mask, slot, scratch)
+        return x + self.mlp(self.post_attention_layernorm(x), scratch)
 
     def step(self, x, cos, sin, slots, positions):
         x = x + self.self_attn.step(self.input_layernorm(x), cos, sin, slots, positions)

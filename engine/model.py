@@ -77,6 +77,10 @@ class HiggsModel(nn.Module):
         self.max_len = 0
         self.cos = self.sin = None
         self.max_rows = self.min_rows = self.rows_threads = 0  # see calibrate_rows
+        # A prefill of at least this many rows multiplies int8 matrices as bf16 GEMMs through one reused
+        # scratch (quant.linear); None: always the packed kernel. Set at load by the CPU (`gemm_rows_for`).
+        self.gemm_rows: int | None = None
+        self.scratch: torch.Tensor | None = None
 
     # ---------------------------------------------------------------- construction
     @property
@@ -130,6 +134,7 @@ class HiggsModel(nn.Module):
             for suffix in PROJECTIONS if quant is not None else COPIED_WHEN_FUSED:
                 release_pages(state[f"layers.{i}.{suffix}"])
         model.quant = quant
+        model.gemm_rows = gemm_rows_for(quant)
         model.setup_cache(max_len)
         model.calibrate_rows(max_rows)
         return model
@@ -185,6 +190,25 @@ class HiggsModel(nn.Module):
         self.max_rows, self.min_rows, self.rows_threads = max_rows, low, torch.get_num_threads()
         return low
 
+    # ---------------------------------------------------------------- kept prefixes (engine/prefix.py)
+    @property
+    def prefill_scheme(self) -> str:
+        """What a prefill's KV bits depend on besides the kernels: the precision and the chunking."""
+        return f"{self.precision}, chunks of {self.prefill_chunk}, GEMM from {self.gemm_rows} rows"
+
+    @torch.inference_mode()
+    def read_prefix(self, slot: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of every layer's KV at positions [0, length) of `slot`."""
+        return [layer.self_attn.cache.read(slot, length) for layer in self.layers]
+
+    @torch.inference_mode()
+    def write_prefix(self, slot: int, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Every layer's KV at positions [0, len) of `slot` from `read_prefix`'s copies."""
+        if len(kv) != len(self.layers) or kv[0][0].shape[1] > self.max_len:
+            raise ValueError("a kept prefix does not fit this model's cache")
+        for layer, (k, v) in zip(self.layers, kv):
+            layer.self_attn.cache.write(slot, k, v)
+
     # ---------------------------------------------------------------- embeddings and head
     def embed_text(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.text_embedding.weight).to(self.dtype)
@@ -211,9 +235,20 @@ class HiggsModel(nn.Module):
         mask = None
         if n > 1:
             mask = torch.ones(n, start + n, dtype=torch.bool, device=x.device).tril(start)
+        scratch = self.prefill_scratch() if self.gemm_rows is not None and n >= self.gemm_rows else None
         for layer in self.layers:
-            x = layer(x, cos, sin, start, mask, slot)
+            x = layer(x, cos, sin, start, mask, slot, scratch)
         return self.norm(x[-1])
+
+    def prefill_scratch(self) -> torch.Tensor:
+        """The one bf16 buffer a prefill dequantises each int8 matrix into in turn (the largest matrix's
+        size: 100 MB at full size), allocated at the first long prefill and kept."""
+        if self.scratch is None:
+            layer = self.layers[0]
+            sizes = [w.shape[0] * w.shape[1] for w in (layer.self_attn.wqkv, layer.self_attn.wo,
+                                                         layer.mlp.w_gate_up, layer.mlp.w_down)]
+            self.scratch = torch.empty(max(sizes), dtype=self.dtype, device=self.device)
+        return self.scratch
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor, ref_rows: torch.Tensor | None = None, start: int = 0,
@@ -250,6 +285,23 @@ class HiggsModel(nn.Module):
         h = self.norm(x)
         return F.linear(h, self.audio_embedding.weight)[:b].float().view(b, self.dims.codebooks,
                                                                           self.dims.codebook_vocab)
+
+
+# From this many rows a bf16 GEMM through the scratch beats the packed int8 kernel on a CPU with native bf16
+# (docs/PERFORMANCE.md: at full size 8 rows cost 323 ms packed, 467 ms bf16; 40 rows 1,788 against 652 ms).
+PREFILL_GEMM_ROWS = 16
+
+
+def gemm_rows_for(quant: str | None, native_bf16: bool | None = None) -> int | None:
+    """`HiggsModel.gemm_rows` for a precision on this CPU: int8 with native bf16 arithmetic only. Without it
+    torch's bf16 GEMM runs scalar loops, and an fp32 one through the scratch measured no faster than the
+    packed kernel at 64 rows (docs/PERFORMANCE.md), so the packed kernel stays."""
+    if quant != "int8":
+        return None
+    if native_bf16 is None:
+        from .cpu import cpu_facts
+        native_bf16 = cpu_facts()["native_bf16"]
+    return PREFILL_GEMM_ROWS if native_bf16 else None
 
 
 def embed_prompt(ids: torch.Tensor, ref_rows: torch.Tensor | None, embed_text, embed_audio) -> torch.Tensor:

@@ -51,6 +51,12 @@ class Int8Weight:
     def dequantized(self) -> torch.Tensor:
         return self.q.float() * self.scales.float()[:, None]
 
+    def dequantized_into(self, scratch: torch.Tensor) -> torch.Tensor:
+        """q · s in `scratch`'s dtype (one rounding of the exact product), as a view of its first N·K
+        elements: a prefill multiplies that with one GEMM (`linear`)."""
+        n, k = self.shape
+        return torch.mul(self.q, self.scales[:, None], out=scratch[:n * k].view(n, k))
+
     @property
     def nbytes(self) -> int:
         return self.q.nbytes + self.scales.nbytes
@@ -111,9 +117,16 @@ def quantize(w: torch.Tensor, kind: str):
     return PACKED[kind].from_float(w)
 
 
-def linear(x: torch.Tensor, w) -> torch.Tensor:
-    """`x @ w.T` for a float weight or a packed one (the model's one spelling of a projection)."""
-    return F.linear(x, w) if isinstance(w, torch.Tensor) else w(x)
+def linear(x: torch.Tensor, w, scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ w.T` for a float weight or a packed one (the model's one spelling of a projection). With
+    `scratch` (a prefill's many rows, `HiggsModel.gemm_rows`) a packed int8 matrix is dequantised into it
+    and multiplied by one GEMM in the scratch's dtype: the packed kernel runs a GEMV per row block, which at
+    40 rows costs 2.7× a bf16 GEMM on a CPU with native bf16 (docs/PERFORMANCE.md)."""
+    if isinstance(w, torch.Tensor):
+        return F.linear(x, w)
+    if scratch is not None and isinstance(w, Int8Weight):
+        return F.linear(x, w.dequantized_into(scratch))
+    return w(x)
 
 
 def weight_bytes(w) -> int:

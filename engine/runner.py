@@ -52,6 +52,25 @@ class Runner:
         self.model, self.dims, self.device, self.batched = model, dims, device, batched
         self.lock = threading.Lock()  # device state: one step, prefill or codec call at a time
         self.prefix = None  # without batching: the prompt prefix whose KV sits in [0, prefix_len)
+        self.prefixes = None  # a `PrefixStore` (engine/prefix.py) where the backend can copy its KV
+
+    # ---------------------------------------------------------------- kept prefixes
+    def stored(self, key) -> bool:
+        return self.prefixes is not None and self.prefixes.has(key)
+
+    def restore(self, slot: int, key) -> bool:
+        """Copy the kept KV of prefix `key` into `slot` (with the lock held); False when there is none."""
+        kv = self.prefixes.get(key) if self.prefixes is not None else None
+        if kv is None:
+            return False
+        self.model.write_prefix(slot, kv)
+        return True
+
+    def remember(self, slot: int, key, persist: bool = False) -> None:
+        """Keep the prefix KV that `slot` now holds (with the lock held), unless it is kept already;
+        `persist` writes it to the store's directory too (a saved voice, not a one-off clip)."""
+        if self.prefixes is not None and key is not None and (persist or not self.prefixes.has(key)):
+            self.prefixes.put(key, self.model.read_prefix(slot, key[1]), persist=persist)
 
     def sync(self) -> None:
         sync(self.device)

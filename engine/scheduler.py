@@ -65,6 +65,8 @@ class ScheduledTake:
         self.scheduler: Scheduler | None = None
         self.slot: int | None = None
         self.segments: list = []  # prefill chunks still to run: (ids, ref_rows, start)
+        self.restore = False  # the prefix's KV is copied from the runner's store before the first chunk
+        self.warm_only = False  # a warm-up (`Engine.warm_voice`): ends once its prefix is computed and kept
         self.logits = None
         self.pos = self.prompt_tokens = len(prompt.ids)
         self.finished = self.abandoned = False
@@ -254,9 +256,11 @@ class Scheduler:
         take.finish(error)
 
     def _admit(self, take: ScheduledTake) -> None:
-        slot, hit = self._pick(prefix_key(take.prompt))
+        key = prefix_key(take.prompt)
+        slot, hit = self._pick(key)
         try:
-            take.segments, take.reused = self.runner.plan(take.prompt, hit)
+            take.restore = not hit and self.runner.stored(key)
+            take.segments, take.reused = self.runner.plan(take.prompt, hit or take.restore)
         except BaseException:
             self.busy.discard(slot)
             raise
@@ -267,8 +271,8 @@ class Scheduler:
     def _step(self, active: list[ScheduledTake]) -> None:
         runner = self.runner
         prefilling = [t for t in active if t.segments and not t.finished]
-        if prefilling:
-            take = prefilling[0]
+        if prefilling:  # a take's chunk before a warm-up's (`Engine.warm_voice` runs in the background)
+            take = next((t for t in prefilling if not t.warm_only), prefilling[0])
             try:
                 if take.stopped():
                     take.finish()
@@ -320,11 +324,24 @@ class Scheduler:
             take.notify()
 
     def _prefill_chunk(self, take: ScheduledTake) -> None:
-        ids, ref_rows, start, key = take.segments.pop(0)
         self.runner.ensure_room(len(take.prompt.ids) + take.rule.max_rows)
+        if take.restore:  # the kept prefix KV, copied in (or, evicted since admission, computed after all)
+            take.restore = False
+            key = prefix_key(take.prompt)
+            if self.runner.restore(take.slot, key):
+                self.mark(take.slot, key)
+            else:
+                take.segments, take.reused = self.runner.plan(take.prompt, False)
+        ids, ref_rows, start, key = take.segments.pop(0)
         take.logits = self.runner.prefill_segment(ids, ref_rows, start, take.slot, self.stream)
         if key is not None:  # the prefix is complete in this slot
             self.mark(take.slot, key)
+        if take.warm_only and (key is not None or take.reused):  # a warm-up needs no more than the prefix
+            self.runner.remember(take.slot, prefix_key(take.prompt), persist=True)
+            take.segments.clear()
+            take.finish()
+        elif key is not None:
+            self.runner.remember(take.slot, key)
         take.prefill_s = time.perf_counter() - take.admitted
 
 

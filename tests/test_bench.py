@@ -67,3 +67,15 @@ def test_cpu_bench_precision_section_smoke(capsys, tmp_path):
     assert set(speed) == {"bf16", "int8", "int4"}
     probe = [line for line in out.splitlines() if line.startswith("| int8 | ") and line.endswith("| int8 |")]
     assert len(probe) == 1 and float(probe[0].split(" | ")[1]) > 0  # the fresh-process load ran int8
+
+
+def test_cpu_bench_step_section_smoke(capsys):
+    """The step section: bf16 and int8 side by side, each step beside its GEMV-only time, prefill at 40 and
+    300 tokens, first audio zero-shot and for a saved voice cold and warm, and the peak RSS."""
+    assert cpu.main(["--smoke", "--only", "step"]) == 0
+    out = capsys.readouterr().out
+    assert "### Decode step and prefill" in out and "GEMV-only ms c=1" in out and "prefill 300 tok ms" in out
+    assert "### Time to first audio" in out and "saved voice warm ms" in out and "peak RSS of this process" in out
+    first_audio = [line for line in out.splitlines() if line.startswith(("| bf16 |", "| int8 |"))][-2:]
+    assert [line.split(" | ")[0] for line in first_audio] == ["| bf16", "| int8"]
+    assert all(int(line.split(" | ")[5]) > 20 for line in first_audio)  # the clip's prefix was kept

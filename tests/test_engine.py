@@ -58,6 +58,7 @@ def test_prefix_cache_warm_equals_cold(parity_dir, engine):
     cold_logits = cold.prefill(prompt)
     cold_codes = cold.predict(prompt=prompt, temperature=0.8, seed=7, max_frames=40, repeat_guard=None)
     engine.prefill(fixture(parity_dir, "zero_shot")[1])  # evict: another prefix
+    engine.runner.prefixes.forget()  # and none kept (engine/prefix.py; tests/test_prefix.py covers kept ones)
     first = engine.generate_stream(prompt=prompt, temperature=0.8, seed=7, max_frames=40, repeat_guard=None)
     assert list(first)[-1].metrics.reused_tokens == 0
     warm_logits = engine.prefill(prompt)
