@@ -198,3 +198,36 @@ def test_a_store_made_before_casting_gains_the_column(tmp_path):
     project = store.create_project("owner", title="Old", settings={"seed": 1}, chapters=[("One", "Hi.", False, [])])
     assert [c.cast for c in store.chapters(project.id)] == [{}]
     store.close()
+
+
+def test_the_tabs_voice_and_style_boxes_set_the_projects_narrator_seed_and_script_voices(studio, tmp_path):
+    from studio.views.projects import ProjectsView
+
+    service, projects, runner = studio
+    voices = {v.name: v.id for v in service.list_voices()}
+    view = ProjectsView(projects, runner, tmp_path)
+    project = projects.create("owner", importing.from_text("Ann: Hello there.\nBob: And welcome back."),
+                              {"voices": {"Ann": None, "Bob": None}})
+    with pytest.raises(ValueError, match="whole number"):
+        view.save_settings(project.id, "", "", "4x", "", 1)
+    with pytest.raises(ValueError, match="Speaker = voice name"):
+        view.save_settings(project.id, "", "", "", "Ann Narrator", 1)
+    view.save_settings(project.id, voices["Narrator"], "", "42", "Ann = Narrator\nBob = Bella", 1)
+    settings = projects.project(project.id).settings
+    assert (settings["voice"], settings["seed"]) == (voices["Narrator"], 42)
+    assert settings["voices"] == {"Ann": voices["Narrator"], "Bob": voices["Bella"]}
+    assert [p.voice_id for p in projects.planned(project.id)] == [voices["Narrator"], voices["Bella"]]
+    narrator, _, seed, script, loudness, name, *_ = view.form(project.id)  # the boxes as the project has them
+    assert (narrator["value"], seed, script, loudness, name) == (
+        voices["Narrator"], "42", "Ann = Narrator\nBob = Bella", "off", project.title)
+
+    view.rename(project.id, "Greetings")
+    assert projects.project(project.id).title == "Greetings"
+    with pytest.raises(ValueError, match="cannot be empty"):
+        view.rename(project.id, "  ")
+    projects.set_active(project.id, ("job", None))  # a render not finished: deleting waits for a cancel
+    with pytest.raises(ValueError, match="cancel it first"):
+        view.delete(project.id)
+    projects.set_active(project.id, None)
+    view.delete(project.id)
+    assert project.id not in [p.id for p in projects.store.projects()]
