@@ -1,19 +1,26 @@
 // The whole page's script, run once from the page's <head> (studio/views/page.py launch_kwargs): what no single
 // component can do for itself. Gradio renders its components after this runs and re-renders them at will, so each
 // fix is applied again whenever the page changes.
-//  - Names for Gradio's own controls that have none a screen reader can read (the player's captions button), and
-//    a role for its empty-player placeholder, whose label is not allowed on a plain <div>; no Tab stop on a
-//    dropdown's list.
+//  - Gradio's own controls: a name where a screen reader finds none (the player's captions button) or one that
+//    does not match what the control shows, a role for the empty player's placeholder (a label is not allowed on
+//    a plain <div>), and no Tab stop on a dropdown's list.
 //  - Each table cell carries its column's name (data-label): on a phone, studio.css shows a table's rows as
 //    cards, a cell's name before its value, so no table is wider than the screen.
 //  - The skip link puts the keyboard in the text box.
 (() => {
-  const NAMES = {'button[data-testid="subtitles-toggle"]': 'Captions on or off'};
+  const NAMES = {'button[data-testid="subtitles-toggle"]': 'CC: captions on or off'};
 
   function nameControls(root) {
     for (const [selector, name] of Object.entries(NAMES)) {
       root.querySelectorAll(`${selector}:not([aria-label])`).forEach((el) => el.setAttribute('aria-label', name));
     }
+    // A name must start from what the control shows (speech input users say what they see): the speed button
+    // shows "1x" but was named after the next speed; the upload area's content names it better than its label.
+    root.querySelectorAll('button.playback').forEach((el) => {
+      const name = `${el.innerText.trim()} playback speed`;
+      if (el.getAttribute('aria-label') !== name) el.setAttribute('aria-label', name);
+    });
+    root.querySelectorAll('button.upload-container[aria-label]').forEach((el) => el.removeAttribute('aria-label'));
     root.querySelectorAll('div.empty[aria-label]:not([role])').forEach((el) => el.setAttribute('role', 'img'));
     // A dropdown's open list scrolls, and Chromium gives the Tab key every scroller: Tab out of a dropdown landed
     // on its list, which closes as the box loses the focus, and the focus fell to <body>. The arrow keys move in it.
@@ -42,7 +49,9 @@
     });
   }
 
-  new MutationObserver(tidy).observe(document.documentElement, {childList: true, subtree: true});
+  // Attributes too: Gradio sets its own labels back when a control changes (the speed button's, at each click).
+  new MutationObserver(tidy).observe(document.documentElement,
+    {childList: true, subtree: true, characterData: true, attributes: true, attributeFilter: ['aria-label']});
   tidy();
 
   document.addEventListener('click', (ev) => {

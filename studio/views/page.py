@@ -130,16 +130,19 @@ class Page:
 
 
 def theme() -> gr.themes.Base:
-    """The page's theme. Its light colours are a shade darker than the Soft theme's where those read below WCAG AA's
-    4.5:1 against their background (the label chips, help lines, grey text, primary buttons): axe-core checks the
-    page (tests/test_page_a11y.py)."""
+    """The page's theme. Where the Soft theme's colours read below WCAG AA's 4.5:1 against their background (the label
+    chips, help lines, grey text, primary buttons) they are a shade further from it: axe-core checks the page, light
+    and dark (tests/test_page_a11y.py)."""
     return gr.themes.Soft(primary_hue="indigo", secondary_hue="blue", neutral_hue="slate",
                           font=["Inter", "ui-sans-serif", "system-ui", "sans-serif"],
                           font_mono=["ui-monospace", "SFMono-Regular", "monospace"]).set(
         block_label_text_color="*primary_700", block_title_text_color="*primary_700",
         body_text_color_subdued="*neutral_600", input_placeholder_color="*neutral_500",
         button_primary_background_fill="*primary_600", button_primary_background_fill_hover="*primary_700",
-        checkbox_label_background_fill_selected="*primary_600", color_accent="*primary_600")
+        checkbox_label_background_fill_selected="*primary_600", color_accent="*primary_600",
+        # Dark: white on the primary buttons' hover colour, and the grey text on the inputs' slate, read too faintly.
+        button_primary_background_fill_dark="*primary_600", button_primary_background_fill_hover_dark="*primary_700",
+        body_text_color_subdued_dark="*neutral_300")
 
 
 def launch_kwargs() -> dict:
