@@ -119,7 +119,13 @@ def test_one_heading_one_model_name_a_skip_link_and_a_visible_focus(page):
     box = pg.locator("a.hs-skip").bounding_box()
     assert box is not None and box["x"] >= 0 and box["y"] >= 0 and box["width"] > 20 and box["height"] > 10
     pg.keyboard.press("Enter")
-    assert pg.evaluate("document.activeElement === document.querySelector('#text textarea')")
+    in_text_box = "() => document.activeElement === document.querySelector('#text textarea')"
+    pg.wait_for_function(in_text_box, timeout=5_000)
+    open_tab(pg, "Voices")  # from another tab, the skip link opens the Studio tab's text box
+    pg.focus("a.hs-skip")
+    pg.keyboard.press("Enter")
+    pg.wait_for_function(in_text_box, timeout=5_000)
+    assert pg.get_by_role("tab", name="Studio").get_attribute("aria-selected") == "true"
     # The focus ring: Tab onto a button, and its outline is drawn.
     pg.focus("button[data-tag]")
     assert pg.evaluate("getComputedStyle(document.activeElement).outlineStyle") != "none"

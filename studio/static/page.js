@@ -6,7 +6,7 @@
 //    a plain <div>), and no Tab stop on a dropdown's list.
 //  - Each table cell carries its column's name (data-label): on a phone, studio.css shows a table's rows as
 //    cards, a cell's name before its value, so no table is wider than the screen.
-//  - The skip link puts the keyboard in the text box.
+//  - The skip link puts the keyboard in the text box (on the Studio tab, from any tab).
 (() => {
   const NAMES = {'button[data-testid="subtitles-toggle"]': 'CC: captions on or off'};
 
@@ -59,6 +59,9 @@
     const box = document.querySelector('#text textarea');
     if (!box) return;
     ev.preventDefault();
-    box.focus();
+    if (!box.getClientRects().length) {  // another tab is open: the text box is on the Studio tab
+      document.querySelector('[role=tab][data-tab-id="studio"]')?.click();
+    }
+    requestAnimationFrame(() => box.focus());
   });
 })();
