@@ -134,3 +134,32 @@ def test_the_studio_warms_saved_voices_with_codes_in_the_background(checkpoint, 
     assert not thread.is_alive() and len(list(tmp_path.glob("*.pt"))) == 1
     assert engine.runner.stored(prefix_key(engine.build_prompt("Hi.", voice=saved["a"])))
     assert warm_voices(SimpleNamespace(engine=SimpleNamespace(is_remote=True), voices=Voices())) is None
+
+
+def test_a_take_prefills_before_a_warm_up_admitted_with_it(checkpoint, monkeypatch):
+    """A warm-up runs in the background: admitted at the same boundary as a take, it prefills after it."""
+    import threading
+    import time
+
+    engine = load(checkpoint)
+    slots = []
+    original = engine.runner.prefill_segment
+    monkeypatch.setattr(engine.runner, "prefill_segment",
+                        lambda ids, rows, start, slot, stream=None: slots.append(slot) or original(ids, rows, start,
+                                                                                                 slot, stream))
+
+    def waiting(n):
+        while len(engine.scheduler.waiting) < n:
+            time.sleep(0.005)
+
+    with engine.scheduler.held():
+        warm = threading.Thread(target=engine.warm_voice, args=(voice(6),), daemon=True)
+        warm.start()
+        waiting(1)  # the warm-up is first in line (slot 0), the take second (slot 1)
+        take = threading.Thread(target=engine.predict, args=("Good morning.",),
+                                kwargs={"params": engine_params(1)}, daemon=True)
+        take.start()
+        waiting(2)
+    warm.join(60)
+    take.join(60)
+    assert slots[0] == 1 and 0 in slots
