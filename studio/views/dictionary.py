@@ -10,6 +10,7 @@ from pathlib import Path
 
 import gradio as gr
 
+from engine.normalize import AUTO, normalize_text
 from studio.text.pronounce import TSV_COLUMNS, Dictionary, Rule, merged, parse_file, to_tsv
 from studio.views.toasts import warns
 
@@ -19,6 +20,41 @@ HELP = ("Respelling rules for words the voice gets wrong (`Nguyen` → `Win`), a
         "and dates are written out. A word matches whole and in any case, unless *case_sensitive*; with *regex* "
         "it is a regular expression in RE2's syntax, without lookarounds or backreferences (`\\1` in the respelling "
         "names a group). *voice* and *language* (a code such as `en`) limit a rule to one voice or language.")
+
+
+# Gradio's Dataframe (6.x) turns a key typed on a selected cell into edit mode but drops that key, and the editor
+# then starts from the cell's old text, so typing "Nguyen" on a filled cell gave "oldguyen". A plain
+# gr.Dataframe does the same; nothing in this table's settings causes it. Until Gradio fixes it, the first key
+# is caught before the table sees it, edit mode is opened as a double click opens it, and the key replaces the
+# text, as in a spreadsheet. Enter, F2 and a double click still edit the text as it is.
+TYPE_TO_REPLACE = """
+let pending = null;  // {cell, typed}: the keys typed while the cell's editor opens
+document.addEventListener('keydown', (event) => {
+  const cell = event.target.closest && event.target.closest('#dictionary-rules [role=gridcell]');
+  if (!cell || event.key.length !== 1 || event.ctrlKey || event.metaKey || event.altKey) return;
+  const held = pending && pending.cell === cell;
+  if (!held && (event.target.tagName === 'TEXTAREA' || cell.querySelector('input[type=checkbox]'))) return;
+  event.preventDefault();
+  event.stopImmediatePropagation();
+  if (held) { pending.typed += event.key; return; }
+  pending = {cell, typed: event.key};
+  cell.dispatchEvent(new MouseEvent('dblclick', {bubbles: true}));
+  let seen = 0;
+  const fill = (tries) => {
+    const box = cell.querySelector('textarea:not([readonly])');
+    seen = box && document.activeElement === box ? seen + 1 : 0;
+    if (seen < 3) {  // the editor is open, focused and settled for a few frames before it takes the keys
+      if (tries > 0) requestAnimationFrame(() => fill(tries - 1)); else pending = null;
+      return;
+    }
+    box.value = pending.typed;
+    pending = null;
+    box.setSelectionRange(box.value.length, box.value.length);
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+  };
+  requestAnimationFrame(() => fill(120));
+}, true);
+"""
 
 
 def rows_of(dictionary: Dictionary) -> list[list]:
@@ -62,16 +98,20 @@ class DictionaryView:
                 upload = gr.UploadButton("Import TSV / JSON / PLS", elem_id="dictionary-import",
                                          file_types=[".tsv", ".txt", ".json", ".pls", ".xml"])
                 self.export = gr.DownloadButton("Export TSV", elem_id="dictionary-export")
-            with gr.Row():
-                trial = gr.Textbox(label="Try a sentence", scale=1, elem_id="dictionary-try")
-                spoken = gr.Textbox(label="As it will be spoken", interactive=False, scale=1,
+            with gr.Row(equal_height=True):
+                trial = gr.Textbox(label="Try a sentence", scale=2, elem_id="dictionary-try",
+                                   placeholder="Nguyen paid $5 on 2024-03-01.")
+                try_it = gr.Button("Try it", scale=0, min_width=100, elem_id="dictionary-try-button")
+                spoken = gr.Textbox(label="As it will be spoken", interactive=False, scale=2,
                                     elem_id="dictionary-spoken")
             self.status = gr.Markdown("", elem_id="dictionary-status")
+            gr.HTML("", js_on_load=TYPE_TO_REPLACE, padding=False, elem_id="dictionary-keys")
         outputs = [self.table, self.export, self.status]
         owner = self.access.owner_only
         save.click(owner(warns(3)(self.save)), [self.table], outputs, api_visibility="private")
         upload.upload(owner(warns(3)(self.import_file)), [upload, self.table], outputs, api_visibility="private")
         trial.submit(self.trial, [trial, self.table], spoken, api_visibility="private")
+        try_it.click(self.trial, [trial, self.table], spoken, api_visibility="private")
 
     # ------------------------------------------------------------------ handlers
 
@@ -101,7 +141,9 @@ class DictionaryView:
 
     @warns(1)
     def _respelled(self, text, rows):
-        return self.service.respell(text or "", only=dictionary_of(rows))
+        """As a take reads it: numbers, dates and units written out (English), then the rules, which match the
+        words spoken ("$5" is "five dollars" by the time a rule sees it)."""
+        return self.service.respell(normalize_text(text or "", AUTO), only=dictionary_of(rows))
 
     def _saved(self, written: list, rows) -> bool:
         """Whether the table's rules are the saved ones (a visitor may try those)."""
