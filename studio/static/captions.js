@@ -15,7 +15,7 @@ function currentIndex(list, player) {
   const shown = player.querySelector('[data-testid="subtitle-display"]');
   const text = shown ? shown.innerText.trim() : '';
   if (!text) return -1;
-  const said = (li) => li.innerText.replace(/^\s*\d+:\d\d\s*/, '').trim();
+  const said = (li) => li.innerText.replace(/^\s*\d+:\d\d(\.\d)?\s*/, '').trim();
   // The same sentence may come twice: take the first match from the one marked last.
   for (let i = Math.max(last, 0); i < items.length; i++) if (said(items[i]) === text) return i;
   return items.findIndex((li) => said(li) === text);
