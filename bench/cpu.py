@@ -264,6 +264,7 @@ def step_section(args) -> None:
     print(f"CPU: {facts['cpu']}, ISA {', '.join(facts['isa'])}, torch kernels {facts['kernels']}, "
           f"native bf16 {facts['native_bf16']}, {facts['threads']} threads")
     floor_bps = copy_bandwidth(1 << 24 if args.smoke else 1 << 30)
+    step.clock = step.CLOCK[args.step_clock]
     if args.smoke or args.step_layers:
         # The full vocabulary: the prompts' structural tokens (<|text|> …) sit at its end.
         dims = dataclasses.replace(SMOKE, vocab=FULL_SIZE.vocab) if args.smoke else \
@@ -305,6 +306,8 @@ def main(argv=None) -> int:
                     help="the step section at this many real-width layers, built in memory (0: full size, from "
                          "the precision section's checkpoint)")
     ap.add_argument("--step-frames", type=int, default=4, help="c = 1 steps timed per round in the step section")
+    ap.add_argument("--step-clock", choices=("wall", "cpu"), default="wall",
+                    help="the step section's clock: wall time, or the process's CPU time (a machine loaded by others)")
     args = ap.parse_args(argv)
     sections = set(args.only.split(","))
     torch.manual_seed(0)
