@@ -24,7 +24,7 @@ HISTORY = """() => ({
   rows: [...document.querySelectorAll('#history .virtual-row')]
     .map((r) => [...r.querySelectorAll('[role=gridcell]')].map((cell) => cell.innerText.trim())),
 })"""
-LIVE_ENDED = "() => window.__hsLive?.take?.ended === true"
+TAKE_LINK = "#take a.download-link"  # the take player's file
 # Every text the take's status lines showed while the test ran (an init script's observer).
 STATUS_WATCH = """
 window.__statuses = [];
@@ -69,7 +69,7 @@ def wait_row(pg, text: str) -> None:
 
 def take_samples(pg, base: str) -> int:
     """How many samples the take player's file holds."""
-    src = pg.evaluate("document.querySelector('#take a.download-link')?.href")
+    src = pg.evaluate(f"document.querySelector({TAKE_LINK!r})?.href")
     with urllib.request.urlopen(src if src.startswith("http") else base + src, timeout=60) as r:
         data, rate = sf.read(io.BytesIO(r.read()), dtype="int16")
     assert rate == 24_000
@@ -137,11 +137,14 @@ def test_stop_keeps_the_take_as_heard_and_marks_it_stopped(page, studio, earlier
     pg = page
     url = studio[0]
     pg.fill("#repeat-guard input", "0")  # only the length cap (or Stop) ends the take
+    before = ""
     if earlier:
         form(pg, "An earlier take.", 40)
         pg.click("#generate-btn")
         wait_take_done(pg)
         wait_row(pg, "An earlier take")
+        pg.wait_for_function(f"() => document.querySelector({TAKE_LINK!r})?.href", timeout=60_000)
+        before = pg.evaluate(f"document.querySelector({TAKE_LINK!r}).href")
     form(pg, "A long take, stopped.", 3000)
     pg.click("#generate-btn")
     heard = stop_after_a_second(pg)
@@ -149,8 +152,11 @@ def test_stop_keeps_the_take_as_heard_and_marks_it_stopped(page, studio, earlier
     pg.wait_for_function("() => document.querySelector('#m-state')?.innerText === 'stopped'", timeout=60_000)
     rows = history(pg)["rows"]
     assert len(rows) == (2 if earlier else 1) and rows[0][5] == "stopped", rows
-    pg.wait_for_function("() => document.querySelector('#take a.download-link')?.href", timeout=60_000)
+    pg.wait_for_function(f"prev => {{ const a = document.querySelector({TAKE_LINK!r});"
+                         " return a && a.href && a.href !== prev; }", arg=before, timeout=60_000)
     assert take_samples(pg, url) == heard["played"] <= heard["received"]  # the take as heard, no more
+    pg.wait_for_selector("#take-srt", state="visible", timeout=60_000)  # its captions came with it
+    assert take_samples(pg, url) == heard["played"]  # and nothing put the earlier take back in the player
     assert_whole_panel(pg)
 
 
@@ -227,7 +233,14 @@ def test_a_reference_clip_is_checked_on_upload(page, tmp_path):
     pg.locator("#clip input[type=file]").set_input_files(str(clip))
     pg.wait_for_selector(".toast-body >> text=/30 s/", timeout=60_000)
     assert "30 s" in pg.inner_text("#asr-note")
+    # Generated with all the same, the take fails with that sentence, in the panel's own line too.
+    form(pg, "Said in a voice too long to clone.", 20)
+    pg.click("#generate-btn")
+    pg.wait_for_function("() => document.querySelector('#m-state')?.innerText === 'error'", timeout=120_000)
+    assert "30 s" in pg.inner_text("#metrics-note")
+    assert_whole_panel(pg)
 
 
-def test_the_log_has_no_share_hint(studio):
-    assert "share=True" not in studio[1].read_text()
+def test_the_log_has_no_share_hint_and_no_traceback_for_a_users_mistake(studio):
+    log = studio[1].read_text()  # after every test above, the failed takes among them
+    assert "share=True" not in log and "Traceback" not in log

@@ -180,11 +180,12 @@ class StudioView:
                                             api_name="generate", api_visibility="undocumented",  # not an MCP tool
                                             concurrency_id=TAKES_QUEUE, concurrency_limit=self.service.slots,
                                             js=CLICK_JS)
-        t.wire(gen_event)
         gen_event.then(None, js=IDLE_JS)
-        self.stop_btn.click(t.stop, [t.takes, t.live_id, t.heard], t.shown,
-                            cancels=[gen_event], queue=False, api_name="stop", api_visibility="undocumented",
-                            js=STOP_JS).then(None, js=IDLE_JS)
+        stop_event = self.stop_btn.click(t.stop, [t.takes, t.live_id, t.heard], t.shown,
+                                         cancels=[gen_event], queue=False, api_name="stop",
+                                         api_visibility="undocumented", js=STOP_JS)
+        stop_event.then(None, js=IDLE_JS)
+        t.wire(stop_event)
         t.use_settings.click(t._use_settings, t.selected, self.settings, api_visibility="private")
 
     def _wire_editing(self):
@@ -242,23 +243,30 @@ class StudioView:
         return gr.update(choices=self.page.style_choices(), value=preset.prefix)
 
     @staticmethod
-    def _check_clip(clip):
-        """A clip checked as it arrives, as a take would check it (length, silence): a toast and a line under
-        it now, rather than a failed take later."""
-        if clip is None:
-            return gr.skip()
+    def _clip_problem(clip) -> str | None:
+        """What a take would refuse the clip for (its length, silence, an unreadable file), or None."""
         try:
             prepare_reference(clip)
         except ValueError as exc:
-            gr.Warning(str(exc))
             return str(exc)
-        return gr.skip()
+        return None
+
+    def _check_clip(self, clip):
+        """A clip checked as it is uploaded: a toast and the line under it now, rather than a failed take later."""
+        problem = self._clip_problem(clip) if clip is not None else None
+        if problem is None:
+            return gr.skip()
+        gr.Warning(problem)
+        return problem
 
     def _transcribe(self, clip, text, request: gr.Request = None):
         """A new clip and an empty transcript box: fill the box with the clip's transcript (still editable),
         or say in one line why not. The transcription takes the visitor's turn in the GPU line."""
         if clip is None or (text or "").strip():
             return gr.skip(), gr.skip()
+        problem = self._clip_problem(clip)
+        if problem is not None:  # the line says why the clip will not do (as the upload's check does), not ASR's
+            return gr.skip(), problem
         transcriber = self.service.transcriber_for(self.transcriber, self.access.page_caller(request))
         try:
             transcript, note = transcriber.transcribe(clip)

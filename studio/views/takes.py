@@ -124,16 +124,18 @@ class TakesView:
         """What a take shown in the panel fills (`take_outputs` and the metrics panel before them)."""
         return [self.metrics, self.take_audio, self.download, self.history, self.takes, self.last_seed]
 
-    def wire(self, gen_event) -> None:
-        """The events inside the panel: Keep, the download format, picking a take in the history."""
+    def wire(self, stop_event) -> None:
+        """The events inside the panel: Keep, the download format, picking a take in the history, and what follows
+        a take shown in the panel (by Generate or Keep: the session's takes change; by Stop: its event) — its
+        download in the chosen format and its captions. Chained to Generate's event instead, a Generate whose take
+        Stop shows would caption the take shown before it, over the stopped one."""
         captioned = self.captions.outputs(self.take_audio)
         for i, button in enumerate(self.keep):
-            kept = button.click(functools.partial(self._keep, i), [self.variant_ids, self.takes],
-                                [*self.shown, self.kept], api_visibility="private")
-            kept.success(self._captions, self.takes, captioned, api_visibility="private")
-        gen_event.success(self._download_as, [self.fmt, self.takes, self.loudness], self.download,
-                          api_visibility="private")
-        gen_event.success(self._captions, self.takes, captioned, api_visibility="private")
+            button.click(functools.partial(self._keep, i), [self.variant_ids, self.takes], [*self.shown, self.kept],
+                         api_visibility="private")
+        for shown in (self.takes.change, stop_event.success):  # Stop's runs outside the queue: no change event
+            shown(self._download_as, [self.fmt, self.takes, self.loudness], self.download, api_visibility="private")
+            shown(self._captions, self.takes, captioned, api_visibility="private")
         for choice in (self.fmt, self.loudness):
             choice.change(self._download_as, [self.fmt, self.takes, self.loudness], self.download,
                           api_visibility="private")
