@@ -282,7 +282,8 @@ def step_section(args) -> None:
             m.setup_cache(640)
         label = " (full size, 36 L, 2560, memory-mapped checkpoint)"
     frames, rounds = (2, 1) if args.smoke else (args.step_frames, 3)
-    print(step.bench_step(models, floor_bps, frames=frames, rounds=rounds, label=label).markdown())
+    print(step.bench_step(models, floor_bps, frames=frames, rounds=rounds, label=label,
+                          context=16 if args.smoke else args.step_context).markdown())
     print()
     print(step.bench_ttfa(models, rounds=1 if args.smoke else 2, clip_frames=20 if args.smoke else 250).markdown())
     print(f"\npeak RSS of this process (both models): {step.peak_rss_gb():.2f} GB\n")
@@ -306,6 +307,8 @@ def main(argv=None) -> int:
                     help="the step section at this many real-width layers, built in memory (0: full size, from "
                          "the precision section's checkpoint)")
     ap.add_argument("--step-frames", type=int, default=4, help="c = 1 steps timed per round in the step section")
+    ap.add_argument("--step-context", type=int, default=320,
+                    help="positions each take holds when its steps are timed (a saved voice's prompt is ~300)")
     ap.add_argument("--step-clock", choices=("wall", "cpu"), default="wall",
                     help="the step section's clock: wall time, or the process's CPU time (a machine loaded by others)")
     args = ap.parse_args(argv)
