@@ -126,16 +126,18 @@ def test_bad_requests_are_sentences(page, client):
         assert r.status_code == 409
 
 
-def test_a_take_that_cannot_start_fails_in_the_stream_and_the_page_event_ends_quietly(page, client):
+def test_a_take_that_cannot_start_fails_in_the_stream_and_the_page_panel_says_why(page, client):
     live_id = "no-library-1234"
     with post(client, {TOKEN_HEADER: page.player.issue_token()}, live_id=live_id, voice="Ann") as r:
         got = messages(r)
     assert r.status_code == 200 and got == [{"type": "error", "message": got[0]["message"]}]
     assert "No voice library" in got[0]["message"]
-    updates = page.takes.generate(text="", style="", voice="", clip=None, clip_text="", temperature=0.8, top_p=0.8,
-                                  top_k=30, seed=-1, max_frames=0, repeat_guard=32, takes_n=1, takes=[],
-                                  live_id=live_id, request=None)
-    assert list(updates) == [] and page.service.history == []  # the page's event ends without a second message
+    updates = list(page.takes.generate(text="", style="", voice="", clip=None, clip_text="", temperature=0.8,
+                                       top_p=0.8, top_k=30, seed=-1, max_frames=0, repeat_guard=32, takes_n=1,
+                                       takes=[], live_id=live_id, request=None))
+    # The page's event says why in the metrics panel's own line (the stream said it too) and records nothing.
+    assert len(updates) == 1 and "No voice library" in updates[0][page.takes.metrics]
+    assert page.service.history == []
     assert live_id not in page.player._entries
 
 

@@ -16,7 +16,7 @@ import soundfile as sf
 import soxr
 
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
-from studio.views import render
+from studio.views import panel, render
 from studio.audio.acx import EXPORT_PRESETS, acx_check, export, master, room_tone
 from studio.audio.loudness import TARGETS, measure, normalize, resolve_target
 from studio.takes.service import StudioService, Order
@@ -163,8 +163,8 @@ def test_every_take_is_measured_and_the_page_shows_and_levels_it(service, tmp_pa
     take = service.synthesize(Order(text="Hello there."))
     assert take.loudness.lufs == pytest.approx(lufs(take.audio), abs=1e-6)
     assert take.loudness.true_peak_db == pytest.approx(true_peak_db(take.audio), abs=0.2)
-    panel = render.metrics_html(take.metrics, state="done", loudness=take.loudness)
-    assert f'id="m-lufs">{take.loudness.lufs:.1f}<' in panel
+    shown = panel.metrics_html(take.metrics, state="done", loudness=take.loudness)
+    assert f'id="m-lufs">{take.loudness.lufs:.1f}<' in shown
     assert render.result_json(take, [])["loudness"] == take.loudness.as_dict()
     page = Page(service)
     path = page.takes.take_file(take, "wav", "audiobook")

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from engine.types import Metrics, SamplingParams
-from studio.views import render
+from studio.views import panel, render
 from studio.views.page import Page
 from studio.text.presets import PresetStore
 from studio.takes.service import StudioService, Order
@@ -119,9 +119,9 @@ def test_clean_chat_text_speaks_the_cleaned_text_and_the_alias_table_lists_the_n
 def test_render_palette_and_metrics():
     palette = render.palette_html()
     assert palette.count("data-tag=") == 43 and "data-tag=\"&lt;|sfx:laughter|&gt;\"" in palette
-    empty = render.metrics_html()
+    empty = panel.metrics_html()
     assert 'id="m-ttfa">—<' in empty and 'id="m-state">idle<' in empty
-    html = render.metrics_html(Metrics.blank(frames=50, seed=3, stop_reason="eoc"), state="done", seconds=2.0)
+    html = panel.metrics_html(Metrics.blank(frames=50, seed=3, stop_reason="eoc"), state="done", seconds=2.0)
     assert 'id="m-frames">50<' in html and 'id="m-stop">eoc<' in html
     demo = render.header_html({"checkpoint": "/x/demo-checkpoint-v1", "device": "cpu", "demo": True})
     assert "demo-checkpoint-v1" in demo and 'id="demo-banner"' in demo
@@ -172,8 +172,9 @@ def test_three_takes_have_the_next_seeds_side_by_side_and_keep_puts_one_in_the_h
     assert all(final[a].endswith(f"seed{t.seed}.wav") for a, t in zip(page.takes.variant_audio, takes))
     assert 'id="variant-seed-2">43<' in final[page.takes.variant_info[2]]
     assert final[page.takes.takes] == [ids[0]]  # the first take (the one the live player played) is in the history
-    wav, _, rows, kept, last_seed = page.takes._keep(2, ids, final[page.takes.takes])
+    metrics, wav, _, rows, kept, last_seed, kept_id = page.takes._keep(2, ids, final[page.takes.takes])
     assert kept == [ids[0], ids[2]] and last_seed == 43 and rows[0][0] == ids[2] and wav.endswith("seed43.wav")
+    assert kept_id == ids[2] and rows[0][5] == "kept" and f"take #{ids[2]} · kept" in metrics
     service.close()
 
 

@@ -21,12 +21,6 @@ const state = (name, note) => {
   if (note !== undefined) put('live-note', note);
 };
 if (supported) document.body.classList.add('hs-webaudio');
-// The action bar's stylesheet (kept beside studio.css; the static route serves both).
-if (!el('hs-actions-css')) {
-  const link = Object.assign(document.createElement('link'),
-                             {id: 'hs-actions-css', rel: 'stylesheet', href: '/studio/static/actions.css'});
-  document.head.appendChild(link);
-}
 
 // One take at a time: from the Generate click until the page's event has shown the take (or Stop's has), the
 // button is disabled and a second click goes nowhere (a double click used to start two takes and break the

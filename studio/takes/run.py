@@ -170,8 +170,8 @@ def _open(service, plan: Plan, job, handle: TakeHandle, feed, listener) -> None:
 def _flag_warning(handle: TakeHandle, take: LongTake) -> None:
     flagged = [t.index + 1 for t in take.takes if t is not None and t.flagged]
     if flagged:
-        handle.warnings.append(f"segments {', '.join(map(str, flagged))} were cut short (length cap or "
-                               "repeated codes); listen to them and regenerate them if needed")
+        handle.warnings.append(f"segments {', '.join(map(str, flagged))} were cut short (too long, or "
+                               "repeating itself); listen to them and regenerate them if needed")
     misheard = [f"{t.index + 1} (WER {t.wer:.2f})" for t in take.takes if misheard_segment(take, t)]
     if misheard:
         handle.warnings.append(f"segments {', '.join(misheard)} still differ from their text after "

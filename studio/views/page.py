@@ -148,4 +148,4 @@ def theme() -> gr.themes.Base:
 def launch_kwargs() -> dict:
     """Arguments that Gradio 6 takes at launch() rather than Blocks(): the theme, the stylesheet and the page's
     own script (static/page.js), which runs from the page's head."""
-    return {"theme": theme(), "css_paths": [assets.STYLESHEET], "head": f"<script>{assets.script('page.js')}</script>"}
+    return {"theme": theme(), "css_paths": [assets.STYLESHEET, assets.STATIC_DIR / "actions.css"], "head": f"<script>{assets.script('page.js')}</script>"}

@@ -10,11 +10,12 @@ import time
 from typing import Any
 
 from engine.types import Metrics
+from studio.takes.longform import CUT_SHORT_WORDS
 
 # Key columns first: on a narrow screen the table is cut from the right, where the text and the numbers sit.
 HISTORY_HEADERS = ["#", "time", "voice", "seconds", "seed", "state", "text", "style", "TTFA ms", "RTF"]
 STATES = {"eoc": "done", "cancelled": "stopped", "max_frames": "cut at Max length",
-          "repeat_guard": "cut short (repeats)"}
+          "repeat_guard": CUT_SHORT_WORDS["repeat_guard"]}
 TAG = re.compile(r"<\|[a-z_]+:([^|>]*)\|>")
 TEXT_CHARS, STYLE_CHARS = 60, 40
 

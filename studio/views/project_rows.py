@@ -4,12 +4,12 @@ the API's JSON (docs/PROJECTS.md), so each is tested without a page."""
 
 from __future__ import annotations
 
+from studio.takes.longform import CUT_SHORT_WORDS  # a cut-short reason in a listener's words
+
 CHAPTER_HEADERS = ["#", "chapter", "voice", "state", "segments", "seconds"]
 CHAPTER_WIDTHS = ["6%", "34%", "18%", "22%", "10%", "10%"]
 SEGMENT_HEADERS = ["#", "text", "seed", "seconds", "state", "WER"]
 SEGMENT_WIDTHS = ["6%", "44%", "14%", "9%", "17%", "10%"]
-# A cut-short take's reason, as the API names it (engine/attempts.py CUT_SHORT), in a listener's words.
-CUT_SHORT_WORDS = {"max_frames": "cut short: too long", "repeat_guard": "cut short: repeating"}
 SEGMENT_STATES = {"waiting": "not rendered", "stale": "out of date", "done": "done"}
 # The job's state (studio/projects/store.py JOB_STATES) → how its progress line starts.
 JOB_WORDS = {"queued": "waiting to render", "running": "rendering", "paused": "paused at", "done": "done",

@@ -13,7 +13,7 @@ from typing import Any
 from engine.config import FRAME_RATE
 from engine.delay import default_max_frames
 from engine.tokenizer import CONTROL_TAGS
-from engine.types import DRAWN_SEED_BITS, Metrics
+from engine.types import DRAWN_SEED_BITS
 
 PLAN_NOTES = 3  # a long take's notes past these are counted, not listed: the line stays a line
 PALETTE_GROUPS = (("emotion", "Emotion"), ("style", "Style"), ("sfx", "Sounds"), ("prosody", "Prosody"))
@@ -100,8 +100,8 @@ def live_player_html(token: str) -> str:
     """The live player panel: state, playhead, elapsed time and the browser-side numbers. `token` is the page
     session token the live route checks (studio/views/live.py), read by `static/live.js`; a fresh one is issued at
     every page load. `data-seed-bits` is how many bits a seed the browser draws has (engine.types)."""
-    tiles = [("m-heard", "Heard", "ms"), ("live-ttfa", "TTFA", "ms"), ("live-net", "Heard − TTFA", "ms"),
-             ("live-rtf", "RTF", ""), ("live-mem", "Peak memory", ""), ("live-underruns", "Underruns", "")]
+    # Only what the browser alone knows: the engine's numbers are the metrics panel's (views/panel.py).
+    tiles = [("m-heard", "Heard", "ms"), ("live-net", "Heard − TTFA", "ms"), ("live-underruns", "Underruns", "")]
     cells = "".join(f'<div class="hs-tile"><div class="k">{k}</div><div class="v" id="{i}">—</div>'
                     f'<div class="u">{u}</div></div>' for i, k, u in tiles)
     return (f'<div class="hs-live" data-token="{_esc(token)}" data-seed-bits="{DRAWN_SEED_BITS}">'
@@ -117,67 +117,12 @@ def _num(value, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
 
 
-def _bytes(n) -> str:
-    if not n:
-        return "—"
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
-
-
-def metrics_html(metrics: Metrics | None = None, *, state: str = "idle", seconds: float = 0.0,
-                 warnings: list[str] | None = None, note: str = "", loudness=None) -> str:
-    """The live metrics panel. Each value sits in an element with a stable id (`m-ttfa`, `m-rtf`, …);
-    `loudness` (studio/audio/loudness.py) once the take is complete."""
-    g = (dataclasses.asdict(metrics) if metrics is not None else {}).get  # None: nothing measured yet
-    mem_kind = (g("mem_kind") or "").upper() or "memory"
-    reused, prompt = g("reused_tokens"), g("prompt_tokens")
-    tiles = [
-        ("ttfa", "TTFA", _num(g("ttfa_ms"), ".0f"), "ms"),
-        ("rtf", "RTF", _num(g("rtf"), ".3f"), ""),
-        ("frames", "Frames", _num(g("frames"), "d"), f"{seconds:.1f} s"),
-        ("msf", "ms / frame", _num(g("ms_per_frame"), ".1f"), ""),
-        ("prefill", "Prefill", _num(g("prefill_ms"), ".1f"), "ms"),
-        ("reused", "Reused prompt", "—" if prompt is None else f"{reused or 0}/{prompt}", "tokens"),
-        ("mem", f"Peak {mem_kind}", _bytes(g("peak_mem_bytes")), ""),
-        ("seed", "Seed", _num(g("seed"), "d"), ""),
-        ("lufs", "Loudness", _num(loudness.lufs if loudness else None, ".1f"), "LUFS"),
-        ("tp", "True peak", _num(loudness.true_peak_db if loudness else None, ".1f"), "dBTP"),
-    ]
-    cells = "".join(f'<div class="hs-tile"><div class="k">{k}</div><div class="v" id="m-{i}">{v}</div>'
-                    f'<div class="u">{u}</div></div>' for i, k, v, u in tiles)
-    engine = " · ".join(str(x) for x in (g("precision"), g("backend"), g("device")) if x)
-    stop = g("stop_reason") or ""
-    foot = f'<span class="hs-state {state}" id="m-state">{_esc(state)}</span>'
-    if stop:
-        foot += f' <span class="hs-stop">stop: <b id="m-stop">{_esc(stop)}</b></span>'
-    if engine:
-        foot += f' <span class="hs-eng">{_esc(engine)}</span>'
-    if note:
-        foot += f' <span class="hs-note">{_esc(note)}</span>'
-    warn = "".join(f'<div class="hs-lint warning">{_esc(w)}</div>' for w in warnings or [])
-    return f'<div class="hs-metrics" id="metrics-panel"><div class="hs-tiles">{cells}</div>' \
-           f'<div class="hs-foot">{foot}</div>{warn}</div>'
-
-
-def history_rows(takes) -> list[list[Any]]:
-    """Rows for the session history table, newest first."""
-    rows = []
-    for t in reversed(list(takes)):
-        m = t.metrics
-        rows.append([t.id, t.text[:60] + ("…" if len(t.text) > 60 else ""), t.voice_name or "zero-shot",
-                     t.style or "", t.seed, round(t.seconds, 1), _num(m.ttfa_ms if m else None, ".0f"),
-                     _num(m.rtf if m else None, ".3f"), t.stop_reason])
-    return rows
-
-
 def variant_html(take, index: int) -> str:
     """One side-by-side take's caption: its place, seed and numbers (the seed in `variant-seed-<index>`)."""
     m = take.metrics
     return (f'<div class="hs-variant"><b>Take {index + 1}</b> · seed <b id="variant-seed-{index}">{take.seed}</b>'
             f'<br>{take.seconds:.1f} s · RTF {_num(m.rtf if m else None, ".3f")} · '
             f'stop {_esc(take.stop_reason or "—")} · batch {_num(m.batch if m else None, "d")}</div>')
-
-
-HISTORY_HEADERS = ["#", "text", "voice", "style", "seed", "seconds", "TTFA ms", "RTF", "stop"]
 
 
 def result_json(take, warnings: list[str]) -> dict[str, Any]:
