@@ -68,9 +68,9 @@ def test_a_takes_recipe_pins_the_rules_that_fired_and_replays_the_same_prompt(st
     recipe = take.recipe()
     assert recipe["dictionary"] == [NGUYEN.to_json(), tomato.to_json()]  # the ones that fired, in their order
     store.replace(Dictionary([Rule.make("Nguyen", "Nwen"), Rule.make("ate", "eight")]))  # the studio's rules move on
-    assert service.synthesize(Order(text=text)).prompt_text == "Dr. Nwen eight a tomato."
+    assert service.synthesize(Order(text=text)).prompt_text == "Doctor Nwen eight a tomato."  # numbers, titles written out
     again = service.synthesize(Order(text=recipe["text"], dictionary=Dictionary.from_json(recipe["dictionary"])))
-    assert again.prompt_text == take.prompt_text == "Dr. Win ate a tomahto."
+    assert again.prompt_text == take.prompt_text == "Doctor Win ate a tomahto."
     assert again.recipe()["dictionary"] == recipe["dictionary"]
     plain = service.synthesize(Order(text="Nothing to respell.", dictionary=Dictionary()))
     assert plain.recipe()["dictionary"] == [] and plain.prompt_text == "Nothing to respell."

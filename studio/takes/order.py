@@ -49,7 +49,7 @@ class Order:
     clean: bool = False  # speak chat text: markdown, code, URLs and emoji removed (studio/text/clean.py)
     clean_actions: str = "speak"  # with `clean`: "speak" or "skip" the *actions*
     ssml: bool | None = None  # the text is SSML; None decides by its root (engine/ssml.py)
-    normalize: bool = True  # numbers, dates and units written out as words (a long take's segments)
+    normalize: bool = True  # numbers, dates and units written out as words (English text), before the dictionary
     dictionary: Any = None  # a recipe's pronunciation rules (studio/text/pronounce.py) instead of the studio's
     long: bool = False  # planned as a long take even when one prompt would hold it (the Long form tab's table)
     listen: bool = False  # a long take's segments are transcribed and retried when heard wrong

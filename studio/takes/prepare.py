@@ -20,6 +20,7 @@ from typing import Any
 from engine.config import FRAME_RATE
 from engine.delay import default_max_frames
 from engine.longform import MAX_SEGMENT_SECONDS, has_pauses, plan
+from engine.normalize import AUTO, normalize_text
 from engine.ssml import SPEED_TAGS, rate_tag, read_text
 from engine.tokenizer import estimate_seconds, lint_tags, strip_tags
 from engine.types import SamplingParams
@@ -117,7 +118,9 @@ def prepare(service, order: Order) -> Plan:
                                      for s in segments for w in lint_tags(s.text, clone=clone))]
         return Plan(order, True, text, voice, style, prefix, params, segments=tuple(segments), records=records,
                     fired=tuple(fired), warnings=tuple(warnings), alias=alias)
-    spoken, fired = service.pronounce(text.strip(), (voice.id, voice.name) if voice is not None else (),
+    # Numbers written out as a long take's segments are, so the dictionary's rules see the same words.
+    said = normalize_text(text.strip(), AUTO) if order.normalize else text.strip()
+    spoken, fired = service.pronounce(said, (voice.id, voice.name) if voice is not None else (),
                                       only=order.dictionary)
     prompt = apply_preset(spoken, prefix)
     warnings = [*notes, *(f"{w.tag}: {w.message}" for w in lint_tags(prompt, clone=clone))]
