@@ -280,6 +280,7 @@ def main(argv: list[str] | None = None) -> None:
     from studio.text.pronounce import DictionaryStore
     from studio.views.page import Page, launch_kwargs
     from studio.voices import MAX_IMPORT_BYTES
+    from studio.voices.warm import warm_voices
 
     voices = load_voices(args, engine)
     presets = PresetStore(voices.root / "presets.json")
@@ -293,6 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         sys.exit(f"Cannot start the studio: {exc} (--visitor-concurrency, --visitor-queue, --max-input-chars, "
                  "--public-max-chars, --public-max-seconds, --queue-size)")
+    warm_voices(service)  # saved voices' prompt prefixes, in the background after any real take's prefill
     asr = Transcriber.from_flag(args.asr or ("none" if args.demo else "auto"), zerogpu=zerogpu.active())
     try:
         listener = Listener(asr, above=args.retry_wer, retries=args.retry_max)

@@ -18,6 +18,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 # start inherit it). Beside a process running torch on its two threads, as the other worker does:
 # tests/test_engine.py 41 s → 15 s, tests/test_quant.py 47-54 s → 28 s; alone, test_engine.py 15.5 s → 15.3 s.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Saved voices' kept prompt prefixes (studio/voices/warm.py) go to one folder per test run, never the user's cache.
+if "HIGGS_STUDIO_PREFIXES" not in os.environ:
+    import tempfile
+
+    os.environ["HIGGS_STUDIO_PREFIXES"] = tempfile.mkdtemp(prefix="higgs-prefixes-")
 
 import pytest  # noqa: E402
 

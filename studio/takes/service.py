@@ -67,6 +67,7 @@ from studio.text.presets import check_style_prefix
 from studio.text.pronounce import Dictionary, DictionaryStore, digest, merged
 from studio.voices import Consent, VoiceNotFound
 from studio.voices.aliases import Alias, VoiceAliases
+from studio.voices.warm import warm_voices
 
 
 def _settings_of(params: SamplingParams) -> dict[str, Any]:
@@ -338,9 +339,11 @@ class StudioService:
         # Encode now, in turn on the GPU worker, so the first take with this voice starts at full speed. A remote
         # engine has no codec here: its voices travel as clips.
         encode = None if self.engine.is_remote else (lambda wav: self.run_exclusive(self.encode_codes, wav))
-        return self.voices.add((int(sample_rate), np.asarray(audio, dtype=np.float32)), name=name,
-                               transcript=transcript or None, description=description or "",
-                               style=self.resolve_style(style), seed=seed, consent=consent, encode=encode)
+        voice = self.voices.add((int(sample_rate), np.asarray(audio, dtype=np.float32)), name=name,
+                                transcript=transcript or None, description=description or "",
+                                style=self.resolve_style(style), seed=seed, consent=consent, encode=encode)
+        warm_voices(self, [voice.id])  # its prompt prefix, kept for its takes (after any real take's prefill)
+        return voice
 
     def list_styles(self) -> list[tuple[str, str]]:
         """(name, prefix) of every style preset, built-in first."""
