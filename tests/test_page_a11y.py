@@ -56,12 +56,21 @@ def phone(chromium, studio_url):
     pg.context.close()
 
 
+# Nothing waits for an event's output, and no fade or other finite transition is under way.
+SETTLED = """() => !document.querySelector('.pending, .generating, .wrap.translucent')
+    && document.getAnimations().every(a => a.playState !== 'running' || a.effect?.getComputedTiming().endTime === Infinity)"""
+
+
 def harmful_findings(pg) -> list[str]:
-    """axe-core's critical and serious findings on what `pg` shows now, one line per rule and element."""
+    """axe-core's critical and serious findings on what `pg` shows once Gradio has finished updating it (a
+    component that waits for an event's output is drawn faded and under a veil for that moment, then fades back
+    in), one line per rule and element."""
     from axe_playwright_python.sync_playwright import Axe
 
+    pg.wait_for_function(SETTLED, timeout=30_000)
     found = Axe().run(pg, options=AXE_OPTIONS).response["violations"]
-    return [f"{v['id']} ({v['impact']}): {node['target']} {node['html'][:120]}"
+    return [f"{v['id']} ({v['impact']}): {node['target']} {node['html'][:120]} | "
+            f"{' '.join(node.get('failureSummary', '').split())[:300]}"
             for v in found if v["impact"] in HARMFUL for node in v["nodes"]]
 
 
@@ -70,6 +79,7 @@ def take(pg, text="A short line to hear."):
     pg.click("#generate-btn")
     wait_take_done(pg)
     pg.wait_for_function("() => document.querySelector('#history [role=gridcell]') !== null", timeout=60_000)
+    pg.wait_for_function("() => document.querySelector('#take-captions li') !== null", timeout=60_000)  # the last
 
 
 def open_tab(pg, name):

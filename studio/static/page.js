@@ -38,13 +38,15 @@
     }
   }
 
+  // The names at once, before anything reads the page again (a screen reader, or axe in a test, may read it in the
+  // next task); the table cells once per frame at most: Gradio changes the page in bursts.
   let queued = false;
-  function tidy() {  // once per frame at most: Gradio changes the page in bursts
+  function tidy() {
+    nameControls(document);
     if (queued) return;
     queued = true;
     requestAnimationFrame(() => {
       queued = false;
-      nameControls(document);
       labelCells(document);
     });
   }
