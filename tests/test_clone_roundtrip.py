@@ -66,7 +66,9 @@ def test_clip_to_clone_prompt_to_speech(engine, clip):
 
 def test_second_request_with_the_voice_reuses_its_prefix(engine, tiny_checkpoint, clip):
     wav, rate = clip
-    voice = engine.encode_voice(wav, rate, transcript="Hello from the reference speaker.")
+    # A transcript no other test speaks: a voice whose prefix this engine has never computed (the engine keeps
+    # the prefixes it has computed, engine/prefix.py).
+    voice = engine.encode_voice(wav, rate, transcript="Hello again from the reference speaker.")
     options = dict(voice=voice, temperature=0.8, seed=9, max_frames=24, repeat_guard=None)
 
     engine.predict("Something else entirely.", seed=1, max_frames=4)  # another prefix in the cache

@@ -83,7 +83,8 @@ def test_stop_cancels_a_long_take_and_the_next_starts_at_once(studio_url):
         assert time.monotonic() < deadline, "the long take never started streaming"
         time.sleep(0.1)
     t0 = time.monotonic()
-    stopped = client.predict("", api_name="/stop")  # the live id: none (this take is not the live player's)
+    # The live id: none (this take is not the live player's); samples heard: 0, unknown (the take as made).
+    stopped = client.predict("", 0, api_name="/stop")
     assert "stopped" in stopped[0] and "cancelled" in stopped[0]
     assert time.monotonic() - t0 < 10
     stopped_frames = sf.info(stopped[1]).frames // 960
