@@ -187,9 +187,22 @@ CUT_CELLS = """(width) => [...document.querySelectorAll('[role=grid] [role=gridc
     .map((c) => c.innerText.trim())"""
 
 
+# Each of Generate and Stop: its height on the screen and whether it is what a tap at its centre reaches.
+TAPPABLE = """() => ['generate-btn', 'stop-btn'].map((id) => {
+  const r = document.getElementById(id).getBoundingClientRect();
+  return [id, r.height, document.elementFromPoint(r.x + r.width / 2, r.y + r.height / 2)?.closest('#' + id) !== null];
+})"""
+
+
 def test_a_phone_shows_every_tab_and_nothing_wider_than_the_screen(phone):
     pg = phone
     assert pg.evaluate(WIDTH) <= PHONE["width"]
+    # The action bar that stays on screen keeps to a fifth of it, Generate and Stop on one line, and the form's
+    # labels scroll under it, not over its buttons.
+    assert pg.eval_on_selector("#actions", "e => e.getBoundingClientRect().height") <= PHONE["height"] / 5
+    assert pg.eval_on_selector("#generate-btn", "e => e.getBoundingClientRect().top") == \
+        pg.eval_on_selector("#stop-btn", "e => e.getBoundingClientRect().top")
+    assert [(id, tapped) for id, _, tapped in pg.evaluate(TAPPABLE)] == [("generate-btn", True), ("stop-btn", True)]
     for name in ("Studio", "Voices", "Long form", "Projects"):
         tab = pg.get_by_role("tab", name=name)
         assert tab.is_visible(), f"{name} is not in the tab bar"

@@ -35,7 +35,7 @@ STOP_JS = "(takes, id, heard) => window.__hsLive?.stopped ? window.__hsLive.stop
 # After Generate's event (and Stop's) the page takes the next click again (live.js holds one take at a time).
 IDLE_JS = "() => { window.__hsLive?.idle(); }"
 ACTIONS_RULE = ("One take at a time: while a take runs, Generate waits and Stop ends it (the take is kept as far as "
-                "you heard it). Ctrl+Enter (⌘+Enter) in the text box generates.")
+                "you heard it).<span class=\"hs-keys\"> Ctrl+Enter (⌘+Enter) in the text box generates.</span>")
 # The live player's state and position (live.js mirrors them here), so the bar says what the take is doing.
 ACTIONS_HTML = ('<div class="hs-actions-live" id="actions-live" aria-live="polite"><span class="hs-state idle" '
                 f'id="actions-state">idle</span> <span id="actions-pos"></span></div>'
