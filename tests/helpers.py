@@ -191,6 +191,20 @@ def wait_take_done(pg, timeout_ms=180_000):
 
 
 # ------------------------------------------------------------------------------------------ projects
+def store_released_without(folder: Path, table: str, column: str):
+    """The projects store in `folder` as the release before `column` left it (its `table` without it), opened
+    again by today's `Store`: what an upgrade finds."""
+    import sqlite3
+
+    from studio.projects.store import Store
+
+    Store(folder).close()
+    db = sqlite3.connect(folder / "projects.sqlite3")
+    db.execute(f'ALTER TABLE {table} DROP COLUMN "{column}"')
+    db.close()
+    return Store(folder)
+
+
 PROJECT_SETTINGS = {"seed": 11, "max_frames": 12}  # a project's takes: reproducible and short
 
 

@@ -21,10 +21,9 @@ import webvtt
 from studio.audio.formats import ffmpeg_path
 from studio.projects import importing
 from studio.projects.library import Projects
-from studio.projects.store import Store
 from studio.text.pronounce import Dictionary, DictionaryStore, Rule
 from studio.takes.service import StudioService
-from tests.helpers import PROJECT_SETTINGS, projects_client, running_projects, wait_job
+from tests.helpers import PROJECT_SETTINGS, projects_client, running_projects, store_released_without, wait_job
 
 pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)
 
@@ -299,13 +298,7 @@ def test_the_tab_downloads_captions_and_checks_acx_on_demand_never_on_its_timer(
 
 
 def test_a_store_made_before_project_dictionaries_gains_the_column(tmp_path):
-    import sqlite3
-
-    Store(tmp_path).close()
-    db = sqlite3.connect(tmp_path / "projects.sqlite3")
-    db.execute("ALTER TABLE projects DROP COLUMN dictionary")  # the folder as the previous release left it
-    db.close()
-    store = Store(tmp_path)
+    store = store_released_without(tmp_path, "projects", "dictionary")
     project = store.create_project("owner", title="Old", settings={"seed": 1}, chapters=[])
     assert store.project(project.id).dictionary == []
     store.update_project(project.id, dictionary=[{"word": "a", "respelling": "b"}])

@@ -7,6 +7,7 @@ import pytest
 
 from studio.projects import importing
 from studio.views.project_rows import controls, job_line, project_choices, segment_state
+from tests.helpers import store_released_without
 
 pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)
 
@@ -186,15 +187,7 @@ def test_a_projects_loudness_is_kept_renders_nothing_again_and_levels_its_export
 
 
 def test_a_store_made_before_casting_gains_the_column(tmp_path):
-    import sqlite3
-
-    from studio.projects.store import Store
-
-    Store(tmp_path).close()
-    db = sqlite3.connect(tmp_path / "projects.sqlite3")
-    db.execute('ALTER TABLE chapters DROP COLUMN "cast"')  # the folder as the previous release left it
-    db.close()
-    store = Store(tmp_path)
+    store = store_released_without(tmp_path, "chapters", "cast")
     project = store.create_project("owner", title="Old", settings={"seed": 1}, chapters=[("One", "Hi.", False, [])])
     assert [c.cast for c in store.chapters(project.id)] == [{}]
     store.close()
