@@ -7,6 +7,7 @@ host-side bookkeeping on small integer arrays; nothing touches the model.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 
@@ -151,3 +152,9 @@ class StopRule:
         EOC stop only t frames count: the later ones are wind-down, dropped by the de-delay."""
         n = max(len(self._rows) - self.delay, 0)
         return n
+
+
+def codes_sha256(codes: torch.Tensor) -> str:
+    """Fingerprint of a take's frames (int16 little-endian, row-major): equal fingerprints mean the same
+    codes, so two engines (in process, over HTTP) can be compared without float-rounding noise."""
+    return hashlib.sha256(np.ascontiguousarray(torch.as_tensor(codes).cpu().numpy(), dtype="<i2").tobytes()).hexdigest()

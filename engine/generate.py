@@ -21,27 +21,26 @@ docs/ARCHITECTURE.md). Which engines batch:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from .backends.base import BatchedBackend, FusedDecode
-from .config import SAMPLE_RATE, SAMPLES_PER_FRAME, Dims
+from .config import Dims
 from .delay import StopRule, default_max_frames
-from .device import peak_memory
 from .prefix import PrefixStore, checkpoint_fingerprint
 from .runner import Runner, SerialRun, prefix_key
 from .scheduler import Scheduler, ScheduledTake
-from .streaming import drain
-from .types import Chunk, EngineInfo, Metrics, SamplingParams
+from .streaming import drain, take_metrics
+from .types import Chunk, EngineInfo, SamplingParams
 
 # KV positions preallocated at load; grown on demand for long prompts + long takes.
 DEFAULT_CACHE_LEN = 4096
@@ -49,12 +48,6 @@ DEFAULT_CACHE_LEN = 4096
 WARM_TEXT = "Hello."
 # Most takes decoded together by default (Engine.load(max_batch=)).
 DEFAULT_MAX_BATCH = 16
-
-
-def codes_sha256(codes: torch.Tensor) -> str:
-    """Fingerprint of a take's frames (int16 little-endian, row-major): equal fingerprints mean the same
-    codes, so two engines (in process, over HTTP) can be compared without float-rounding noise."""
-    return hashlib.sha256(np.ascontiguousarray(torch.as_tensor(codes).cpu().numpy(), dtype="<i2").tobytes()).hexdigest()
 
 
 class Engine:
@@ -147,18 +140,9 @@ class Engine:
             return False
         prompt = self.build_prompt(WARM_TEXT, voice=voice)
         key = prefix_key(prompt)
-        if key is None:
+        if key is None or self.runner.prefixes.get(key) is not None:  # kept (from disk: read in now)
             return False
-        if self.runner.prefixes.get(key) is not None:  # kept (from disk: read in now, not at the first take)
-            return False
-        rule = StopRule(self.dims.codebooks, self.dims.boc, self.dims.eoc, 1, None)
-        take = ScheduledTake(prompt, rule, SamplingParams(seed=0), None, time.perf_counter(), self.dims.codebooks)
-        take.warm_only = True
-        self.scheduler.submit(take)
-        with take.cond:
-            take.cond.wait_for(lambda: take.finished)
-        if take.error is not None:
-            raise take.error
+        self.scheduler.warm(prompt)
         return True
 
     # ---------------------------------------------------------------- generation
@@ -308,20 +292,9 @@ class Engine:
     def _drain(self, run, rule, params, stream, cancel, started, result) -> Iterator[Chunk]:
         """`streaming.drain` with this engine's metrics: `run` keeps the take's timings (`prefill_s`,
         `decode_s`, `queued_s`, `reused`, `batch`)."""
-        def metrics(ttfa, reason):
-            frames = max(len(rule.rows) - rule.delay, 0)
-            elapsed = time.perf_counter() - started
-            mem, kind = peak_memory(self.device)
-            return Metrics(ttfa_ms=ttfa, rtf=elapsed / max(frames * SAMPLES_PER_FRAME / SAMPLE_RATE, 1e-9),
-                           frames=frames, rows=len(rule.rows),
-                           ms_per_frame=1e3 * run.decode_s / max(len(rule.rows), 1), prefill_ms=1e3 * run.prefill_s,
-                           prompt_tokens=run.prompt_tokens, reused_tokens=run.reused, peak_mem_bytes=mem,
-                           mem_kind=kind, precision=self.info.precision, backend=self.info.backend,
-                           device=self.info.device, seed=params.seed, stop_reason=reason, batch=run.batch,
-                           queued_ms=1e3 * run.queued_s)
-
+        metrics = partial(take_metrics, run, rule, params, self.info, self.device, started)  # (ttfa, reason) → Metrics
         return drain(run, rule, stream, codebook_size=self.dims.codebook_size, cancel=cancel, started=started,
                      metrics=metrics, result=result)
 
 
-__all__ = ["Engine", "codes_sha256", "DEFAULT_MAX_BATCH"]
+__all__ = ["Engine", "DEFAULT_MAX_BATCH"]

@@ -49,8 +49,10 @@ from collections import deque
 
 import torch
 
+from .delay import StopRule
 from .runner import Runner, prefix_key
 from .sampling import sample_row, uniforms
+from .types import SamplingParams
 
 
 class ScheduledTake:
@@ -66,7 +68,7 @@ class ScheduledTake:
         self.slot: int | None = None
         self.segments: list = []  # prefill chunks still to run: (ids, ref_rows, start)
         self.restore = False  # the prefix's KV is copied from the runner's store before the first chunk
-        self.warm_only = False  # a warm-up (`Engine.warm_voice`): ends once its prefix is computed and kept
+        self.warm_only = False  # a warm-up (`Scheduler.warm`): ends once its prefix is computed and kept
         self.logits = None
         self.pos = self.prompt_tokens = len(prompt.ids)
         self.finished = self.abandoned = False
@@ -134,6 +136,19 @@ class Scheduler:
                 self.worker.start()
             self.cond.notify_all()
         return take
+
+    def warm(self, prompt) -> None:
+        """Compute and keep `prompt`'s prefix (persisted where the runner's store has a directory), chunk by
+        chunk between the running takes' steps, and decode nothing: a warm-up (`Engine.warm_voice`)."""
+        codebooks = self.runner.dims.codebooks
+        rule = StopRule(codebooks, self.runner.dims.boc, self.runner.dims.eoc, 1, None)
+        take = ScheduledTake(prompt, rule, SamplingParams(seed=0), None, time.perf_counter(), codebooks)
+        take.warm_only = True
+        self.submit(take)
+        with take.cond:
+            take.cond.wait_for(lambda: take.finished)
+        if take.error is not None:
+            raise take.error
 
     @contextlib.contextmanager
     def held(self):

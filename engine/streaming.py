@@ -19,7 +19,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from .config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from .delay import StopRule, undelay
+from .device import peak_memory
 from .types import Chunk, Metrics
 
 FIRST_PUSH_FRAMES = 2
@@ -133,3 +135,18 @@ def drain(run: Rows, rule: StopRule, stream: FrameStream | None, *, codebook_siz
             ttfa = 1e3 * (time.perf_counter() - started)
         yield Chunk(audio=tail.astype(np.float32, copy=False), metrics=metrics(ttfa, reason), final=True,
                     codes=codes)
+
+
+def take_metrics(run, rule: StopRule, params, info, device, started: float, ttfa, reason: str) -> Metrics:
+    """A take's `Metrics` as it stands: `run` keeps its timings (`prefill_s`, `decode_s`, `queued_s`, `reused`,
+    `batch`, `prompt_tokens`), `info` is the engine's `EngineInfo`, `started` when the take was asked for."""
+    frames = max(len(rule.rows) - rule.delay, 0)
+    elapsed = time.perf_counter() - started
+    mem, kind = peak_memory(device)
+    return Metrics(ttfa_ms=ttfa, rtf=elapsed / max(frames * SAMPLES_PER_FRAME / SAMPLE_RATE, 1e-9),
+                   frames=frames, rows=len(rule.rows),
+                   ms_per_frame=1e3 * run.decode_s / max(len(rule.rows), 1), prefill_ms=1e3 * run.prefill_s,
+                   prompt_tokens=run.prompt_tokens, reused_tokens=run.reused, peak_mem_bytes=mem,
+                   mem_kind=kind, precision=info.precision, backend=info.backend,
+                   device=info.device, seed=params.seed, stop_reason=reason, batch=run.batch,
+                   queued_ms=1e3 * run.queued_s)

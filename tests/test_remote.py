@@ -18,7 +18,7 @@ import soundfile as sf
 
 from engine.config import SAMPLE_RATE, SAMPLES_PER_FRAME
 from engine.dialects import OPENAI, SGLANG_OMNI, STUDIO, VLLM_OMNI, detect_dialect, server_voice_name
-from engine.generate import codes_sha256
+from engine.delay import codes_sha256
 from engine.peaks import PeakLimiter
 from engine.remote import RemoteEngine
 from engine.types import SamplingParams, SpeechEngine

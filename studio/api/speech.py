@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from engine.audio import load_audio
 from engine.config import SAMPLE_RATE
-from engine.generate import codes_sha256
+from engine.delay import codes_sha256
 from engine.types import Metrics, SamplingParams
 from studio.api.model import (
     MAX_JSON_BYTES,
