@@ -184,10 +184,20 @@ def refused(message: dict | None) -> str:
     return message["output"]["error"]
 
 
+# What the page's status lines say: a take that does not end says where it stopped.
+TAKE_STATUS = """() => Object.fromEntries(['m-state', 'metrics-note', 'live-state', 'live-note']
+    .map((id) => [id, document.getElementById(id)?.innerText]))"""
+
+
 def wait_take_done(pg, timeout_ms=180_000):
     """Wait until the studio page `pg` (Playwright) shows its take done or stopped."""
-    pg.wait_for_function("() => ['done', 'stopped'].includes(document.querySelector('#m-state')?.innerText)",
-                         timeout=timeout_ms)
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        pg.wait_for_function("() => ['done', 'stopped'].includes(document.querySelector('#m-state')?.innerText)",
+                             timeout=timeout_ms)
+    except PlaywrightTimeout:
+        raise AssertionError(f"the take did not end in {timeout_ms / 1000:.0f} s: {pg.evaluate(TAKE_STATUS)}") from None
 
 
 # ------------------------------------------------------------------------------------------ projects

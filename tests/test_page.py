@@ -237,3 +237,12 @@ def test_the_browser_draws_seeds_as_the_engine_does():
     assert f'data-seed-bits="{DRAWN_SEED_BITS}"' in render.live_player_html("token")
     script = (STATIC_DIR / "live.js").read_text()
     assert "dataset.seedBits" in script and "2 ** 31" not in script
+
+
+def test_the_player_and_the_route_spell_a_refused_stream_the_same():
+    """The live id the player sends the page's event when the route refused its stream is the route's own."""
+    from studio.views import live
+    from studio.views.assets import STATIC_DIR
+
+    assert f"const REFUSED_PREFIX = '{live.REFUSED_PREFIX}';" in (STATIC_DIR / "live.js").read_text()
+    assert not live.LIVE_ID.match(live.REFUSED_PREFIX + "a" * 8)  # no stream's own id can be taken for it

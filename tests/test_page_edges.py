@@ -124,6 +124,42 @@ def test_a_failed_take_says_why_and_the_panel_keeps_the_last_good_take(page, stu
     assert "Traceback" not in log.read_text()
 
 
+TOKEN = "document.querySelector('.hs-live').dataset.token"
+
+
+def test_a_click_before_the_page_has_its_session_token_waits_for_it(page):
+    """On a busy machine the page's load event (which brings the live player's session token) can come after a
+    quick user's click: the player waits for the token, and the take is made."""
+    pg = page
+    token = pg.evaluate(TOKEN)
+    assert token
+    pg.evaluate(f"{TOKEN} = ''")  # as the page is before its load event has run
+    form(pg, "Clicked while the page loads.", 40)
+    pg.click("#generate-btn")
+    pg.wait_for_function("() => document.querySelector('#live-note')?.innerText.includes('page to load')",
+                         timeout=10_000)
+    pg.wait_for_timeout(3_000)  # longer than the player holds the page's event back once a stream is taken
+    pg.evaluate(f"{TOKEN} = {token!r}")
+    wait_take_done(pg, timeout_ms=50_000)  # under the 60 s the page's event would wait for a stream never sent
+    wait_row(pg, "Clicked while the page loads")
+
+
+def test_a_stream_the_server_refuses_fails_at_once_and_generate_comes_back(page, studio):
+    """A page kept open across a restart holds a token the server no longer knows: the stream is refused, the
+    player says why, and the page's event fails at once instead of waiting for a stream that never comes."""
+    pg = page
+    pg.evaluate(f"{TOKEN} = 'stale'")
+    form(pg, "Sent with a stale token.", 40)
+    pg.click("#generate-btn")
+    pg.wait_for_function("() => document.querySelector('#m-state')?.innerText === 'error'", timeout=30_000)
+    assert "reload the page" in pg.inner_text("#live-note")
+    assert "refused" in pg.inner_text("#metrics-note")
+    pg.wait_for_function("() => !document.querySelector('#generate-btn').disabled", timeout=10_000)
+    assert history(pg)["rows"] == []
+    assert_whole_panel(pg)
+    assert "Traceback" not in studio[1].read_text()
+
+
 def stop_after_a_second(pg) -> dict:
     """Stop the running take once a second of it has played; what the page heard and received."""
     pg.wait_for_function("() => window.__hsLive.take?.played > 24000", timeout=180_000)

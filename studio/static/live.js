@@ -6,7 +6,10 @@
 // localhost, where browsers hide it) or with ?player=gradio in the address, `start` leaves the inputs as they
 // are and the Gradio streaming player plays the take; Heard is then its first `playing` event.
 
-const RATE = 24000, PREBUFFER_S = 0.06, MAX_PREBUFFER_S = 0.48, FADE_S = 0.005, RELEASE_S = 2;
+const RATE = 24000, PREBUFFER_S = 0.06, MAX_PREBUFFER_S = 0.48, FADE_S = 0.005, RELEASE_S = 2, TOKEN_WAIT_S = 30;
+// Put before the live id sent to the page's event when the route refused the stream (REFUSED_PREFIX in
+// studio/views/live.py): the event fails at once rather than waiting for a stream that will never come.
+const REFUSED_PREFIX = 'refused:';
 const WORKLET_URL = '/studio/static/player-worklet.js';  // studio/views/assets.py serves this folder
 const forced = new URLSearchParams(location.search).get('player') === 'gradio';
 const supported = !forced && typeof AudioWorkletNode === 'function' && typeof AudioContext === 'function'
@@ -175,6 +178,23 @@ function tick(t) {
   const bar = el('live-playhead'); if (bar) bar.style.width = (got ? 100 * played / got : 0) + '%';
 }
 
+// The page's session token comes with the page's load event (studio/views/page.py). A click before it (a busy
+// machine, a quick user) waits for it, up to TOKEN_WAIT_S; sent without it, the stream would be refused.
+function sessionToken(t) {
+  const read = () => document.querySelector('.hs-live')?.dataset.token || '';
+  if (read()) return Promise.resolve(read());
+  state('waiting', 'waiting for the page to load');
+  return new Promise((resolve) => {
+    const done = () => {
+      clearInterval(poll); clearTimeout(limit);
+      if (read() && !t.stopped) state('waiting', 'waiting for the engine');
+      resolve(t.stopped ? '' : read());
+    };
+    const poll = setInterval(() => { if (read() || t.stopped) done(); }, 50);
+    const limit = setTimeout(done, TOKEN_WAIT_S * 1000);
+  });
+}
+
 async function play(t, fields, clip) {
   const ctx = context();
   await S.ready;
@@ -189,15 +209,22 @@ async function play(t, fields, clip) {
     if (fields.voice === '__clip__' && clip && clip.url) {
       form.append('clip', await (await fetch(clip.url)).blob(), 'clip');
     }
-    const token = document.querySelector('.hs-live')?.dataset.token || '';
+    const token = await sessionToken(t);
+    if (!token) {
+      if (t.stopped) return;
+      t.refused = true;
+      return fail(t, 'The page has not finished loading; reload it.');
+    }
     t.marks.fetch = performance.now();
     const res = await fetch('/studio/live', {method: 'POST', body: form, headers: {'X-Studio-Token': token},
                                              signal: t.abort.signal});
     t.marks.response = performance.now();
     if (!res.ok) {
+      t.refused = true;
       const why = (await res.json().catch(() => ({}))).error;
       return fail(t, why || 'The live stream was refused (' + res.status + ').');
     }
+    setTimeout(t.release, RELEASE_S * 1000);  // the route has the take: the page's event can follow it now
     const reader = res.body.getReader(), text = new TextDecoder();
     let buf = '';
     for (;;) {
@@ -238,11 +265,12 @@ S.start = (args) => {
   t.timer = setInterval(() => tick(t), 100);
   const out = args.slice(); out[8] = seed; out[out.length - 1] = id;
   // Gradio sends the page's event (which records the take) once this promise resolves: at the first sound, when
-  // the stream ends or fails, or after RELEASE_S (a take waiting for the GPU). Its request, queue messages and
-  // page updates used to run on the same cores as the take's first frames and delay the first sound by tens
-  // of ms (docs/PERFORMANCE.md, "Where Heard goes").
-  const released = new Promise((resolve) => { t.release = () => resolve(out); });
-  setTimeout(t.release, RELEASE_S * 1000);
+  // the stream ends or fails, or RELEASE_S after the route took the stream (a take waiting for the GPU). Its
+  // request, queue messages and page updates used to run on the same cores as the take's first frames and
+  // delay the first sound by tens of ms (docs/PERFORMANCE.md, "Where Heard goes").
+  const released = new Promise((resolve) => {
+    t.release = () => { if (t.refused) out[out.length - 1] = REFUSED_PREFIX + t.id; resolve(out); };
+  });
   play(t, {text, style, voice, clip_text, temperature, top_p, top_k, seed, max_frames, repeat_guard, clean,
            clean_actions}, clip)
     .catch((e) => fail(t, 'The live player failed: ' + e.message))

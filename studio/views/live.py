@@ -70,6 +70,10 @@ TOKEN_TTL_S = 12 * 3600  # a page left open over a working day keeps working; th
 NO_VOICE, CLIP_VOICE = "", "__clip__"  # the page's Voice dropdown values besides saved voice ids
 HEARTBEAT_S = 1.0
 CLAIM_TIMEOUT_S = 60.0  # how long the page's Gradio event waits for its stream to arrive (a slow upload)
+# Before a live id, what the page's event gets when this route refused the stream (a stale session token after a
+# restart, a clip over the limit, an empty text): the event fails at once, with the route's sentence where it
+# recorded one, rather than waiting for a stream that will never come. LIVE_ID has no ':'.
+REFUSED_PREFIX = "refused:"
 FORGET_AFTER_S = 300.0  # entries nobody claimed (the Gradio event never came) are dropped after this
 LIVE_ID = re.compile(r"^[A-Za-z0-9_-]{8,64}$")
 
@@ -175,10 +179,14 @@ class LivePlayer:
         """The take the page's stream `live_id` is playing, once the route has it; None when the take failed
         before it started (the stream told the page why). Raises ValueError with the route's sentence when the
         stream was refused, or when it never arrived."""
+        refused = live_id.startswith(REFUSED_PREFIX)
+        live_id = live_id.removeprefix(REFUSED_PREFIX)
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 entry = self._entries.get(live_id)
+                if refused and (entry is None or entry.error is None):
+                    raise ValueError("The live player's stream was refused; the player says why.")
                 if entry is not None and entry.error is not None:
                     del self._entries[live_id]
                     raise ValueError(entry.error)
