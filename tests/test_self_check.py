@@ -79,6 +79,7 @@ def test_correct_kernels_pass(tiny, precision):
     assert check.total == 8 * (1 + self_check.SELF_CHECK_STEPS + self_check.SELF_CHECK_ROWS_STEPS + 1)
     assert check.rows_total == 1 + 2 + 3 + 4 and check.rows_greedy >= 0.5 * check.rows_total  # fused rows(4)
     assert check.summary.startswith("passed: ") and f"{precision} logits" in check.summary
+    assert not check.stopped_at and "stopped" not in check.summary
 
 
 @pytest.mark.slow
@@ -89,6 +90,9 @@ def test_broken_kernels_fail(tiny, precision, fault, monkeypatch):
     assert not check.ok, check.summary
     assert check.cosine_min < self_check.SELF_CHECK_MIN_COSINE[precision]
     assert check.summary.startswith("FAILED: ")
+    # a broken GEMM is wrong from the prompt on: the check ends there, and says so
+    assert check.stopped_at == "the prefill" and "stopped at the first failing comparison: the prefill" in check.summary
+    assert check.total == 8 and check.rows_total == 0
 
 
 @pytest.mark.slow
@@ -101,8 +105,10 @@ def test_broken_production_paths_fail(tiny, fault, monkeypatch):
     if fault == "fused rows":
         assert check.cosine_min >= self_check.SELF_CHECK_MIN_COSINE["bf16"]
         assert check.rows_greedy < self_check.SELF_CHECK_MIN_GREEDY["bf16"] * check.rows_total
+        assert not check.stopped_at
     else:
         assert check.cosine_min < self_check.SELF_CHECK_MIN_COSINE["bf16"]
+        assert check.stopped_at == f"slot 1 of bucket {self_check.SELF_CHECK_BUCKET}"
 
 
 def test_thresholds_and_nan():
@@ -113,6 +119,7 @@ def test_thresholds_and_nan():
     assert not self_check.SelfCheck("fp8", 0.995, 60, 72, 0.5, 4, 10).ok  # the fused rows under it
     assert not self_check.SelfCheck("fp8", 0.995, 60, 72, 0.5).ok         # no fused rows checked: not trusted
     assert not self_check.SelfCheck("bf16", 0.998, 72, 72, 0.5, 10, 10).ok  # bf16 holds the tighter cosine
+    assert not self_check.SelfCheck("bf16", 0.9999, 8, 8, 0.5, 10, 10, "decode step 1").ok  # it stopped there
     x = torch.ones(8, 4)
     assert self_check._cosine(x * float("nan"), x) == -1.0 and self_check._cosine(x, x) == pytest.approx(1.0)
     assert self_check._cosine(torch.zeros(8, 4), x) == pytest.approx(0.0)

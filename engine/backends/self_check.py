@@ -53,26 +53,53 @@ class SelfCheck:
     seconds: float
     rows_greedy: int = 0  # fused rows' codebooks equal to the reference's argmax along those rows
     rows_total: int = 0   # codebooks past the delay window in those rows
+    stopped_at: str = ""  # the first comparison under the cosine threshold: the check ends there
 
     @property
     def ok(self) -> bool:
         floor = SELF_CHECK_MIN_GREEDY[self.precision]
-        return (self.cosine_min >= SELF_CHECK_MIN_COSINE[self.precision] and self.greedy >= floor * self.total
-                and self.rows_total > 0 and self.rows_greedy >= floor * self.rows_total)
+        return (not self.stopped_at and self.cosine_min >= SELF_CHECK_MIN_COSINE[self.precision]
+                and self.greedy >= floor * self.total and self.rows_total > 0
+                and self.rows_greedy >= floor * self.rows_total)
 
     @property
     def summary(self) -> str:
+        where = f" (stopped at the first failing comparison: {self.stopped_at})" if self.stopped_at else ""
         return (f"{'passed' if self.ok else 'FAILED'}: {self.precision} logits vs the torch path, cosine min "
                 f"{self.cosine_min:.4f} (needs {SELF_CHECK_MIN_COSINE[self.precision]}), greedy "
                 f"{self.greedy}/{self.total} (needs {SELF_CHECK_MIN_GREEDY[self.precision]:.0%}), "
                 f"{len(SELF_CHECK_IDS)}-token prompt + {SELF_CHECK_STEPS} steps + {SELF_CHECK_ROWS_STEPS} batched "
                 f"steps + 1 in bucket {SELF_CHECK_BUCKET} (slot 1, padding rows); fused greedy rows "
-                f"{self.rows_greedy}/{self.rows_total}, {self.seconds:.1f} s")
+                f"{self.rows_greedy}/{self.rows_total}, {self.seconds:.1f} s{where}")
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     c = float(F.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0))
     return c if math.isfinite(c) and torch.isfinite(a).all() else -1.0
+
+
+class _Tally:
+    """The comparisons so far: each step's cosine and greedy agreement, and the first one under the threshold."""
+
+    def __init__(self, precision: str):
+        self.precision, self.t0 = precision, time.perf_counter()
+        self.cosines: list[float] = []
+        self.greedy = self.total = 0
+        self.stopped_at = ""
+
+    def add(self, where: str, got: torch.Tensor, want: torch.Tensor) -> bool:
+        """Count one step's logits; True when they fail the cosine threshold (the check stops there)."""
+        got, want = got.float().cpu(), want.float().cpu()
+        self.cosines.append(_cosine(got, want))
+        self.greedy += int((got.argmax(-1) == want.argmax(-1)).sum())
+        self.total += want.shape[0]
+        if self.cosines[-1] < SELF_CHECK_MIN_COSINE[self.precision]:
+            self.stopped_at = where
+        return bool(self.stopped_at)
+
+    def result(self, rows_greedy: int = 0, rows_total: int = 0) -> SelfCheck:
+        return SelfCheck(self.precision, min(self.cosines), self.greedy, self.total, time.perf_counter() - self.t0,
+                         rows_greedy, rows_total, self.stopped_at)
 
 
 def self_check(backend, reference, *, ids=SELF_CHECK_IDS, steps: int = SELF_CHECK_STEPS,
@@ -82,33 +109,36 @@ def self_check(backend, reference, *, ids=SELF_CHECK_IDS, steps: int = SELF_CHEC
     through the batched step (`decode_rows` in slot 0, rewriting those positions' KV), and the first in
     slot 1 of bucket SELF_CHECK_BUCKET beside padding rows; compare every step's logits. Then `fused_rows`
     greedy rows through the fused step (`begin` / `rows`), each compared with the reference's argmax
-    after the fused path's own previous rows (so one near-tie does not cascade). The backend's KV
-    positions it writes are overwritten by the next take's prefill."""
-    t0 = time.perf_counter()
+    after the fused path's own previous rows (so one near-tie does not cascade). The check ends at the first
+    step whose logits fail the cosine threshold: the kernels are not trusted, and that step says where.
+    The backend's KV positions it writes are overwritten by the next take's prefill."""
+    tally = _Tally(backend.precision)
     ids = torch.tensor(ids, dtype=torch.long)
-    got, want = backend.prefill(ids, None, 0), reference.prefill(ids.to(backend.device), None, 0)
-    pairs, fed = [(got, want)], []
+    want = reference.prefill(ids.to(backend.device), None, 0)
+    if tally.add("the prefill", backend.prefill(ids, None, 0), want):
+        return tally.result()
+    fed = []
     for step in range(steps):
         row = want.argmax(-1)
         row[step + 1:] = backend.dims.boc  # the delay window, as calibration feeds it
-        got, want = backend.decode(row, len(ids) + step), reference.decode(row, len(ids) + step)
-        pairs.append((got, want))
+        want = reference.decode(row, len(ids) + step)
+        if tally.add(f"decode step {step + 1}", backend.decode(row, len(ids) + step), want):
+            return tally.result()
         fed.append((row, len(ids) + step, want))
     for row, pos, want in fed[len(fed) - rows_steps:]:
-        pairs.append((backend.decode_rows(row[None], [0], [pos])[0], want))
+        if tally.add(f"the batched step at position {pos}", backend.decode_rows(row[None], [0], [pos])[0], want):
+            return tally.result()
     slots = backend.slots
     if slots < 2:
         backend.setup_slots(2)
     backend.prefill(ids, None, 0, slot=1)
     row, pos, want = fed[0]
-    pairs.append((backend.decode_rows(row[None], [1], [pos], bucket=SELF_CHECK_BUCKET)[0], want))
+    got = backend.decode_rows(row[None], [1], [pos], bucket=SELF_CHECK_BUCKET)[0]
     if slots < 2:
         backend.setup_slots(slots)
-    cos = min(_cosine(g.float().cpu(), w.float().cpu()) for g, w in pairs)
-    greedy = sum(int((g.float().argmax(-1).cpu() == w.float().argmax(-1).cpu()).sum()) for g, w in pairs)
-    rows_greedy, rows_total = _fused_rows_check(backend, reference, ids, fused_rows)
-    return SelfCheck(backend.precision, cos, greedy, sum(w.shape[0] for _, w in pairs), time.perf_counter() - t0,
-                     rows_greedy, rows_total)
+    if tally.add(f"slot 1 of bucket {SELF_CHECK_BUCKET}", got, want):
+        return tally.result()
+    return tally.result(*_fused_rows_check(backend, reference, ids, fused_rows))
 
 
 def _fused_rows_check(backend, reference, ids: torch.Tensor, n: int) -> tuple[int, int]:
