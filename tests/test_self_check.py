@@ -16,7 +16,7 @@ from engine.model import HiggsModel
 from kernels import ops
 from tests import interp_rounding
 from tests.helpers import BrokenJit
-from tests.interp_step import FAST_TILES
+from tests.interp_step import fast_tiles
 
 interp_rounding.install()
 
@@ -28,13 +28,8 @@ def tiny(parity_dir):
     ckpt = load_checkpoint(parity_dir / "tiny_checkpoint", progress=False)
     ref = HiggsModel.from_state_dict(ckpt.dims, ckpt.backbone, dtype=torch.bfloat16,
                                      max_len=len(self_check.SELF_CHECK_IDS) + self_check.SELF_CHECK_STEPS)
-    # the interpreter's cost is programs × loop steps: the composition test's larger tiles (same kernels)
-    saved = {name: dict(getattr(ops, name)) for name in FAST_TILES}
-    for name, tiles in FAST_TILES.items():
-        getattr(ops, name).update(tiles)
-    yield ckpt, ref
-    for name, tiles in saved.items():
-        getattr(ops, name).update(tiles)
+    with fast_tiles():  # the interpreter's cost is programs × loop steps: larger tiles (same kernels)
+        yield ckpt, ref
 
 
 def fused_input_zeroed(sample):
