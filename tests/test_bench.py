@@ -79,3 +79,12 @@ def test_cpu_bench_step_section_smoke(capsys):
     first_audio = [line for line in out.splitlines() if line.startswith(("| bf16 |", "| int8 |"))][-2:]
     assert [line.split(" | ")[0] for line in first_audio] == ["| bf16", "| int8"]
     assert all(int(line.split(" | ")[5]) > 20 for line in first_audio)  # the clip's prefix was kept
+
+
+def test_prefill_gemm_bench_smoke_prints_its_table_and_int_mm_exactness(capsys):
+    from bench import prefill_gemm
+
+    assert prefill_gemm.main(["--smoke", "--rows", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "| one layer |" in out and "| ÷ bf16 |" in out and "torch._int_mm W8A8" in out
+    assert "torch._int_mm against the exact integer product" in out
