@@ -74,21 +74,26 @@ def int_mm_error(m: int, k: int, n: int) -> tuple[int, int]:
     return worst[0], worst[1]
 
 
+def one_matrix(n: int, k: int, rows: int, gen: torch.Generator) -> dict[str, float]:
+    """Each way's ms for one [n, k] matrix at `rows` rows."""
+    w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
+    q = Int8Weight.from_float(w)
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+    scratch = torch.empty(n * k, dtype=torch.bfloat16)
+    out = torch.empty(rows, n, dtype=torch.bfloat16)
+    return {"bf16": median_ms(lambda: F.linear(x, w)),
+            "scratch": median_ms(lambda: linear(x, q, scratch)),
+            "tiled": median_ms(lambda: tiled(x, q, scratch, out)),
+            "int8pack": median_ms(lambda: q(x)),
+            "int_mm": median_ms(lambda: int_mm_w8a8(x, q))}
+
+
 def bench(rows: int, shrink: int = 1) -> Table:
     gen = torch.Generator().manual_seed(0)
     out_rows, total = [], {}
     for name, (n, k) in FULL_WIDTH.items():
         n, k = n // shrink, k // shrink
-        w = torch.randn(n, k, generator=gen).to(torch.bfloat16)
-        q = Int8Weight.from_float(w)
-        x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
-        scratch = torch.empty(n * k, dtype=torch.bfloat16)
-        out = torch.empty(rows, n, dtype=torch.bfloat16)
-        ms = {"bf16": median_ms(lambda: F.linear(x, w)),
-              "scratch": median_ms(lambda: linear(x, q, scratch)),
-              "tiled": median_ms(lambda: tiled(x, q, scratch, out)),
-              "int8pack": median_ms(lambda: q(x)),
-              "int_mm": median_ms(lambda: int_mm_w8a8(x, q))}
+        ms = one_matrix(n, k, rows, gen)
         for key, v in ms.items():
             total[key] = total.get(key, 0.0) + v
         out_rows.append([name, f"{n} × {k}", *ms.values()])
