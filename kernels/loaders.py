@@ -84,7 +84,8 @@ class PyCudaLoader:
 
 
 class CudaCoreLoader:
-    """cuda-core (binary wheels, no build); launches on a torch stream directly."""
+    """cuda-core (binary wheels, no build); launches on a torch stream, wrapped once as cuda-core's `Stream`
+    (`launch` taking a torch stream through `__cuda_stream__` is deprecated in cuda-core)."""
 
     name = "cuda.core"
     device_type = "cuda"
@@ -95,13 +96,14 @@ class CudaCoreLoader:
         import torch
 
         try:
-            from cuda.core import Device, LaunchConfig, ObjectCode, launch
+            from cuda.core import Device, LaunchConfig, ObjectCode, Stream, launch
         except ImportError:  # cuda-core < 0.4 kept the API under .experimental
-            from cuda.core.experimental import Device, LaunchConfig, ObjectCode, launch
+            from cuda.core.experimental import Device, LaunchConfig, ObjectCode, Stream, launch
         from cuda.bindings import driver
 
         self.np, self.driver = np, driver
         self.ObjectCode, self.LaunchConfig, self._launch = ObjectCode, LaunchConfig, launch
+        self.Stream, self.core_streams = Stream, {}  # raw stream handle -> cuda-core's Stream over it
         self.device = device
         Device(device).set_current()  # the primary context, as torch uses
         self.context = open_driver_api(device)
@@ -124,7 +126,18 @@ class CudaCoreLoader:
         self.context.ensure()
         _, kernel, types = handle
         args = [t(v) for t, v in zip(types, packed.values)]
-        self._launch(self.stream, self.LaunchConfig(grid=grid, block=block, shmem_size=shared), kernel, *args)
+        self._launch(self.core_stream(self.stream), self.LaunchConfig(grid=grid, block=block, shmem_size=shared),
+                     kernel, *args)
+
+    def core_stream(self, stream):
+        """cuda-core's `Stream` over a torch stream, made at its first launch and kept by the raw handle, so
+        later launches (and graph captures) on that stream reuse it. The wrapper does not own the stream:
+        torch keeps it alive, as the loader holds `self.stream` for its life."""
+        handle = int(stream.cuda_stream)
+        core = self.core_streams.get(handle)
+        if core is None:
+            core = self.core_streams[handle] = self.Stream.from_handle(handle)
+        return core
 
 
 LOADERS = {"pycuda": PyCudaLoader, "cuda.core": CudaCoreLoader}

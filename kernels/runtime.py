@@ -10,8 +10,9 @@ Loaders. PyCUDA is the product's loader: `pycuda.autoprimaryctx` (not `autoinit`
 would make torch's pointers invalid) shares the primary context with torch, and torch adopts PyCUDA's
 stream through `torch.cuda.ExternalStream(stream.handle)` — PyCUDA cannot wrap a foreign stream, so the
 sharing has to go that way round. Where PyCUDA is not installed or fails to initialise, `cuda.core`
-loads the same cubins and launches on a torch stream directly. Graphs are captured with torch on that
-shared stream: capture happens in the driver, so it records either loader's cuLaunchKernel calls.
+loads the same cubins and launches on a torch stream (wrapped once as cuda-core's `Stream`). Graphs are
+captured with torch on that shared stream: capture happens in the driver, so it records either loader's
+cuLaunchKernel calls.
 
 Every launching thread makes the primary context current once (`kernels.loaders.ThreadContext`), since
 the studio launches from worker threads; kernels run on a non-blocking stream, and graphs are captured in
