@@ -5,9 +5,12 @@ names the driver that is too old for this torch's CUDA."""
 from __future__ import annotations
 
 import types
+from pathlib import Path
 
 from kernels import loaders
 from kernels.packing import Packed
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class FakeTorchStream:
@@ -44,3 +47,15 @@ def test_cuda_core_launches_on_a_stream_wrapped_once_per_handle():
     loader.stream = FakeTorchStream(0x8000)
     loader.launch(handle, (1, 1, 1), (128, 1, 1), 0, Packed(values=[4], format="i"))
     assert log["wrapped"] == [0x7000, 0x8000] and log["launched"][-1] == ("core stream", 0x8000)
+
+
+def test_requirements_pin_cuda_core_to_the_api_the_loader_uses():
+    """`Stream.from_handle` and the top-level `cuda.core` names: 1.2 is what the loader is written and
+    checked against; a 2.x may move them again."""
+    from packaging.requirements import Requirement
+
+    lines = (REPO / "requirements.txt").read_text().splitlines()
+    (req,) = [Requirement(line.split("#")[0]) for line in lines if line.startswith("cuda-core")]
+    assert "1.2.0" in req.specifier and "1.2.2" in req.specifier
+    assert "1.1.1" not in req.specifier and "2.0.0" not in req.specifier
+    assert str(req.marker) == 'platform_system == "Linux" and platform_machine == "x86_64"'
