@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from studio.projects import importing
-from studio.views.project_rows import controls, job_line, project_choices, segment_state
+from studio.views.project_rows import controls, job_line, outputs, project_choices, segment_state
 from tests.helpers import store_released_without
 
 pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)
@@ -81,6 +81,16 @@ def test_render_pause_resume_and_cancel_apply_only_to_the_jobs_state():
     for ended in ("done", "cancelled", "failed"):
         assert controls({"state": ended}) == (True, False, False, False)
     assert controls(None, has_project=False) == (False, False, False, False)
+
+
+def test_play_acx_export_and_captions_apply_once_something_is_rendered():
+    # (play chapter, ACX check, export, captions)
+    book = {"chapters": [{"state": "done"}, {"state": "rendering"}, {"state": "stale"}]}
+    assert outputs(book, 1) == (True, True, True, True)
+    assert outputs(book, 2) == outputs(book, 3) == (False, False, True, True)  # another chapter is rendered
+    assert outputs(book, 4) == outputs(book, None) == (False, False, True, True)
+    assert outputs({"chapters": [{"state": "not started"}, {"state": "stale"}]}, 1) == (False,) * 4
+    assert outputs(None, 1) == (False,) * 4
 
 
 def test_a_new_export_first_empties_the_download(tmp_path):

@@ -77,6 +77,10 @@ def summary(pg) -> str:
     return pg.inner_text("#proj-summary")
 
 
+# Enabled once there is something to hear or export (studio/views/project_rows.py `outputs`).
+OUTPUTS = ("proj-play", "proj-acx-check", "proj-export", "proj-captions")
+
+
 def test_an_uploaded_txt_becomes_its_chapters_and_a_cast_chapter_renders_in_its_voice(page, demo_studio, tmp_path):
     url, pg = demo_studio.url, page
     voice = save_voice(url, "Page Voice")
@@ -113,9 +117,11 @@ def test_an_uploaded_txt_becomes_its_chapters_and_a_cast_chapter_renders_in_its_
                          timeout=30_000)
 
     pg.wait_for_function("() => !document.querySelector('#proj-render').disabled", timeout=30_000)
+    assert [pg.is_disabled(f"#{b}") for b in OUTPUTS] == [True] * 4  # nothing rendered: nothing to play or export
     pg.click("#proj-render")
     pg.wait_for_function("() => /done · 3 of 3 segments/.test(document.querySelector('#proj-summary')?.innerText)",
                          timeout=120_000)
+    pg.wait_for_function(f"() => {list(OUTPUTS)}.every((b) => !document.getElementById(b).disabled)", timeout=30_000)
     segments = api(url, f"/v1/projects/{pid}/chapters/1")["segments"]
     assert [(s["text"], s["voice"]) for s in segments] == [("A blue door.", voice)]
     assert segments[0]["state"] not in ("waiting", "stale")  # rendered, in the cast voice (its render's record)

@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from studio.views.projects import chapter_rows, chapter_state, job_line, segment_rows, summary_md
+from studio.views.projects import VIEWS, chapter_rows, chapter_state, job_line, segment_rows, summary_md
 
 pytestmark = pytest.mark.demo_threads  # the demo engine in process, as the app runs it (conftest.py)
 
@@ -95,13 +95,16 @@ def test_handlers_create_render_regenerate_play_and_export(view, tmp_path):
         view.render("")
     upload = tmp_path / "Two Doors.md"
     upload.write_text("# One\n\nA red door.\n\nA blue door.\n\n# Two\n\nA green door.\n")
-    picker, pid, chapter, *form, summary, rows, segments, _, _, _, _, shown = view.create("", "Ann", "", str(upload),
-                                                                                        False)
+    made = view.create("", "Ann", "", str(upload), False)
+    (picker, pid, chapter), form = made[:3], made[3:-VIEWS]
+    summary, rows, segments, *buttons, shown = made[-VIEWS:]
     assert picker["value"] == pid and chapter == 1 and "**Two Doors** by Ann · 2 chapters" in summary
     assert form[5] == "Two Doors"  # the name box
     assert rows == [[1, "One", "narrator", "not started", 2, 0], [2, "Two", "narrator", "not started", 1, 0]]
     assert [r[1] for r in segments] == ["A red door.", "A blue door."]
-    assert view.tick(pid, 1, shown) == (gr_skip(),) * 8  # nothing changed: nothing sent
+    # Render, then Pause, Resume, Cancel; Play chapter, ACX check, Export, Captions: only Render applies
+    assert [b["interactive"] for b in buttons] == [True] + [False] * 7
+    assert view.tick(pid, 1, shown) == (gr_skip(),) * VIEWS  # nothing changed: nothing sent
     with pytest.raises(ValueError, match="no render in progress"):
         view.pause(pid)
     with pytest.raises(ValueError, match="not rendered yet"):
@@ -112,8 +115,9 @@ def test_handlers_create_render_regenerate_play_and_export(view, tmp_path):
     pid = view.projects.create(OWNER.key, book, {"max_frames": MAX_FRAMES}).id
     assert re.search("waiting to render|rendering", view.render(pid)[0])
     wait_done(view, pid)
-    summary, rows, segments, *_ = view.tick(pid, 1, shown)
+    summary, rows, segments, *buttons, _ = view.tick(pid, 1, shown)
     assert "done · 3 of 3 segments" in summary and [r[3] for r in rows] == ["done", "done"]
+    assert [b["interactive"] for b in buttons] == [True, False, False, False, True, True, True, True]
     samples = view.projects.chapter_audio(pid, 0).samples
     assert sf.info(view.play_chapter(pid, 1)).frames == samples
     assert sf.info(view.play_segment(pid, 1, 2)).frames > 0

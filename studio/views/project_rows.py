@@ -91,6 +91,15 @@ def controls(job: dict | None, has_project: bool = True) -> tuple[bool, bool, bo
     return False, state in ("queued", "running"), state == "paused", True
 
 
+def outputs(project: dict | None, chapter: int | None) -> tuple[bool, bool, bool, bool]:
+    """Which of Play chapter, ACX check, Export and Captions apply: the first two once the chosen chapter is
+    rendered (every segment, as its text and settings are now), the other two once any chapter is (a chapter
+    still missing from a whole-book export is named when it is asked for)."""
+    done = [c["state"] == "done" for c in (project or {}).get("chapters", [])]
+    picked = chapter is not None and 1 <= chapter <= len(done) and done[int(chapter) - 1]
+    return picked, picked, any(done), any(done)
+
+
 def summary_md(project: dict | None) -> str:
     if not project:
         return "No project open: create one below, or pick one."
@@ -116,5 +125,5 @@ def project_choices(summaries: list[dict]) -> list[tuple[str, str]]:
     return out
 
 
-__all__ = ["CHAPTER_HEADERS", "SEGMENT_HEADERS", "chapter_rows", "chapter_state", "controls", "job_line",
+__all__ = ["CHAPTER_HEADERS", "SEGMENT_HEADERS", "chapter_rows", "chapter_state", "controls", "job_line", "outputs",
            "project_choices", "segment_rows", "segment_state", "summary_md"]

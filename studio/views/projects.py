@@ -11,21 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
-import shutil
 from pathlib import Path
 
 import gradio as gr
 
-from engine.config import SAMPLE_RATE
 from studio.api.access import Access
-from studio.audio.formats import write_audio
 from studio.audio.loudness import TARGETS
 from studio.projects import importing
-from studio.projects.export import chapter_export, export, levelled
 from studio.takes.admission import OWNER
 from studio.text.pronounce import from_tsv, rules_json, to_tsv
 from studio.views.project_cast import PROJECTS, ZERO_SHOT, ProjectEdits
+from studio.views.project_outputs import CAPTION_FORMATS, FORMAT_CHOICES, NOTHING, ProjectOutputs
 from studio.views.project_rows import (
     CHAPTER_HEADERS,
     CHAPTER_WIDTHS,
@@ -35,11 +31,11 @@ from studio.views.project_rows import (
     chapter_state,
     controls,
     job_line,
+    outputs,
     project_choices,
     segment_rows,
     summary_md,
 )
-from studio.views.render import acx_html
 from studio.views.toasts import warns
 
 POLL_SECONDS = 1.0
@@ -48,18 +44,11 @@ OWNER_ONLY_PROJECTS = ("Projects are the studio's owner's: log in with the studi
 UPLOAD_TYPES = [".txt", ".md", ".markdown", ".epub"]
 # Short labels that fit their boxes whole: the targets' levels are in the box's label.
 LOUDNESS_CHOICES = [("as rendered", "off"), *((f"{name} {lufs:g}", name) for name, lufs in TARGETS.items())]
-FORMAT_CHOICES = [("M4B book", "m4b"), ("ZIP of MP3s", "zip"), ("ACX (Audible)", "acx"), ("MP3", "mp3"),
-                  ("WAV", "wav"), ("FLAC", "flac")]
-CAPTION_FORMATS = [("SRT", "srt"), ("WebVTT", "vtt")]
-VIEWS = 8  # what `_views` fills: summary, the two tables, the four job buttons, `shown`
-MAKING = gr.update(value=None, interactive=False, label="Making the file…")
-NOTHING = gr.update(value=None, interactive=False, label="Download")
+VIEWS = 12  # what `_views` fills: summary, the two tables, the four job buttons, the four outputs', `shown`
 
 
-class ProjectsView(ProjectEdits):
+class ProjectsView(ProjectEdits, ProjectOutputs):
     """Builds the tab and handles its events over the projects library (`Projects`) and its `JobRunner`."""
-
-    _files = itertools.count(1)
 
     def __init__(self, projects, runner, out_dir: str | Path, access: Access | None = None, *, transcriber=None):
         self.projects, self.runner = projects, runner
@@ -96,12 +85,12 @@ class ProjectsView(ProjectEdits):
         return self._views(project_id, chapter)[:3]
 
     def _views(self, project_id: str | None, chapter: int | None) -> tuple:
-        """(summary, chapter rows, segment rows, Render / Pause / Resume / Cancel enabled where they apply, what
-        they show: the `shown` state the timer compares)."""
+        """(summary, chapter rows, segment rows, Render / Pause / Resume / Cancel and Play chapter / ACX check /
+        Export / Captions enabled where they apply, what they show: the `shown` state the timer compares)."""
         project = self.project(project_id)
         view = (summary_md(project), chapter_rows(project, self.voice_names()),
                 segment_rows(self.chapter(project_id, chapter)))
-        buttons = controls((project or {}).get("job"), project is not None)
+        buttons = controls((project or {}).get("job"), project is not None) + outputs(project, chapter)
         return (*view, *(gr.update(interactive=on) for on in buttons), [project_id, chapter, *view, buttons])
 
     # ------------------------------------------------------------------ handlers (plain functions)
@@ -117,8 +106,7 @@ class ProjectsView(ProjectEdits):
     def open(self, project_id: str):
         """Another project picked: its state from the first chapter, remembered by the browser; the downloads
         of the one before are gone."""
-        gone = gr.update(value=None, interactive=False, label="Download")
-        return project_id or "", 1, gone, gone, *self.form(project_id), *self._views(project_id, 1)
+        return project_id or "", 1, NOTHING, NOTHING, *self.form(project_id), *self._views(project_id, 1)
 
     def tick(self, project_id: str, chapter: int | None, shown):
         """The timer: the state again, and nothing sent when nothing changed (the tables keep their scroll)."""
@@ -192,77 +180,6 @@ class ProjectsView(ProjectEdits):
         self.runner.render(project_id, [chapter])
         return self._views(project_id, chapter + 1)
 
-    def play_chapter(self, project_id: str, chapter) -> str:
-        """The chapter as a WAV for the player (streamed to the file a block at a time)."""
-        project_id = self._id(project_id)
-        index, count = self._index(project_id, chapter), len(self.projects.store.chapters(project_id))
-        audio = self.projects.chapter_audio(project_id, index, OWNER.key)
-        return self._save(chapter_export(audio, self.projects.book_meta(project_id), "wav", index, count))
-
-    def play_segment(self, project_id: str, chapter, segment) -> str:
-        view = self.chapter(self._id(project_id), int(chapter or 0))
-        if view is None:
-            raise ValueError("Pick a chapter first (click its row).")
-        index = int(segment or 0) - 1
-        if not 0 <= index < len(view["segments"]):
-            raise ValueError(f"Pick a segment between 1 and {len(view['segments'])}.")
-        row = view["segments"][index]
-        if row["state"] in ("waiting", "stale"):
-            raise ValueError(f"Segment {index + 1} is not rendered yet.")
-        path = self.out_dir / f"segment-{next(self._files)}-seed{row['seed']}.wav"
-        return write_audio(path, self.projects.store.read_audio(row["key"]), SAMPLE_RATE)
-
-    def export(self, project_id: str, fmt: str, chapter, loudness: str = "off"):
-        """The export's download button: emptied at once (never the file an earlier export made), then the
-        new file once it is written."""
-        yield MAKING
-        try:
-            path = self.export_file(project_id, fmt, chapter, loudness)
-        except ValueError:
-            yield NOTHING
-            raise
-        yield gr.update(value=path, interactive=True, label=f"Download {Path(path).name}")
-
-    def export_file(self, project_id: str, fmt: str, chapter, loudness: str = "off") -> str:
-        """The book (m4b, zip, acx, or wav / flac / mp3 in one file) or one chapter (wav / flac / mp3 / acx) as
-        a file, each chapter levelled to `loudness` when one is chosen (not for acx: it levels itself)."""
-        project_id = self._id(project_id)
-        loudness = None if fmt == "acx" else loudness
-        if chapter and fmt not in ("m4b", "zip"):
-            meta = self.projects.book_meta(project_id, OWNER.key)
-            index = self._index(project_id, chapter)
-            audio = levelled([self.projects.chapter_audio(project_id, index, OWNER.key)], fmt, loudness)[0]
-            made = chapter_export(audio, meta, fmt, index, len(self.projects.store.chapters(project_id)))
-        else:
-            chapters, meta = self.projects.book(project_id, OWNER.key)
-            made = export(chapters, meta, fmt, loudness=loudness)
-        return self._save(made)
-
-    def captions(self, project_id: str, fmt: str, chapter):
-        """The captions' download button, emptied at once, then the file: as `captions_file`."""
-        yield MAKING
-        try:
-            path = self.captions_file(project_id, fmt, chapter)
-        except ValueError:
-            yield NOTHING
-            raise
-        yield gr.update(value=path, interactive=True, label=f"Download {Path(path).name}")
-
-    def captions_file(self, project_id: str, fmt: str, chapter) -> str:
-        """The captions as a file: one chapter's, or the book's (chapter 0) timed as the M4B is."""
-        project_id = self._id(project_id)
-        index = self._index(project_id, chapter) if chapter else None
-        found = self.projects.captions(project_id, index, OWNER.key, transcriber=self.transcriber)
-        title = self.projects.project(project_id).title
-        folder = self.out_dir / f"captions-{next(self._files)}"
-        folder.mkdir()
-        stem = "".join(ch for ch in title if ch.isalnum() or ch in " -_").strip() or "book"
-        path = folder / f"{stem}{'' if index is None else f' - {index + 1:02d}'}.{fmt}"
-        path.write_text(found.srt() if fmt == "srt" else found.vtt(), encoding="utf-8")
-        if found.note:
-            gr.Info(f"Captions: {found.note}.")
-        return str(path)
-
     def load_rules(self, project_id: str) -> str:
         """The project's own pronunciation rules as TSV (the owner's global ones are in the Studio tab)."""
         project = self.projects.project(self._id(project_id), OWNER.key)
@@ -276,24 +193,6 @@ class ProjectsView(ProjectEdits):
             raise ValueError("The project is rendering; pause or cancel it before changing its pronunciation rules.")
         self.projects.patch(project_id, {"dictionary": rules_json(from_tsv(text or ""))["rules"]}, OWNER.key)
         return self._views(project_id, chapter)
-
-    def acx_check(self, project_id: str, chapter) -> str:
-        """The chosen chapter's ACX report (measured once per render of it) as a small table."""
-        project_id = self._id(project_id)
-        return acx_html(self.projects.acx(project_id, self._index(project_id, chapter), OWNER.key))
-
-    def _save(self, made) -> str:
-        """Write an export's body to a file in the page's folder, a piece at a time."""
-        folder = self.out_dir / f"export-{next(self._files)}"
-        folder.mkdir()
-        path = folder / made.filename
-        try:
-            with open(path, "wb") as f:
-                f.writelines(made.body)
-        except BaseException:  # a failed export leaves no half file behind
-            shutil.rmtree(folder, ignore_errors=True)
-            raise
-        return str(path)
 
     def _index(self, project_id: str, chapter) -> int:
         """The page's chapter number (from 1) as the library's index (from 0), or a sentence saying the range."""
@@ -326,8 +225,8 @@ class ProjectsView(ProjectEdits):
                                 elem_id="proj-chapters")
         with gr.Row():
             chapter = gr.Number(1, label="Chapter (click its row)", precision=0, minimum=1, elem_id="proj-chapter")
-            play = gr.Button("Play chapter", elem_id="proj-play")
-            check = gr.Button("ACX check", elem_id="proj-acx-check")
+            play = gr.Button("Play chapter", interactive=False, elem_id="proj-play")  # project_rows.outputs
+            check = gr.Button("ACX check", interactive=False, elem_id="proj-acx-check")
         with gr.Accordion("Voices and style", open=True):
             with gr.Row():
                 narrator = gr.Dropdown([ZERO_SHOT], value="", label="Narrator voice", elem_id="proj-narrator")
@@ -362,11 +261,11 @@ class ProjectsView(ProjectEdits):
             which = gr.Number(0, label="Chapter (0: the book)", precision=0, minimum=0, min_width=160,
                               elem_id="proj-export-chapter")
         with gr.Row():
-            make = gr.Button("Export", elem_id="proj-export")
+            make = gr.Button("Export", interactive=False, elem_id="proj-export")
             download = gr.DownloadButton("Download", interactive=False, elem_id="proj-download")
             caption_fmt = gr.Dropdown(CAPTION_FORMATS, value="srt", label="Captions", min_width=120,
                                       elem_id="proj-caption-format")
-            make_captions = gr.Button("Captions", elem_id="proj-captions")
+            make_captions = gr.Button("Captions", interactive=False, elem_id="proj-captions")
             captions = gr.DownloadButton("Download", interactive=False, elem_id="proj-captions-download")
         with gr.Accordion("Pronunciation rules of this project", open=False):
             rules = gr.Textbox(label="word<TAB>respelling[<TAB>regex<TAB>case_sensitive<TAB>voice<TAB>language], one a "
@@ -397,7 +296,7 @@ class ProjectsView(ProjectEdits):
 
         owner = functools.partial(self.access.owner_only, message=OWNER_ONLY_PROJECTS)
         private = {"api_visibility": "private"}
-        views = [summary, chapters, segments, render, pause, resume, cancel, shown]
+        views = [summary, chapters, segments, render, pause, resume, cancel, play, check, make, make_captions, shown]
         form = [narrator, style, seed, script, loudness, name, chapter_voice, chapter_style]
         n = len(views)
         # The page load's event (page.py adds it to demo.load): the project this browser had open, as it is now.
