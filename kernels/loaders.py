@@ -1,6 +1,7 @@
 """The two cubin loaders, each on the device's primary context (the one torch uses) with a stream torch
 shares: PyCUDA (the product's; torch adopts its stream) and cuda-core (binary wheels; launches on a torch
 stream). Both load a cubin from bytes and launch packed arguments; `kernels.runtime.open_loader` picks one.
+Also which cuda-bindings (built per CUDA major) a driver can run, for the cuda-core loader.
 """
 
 from __future__ import annotations
@@ -138,6 +139,42 @@ class CudaCoreLoader:
         if core is None:
             core = self.core_streams[handle] = self.Stream.from_handle(handle)
         return core
+
+
+# cuda-bindings is built per CUDA major and needs a driver for that major: 12.x runs on R525+, 13.x on
+# R580.65+ only (cuda-core's install notes). cuda-core works over either; its [cu12] / [cu13] extra picks.
+BINDINGS_REQUIREMENTS = {12: ("cuda-core[cu12]", "cuda-bindings>=12.8,<13"),
+                         13: ("cuda-core[cu13]", "cuda-bindings>=13,<14")}
+BINDINGS_INSTALL = {major: "pip install " + " ".join(f'"{r}"' for r in reqs)
+                    for major, reqs in BINDINGS_REQUIREMENTS.items()}
+
+
+def bindings_requirements(driver_cuda: int) -> tuple[str, ...]:
+    """The cuda-core / cuda-bindings requirements for a driver (cuDriverGetVersion's number)."""
+    return BINDINGS_REQUIREMENTS[12 if driver_cuda < 13000 else 13]
+
+
+def bindings_problem(driver_cuda: int, bindings: str | None) -> str | None:
+    """One sentence when the installed cuda-bindings (version string, None when absent) needs a newer
+    driver than this one (`driver_cuda` as cuDriverGetVersion gives it, e.g. 12040), with the pip line
+    that fits; None when they match or either is unknown."""
+    if not bindings or not driver_cuda:
+        return None
+    major, driver_major = int(bindings.split(".")[0]), driver_cuda // 1000
+    if major <= driver_major:
+        return None
+    fix = BINDINGS_INSTALL.get(driver_major, f"install cuda-bindings {driver_major}.x")
+    return (f"cuda-bindings {bindings} is built for CUDA {major}, but this driver supports CUDA "
+            f"{driver_major}.{driver_cuda % 1000 // 10}, so the cuda-core loader cannot start: {fix}")
+
+
+def package_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 LOADERS = {"pycuda": PyCudaLoader, "cuda.core": CudaCoreLoader}

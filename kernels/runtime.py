@@ -25,8 +25,9 @@ held and the next driver call hangs (KERNELS.md §4), so `available()` asks libc
 ctypes before anything imports PyCUDA or cuda.core.
 
 This module is the probe (ctypes, the manifest, torch) and the launch front: `CubinKernels`, `capture_graph`.
-Beside it: `kernels/loaders.py` (PyCUDA and cuda-core), `kernels/packing.py` (arguments as the driver sees
-them) and `kernels/binding.py` (`cubin_ops`: kernels/ops.py launched from cubins, or from the interpreter).
+Beside it: `kernels/loaders.py` (PyCUDA and cuda-core, and the cuda-bindings that fit a driver),
+`kernels/packing.py` (arguments as the driver sees them) and `kernels/binding.py` (`cubin_ops`: kernels/ops.py
+launched from cubins, or from the interpreter).
 """
 
 from __future__ import annotations
@@ -40,12 +41,20 @@ from pathlib import Path
 from kernels import compat
 from kernels import manifest as mf
 from kernels.binding import InterpretedKernels, cubin_ops
-from kernels.loaders import LOADERS
+from kernels.loaders import (
+    BINDINGS_INSTALL,
+    BINDINGS_REQUIREMENTS,
+    LOADERS,
+    bindings_problem,
+    bindings_requirements,
+    package_version,
+)
 from kernels.packing import grid3, pack_args
 
-__all__ = ["CaptureFailed", "CubinKernels", "CubinLoadError", "ForeignStream", "InterpretedKernels", "Probe",
-           "available", "bindings_problem", "bindings_requirements", "capture_graph", "cubin_ops", "loader_choice",
-           "open_loader", "package_version", "probe_driver", "torch_cannot_use_gpu"]
+__all__ = ["BINDINGS_INSTALL", "BINDINGS_REQUIREMENTS", "CaptureFailed", "CubinKernels", "CubinLoadError",
+           "ForeignStream", "InterpretedKernels", "Probe", "available", "bindings_problem", "bindings_requirements",
+           "capture_graph", "cubin_ops", "loader_choice", "open_loader", "package_version", "probe_driver",
+           "torch_cannot_use_gpu"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,42 +154,6 @@ def loader_choice() -> tuple[str | None, str]:
     if found[0] == "pycuda":
         return "pycuda", "PyCUDA is installed, the preferred loader"
     return "cuda.core", "PyCUDA is not installed; cuda-core loads the same cubins"
-
-
-# cuda-bindings is built per CUDA major and needs a driver for that major: 12.x runs on R525+, 13.x on
-# R580.65+ only (cuda-core's install notes). cuda-core works over either; its [cu12] / [cu13] extra picks.
-BINDINGS_REQUIREMENTS = {12: ("cuda-core[cu12]", "cuda-bindings>=12.8,<13"),
-                         13: ("cuda-core[cu13]", "cuda-bindings>=13,<14")}
-BINDINGS_INSTALL = {major: "pip install " + " ".join(f'"{r}"' for r in reqs)
-                    for major, reqs in BINDINGS_REQUIREMENTS.items()}
-
-
-def bindings_requirements(driver_cuda: int) -> tuple[str, ...]:
-    """The cuda-core / cuda-bindings requirements for a driver (cuDriverGetVersion's number)."""
-    return BINDINGS_REQUIREMENTS[12 if driver_cuda < 13000 else 13]
-
-
-def bindings_problem(driver_cuda: int, bindings: str | None) -> str | None:
-    """One sentence when the installed cuda-bindings (version string, None when absent) needs a newer
-    driver than this one (`driver_cuda` as cuDriverGetVersion gives it, e.g. 12040), with the pip line
-    that fits; None when they match or either is unknown."""
-    if not bindings or not driver_cuda:
-        return None
-    major, driver_major = int(bindings.split(".")[0]), driver_cuda // 1000
-    if major <= driver_major:
-        return None
-    fix = BINDINGS_INSTALL.get(driver_major, f"install cuda-bindings {driver_major}.x")
-    return (f"cuda-bindings {bindings} is built for CUDA {major}, but this driver supports CUDA "
-            f"{driver_major}.{driver_cuda % 1000 // 10}, so the cuda-core loader cannot start: {fix}")
-
-
-def package_version(name: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 @functools.cache
