@@ -6,8 +6,14 @@ included. So under backend "auto" the cubin load, calibration and self-check fir
 process; the serving process loads the cubins only on a pass, and a fault costs the child, not the
 studio. The verdict, with the self-check's figures, is cached in the studio's folder
 (`engine.demo.cache_dir()`, $HIGGS_STUDIO_CACHE) under a key of everything it depends on: the GPU, the
-driver, torch, the manifest's sha256, the precision and variant. A new driver, torch or cubin build
-probes again.
+driver, torch, the loader and its packages (cuda-core, cuda-bindings, PyCUDA), the manifest's sha256, the
+sha256 of the backends' and kernels' sources, the precision and variant. A change to any of them probes
+again, and so does the studio's --retrust (`trusted(..., retrust=True)`), which overwrites the file.
+
+Only a verdict about the kernels is cached: a self-check that ran to its end (passed or failed) or a
+kernel fault (an illegal address, a misaligned address, an illegal instruction, a launch failure). A
+failure of the environment (out of memory, the probe's timeout, a crash or signal without a verdict, a
+missing or mismatched package) says nothing about them, and the next start probes again.
 
     verdict = trusted(checkpoint, device, "fp8", "v2")     # cached, or probed now (seconds to a minute)
     python -m engine.backends.trust CHECKPOINT --device cuda:0 --precision fp8 --out verdict.json
@@ -16,19 +22,45 @@ probes again.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import hashlib
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 # The child loads the checkpoint (4B: ~10 s), calibrates and self-checks (a few s on a GPU).
 PROBE_TIMEOUT_S = 600
+# The sources whose change could change a verdict (the identity's source_sha256).
+SOURCES = ("engine/backends/*.py", "kernels/*.py")
+# The studio's --retrust: this process probes again, ignoring the cached verdict, and overwrites it.
+RETRUST = False
+
+# What decided a verdict; only the first two say something about the kernels, so only they are cached.
+SELF_CHECK, KERNEL_FAULT, ENVIRONMENT = "self-check", "kernel fault", "environment"
+CACHED_KINDS = (SELF_CHECK, KERNEL_FAULT)
+# CUDA's names for a kernel that faulted: the driver's and the runtime's error names, their messages
+# (torch's "CUDA error: ...", PyCUDA's "cuLaunchKernel failed: ...") and kernels/loaders.py's "CUresult N".
+FAULTS = re.compile(
+    r"CUDA_ERROR_(ILLEGAL_ADDRESS|MISALIGNED_ADDRESS|ILLEGAL_INSTRUCTION|LAUNCH_FAILED|INVALID_ADDRESS_SPACE"
+    r"|INVALID_PC|HARDWARE_STACK_ERROR)\b"
+    r"|cudaError(IllegalAddress|MisalignedAddress|IllegalInstruction|LaunchFailure|InvalidAddressSpace|InvalidPc"
+    r"|HardwareStackError)\b"
+    r"|an illegal memory access was encountered|an illegal instruction was encountered|misaligned address"
+    r"|unspecified launch failure|invalid program counter|hardware stack error"
+    r"|CUresult 7(00|1[4-9])\b")
+# Out of memory, under any of its names: the card was busy, not the kernels wrong.
+OUT_OF_MEMORY = re.compile(r"out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|OutOfMemoryError",
+                           re.IGNORECASE)
+NOT_CACHED = "not cached: a failure of the environment, not of the kernels, is probed again at the next start"
 
 
 @dataclass(frozen=True)
@@ -37,12 +69,31 @@ class Verdict:
     reason: str           # the self-check's summary on a pass, what failed otherwise
     identity: dict
     seconds: float
-    cached: bool = False
+    cached: bool = False  # read from the cache file, not probed now
+    kind: str = SELF_CHECK  # what decided it: SELF_CHECK, KERNEL_FAULT or ENVIRONMENT
+    path: str = ""        # the cache file it is kept in; "" when it is not kept
+    uncached: str = ""    # why it is not kept, when that was decided
 
     @property
     def summary(self) -> str:
-        how = "cached" if self.cached else f"probed in a separate process in {self.seconds:.0f} s"
+        if self.cached:
+            how = f"cached in {self.path}; delete it or start with --retrust to probe again"
+        else:
+            how = f"probed in a separate process in {self.seconds:.0f} s"
+            how += f", cached in {self.path}" if self.path else f", {self.uncached}" if self.uncached else ""
         return f"{'trusted' if self.ok else 'not trusted'} ({how}): {self.reason}"
+
+
+@functools.cache
+def source_sha256(root: Path = REPO) -> str:
+    """sha256 over the sources in SOURCES under `root` (each file's path and bytes, sorted by path): an
+    edited kernel or backend probes again. Once per process: the studio does not edit its own code."""
+    h = hashlib.sha256()
+    for path in sorted((p for pattern in SOURCES for p in root.glob(pattern)), key=lambda p: p.relative_to(root)):
+        data = path.read_bytes()
+        h.update(f"{path.relative_to(root).as_posix()}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
 
 
 def identity(device, precision: str, variant: str) -> dict:
@@ -56,8 +107,10 @@ def identity(device, precision: str, variant: str) -> dict:
     target = mf.TARGETS.get(p.cc, "") if p.ok else ""
     path = mf.CUBIN_DIR / target / mf.MANIFEST
     return {"gpu": p.name, "cc": p.cc, "driver": p.driver, "driver_cuda": p.driver_cuda, "torch": torch.__version__,
-            "torch_cuda": torch.version.cuda, "manifest_sha256": mf.sha256(path.read_bytes()) if path.is_file() else "",
-            "precision": precision, "variant": variant}
+            "torch_cuda": torch.version.cuda, "loader": runtime.loader_choice()[0] or "",
+            **{pkg: runtime.package_version(pkg) or "" for pkg in ("cuda-core", "cuda-bindings", "pycuda")},
+            "manifest_sha256": mf.sha256(path.read_bytes()) if path.is_file() else "",
+            "source_sha256": source_sha256(), "precision": precision, "variant": variant}
 
 
 def cache_path(ident: dict) -> Path:
@@ -70,23 +123,54 @@ def cache_path(ident: dict) -> Path:
 def _write(path: Path, verdict: Verdict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    data = {k: v for k, v in asdict(verdict).items() if k not in ("cached", "path", "uncached")}
     with os.fdopen(fd, "w") as f:
-        json.dump(asdict(verdict), f)
+        json.dump(data, f)
     os.replace(tmp, path)
 
 
 def _read(path: Path) -> Verdict | None:
+    """The verdict in `path`; its kind is "" when the file has none (written before kinds were kept)."""
     try:
         data = json.loads(path.read_text())
-        return Verdict(bool(data["ok"]), str(data["reason"]), dict(data["identity"]), float(data["seconds"]))
+        return Verdict(bool(data["ok"]), str(data["reason"]), dict(data["identity"]), float(data["seconds"]),
+                       kind=str(data.get("kind", "")))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def classify(exc: BaseException) -> str:
+    """What a failure in the child says: KERNEL_FAULT for a CUDA fault (the same kernels on the same GPU
+    fault again), SELF_CHECK for a self-check that ran to its end and failed, ENVIRONMENT for the rest (out
+    of memory, a missing or mismatched package, a loader or driver that refused): that may pass next time.
+    Out of memory wins over a fault named beside it; a failure that names no fault is the environment's."""
+    chain, seen = [], exc
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    text = " | ".join(f"{type(e).__name__}: {e}" for e in chain)
+    if any(isinstance(e, (MemoryError, ImportError)) for e in chain) or OUT_OF_MEMORY.search(text):
+        return ENVIRONMENT
+    if FAULTS.search(text):
+        return KERNEL_FAULT
+    from engine.backends.self_check import SelfCheckFailed
+
+    return SELF_CHECK if isinstance(exc, SelfCheckFailed) else ENVIRONMENT
+
+
+def _no_verdict(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited with code {returncode}"
 
 
 def probe(checkpoint_root, device, precision: str, variant: str, ident: dict, *, command: list[str] | None = None,
           timeout: float = PROBE_TIMEOUT_S) -> Verdict:
     """Run the cubin load, calibration and self-check in a child process; its verdict, or why it gave
-    none (a crash, a timeout)."""
+    none (a crash, a timeout: the environment's, as far as the cache is concerned)."""
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "verdict.json"
@@ -97,26 +181,37 @@ def probe(checkpoint_root, device, precision: str, variant: str, ident: dict, *,
             done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return Verdict(False, f"the cubin probe process did not finish in {timeout:.0f} s", ident,
-                           time.perf_counter() - t0)
+                           time.perf_counter() - t0, kind=ENVIRONMENT)
         verdict = _read(out)
         if verdict is not None:
-            return Verdict(verdict.ok, verdict.reason, ident, time.perf_counter() - t0)
+            kind = verdict.kind if verdict.kind in (*CACHED_KINDS, ENVIRONMENT) else ENVIRONMENT
+            return Verdict(verdict.ok, verdict.reason, ident, time.perf_counter() - t0, kind=kind)
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return Verdict(False, f"the cubin probe process exited with code {done.returncode} and no verdict ({last})",
-                       ident, time.perf_counter() - t0)
+        return Verdict(False, f"the cubin probe process {_no_verdict(done.returncode)} and no verdict ({last})",
+                       ident, time.perf_counter() - t0, kind=ENVIRONMENT)
 
 
-def trusted(checkpoint, device, precision: str, variant: str, *, command: list[str] | None = None) -> Verdict:
-    """The cached verdict for this GPU, driver, torch, manifest, precision and variant, else a fresh probe
-    (cached too: a failure is not retried until one of those changes; delete the file to retry)."""
+def trusted(checkpoint, device, precision: str, variant: str, *, command: list[str] | None = None,
+            retrust: bool = False) -> Verdict:
+    """The cached verdict for this identity (GPU, driver, torch, loader and its packages, manifest,
+    sources, precision and variant), else a fresh probe, cached when it is about the kernels: such a
+    verdict is not retried until the identity changes, `retrust` asks for it, or its file is deleted. An
+    environment's failure is not kept, and removes the file it would have replaced."""
     ident = identity(device, precision, variant)
     path = cache_path(ident)
-    cached = _read(path)
-    if cached is not None and cached.identity == ident:
-        return Verdict(cached.ok, cached.reason, ident, cached.seconds, cached=True)
+    cached = None if retrust else _read(path)
+    if cached is not None and cached.kind in CACHED_KINDS and cached.identity == ident:
+        return replace(cached, identity=ident, cached=True, path=str(path))
     verdict = probe(checkpoint.root, device, precision, variant, ident, command=command)
-    _write(path, verdict)
-    return verdict
+    if verdict.kind not in CACHED_KINDS:
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+        return replace(verdict, uncached=NOT_CACHED)
+    try:
+        _write(path, verdict)
+    except OSError as exc:  # a read-only cache folder costs a probe per start, not the cubin path
+        return replace(verdict, uncached=f"not cached, {path.parent} could not be written ({exc})")
+    return replace(verdict, path=str(path))
 
 
 class Untrusted(RuntimeError):
@@ -124,13 +219,15 @@ class Untrusted(RuntimeError):
 
 
 def load_trusted(checkpoint, *, device, dtype=None, max_len: int = 4096, precision: str | None = None,
-                 variant: str = "v2"):
+                 variant: str = "v2", retrust: bool = False):
     """What backend "auto" runs for cubin: `engine.backends.cubin.load` in this process only after the same
-    load, calibration and self-check passed in a separate one (cached per GPU, driver, torch and
-    manifest), so a kernel fault costs that process and not the studio's CUDA context."""
+    load, calibration and self-check passed in a separate one (cached per GPU, driver, torch, loader,
+    manifest and sources), so a kernel fault costs that process and not the studio's CUDA context.
+    `retrust` (or RETRUST, the studio's --retrust) probes again whatever is cached."""
     from engine.backends import cubin
 
-    verdict = trusted(checkpoint, device, cubin.resolve_precision(precision, dtype), variant)
+    verdict = trusted(checkpoint, device, cubin.resolve_precision(precision, dtype), variant,
+                      retrust=retrust or RETRUST)
     if not verdict.ok:
         raise Untrusted(f"the cubin kernels are {verdict.summary}")
     backend = cubin.load(checkpoint, device=device, dtype=dtype, max_len=max_len, precision=precision, variant=variant)
@@ -140,7 +237,8 @@ def load_trusted(checkpoint, *, device, dtype=None, max_len: int = 4096, precisi
 
 def run_child(checkpoint_root: str, device: str, precision: str, variant: str, out: Path, load=None) -> int:
     """The child's work: load the checkpoint and the cubin backend (calibration and self-check included)
-    and write the verdict. A Python-level failure is written as a verdict; a crash leaves none."""
+    and write the verdict, with its kind (`classify`) decided here, where the failure's type is known. A
+    Python-level failure is written as a verdict; a crash leaves none."""
     t0 = time.perf_counter()
     try:
         from engine.checkpoint import load_checkpoint
@@ -151,7 +249,8 @@ def run_child(checkpoint_root: str, device: str, precision: str, variant: str, o
                        variant=variant)
         verdict = Verdict(True, backend.info.get("self_check", "loaded"), {}, time.perf_counter() - t0)
     except Exception as exc:  # the verdict is the point: every failure is one
-        verdict = Verdict(False, f"{type(exc).__name__}: {exc}"[:500], {}, time.perf_counter() - t0)
+        verdict = Verdict(False, f"{type(exc).__name__}: {exc}"[:500], {}, time.perf_counter() - t0,
+                          kind=classify(exc))
     _write(out, verdict)
     return 0 if verdict.ok else 1
 

@@ -1,0 +1,240 @@
+"""The cached trust in the cubin path cannot go stale, on the CPU: the verdict is keyed by the loader, its
+packages and the sources too; only a verdict about the kernels (a self-check, a kernel fault) is cached,
+never the environment's failure (out of memory, a timeout, a crash, a missing package); --retrust probes
+again; the summary names the cache file or says why there is none."""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from engine.backends import trust
+from engine.backends.self_check import SelfCheckFailed
+from kernels import manifest as mf
+from kernels import runtime
+
+H200 = runtime.Probe(True, "", cc=90, name="NVIDIA H200", driver_cuda=12040, driver="550.54.15")
+PACKAGES = {"cuda-core": "0.4.1", "cuda-bindings": "12.9.0", "pycuda": None}
+PROBE = trust.probe  # the real one; `counting` gives it a child
+# A child that writes the verdict it is given (argv[1], JSON) where the probe asks, without loading anything.
+WRITER = "import json, sys; json.dump(json.loads(sys.argv[1]), open(sys.argv[sys.argv.index('--out') + 1], 'w'))"
+
+
+def writes(**verdict) -> list[str]:
+    return [sys.executable, "-c", WRITER, json.dumps({"identity": {}, "seconds": 1.0, **verdict})]
+
+
+@pytest.fixture
+def gpu(tmp_path, monkeypatch):
+    """An H200 with cuda-core, its bindings and these sources; the cache in a temporary folder."""
+    monkeypatch.setenv("HIGGS_STUDIO_CACHE", str(tmp_path / "studio"))
+    monkeypatch.setattr(runtime, "probe_driver", lambda device=0: H200)
+    monkeypatch.setattr(runtime, "loader_choice", lambda: ("cuda.core", "PyCUDA is not installed"))
+    monkeypatch.setattr(runtime, "package_version", lambda name: PACKAGES[name])
+    monkeypatch.setattr(trust, "source_sha256", lambda root=trust.REPO: "5e" * 32)
+    return SimpleNamespace(root=tmp_path / "checkpoint")
+
+
+def counting(monkeypatch, command: list[str]) -> list[int]:
+    """Every probe of `trusted` runs `command` as its child; the list counts them."""
+    calls = []
+    monkeypatch.setattr(trust, "probe", lambda *a, **k: calls.append(1) or PROBE(*a, **{**k, "command": command}))
+    return calls
+
+
+# ------------------------------------------------------------------------------------- the identity
+def test_the_identity_has_the_loader_its_packages_and_the_sources(gpu, monkeypatch):
+    """A verdict is reused only for the same GPU, driver, torch, loader, cuda-core / cuda-bindings /
+    PyCUDA, manifest and sources: a change to any of them probes again."""
+    manifest = mf.CUBIN_DIR / "sm_90a" / mf.MANIFEST
+    assert trust.identity("cuda:0", "fp8", "v2") == {
+        "gpu": "NVIDIA H200", "cc": 90, "driver": "550.54.15", "driver_cuda": 12040, "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda, "loader": "cuda.core", "cuda-core": "0.4.1", "cuda-bindings": "12.9.0",
+        "pycuda": "", "manifest_sha256": mf.sha256(manifest.read_bytes()), "source_sha256": "5e" * 32,
+        "precision": "fp8", "variant": "v2"}
+    calls = counting(monkeypatch, writes(ok=True, reason="passed", kind="self-check"))
+    assert not trust.trusted(gpu, "cuda:0", "fp8", "v2").cached and trust.trusted(gpu, "cuda:0", "fp8", "v2").cached
+    changes = [
+        (runtime, "probe_driver", lambda device=0: runtime.Probe(True, "", cc=90, name="NVIDIA H200",
+                                                                 driver_cuda=12080, driver="570.86.15")),
+        (runtime, "loader_choice", lambda: ("pycuda", "PyCUDA is installed")),
+        (runtime, "package_version", lambda name: {**PACKAGES, "cuda-bindings": "13.0.1"}[name]),
+        (runtime, "package_version", lambda name: {**PACKAGES, "cuda-bindings": "13.0.1", "pycuda": "2025.1"}[name]),
+        (trust, "source_sha256", lambda root=trust.REPO: "ed" * 32)]
+    for n, (module, name, value) in enumerate(changes, start=2):
+        monkeypatch.setattr(module, name, value)
+        assert not trust.trusted(gpu, "cuda:0", "fp8", "v2").cached and len(calls) == n, name
+        assert trust.trusted(gpu, "cuda:0", "fp8", "v2").cached
+
+
+def test_the_source_hash_covers_the_backends_and_the_kernels_sources(tmp_path):
+    def tree_hash():
+        return trust.source_sha256.__wrapped__(tmp_path)
+
+    for path in ("engine/backends/cubin.py", "kernels/gemv.py", "kernels/cubin/sm_90a/manifest.json",
+                 "studio/page.py", "engine/generate.py"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("x = 1\n")
+    before = tree_hash()
+    for path in ("kernels/cubin/sm_90a/manifest.json", "studio/page.py", "engine/generate.py"):
+        (tmp_path / path).write_text("x = 2\n")
+    assert tree_hash() == before  # not a backend's or a kernel module's source
+    (tmp_path / "kernels/gemv.py").write_text("x = 2\n")
+    edited = tree_hash()
+    assert edited != before
+    (tmp_path / "engine/backends/cubin.py").rename(tmp_path / "engine/backends/cubin2.py")
+    assert tree_hash() != edited  # the path counts, not only the bytes
+    assert trust.source_sha256() == trust.source_sha256() and len(trust.source_sha256()) == 64
+
+
+# ------------------------------------------------------------------------------------- what is cached
+@pytest.mark.parametrize("exc,kind", [
+    (RuntimeError("CUDA error: an illegal memory access was encountered"), "kernel fault"),
+    (RuntimeError("cuLaunchKernel failed: misaligned address"), "kernel fault"),
+    (RuntimeError("CUDA_ERROR_ILLEGAL_INSTRUCTION: an illegal instruction was encountered"), "kernel fault"),
+    (RuntimeError("CUDA error: unspecified launch failure (cudaErrorLaunchFailure)"), "kernel fault"),
+    (RuntimeError("cuCtxSetCurrent failed on CUDA device 0 (CUresult 700)"), "kernel fault"),
+    (SelfCheckFailed("the cubin kernels' self-check failed: cosine 0.12 < 0.98"), "self-check"),
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "environment"),
+    (RuntimeError("cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY"), "environment"),
+    (ImportError("libcudart.so.13: cannot open shared object file"), "environment"),
+    (RuntimeError("no cubin loader could start (cuda.core: CUDAError: CUDA_ERROR_INSUFFICIENT_DRIVER)"),
+     "environment"),
+    (RuntimeError("the driver refused kernel gemv_bf16 (sm_90a, gemv) with the cuda.core loader: "
+                  "CUDA_ERROR_NO_BINARY_FOR_GPU"), "environment"),
+    (RuntimeError("CUDA error: the launch timed out and was terminated (CUresult 702)"), "environment"),
+    (ValueError("something else"), "environment"),
+])
+def test_the_child_says_what_decided_its_failure(exc, kind):
+    assert trust.classify(exc) == kind
+
+
+def test_a_fault_behind_a_wrapping_error_is_a_kernel_fault_and_out_of_memory_wins():
+    def raised(outer, inner):
+        try:
+            try:
+                raise inner
+            except (RuntimeError, MemoryError) as exc:
+                raise outer from exc
+        except RuntimeError as exc:
+            return exc
+
+    fault = RuntimeError("CUDA error: an illegal memory access was encountered")
+    assert trust.classify(raised(runtime.CaptureFailed("CUDA graph capture failed"), fault)) == "kernel fault"
+    oom = torch.OutOfMemoryError("CUDA out of memory")
+    assert trust.classify(raised(RuntimeError("CUDA error: an illegal memory access"), oom)) == "environment"
+
+
+@pytest.mark.parametrize("error,kind", [
+    (RuntimeError("CUDA error: an illegal memory access was encountered"), "kernel fault"),
+    (SelfCheckFailed("the cubin kernels' self-check failed: greedy 3/64"), "self-check"),
+    (torch.OutOfMemoryError("CUDA out of memory"), "environment"),
+    (ImportError("cannot import name 'launch' from 'cuda.core'"), "environment"),
+    (None, "self-check"),
+])
+def test_the_child_writes_the_kind_of_its_verdict(parity_dir, tmp_path, error, kind):
+    def load(checkpoint, **kwargs):
+        if error is not None:
+            raise error
+        return SimpleNamespace(info={"self_check": "passed"})
+
+    out = tmp_path / "verdict.json"
+    assert trust.run_child(str(parity_dir / "tiny_checkpoint"), "cuda:0", "fp8", "v2", out, load=load) == (
+        0 if error is None else 1)
+    assert json.loads(out.read_text())["kind"] == kind
+
+
+@pytest.mark.parametrize("kind", ["self-check", "kernel fault"])
+def test_a_verdict_about_the_kernels_is_cached_and_names_its_file(gpu, monkeypatch, kind):
+    calls = counting(monkeypatch, writes(ok=False, reason="RuntimeError: CUDA error: misaligned address", kind=kind))
+    path = trust.cache_path(trust.identity("cuda:0", "fp8", "v2"))
+    first = trust.trusted(gpu, "cuda:0", "fp8", "v2")
+    assert first.kind == kind and first.summary.startswith(
+        f"not trusted (probed in a separate process in {first.seconds:.0f} s, cached in {path}): RuntimeError")
+    again = trust.trusted(gpu, "cuda:0", "fp8", "v2")
+    assert calls == [1] and again.cached and again.summary == (
+        f"not trusted (cached in {path}; delete it or start with --retrust to probe again): "
+        "RuntimeError: CUDA error: misaligned address")
+
+
+@pytest.mark.parametrize("child", [
+    writes(ok=False, reason="OutOfMemoryError: CUDA out of memory", kind="environment"),
+    writes(ok=False, reason="ImportError: no cuda.bindings", kind="environment"),
+    writes(ok=False, reason="written before kinds were kept"),
+    [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+    [sys.executable, "-c", "import sys; sys.exit(3)"],
+], ids=["out-of-memory", "import", "no-kind", "signal", "exit"])
+def test_an_environment_failure_is_not_cached(gpu, monkeypatch, child):
+    calls = counting(monkeypatch, child)
+    for n in (1, 2):
+        verdict = trust.trusted(gpu, "cuda:0", "fp8", "v2")
+        assert len(calls) == n and not verdict.ok and not verdict.cached and verdict.kind == "environment"
+        assert "(probed in a separate process in" in verdict.summary and f", {trust.NOT_CACHED}): " in verdict.summary
+    assert not trust.cache_path(verdict.identity).exists()
+
+
+def test_a_signal_and_a_timeout_are_said_and_are_the_environments(gpu, tmp_path):
+    ident = {"gpu": "NVIDIA H200"}
+    killed = trust.probe(gpu.root, "cuda:0", "fp8", "v2", ident,
+                         command=[sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"])
+    assert killed.kind == "environment" and "was killed by SIGSEGV and no verdict" in killed.reason
+    late = trust.probe(gpu.root, "cuda:0", "fp8", "v2", ident, timeout=1,
+                       command=[sys.executable, "-c", "import time; time.sleep(30)"])
+    assert late.kind == "environment" and "did not finish in 1 s" in late.reason and not late.ok
+
+
+@pytest.mark.parametrize("old", [
+    {"ok": True, "reason": "passed", "seconds": 9.0},             # written before kinds were kept
+    {"ok": True, "reason": "passed", "seconds": 9.0, "kind": "environment"},
+    {"ok": True, "reason": "passed", "seconds": 9.0, "kind": "guess"},
+    [1, 2], "text", None,
+], ids=["no-kind", "environment", "unknown-kind", "list", "string", "null"])
+def test_a_cache_file_without_a_kind_about_the_kernels_is_probed_again(gpu, monkeypatch, old):
+    path = trust.cache_path(trust.identity("cuda:0", "fp8", "v2"))
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({**old, "identity": trust.identity("cuda:0", "fp8", "v2")} if isinstance(old, dict)
+                               else old))
+    calls = counting(monkeypatch, writes(ok=True, reason="passed: fp8 logits", kind="self-check"))
+    verdict = trust.trusted(gpu, "cuda:0", "fp8", "v2")
+    assert calls == [1] and verdict.ok and not verdict.cached and verdict.path == str(path)
+    assert json.loads(path.read_text())["kind"] == "self-check"  # overwritten with a verdict of today
+
+
+def test_a_cache_folder_that_cannot_be_written_costs_a_probe_not_the_cubin_path(gpu, tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("HIGGS_STUDIO_CACHE", str(tmp_path / "file"))
+    counting(monkeypatch, writes(ok=True, reason="passed", kind="self-check"))
+    verdict = trust.trusted(gpu, "cuda:0", "fp8", "v2")
+    assert verdict.ok and not verdict.path and "not cached, " in verdict.summary and "could not be written" in \
+        verdict.summary
+
+
+# ------------------------------------------------------------------------------------- --retrust
+def test_retrust_probes_again_and_overwrites_the_verdict(gpu, monkeypatch):
+    calls = counting(monkeypatch, writes(ok=False, reason="SelfCheckFailed: cosine 0.2", kind="self-check"))
+    path = trust.cache_path(trust.identity("cuda:0", "fp8", "v2"))
+    assert not trust.trusted(gpu, "cuda:0", "fp8", "v2").ok and trust.trusted(gpu, "cuda:0", "fp8", "v2").cached
+    calls = counting(monkeypatch, writes(ok=True, reason="passed: fp8 logits", kind="self-check"))
+    verdict = trust.trusted(gpu, "cuda:0", "fp8", "v2", retrust=True)
+    assert calls == [1] and verdict.ok and not verdict.cached
+    assert json.loads(path.read_text())["ok"] is True and trust.trusted(gpu, "cuda:0", "fp8", "v2").ok
+    counting(monkeypatch, writes(ok=False, reason="OutOfMemoryError: CUDA out of memory", kind="environment"))
+    assert not trust.trusted(gpu, "cuda:0", "fp8", "v2", retrust=True).ok
+    assert not path.exists()  # the verdict in question is not kept beside a failure that could not confirm it
+
+
+def test_the_studios_retrust_reaches_the_auto_backend(gpu, monkeypatch):
+    from engine.backends import cubin
+
+    calls = counting(monkeypatch, writes(ok=True, reason="passed: fp8 logits", kind="self-check"))
+    monkeypatch.setattr(cubin, "load", lambda checkpoint, **kw: SimpleNamespace(info={}))
+    assert trust.load_trusted(gpu, device="cuda:0").info["kernel_trust"].startswith("trusted (probed")
+    assert trust.load_trusted(gpu, device="cuda:0").info["kernel_trust"].startswith("trusted (cached in ")
+    monkeypatch.setattr(trust, "RETRUST", True)
+    assert trust.load_trusted(gpu, device="cuda:0").info["kernel_trust"].startswith("trusted (probed")
+    assert calls == [1, 1]
+
