@@ -37,6 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    choices=["auto", "fp8", "bf16", "fp32", "int8", "int4"],
                    help="auto: fp8 on a GPU's fast path, int8 for the 4B model on a CPU (fp32 for --demo); int8 / "
                         "int4 are the CPU path's weight-only formats")
+    p.add_argument("--retrust", action="store_true",
+                   help="probe the GPU kernels again in a separate process, ignoring the verdict cached for this GPU, "
+                        "driver and build, and overwrite it")
     p.add_argument("--host", default="0.0.0.0" if on_spaces else env.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     p.add_argument("--port", type=int, default=int(env.get("PORT") or env.get("GRADIO_SERVER_PORT") or 7860))
     p.add_argument("--share", action="store_true", help="also open a public gradio.live link")
@@ -230,6 +233,9 @@ def load_engine(args: argparse.Namespace):
     # ZeroGPU attaches the GPU only inside decorated calls; the cubin path's per-process context and graph
     # capture would be paid on each of them, so the torch path runs there (studio/takes/zerogpu.py).
     backend = "torch" if zerogpu.active() else "auto"
+    if args.retrust:
+        from engine.backends import trust
+        trust.RETRUST = True
     print(f"Loading {source} (device={args.device}, precision={args.precision}) …", flush=True)
     t0 = time.perf_counter()
     try:

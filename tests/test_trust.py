@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -238,3 +239,21 @@ def test_the_studios_retrust_reaches_the_auto_backend(gpu, monkeypatch):
     assert trust.load_trusted(gpu, device="cuda:0").info["kernel_trust"].startswith("trusted (probed")
     assert calls == [1, 1]
 
+
+def test_the_retrust_flag(monkeypatch):
+    import app
+    from engine.generate import Engine
+
+    assert not app.parse_args([]).retrust
+    seen = []
+
+    def load(*args, **kwargs):
+        seen.append(trust.RETRUST)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(trust, "RETRUST", False)
+    monkeypatch.setattr(Engine, "load", load)
+    for argv in ([], ["--retrust"]):
+        with pytest.raises(SystemExit, match="stop here"):
+            app.load_engine(app.parse_args(["--checkpoint", str(Path("nowhere")), *argv]))
+    assert seen == [False, True]
