@@ -161,8 +161,19 @@ def _available(device: int, root: str) -> tuple[bool, str]:
     p = probe_driver(device)
     if not p.ok:
         return False, p.reason
+    loader, why = loader_choice()
+    # cuda-bindings newer than the driver stop the cuda-core loader whatever else fits; said first, as its pip
+    # line is the first fix (where PyPI's CUDA 13 wheels meet an R5xx driver, torch's CUDA 13 follows it)
+    bindings = bindings_problem(p.driver_cuda, package_version("cuda-bindings")) if loader == "cuda.core" else None
+    ok, reason = _cubin_path(p, Path(root), loader, why)
+    if bindings:
+        return False, bindings if ok else f"{bindings}; also {reason}"
+    return ok, reason
+
+
+def _cubin_path(p: Probe, root: Path, loader: str | None, why: str) -> tuple[bool, str]:
     try:
-        m = mf.load(p.cc, Path(root))
+        m = mf.load(p.cc, root)
     except mf.ManifestError as exc:
         return False, f"{p.name}: {exc}"
     too_old = compat.cubin_driver_problem(p.name, p.driver_cuda or None, m.toolchain.min_driver_cuda,
@@ -174,11 +185,26 @@ def _available(device: int, root: str) -> tuple[bool, str]:
     except ImportError:
         return False, "torch is not installed"
     if not torch.cuda.is_available():
-        return False, f"{p.name} is present but this torch build has no CUDA (torch {torch.__version__})"
-    loader, why = loader_choice()
+        return False, _torch_cuda_problem(p, torch)
     if loader is None:
         return False, f"{p.name}: {why}"
     return True, f"{p.name} (CC {_cc_text(p.cc)}): {len(m.kernels)} {m.target} cubins, loader {loader} ({why})"
+
+
+def _torch_cuda_problem(p: Probe, torch) -> str:
+    """Why torch cannot initialise CUDA on the GPU the probe found, in one sentence: a CPU-only build, or a
+    driver older than the CUDA torch was built for (PyPI's CUDA 13 torch on an R5xx driver), both named."""
+    built, driver = compat.cuda_version(torch.version.cuda), compat.cuda_version(p.driver_cuda)
+    if built is None:
+        return f"{p.name} is present but this torch build has no CUDA (torch {torch.__version__})"
+    if driver is None or driver >= built:
+        return (f"{p.name} is present but torch {torch.__version__} (CUDA {built[0]}.{built[1]}) could not "
+                "initialise CUDA on it (is CUDA_VISIBLE_DEVICES hiding it?)")
+    build = compat.torch_build_for(driver)
+    fix = f"`{compat.install_line(build)}`, or update the NVIDIA driver" if build else "update the NVIDIA driver"
+    return (f"{p.name}'s driver{' ' + p.driver if p.driver else ''} supports CUDA {driver[0]}.{driver[1]}, too old "
+            f"for this torch's CUDA {built[0]}.{built[1]} (torch {torch.__version__} needs driver "
+            f"{compat.min_driver(built)} or newer): {fix}")
 
 
 def available(device: int = 0, root: Path = mf.CUBIN_DIR) -> tuple[bool, str]:
@@ -362,9 +388,9 @@ def main() -> int:
     print("packages: " + ", ".join(f"{pkg} {v or '-'}" for pkg, v in versions.items()))
     p = probe_driver()
     mismatch = bindings_problem(p.driver_cuda, versions["cuda-bindings"]) if p.ok else None
-    if mismatch:
-        print(mismatch)
     ok, reason = available()
+    if mismatch and mismatch not in reason:  # PyCUDA is the loader: the mismatch is only a note
+        print(mismatch)
     print(f"cubin path: {'available' if ok else 'unavailable'}: {reason}")
     unusable = torch_cannot_use_gpu()
     if unusable:
