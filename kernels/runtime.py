@@ -18,7 +18,8 @@ Every launching thread makes the primary context current once (`kernels.loaders.
 the studio launches from worker threads; kernels run on a non-blocking stream, and graphs are captured in
 "thread_local" error mode, so other threads' CUDA calls neither serialise with nor invalidate them.
 
-    python -m kernels.runtime                 # which loader, and whether the cubin path can run here
+    python -m kernels.runtime                 # which loader, whether the cubin path can run here, and
+                                              # one kernel launched against torch (PASS / FAIL)
 
 Probe first. With no driver, `cuda.core`'s `ObjectCode.from_cubin` fails in a way that leaves a lock
 held and the next driver call hangs (KERNELS.md §4), so `available()` asks libcuda itself through
@@ -378,10 +379,32 @@ def capture_graph(fn, stream, *, warmup: int = 2, pool=None):
         raise
     return graph
 
+CHECK_KERNEL, CHECK_N, CHECK_K = "gemv_bf16", 16, 256  # in every manifest, plain arguments, one small launch
+
+
+def launch_check(kernels, device) -> tuple[bool, str]:
+    """Launch one small kernel and compare it with torch: gemv_bf16 (y = W·x, bf16) on a 16 × 256 weight.
+    (passed, one line with the error); `kernels` is a CubinKernels, or InterpretedKernels in the tests."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(CHECK_K, generator=gen).to(torch.bfloat16)
+    w = torch.randn(CHECK_N, CHECK_K, generator=gen).to(torch.bfloat16)
+    want = w.float() @ x.float()
+    grid = -(-CHECK_N // kernels.manifest.kernels[CHECK_KERNEL].constexprs["BLOCK_N"])
+    with torch.cuda.stream(kernels.stream):
+        y = torch.zeros(CHECK_N, dtype=torch.bfloat16, device=device)
+        kernels.launch(CHECK_KERNEL, grid, x.to(device), w.to(device), None, None, None, y, CHECK_N, CHECK_K,
+                       CHECK_K)
+        err = float((y.float().cpu() - want).abs().max() / want.abs().max())
+    return err < 1e-2, f"{CHECK_KERNEL} ({CHECK_N} × {CHECK_K}) against torch: rel err {err:.1e} (< 1e-2)"
+
+
 def main() -> int:
-    """Report the loader that would run and why, whether the cubin path can run here, and then which loader
-    really started (or each one's error) with the cuda-core / cuda-bindings versions. Never hangs: nothing
-    imports PyCUDA or cuda-core before the ctypes probe has found a driver."""
+    """Report the loader that would run and why, whether the cubin path can run here, which loader really
+    started (or each one's error) with the cuda-core / cuda-bindings versions; then load this GPU's manifest
+    and launch one kernel against torch: PASS exits 0, FAIL 1, and 2 where nothing could be launched. Never
+    hangs: nothing imports PyCUDA or cuda-core before the ctypes probe has found a driver."""
     name, why = loader_choice()
     print(f"loader: {name or 'none'} ({why})")
     versions = {pkg: package_version(pkg) for pkg in ("cuda-core", "cuda-bindings", "pycuda")}
@@ -395,14 +418,21 @@ def main() -> int:
     unusable = torch_cannot_use_gpu()
     if unusable:
         print(unusable)
-    if ok:
-        try:
-            loader = open_loader(0)
-            print(f"loaded: {loader.name} ({loader.why})")
-        except RuntimeError as exc:
-            print(f"loaded: none: {exc}")
-            return 2
-    return 0 if ok else 2
+    if not ok:
+        return 2
+    try:
+        kernels = CubinKernels(loader=open_loader(0), cc=p.cc)
+    except RuntimeError as exc:  # no loader started, or the driver refused a cubin (CubinLoadError)
+        print(f"loaded: none: {exc}")
+        return 2
+    m = kernels.manifest
+    print(f"loaded: {kernels.loader_name} ({kernels.loader_reason}): {len(m.kernels)} {m.target} cubins")
+    try:
+        passed, line = launch_check(kernels, kernels.device)
+    except Exception as exc:  # noqa: BLE001  (the driver's error type depends on the loader)
+        passed, line = False, f"{CHECK_KERNEL} launch failed: {type(exc).__name__}: {exc}"
+    print(f"{'PASS' if passed else 'FAIL'}: {line} (loader {kernels.loader_name})")
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import torch
 
 from kernels import loaders, runtime
 from kernels import manifest as mf
+from kernels.binding import InterpretedKernels
 from kernels.packing import Packed
 from tests.helpers import TOOLCHAIN
 
@@ -116,3 +117,60 @@ def test_bindings_newer_than_the_driver_come_first(gpu_without_torch_cuda, monke
     runtime._available.cache_clear()
     ok, why = gpu_without_torch_cuda()  # PyCUDA loads the cubins: cuda-bindings play no part
     assert ok and "loader pycuda" in why
+
+
+# ---------------------------------------------------------------------------------------------
+# python -m kernels.runtime: one kernel launched against torch
+
+class StandInKernels(InterpretedKernels):
+    """CubinKernels as `main` uses it, over the Triton interpreter (sm_90a's manifest, on the CPU)."""
+
+    loader_name, loader_reason, device = "interpreter", "a test stand-in", "cpu"
+
+    def __init__(self, loader=None, cc=None):
+        super().__init__(mf.load(90))
+
+
+def test_the_launch_check_passes_on_a_right_kernel_and_fails_on_a_wrong_one(monkeypatch):
+    ok, line = runtime.launch_check(StandInKernels(), "cpu")
+    assert ok and line.startswith("gemv_bf16 (16 × 256) against torch: rel err "), line
+    launch = InterpretedKernels.launch
+
+    def reversed_rows(self, name, grid, x, w, *rest, **kw):  # a kernel reading the wrong weight rows
+        launch(self, name, grid, x, w.flip(0).contiguous(), *rest, **kw)
+
+    monkeypatch.setattr(InterpretedKernels, "launch", reversed_rows)
+    ok, line = runtime.launch_check(StandInKernels(), "cpu")
+    assert not ok and "rel err" in line
+
+
+def test_main_loads_the_manifest_launches_one_kernel_and_says_pass(monkeypatch, capsys):
+    monkeypatch.setattr(runtime, "available", lambda: (True, "NVIDIA H200 (CC 9.0): 55 sm_90a cubins"))
+    monkeypatch.setattr(runtime, "probe_driver", lambda device=0: H200)
+    monkeypatch.setattr(runtime, "torch_cannot_use_gpu", lambda: None)
+    monkeypatch.setattr(runtime, "open_loader", lambda device: "a loader")
+    monkeypatch.setattr(runtime, "CubinKernels", StandInKernels)
+    assert runtime.main() == 0
+    out = capsys.readouterr().out
+    assert f"loaded: interpreter (a test stand-in): {len(mf.load(90).kernels)} sm_90a cubins" in out
+    assert "PASS: gemv_bf16 (16 × 256) against torch" in out and out.rstrip().endswith("(loader interpreter)")
+
+    def refused(self, name, *args, **kwargs):
+        raise RuntimeError("CUDA_ERROR_LAUNCH_FAILED")
+
+    monkeypatch.setattr(InterpretedKernels, "launch", refused)
+    assert runtime.main() == 1
+    assert "FAIL: gemv_bf16 launch failed: RuntimeError: CUDA_ERROR_LAUNCH_FAILED" in capsys.readouterr().out
+
+
+def test_main_without_a_driver_prints_the_reason_and_exits_2(monkeypatch, capsys):
+    monkeypatch.setattr(runtime, "probe_driver", lambda device=0: runtime.Probe(
+        False, "no NVIDIA driver: libcuda.so.1 is not installed on this machine"))
+    runtime._available.cache_clear()
+    try:
+        assert runtime.main() == 2
+    finally:
+        runtime._available.cache_clear()
+    out = capsys.readouterr().out
+    assert "cubin path: unavailable: no NVIDIA driver: libcuda.so.1" in out
+    assert "loaded:" not in out and "PASS" not in out and "FAIL" not in out
