@@ -1,6 +1,7 @@
 """The runtime's small pieces on the CPU, with stand-ins for the driver and the loaders: cuda-core launches
 on a stream wrapped once, `python -m kernels.runtime` launches one kernel against torch, and `available()`
-names the driver that is too old for this torch's CUDA."""
+names the driver that is too old for this torch's CUDA; and the cubin backend's fused rows buffer, sized at
+the first `begin` for every take."""
 
 from __future__ import annotations
 
@@ -174,3 +175,27 @@ def test_main_without_a_driver_prints_the_reason_and_exits_2(monkeypatch, capsys
     out = capsys.readouterr().out
     assert "cubin path: unavailable: no NVIDIA driver: libcuda.so.1" in out
     assert "loaded:" not in out and "PASS" not in out and "FAIL" not in out
+
+
+# ---------------------------------------------------------------------------------------------
+# The fused single-stream step's rows buffer
+
+def test_the_fused_rows_buffer_holds_max_len_rows_from_the_first_begin(parity_dir):
+    """The self-check at load begins a take of a few rows; the buffer is sized to the cache then, so a real
+    take's longer `begin` keeps the buffer and the graph captured over it (no recapture on the first take)."""
+    pytest.importorskip("triton")
+    from engine.backends.cubin import CubinBackend
+    from engine.checkpoint import load_checkpoint
+    from kernels.runtime import cubin_ops
+
+    ckpt = load_checkpoint(parity_dir / "tiny_checkpoint", progress=False)
+    be = CubinBackend(ckpt.dims, ckpt.backbone, ops=cubin_ops(InterpretedKernels(mf.load(90))), device="cpu",
+                      precision="bf16", max_len=64)
+    logits = torch.zeros(ckpt.dims.codebooks, ckpt.dims.codebook_vocab)
+    be.begin(logits, 20, seed=0, temperature=0.0, top_k=0, top_p=1.0, max_rows=4)  # as the self-check does
+    assert be.rows_buf.shape == (64, ckpt.dims.codebooks)
+    rows_buf, captured = be.rows_buf, object()
+    be.graph = captured  # stands in for the CUDA graph `rows` captures over these buffers on a GPU
+    be.begin(logits, 10, seed=7, temperature=0.8, top_k=30, top_p=0.9, max_rows=54)
+    assert be.rows_buf is rows_buf and be.graph is captured and be.take_rows == 54
+    assert bool((be.rows_buf == -1).all())

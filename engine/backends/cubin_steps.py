@@ -160,8 +160,10 @@ class FusedStep:
         with self._on_stream():
             state, params = self.ops.sampler_state(seed, top_k, temperature, top_p, self.device)
             if self.graph is None or self.rows_buf.shape[0] < max_rows:
+                # max_len rows, the most any take can have (_check_room above): the self-check's short take at
+                # load sizes the buffer, and the graph captured over it, for every later take (no recapture)
                 self.state, self.params = state, params
-                self.rows_buf = torch.full((max_rows, self.dims.codebooks), -1, dtype=torch.int32, device=self.device)
+                self.rows_buf = torch.full((self.max_len, self.dims.codebooks), -1, dtype=torch.int32, device=self.device)
                 self.x_row = torch.zeros(1, self.dims.hidden, dtype=BF16, device=self.device)
                 self.h_row = torch.zeros_like(self.x_row)
                 self.base = torch.zeros(1, dtype=torch.int64, device=self.device)
