@@ -28,31 +28,63 @@ HELP = ("Respelling rules for words the voice gets wrong (`Nguyen` → `Win`), a
 # is caught before the table sees it, edit mode is opened as a double click opens it, and the key replaces the
 # text, as in a spreadsheet. Enter, F2 and a double click still edit the text as it is.
 TYPE_TO_REPLACE = """
-let pending = null;  // {cell, typed}: the keys typed while the cell's editor opens
+let pending = null;  // {cell, typed, enter}: the keys typed while the cell's editor opens
+const OPEN_WITHIN_MS = 5000;  // a busy machine takes seconds to open the editor: the keys wait for it
+// The cell last clicked, for a moment: the table can hand the focus back to the cell it has just saved after
+// the click (an edit ended with Enter, then a quick click on the next cell), and the keys are for the cell
+// clicked. A key that moves (an arrow, Tab) ends that moment.
+const CLICKED_FOR_MS = 1000;
+let clicked = null;  // {row, col, at}
+const GRID = '#dictionary-rules [role=gridcell]';
+document.addEventListener('pointerdown', (event) => {
+  const cell = event.target.closest && event.target.closest(GRID);
+  clicked = cell ? {row: cell.dataset.row, col: cell.dataset.col, at: performance.now()} : null;
+}, true);
+function target(event) {
+  const focused = event.target.closest && event.target.closest(GRID);
+  if (!focused || !clicked || performance.now() - clicked.at > CLICKED_FOR_MS || event.key.length !== 1) {
+    if (event.key.length !== 1) clicked = null;
+    return focused;
+  }
+  const want = document.querySelector(`${GRID}[data-row="${clicked.row}"][data-col="${clicked.col}"]`);
+  return want || focused;
+}
 document.addEventListener('keydown', (event) => {
-  const cell = event.target.closest && event.target.closest('#dictionary-rules [role=gridcell]');
-  if (!cell || event.key.length !== 1 || event.ctrlKey || event.metaKey || event.altKey) return;
-  const held = pending && pending.cell === cell;
+  const cell = target(event);
+  if (!cell) return;
+  const held = pending !== null;  // the editor of pending.cell is opening: every key in the table is for it
+  if (held && event.key === 'Enter') {  // typed fast: Enter ends the edit once the keys are in the editor
+    event.preventDefault();
+    event.stopImmediatePropagation();
+    pending.enter = true;
+    return;
+  }
+  if (event.key.length !== 1 || event.ctrlKey || event.metaKey || event.altKey) return;
   if (!held && (event.target.tagName === 'TEXTAREA' || cell.querySelector('input[type=checkbox]'))) return;
   event.preventDefault();
   event.stopImmediatePropagation();
   if (held) { pending.typed += event.key; return; }
-  pending = {cell, typed: event.key};
+  pending = {cell, typed: event.key, enter: false};
   cell.dispatchEvent(new MouseEvent('dblclick', {bubbles: true}));
+  const deadline = performance.now() + OPEN_WITHIN_MS;
   let seen = 0;
-  const fill = (tries) => {
-    const box = cell.querySelector('textarea:not([readonly])');
+  const {row, col} = cell.dataset;
+  const fill = () => {  // the cell again each frame: the table may draw its row anew while the editor opens
+    const now = cell.isConnected ? cell : document.querySelector(`${GRID}[data-row="${row}"][data-col="${col}"]`);
+    const box = now && now.querySelector('textarea:not([readonly])');
     seen = box && document.activeElement === box ? seen + 1 : 0;
     if (seen < 3) {  // the editor is open, focused and settled for a few frames before it takes the keys
-      if (tries > 0) requestAnimationFrame(() => fill(tries - 1)); else pending = null;
+      if (performance.now() < deadline) requestAnimationFrame(fill); else pending = null;
       return;
     }
-    box.value = pending.typed;
+    const {typed, enter} = pending;
     pending = null;
+    box.value = typed;
     box.setSelectionRange(box.value.length, box.value.length);
     box.dispatchEvent(new Event('input', {bubbles: true}));
+    if (enter) box.dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter', code: 'Enter', bubbles: true}));
   };
-  requestAnimationFrame(() => fill(120));
+  requestAnimationFrame(fill);
 }, true);
 """
 
