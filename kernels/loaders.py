@@ -143,8 +143,8 @@ class CudaCoreLoader:
 
 # cuda-bindings is built per CUDA major and needs a driver for that major: 12.x runs on R525+, 13.x on
 # R580.65+ only (cuda-core's install notes). cuda-core works over either; its [cu12] / [cu13] extra picks.
-BINDINGS_REQUIREMENTS = {12: ("cuda-core[cu12]", "cuda-bindings>=12.8,<13"),
-                         13: ("cuda-core[cu13]", "cuda-bindings>=13,<14")}
+BINDINGS_REQUIREMENTS = {12: ("cuda-core[cu12]>=1.2,<2", "cuda-bindings>=12.8,<13"),
+                         13: ("cuda-core[cu13]>=1.2,<2", "cuda-bindings>=13,<14")}
 BINDINGS_INSTALL = {major: "pip install " + " ".join(f'"{r}"' for r in reqs)
                     for major, reqs in BINDINGS_REQUIREMENTS.items()}
 

@@ -285,7 +285,7 @@ def test_cuda_bindings_follow_the_driver(driver_cuda, bindings, fits):
     assert (why is None) == fits
     if not fits:
         assert why == ("cuda-bindings 13.4.4 is built for CUDA 13, but this driver supports CUDA 12.4, so the "
-                       'cuda-core loader cannot start: pip install "cuda-core[cu12]" "cuda-bindings>=12.8,<13"')
+                       'cuda-core loader cannot start: pip install "cuda-core[cu12]>=1.2,<2" "cuda-bindings>=12.8,<13"')
 
 
 def test_readme_installs_bindings_per_driver():
