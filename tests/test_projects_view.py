@@ -187,9 +187,16 @@ def paused_after(url: str, pid: str, done: int) -> dict:
     return job
 
 
-def enabled(pg) -> dict[str, bool]:
-    """Which of the render job's buttons can be pressed."""
-    return {name: pg.is_enabled(f"#proj-{name}") for name in ("render", "pause", "resume", "cancel")}
+def enabled(pg, want: dict[str, bool] | None = None) -> dict[str, bool]:
+    """Which of the render job's buttons can be pressed; with `want`, waiting up to a few of the page's polls for
+    them to be so (the Render click's own answer can land just after a poll that showed the job paused: the
+    next poll corrects it)."""
+    deadline = time.monotonic() + 5
+    while True:
+        now = {name: pg.is_enabled(f"#proj-{name}") for name in ("render", "pause", "resume", "cancel")}
+        if want is None or now == want or time.monotonic() > deadline:
+            return now
+        pg.wait_for_timeout(100)
 
 
 def table_done(pg) -> int:
@@ -219,7 +226,8 @@ def test_a_page_opened_again_shows_the_same_render_going_on(studio_url, chromium
                              f".includes('paused at {before[0]} of {SEGMENTS} segments')", timeout=30_000)
         assert table_done(pg) == before[0]  # the table agrees
         assert "rendering" not in pg.inner_text("#proj-chapters")  # paused, as the line says
-        assert enabled(pg) == {"render": False, "pause": False, "resume": True, "cancel": True}
+        paused = {"render": False, "pause": False, "resume": True, "cancel": True}
+        assert enabled(pg, paused) == paused
         pg.close()  # nothing of the render lives in the page
 
         # It goes on with no page open; paused again (by the API), so what the next page shows is known.
