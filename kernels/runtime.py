@@ -379,6 +379,7 @@ def capture_graph(fn, stream, *, warmup: int = 2, pool=None):
         raise
     return graph
 
+
 CHECK_KERNEL, CHECK_N, CHECK_K = "gemv_bf16", 16, 256  # in every manifest, plain arguments, one small launch
 
 

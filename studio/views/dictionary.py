@@ -40,14 +40,12 @@ document.addEventListener('pointerdown', (event) => {
   const cell = event.target.closest && event.target.closest(GRID);
   clicked = cell ? {row: cell.dataset.row, col: cell.dataset.col, at: performance.now()} : null;
 }, true);
+const cellAt = (row, col) => document.querySelector(`${GRID}[data-row="${row}"][data-col="${col}"]`);
 function target(event) {
   const focused = event.target.closest && event.target.closest(GRID);
-  if (!focused || !clicked || performance.now() - clicked.at > CLICKED_FOR_MS || event.key.length !== 1) {
-    if (event.key.length !== 1) clicked = null;
-    return focused;
-  }
-  const want = document.querySelector(`${GRID}[data-row="${clicked.row}"][data-col="${clicked.col}"]`);
-  return want || focused;
+  if (event.key.length !== 1) { clicked = null; return focused; }
+  if (!focused || !clicked || performance.now() - clicked.at > CLICKED_FOR_MS) return focused;
+  return cellAt(clicked.row, clicked.col) || focused;
 }
 document.addEventListener('keydown', (event) => {
   const cell = target(event);
@@ -70,7 +68,7 @@ document.addEventListener('keydown', (event) => {
   let seen = 0;
   const {row, col} = cell.dataset;
   const fill = () => {  // the cell again each frame: the table may draw its row anew while the editor opens
-    const now = cell.isConnected ? cell : document.querySelector(`${GRID}[data-row="${row}"][data-col="${col}"]`);
+    const now = cell.isConnected ? cell : cellAt(row, col);
     const box = now && now.querySelector('textarea:not([readonly])');
     seen = box && document.activeElement === box ? seen + 1 : 0;
     if (seen < 3) {  // the editor is open, focused and settled for a few frames before it takes the keys
