@@ -143,6 +143,8 @@ def test_a_project_is_renamed_and_deleted_only_once_confirmed(page, demo_studio)
     created = api(url, "/v1/projects", {"title": "Doomed", "text": "A short book."})
     pg.reload()
     pg.get_by_role("tab", name="Projects").click()
+    # The page load's answer opens the project this browser had open: picking before it lands would be undone.
+    pg.wait_for_function("() => document.querySelector('#proj-picker input')?.value", timeout=60_000)
     pg.click("#proj-picker input")
     pg.get_by_role("option", name="Doomed", exact=True).click()
     pg.wait_for_function("() => document.querySelector('#proj-summary')?.innerText.includes('Doomed')",

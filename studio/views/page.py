@@ -99,7 +99,9 @@ class Page:
             demo.load(self.refresh_lists, None, [self.studio.voice, self.studio.style, self.studio.status,
                                                  self.long_form.voice], queue=False, api_visibility="private")
             if self.projects is not None:
-                demo.load(*self.projects.load, api_visibility="private")  # the open project, as the server has it
+                # The open project, as the server has it: a read of the database, outside the queue (a queued
+                # answer that lands after the visitor picked a project would open the old one again).
+                demo.load(*self.projects.load, queue=False, api_visibility="private")
             demo.load(self.alias_table, None, self.studio.aliases, queue=False, api_visibility="private")
             demo.load(self.dictionary.load, None, [self.dictionary.table, self.dictionary.export,
                                                    self.dictionary.status], queue=False, api_visibility="private")
