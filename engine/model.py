@@ -70,8 +70,11 @@ class HiggsModel(nn.Module):
         self.quant: str | None = None
         self.layers = nn.ModuleList(Block(dims) for _ in range(dims.layers))
         self.norm = RMSNorm(dims.hidden, dims.rms_eps)
-        self.text_embedding = nn.Embedding(dims.vocab, dims.hidden)
-        self.audio_embedding = nn.Embedding(dims.audio_rows, dims.hidden)
+        # Built only on the meta device (`from_state_dict`), so the tables are given, never initialised: a
+        # random normal_ there costs a first meta op's import of torch's decompositions (3 s on our CPUs).
+        self.text_embedding = nn.Embedding(dims.vocab, dims.hidden, _weight=torch.empty(dims.vocab, dims.hidden))
+        self.audio_embedding = nn.Embedding(dims.audio_rows, dims.hidden,
+                                            _weight=torch.empty(dims.audio_rows, dims.hidden))
         # Row k of a sampled row indexes block k of the fused table: W[code + 1026·k].
         self.register_buffer("offsets", torch.arange(dims.codebooks) * dims.codebook_vocab, persistent=False)
         self.max_len = 0
