@@ -136,7 +136,7 @@ def test_heard_latency(browser, studio_url):
 
 def test_gapless_the_played_samples_are_the_takes_wav(browser, studio_url):
     pg = open_page(browser, studio_url)
-    generate(pg, "A twenty second take, played sample for sample.", 500)  # 20 s
+    generate(pg, "A ten second take, played sample for sample.", 250)  # 10 s
     pg.wait_for_function(LIVE_ENDED, timeout=300_000)
     pg.wait_for_function(TAKE_DONE, timeout=180_000)
     t = live(pg)
@@ -145,7 +145,7 @@ def test_gapless_the_played_samples_are_the_takes_wav(browser, studio_url):
     take = finished(pg)
     assert len(wav) == take["frames"] * 960 and played["n"] == len(wav) and t["played"] == len(wav), take
     assert played["sha"] == hashlib.sha256(wav.astype("<i2").tobytes()).hexdigest()
-    print(f"\n20 s take: {played['n']} samples played, equal to the take's WAV; "
+    print(f"\n10 s take: {played['n']} samples played, equal to the take's WAV; "
           f"underruns {pg.inner_text('#live-underruns')}")
 
 
@@ -206,10 +206,10 @@ def test_stop_before_the_first_sound_cancels_the_pages_event_and_leaves_generate
 
 def test_two_tabs_each_play_their_own_take(browser, studio_url):
     """The second tab's take starts while the first is still being made (the engine batches them) and each tab
-    plays its own take, whole. The first is up to 30 s of audio, made in a few seconds on the CPU and played in
+    plays its own take, whole. The first is up to 12 s of audio, made in a few seconds on the CPU and played in
     real time."""
     first, second = open_page(browser, studio_url), open_page(browser, studio_url)
-    generate(first, "First tab, a long take.", 750)
+    generate(first, "First tab, a long take.", 300)
     first.wait_for_function("() => window.__hsLive.take?.received > 0", timeout=180_000)
     generate(second, "Second tab, a short take.", 50)
     for pg, text in ((first, "First tab"), (second, "Second tab")):
