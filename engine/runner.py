@@ -3,7 +3,10 @@ serialises device work, the prefill plan and the KV room; `SerialRun` runs one t
 backend's fused decode (or `HostRows`, the fused protocol on the host).
 
 The scheduler (engine/scheduler.py) keeps the books of a running batch and asks the runner for prefill
-chunks and steps; without batching, the engine runs a take as a `SerialRun` with the runner's lock held.
+chunks, rows and steps; without batching, the engine runs a take as a `SerialRun` with the runner's lock
+held. With `device_sampling` (a `BatchedSampling` backend on CUDA) the scheduler's logits stay on the device
+and `sample_rows` samples a step's takes there in one launch, only their rows coming back; otherwise every
+step's logits come to the host (`to_host`) and the scheduler samples them there (`sampling.sample_row`).
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ import time
 
 import torch
 
-from .backends.base import FusedDecode, StepBackend
+from .backends.base import BatchedSampling, FusedDecode, RowDraw, StepBackend
 from .config import AUDIO_PLACEHOLDER, Dims
 from .delay import StopRule
 from .device import sync
-from .sampling import sample_row, uniforms
+from .sampling import NonFiniteLogits, sample_row, uniforms
 from .types import SamplingParams
 
 
@@ -53,6 +56,10 @@ class Runner:
         self.lock = threading.Lock()  # device state: one step, prefill or codec call at a time
         self.prefix = None  # without batching: the prompt prefix whose KV sits in [0, prefix_len)
         self.prefixes = None  # a `PrefixStore` (engine/prefix.py) where the backend can copy its KV
+        # The scheduler's takes sample on the device where the backend can. Off CUDA (the cubin backend under
+        # the interpreter, in CPU tests) the host samples unless a test turns this on: the interpreted
+        # sampler costs far more than `sample_row`.
+        self.device_sampling = batched and device.type == "cuda" and isinstance(model, BatchedSampling)
 
     # ---------------------------------------------------------------- kept prefixes
     def stored(self, key) -> bool:
@@ -86,12 +93,40 @@ class Runner:
                 self.prefix = None
 
     def decode_rows(self, rows: list[list[int]], slots: list[int], positions: list[int], stream=None) -> torch.Tensor:
-        """One batched step (the scheduler's), its logits [B, 8, 1026] on the host in one transfer."""
-        return to_host(self.model.decode_rows(torch.tensor(rows, device=self.device), slots, positions), stream)
+        """One batched step (the scheduler's), its logits [B, 8, 1026] on the host in one transfer (on the
+        device with `device_sampling`)."""
+        logits = self.model.decode_rows(torch.tensor(rows, device=self.device), slots, positions)
+        return logits if self.device_sampling else to_host(logits, stream)
 
     def prefill_segment(self, ids, ref_rows, start: int, slot: int, stream=None) -> torch.Tensor:
-        """One prefill segment into KV slot `slot`, its logits on the host."""
-        return to_host(self.model.prefill(ids, ref_rows, start, slot=slot), stream)
+        """One prefill segment into KV slot `slot`, its logits on the host (on the device with
+        `device_sampling`)."""
+        logits = self.model.prefill(ids, ref_rows, start, slot=slot)
+        return logits if self.device_sampling else to_host(logits, stream)
+
+    def sample_rows(self, logits: list[torch.Tensor], rules: list[StopRule], params: list[SamplingParams],
+                    stream=None) -> list:
+        """The next row of B takes, sampled on the device in one launch (`BatchedSampling.sample_rows`) from
+        their logits there, and pushed to each take's stop rule as `sampling.sample_row` pushes it on the
+        host; only the rows and flags come back, in one transfer. Per take, its row (the one to feed back)
+        or the error that ends it alone: `NonFiniteLogits`, or a device stop state the rule does not share."""
+        k = self.dims.codebooks
+        draws = [RowDraw(p.seed, p.temperature, p.top_k, p.top_p, r.step, -1 if r.countdown is None else r.countdown)
+                 for r, p in zip(rules, params)]
+        out = []
+        for rule, got in zip(rules, to_host(self.model.sample_rows(logits, draws), stream).tolist()):
+            if not got[k + 1]:
+                out.append(NonFiniteLogits(f"the model's logits for row {rule.step} hold NaN or inf, so the step "
+                                           "that computed them is faulty; nothing can be sampled from them"))
+                continue
+            row = rule.push(got[:k])
+            if bool(got[k]) != (rule.stop_reason == "eoc"):
+                out.append(RuntimeError(f"the device sampler's stop state and engine/delay.py's stop rule disagree "
+                                        f"at row {rule.step - 1} (device: {'ended' if got[k] else 'goes on'}, rule: "
+                                        f"{rule.stop_reason or 'goes on'}); the backend's sampler is faulty"))
+                continue
+            out.append(row)
+        return out
 
     def plan(self, prompt, hit: bool) -> tuple[list, int]:
         """The prefill as segments (ids, ref_rows, start, key), run in order: [0, prefix_len) unless its KV

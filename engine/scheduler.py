@@ -7,16 +7,24 @@ engine's `Runner` (engine/runner.py). One worker thread, started on demand and g
 1. at the step boundary, takes that finished or were cancelled leave and free their KV slot, and waiting
    takes are admitted while slots are free (`max_batch`; the overflow waits in arrival order);
 2. one prefill chunk (`prefill_chunk` positions) of the oldest admitted take that is still prefilling;
-3. one decode step for every take that has finished its prefill: each samples its row on the host with
-   its own seed and settings (engine/sampling.py, the same draws as alone), its own stop rule decides
-   when it ends, and the surviving rows go through `model.decode_rows` together.
+3. one decode step for every take that has finished its prefill: each samples its row with its own seed
+   and settings (SPEC D6, the same draws as alone), its own stop rule decides when it ends, and the
+   surviving rows go through `model.decode_rows` together.
 
-One host transfer per step: the step's logits for every take come back in one device-to-host copy
-(engine/runner.py `to_host`), queued on the backend's own stream where it has one (the cubin kernels')
-and waited for on an event of that stream — not a device-wide sync. The whole step runs with that stream
-current, so neither its launches nor the copy queue behind the codec's work, which the listeners' threads
-put on torch's default stream. Sampling then runs on host tensors (a few microseconds a take, no launches),
-and a take's rows depend only on its own logits, so batch invariance is untouched.
+Where the rows are sampled (`_sample`): on the device where the runner can (`Runner.device_sampling`: a
+`BatchedSampling` backend on CUDA, the cubin one), in ONE launch for every take of the step, each with its
+own seed, settings, step and EOC countdown, from logits that never leave the device; only the rows and
+a few flags come back, and each row is pushed to its take's stop rule (engine/delay.py), which also keeps
+the length cap and the repeat guard. Elsewhere (the CPU path, the torch backends) the step's logits for
+every take come back in one device-to-host copy and each take samples on the host (`sampling.sample_row`).
+Both make the draws of engine/sampling.py for the same seed (the device's picks can differ only where u
+or top_p falls within float rounding of a boundary), and a take's row depends only on its own logits and
+books, so batch invariance is untouched either way.
+
+One host transfer per step, either way (engine/runner.py `to_host`): queued on the backend's own stream
+where it has one (the cubin kernels') and waited for on an event of that stream — not a device-wide sync.
+The whole step runs with that stream current, so neither its launches nor the copy queue behind the
+codec's work, which the listeners' threads put on torch's default stream.
 
 A newcomer's prefill therefore costs the takes already decoding at most one chunk per step, not a whole
 prompt: their time to first audio and their row rate stay close to alone, and the newcomer joins the
@@ -301,15 +309,15 @@ class Scheduler:
         tick = time.perf_counter()
         rows, slots, positions, stepping, ended = [], [], [], [], []
         try:
-            for take in decoding:
+            live = []
+            for take in decoding:  # one look at each cancel event: a take is either ended or sampled
                 if take.stopped():
                     ended.append((take, None))
-                    continue
-                p = take.params
-                try:
-                    row = sample_row(take.logits, take.u, take.rule, p.temperature, p.top_k, p.top_p)
-                except Exception as exc:  # this take's logits are the problem (NonFiniteLogits): only it ends
-                    ended.append((take, exc))
+                else:
+                    live.append(take)
+            for take, row in zip(live, self._sample(live)):
+                if isinstance(row, Exception):  # this take's logits are the problem (NonFiniteLogits): only it ends
+                    ended.append((take, row))
                     continue
                 if take.rule.done:
                     ended.append((take, None))
@@ -337,6 +345,21 @@ class Scheduler:
                     self._end_faulty(take, error)
         for take in stepping:
             take.notify()
+
+    def _sample(self, takes: list[ScheduledTake]) -> list:
+        """Each take's next row, pushed to its stop rule, or the exception that ends it alone: on the device in
+        one launch where the runner can (module docstring), else on the host, take by take."""
+        if self.runner.device_sampling:
+            return self.runner.sample_rows([t.logits for t in takes], [t.rule for t in takes],
+                                           [t.params for t in takes], self.stream) if takes else []
+        out = []
+        for take in takes:
+            p = take.params
+            try:
+                out.append(sample_row(take.logits, take.u, take.rule, p.temperature, p.top_k, p.top_p))
+            except Exception as exc:  # handed back: this take ends alone
+                out.append(exc)
+        return out
 
     def _prefill_chunk(self, take: ScheduledTake) -> None:
         self.runner.ensure_room(len(take.prompt.ids) + take.rule.max_rows)

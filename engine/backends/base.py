@@ -2,13 +2,15 @@
 
 `StepBackend` is what any take needs: a prefill that fills the KV cache and returns the first step's
 logits, and a one-row decode step. `BatchedBackend` adds the step of B takes in their own KV slots, which
-the engine's scheduler runs with host sampling (engine/scheduler.py). `FusedDecode` is the single-stream
-path that samples on the device and syncs once per chunk (`begin`, then `rows(n)`). Logits are fp32
-[8, 1026] (one row per codebook); rows are int64 [8] codes in 0..1025 (the delay pattern's BOC/EOC
-included).
+the engine's scheduler runs (engine/scheduler.py); `BatchedSampling` lets that scheduler sample the B takes'
+next rows on the device in one launch from logits that stay there (without it, the scheduler samples on the
+host). `FusedDecode` is the single-stream path that samples on the device and syncs once per chunk
+(`begin`, then `rows(n)`). Logits are fp32 [8, 1026] (one row per codebook); rows are int64 [8] codes in
+0..1025 (the delay pattern's BOC/EOC included).
 
     eager torch (`HiggsModel`)    StepBackend + BatchedBackend
-    torch-graph, cubin            StepBackend + BatchedBackend + FusedDecode
+    torch-graph                   StepBackend + BatchedBackend + FusedDecode
+    cubin                         StepBackend + BatchedBackend + FusedDecode + BatchedSampling
 
 Which path a take runs (engine/generate.py): with a `BatchedBackend` and max_batch > 1, or without a
 `FusedDecode`, every take goes through the scheduler; otherwise takes run one at a time through the fused
@@ -17,7 +19,7 @@ decode, or through `HostRows` (engine/runner.py) for a backend with only the per
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
@@ -70,3 +72,26 @@ class FusedDecode(StepBackend, Protocol):
     def rows(self, n: int) -> tuple[torch.Tensor, bool]:
         """Run up to n steps on the device, then one host sync: the rows sampled [k, 8] and whether the
         device's stop state (<eoc>, the length cap) ended the take."""
+
+
+class RowDraw(NamedTuple):
+    """What one take's next row depends on besides its logits: its seed and settings (engine/types.py
+    `SamplingParams`), the row index `step` (the counter of its uniforms and the delay window's clock) and
+    its stop rule's EOC countdown (-1 before an EOC; engine/delay.py `StopRule`)."""
+
+    seed: int
+    temperature: float
+    top_k: int
+    top_p: float
+    step: int
+    countdown: int
+
+
+@runtime_checkable
+class BatchedSampling(BatchedBackend, Protocol):
+    def sample_rows(self, logits: list[torch.Tensor], draws: list[RowDraw]) -> torch.Tensor:
+        """B takes' next rows in one launch on the device, each from its own logits [8, 1026] (on the device)
+        with its own `RowDraw`: the draws of engine/sampling.py `sample` for the same seeds, then the delay
+        window and the EOC countdown of engine/delay.py `StopRule`. Returns int64 [B, 8 + 2] on the device:
+        the row, then 1 where that step ends the take's EOC tail, then 1 where its logits were finite (0: its
+        row means nothing)."""

@@ -1,11 +1,11 @@
 """The cubin backend's two decode steps beside the single-row `decode`: the batched step of the engine's
-scheduler (`decode_rows`) and the fused single-stream decode that samples on the device (`begin` / `rows`).
-`CubinBackend` (engine/backends/cubin.py) inherits both; they use its weights, caches, static buffers and
-`_on_stream`.
+scheduler (`decode_rows`, with `sample_rows`, its takes' rows sampled on the device) and the fused
+single-stream decode that samples on the device (`begin` / `rows`). `CubinBackend`
+(engine/backends/cubin.py) inherits both; they use its weights, caches, static buffers and `_on_stream`.
 
 Batched decode. `decode_rows(rows [M, 8], slots, positions)` runs one step of M takes, each in
-its own KV slot at its own position, and returns fp32 logits [M, 8, 1026] for the engine's scheduler
-(which samples on the host). Per layer, 9 launches for the whole batch:
+its own KV slot at its own position, and returns fp32 logits [M, 8, 1026] on the device for the engine's
+scheduler, which samples them there (`sample_rows`, below). Per layer, 9 launches for the whole batch:
 
     rmsnorm (-> fp8) | skinny GEMM qkv | batched q/k norm + RoPE + KV write (per-row slot and position)
     batched attention + combine (per-row slot and length) | skinny GEMM o_proj (+ residual, split-K)
@@ -27,6 +27,21 @@ not the bits of the single-stream step (`decode` / `rows`: GEMVs, another reduct
 with max_batch 1 runs that fused path, one with max_batch > 1 runs every take, a lone one included,
 through `decode_rows`, so the same seed gives codes that differ by float rounding between the two.
 
+Batched sampling. `sample_rows(logits, draws)` samples the next row of B takes in ONE launch of the batched
+sampler: `sample_batch_kernel` (kernels/batch.py, one program per take) or, with the "grid" sampler,
+`sample_grid_kernel` as the grid (8, B) (kernels/sampler.py), the committed cubins either way. Each take's
+sampler state (seed, settings, step, EOC countdown) is written from the scheduler's books for that step
+(`RowDraw`, engine/backends/base.py), so the device keeps no take's state between steps and a take joins,
+leaves or moves to another batch position at any step boundary. A program reads only its own take's
+logits and state, so a take's row is the same in any company. The picks are SPEC D6's, as engine/sampling.py
+makes them (the same counter RNG; a pick can differ only where u or top_p falls within float rounding of a
+boundary: the kernels' fp32 sums and exp are not torch's), and the kernel applies the delay window and the
+EOC countdown of engine/delay.py. Only the rows, the EOC-tail flags and a finite flag per take come back
+(`[B, 10]` int64). A take whose logits hold NaN or inf is flagged and sampled from zeros instead (no kernel
+sees a NaN); the engine ends it. The kernels also write each row's fused embedding, unused here: the
+batched step embeds its rows itself, in its own sum order, so the logits are the same bits whoever sampled
+the rows.
+
 Fused decode. `begin` sets the sampler state from the take's seed and settings; `rows(n)` replays one CUDA
 graph per step (sample row `step` on the device, embed it, run the GEMV step at its position) and syncs
 once at the end. Off CUDA the same step runs eagerly (the CPU tests).
@@ -37,6 +52,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.backends.base import RowDraw
 from engine.backends.torch_graph import EagerGraph
 
 # Row buckets of the batched step: one CUDA graph each; M takes run in the smallest bucket that holds them.
@@ -45,9 +61,10 @@ BF16 = torch.bfloat16
 
 
 class BatchedStep:
-    """`decode_rows` over the backend's per-slot caches, one graph per row bucket."""
+    """`decode_rows` over the backend's per-slot caches, one graph per row bucket, and `sample_rows`, its rows."""
 
     min_rows = 1  # invariant by construction (module docstring): no padding to calibrate
+    _draw_buffers: tuple | None = None  # `sample_rows`' row history, next inputs and grid scratch
 
     def calibrate_rows(self, max_rows: int) -> int:
         """Every row count computes alike here, so there is nothing to measure: records `max_rows`."""
@@ -148,6 +165,46 @@ class BatchedStep:
             ops.skinny_gemm(act, L.down, w_scale=L.down_s, x_scale=L.rows_down if fp8 else None, residual=h, out=h,
                             scratch=self.b_split)
         ops.skinny_gemm(ops.rmsnorm(h, self.norm_w, d.rms_eps), self.audio_w, out=self.b_logits[:p])
+
+    @torch.inference_mode()
+    def sample_rows(self, logits: list[torch.Tensor], draws: list[RowDraw]) -> torch.Tensor:
+        """B takes' next rows in one sampler launch (module docstring): logits [8, 1026] per take, on the
+        device; returns int64 [B, 8 + 2] on the device: the row, 1 where it ends the take's EOC tail, 1 where
+        its logits were finite."""
+        ops, d = self.ops, self.dims
+        b = len(draws)
+        if b != len(logits) or not 0 < b <= self.slots:
+            raise ValueError(f"sample_rows: {len(logits)} takes' logits for {b} draws ({self.slots} slots)")
+        state = [[0] * (ops.STATE_DONE + 1) for _ in draws]
+        for s, r in zip(state, draws):
+            seed = r.seed & (2**64 - 1)  # the kernel reads the 64 bits as int64
+            s[ops.STATE_STEP], s[ops.STATE_TOP_K], s[ops.STATE_COUNTDOWN] = r.step, r.top_k, r.countdown
+            s[ops.STATE_SEED] = seed - 2**64 if seed >= 2**63 else seed
+        with self._on_stream():
+            x = torch.stack([t.to(self.device).reshape(d.codebooks, d.codebook_vocab) for t in logits])
+            finite = x.sum((1, 2)).isfinite()  # engine/sampling.py `sample_row`'s test, per take
+            x = torch.where(finite[:, None, None], x, 0.0)
+            state = torch.tensor(state, dtype=torch.int64, device=self.device)
+            params = torch.tensor([[r.temperature, r.top_p] for r in draws], dtype=torch.float32, device=self.device)
+            rows, x_out, scratch = self._sampler_buffers()
+            if self.sampler == "grid":
+                ops.sample_grid(x, self.audio_w, state, params, rows[:b], x_out[:b], scratch)
+            else:
+                ops.sample_batch(x, self.audio_w, state, params, rows[:b], x_out[:b])
+            picked = rows[torch.arange(b, device=self.device), state[:, ops.STATE_STEP] - 1]
+            return torch.cat([picked.long(), state[:, ops.STATE_DONE, None], finite[:, None].long()], 1)
+
+    def _sampler_buffers(self) -> tuple:
+        """`sample_rows`' static buffers for `slots` takes, (re)made when the slots or the cache length change:
+        the row history the kernels write row `step` into (int32 [slots, max_len, 8]: a take's step is below
+        its last position), the next inputs they also write, and the grid sampler's picks and tickets."""
+        shape = (self.slots, self.max_len, self.dims.codebooks)
+        if self._draw_buffers is None or self._draw_buffers[0].shape != shape:
+            self._draw_buffers = (
+                torch.zeros(shape, dtype=torch.int32, device=self.device),
+                torch.zeros(self.slots, self.dims.hidden, dtype=BF16, device=self.device),
+                self.ops.sampler_scratch(self.device, takes=self.slots) if self.sampler == "grid" else None)
+        return self._draw_buffers
 
 
 class FusedStep:
