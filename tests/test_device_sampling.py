@@ -3,7 +3,8 @@
 different seeds and settings gets the host sampler's rows and stop states (engine/sampling.py `sample_row`,
 engine/delay.py `StopRule`) through either batched sampler cubin, a take with NaN logits ends alone, and an
 engine's takes, batched with a joiner, a cancel and a faulty neighbour, give the codes host sampling gives
-them alone. The torch backends keep host sampling."""
+them alone. The torch backends keep host sampling. On a GPU (the gpu tier, skipped elsewhere) the cubin
+engine samples on the device by default and gives host sampling's codes."""
 
 import copy
 import threading
@@ -27,10 +28,12 @@ from engine.sampling import NonFiniteLogits, sample_row, uniforms
 from engine.types import EngineInfo, SamplingParams
 from kernels import manifest as mf
 from kernels import ops
-from kernels.runtime import InterpretedKernels, cubin_ops
+from kernels.runtime import InterpretedKernels, available, cubin_ops
 from tests import interp_rounding
 
 interp_rounding.install()
+
+GPU_OK, GPU_REASON = available()
 
 MAX_LEN = 64
 EOC = 1025
@@ -225,3 +228,22 @@ def test_engine_takes_sampled_on_the_device_give_the_codes_of_host_sampling(engi
     cut = out[1]
     assert 0 < len(cut) < len(alone[1]) and torch.equal(cut, alone[1][:len(cut)])
     assert max(launches) >= 3 and len(launches) >= len(steps)  # every step's takes in one launch
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not (GPU_OK and torch.cuda.is_available()), reason=f"needs an NVIDIA GPU: {GPU_REASON}")
+def test_the_cubin_engine_on_a_gpu_samples_on_the_device_and_gives_host_samplings_codes(parity_dir):
+    """The cubin backend's batched step on CUDA: device sampling is on by default, and a batch's codes are
+    those the same engine gives with host sampling of the same logits (the kernels' exp and fp32 sums are not
+    torch's: a pick can differ only where u or top_p falls within rounding of a boundary, which a take of this
+    size does not meet)."""
+    engine = Engine.load(parity_dir / "tiny_checkpoint", device="cuda", backend="cubin", precision="bf16",
+                         max_batch=4)
+    assert engine.runner.device_sampling
+    params = [SamplingParams.of(p, max_frames=40) for p in PARAMS]
+    device = engine.generate_batch(PROMPTS, params)
+    engine.runner.device_sampling = False
+    host = engine.generate_batch(PROMPTS, params)
+    assert engine.scheduler.largest == 4
+    for d, h in zip(device, host):
+        assert torch.equal(d.codes, h.codes)
