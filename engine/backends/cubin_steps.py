@@ -184,8 +184,12 @@ class BatchedStep:
             x = torch.stack([t.to(self.device).reshape(d.codebooks, d.codebook_vocab) for t in logits])
             finite = x.sum((1, 2)).isfinite()  # engine/sampling.py `sample_row`'s test, per take
             x = torch.where(finite[:, None, None], x, 0.0)
-            state = torch.tensor(state, dtype=torch.int64, device=self.device)
-            params = torch.tensor([[r.temperature, r.top_p] for r in draws], dtype=torch.float32, device=self.device)
+            # From pinned memory without a wait, so the whole launch queues behind the step still running
+            # and the host waits once, for the rows (the caller's transfer).
+            pinned = self.device.type == "cuda"
+            state = torch.tensor(state, dtype=torch.int64, pin_memory=pinned).to(self.device, non_blocking=True)
+            params = torch.tensor([[r.temperature, r.top_p] for r in draws], dtype=torch.float32,
+                                  pin_memory=pinned).to(self.device, non_blocking=True)
             rows, x_out, scratch = self._sampler_buffers()
             if self.sampler == "grid":
                 ops.sample_grid(x, self.audio_w, state, params, rows[:b], x_out[:b], scratch)
