@@ -144,6 +144,22 @@ def test_a_click_before_the_page_has_its_session_token_waits_for_it(page):
     wait_row(pg, "Clicked while the page loads")
 
 
+def test_type_as_you_go_before_the_page_has_its_session_token_waits_for_it(page):
+    """"Type as you go" opens its stream at the first keystroke: before the page's load event it waits for the
+    token (sent without it, the stream would be refused), then says what was typed."""
+    pg = page
+    token = pg.evaluate(TOKEN)
+    pg.evaluate(f"{TOKEN} = ''")
+    pg.check("#typeahead-toggle")
+    pg.click("#text textarea")
+    pg.keyboard.type("Typed while the page loads.")
+    pg.keyboard.press("Enter")  # say what is buffered
+    state = "document.querySelector('#typeahead-state')?.innerText || ''"
+    pg.wait_for_function(f"() => ({state}).includes('page to load')", timeout=10_000)
+    pg.evaluate(f"{TOKEN} = {token!r}")
+    pg.wait_for_function(f"() => /^speaking: Typed while/.test({state})", timeout=60_000)
+
+
 def test_a_stream_the_server_refuses_fails_at_once_and_generate_comes_back(page, studio):
     """A page kept open across a restart holds a token the server no longer knows: the stream is refused, the
     player says why, and the page's event fails at once instead of waiting for a stream that never comes."""

@@ -5,7 +5,7 @@
 // Only typing at the end of the box is streamed (what was said cannot be unsaid); Enter speaks what is buffered;
 // turning the toggle off, or leaving the box, ends the stream once its last sentence is said.
 
-const RATE = 24000, PREBUFFER_S = 0.06, MAX_PREBUFFER_S = 0.48, FADE_S = 0.005;
+const RATE = 24000, PREBUFFER_S = 0.06, MAX_PREBUFFER_S = 0.48, FADE_S = 0.005, TOKEN_WAIT_S = 30;
 const ROUTE = '/v1/audio/speech/stream';
 const toggle = element.querySelector('#typeahead-toggle');
 const note = (text) => { const e = element.querySelector('#typeahead-state'); if (e) e.innerText = text; };
@@ -25,6 +25,23 @@ function config() {
           seed: Number.isFinite(seed) && seed >= 0 ? seed : null};
 }
 
+// The page's session token comes with the page's load event (studio/views/page.py): a stream opened before it
+// (a busy machine, a quick typist) waits for it, up to TOKEN_WAIT_S, as live.js's clicks do; sent without it,
+// the stream would be refused.
+function pageToken() {
+  const read = () => document.querySelector('.hs-live')?.dataset.token || '';
+  if (read()) return Promise.resolve(read());
+  note('waiting for the page to load');
+  const since = Date.now();
+  return new Promise((resolve) => {
+    const poll = setInterval(() => {
+      if (!read() && Date.now() - since < TOKEN_WAIT_S * 1000) return;
+      clearInterval(poll);
+      resolve(read());
+    }, 50);
+  });
+}
+
 function open() {
   const hs = window.__hsLive;
   if (!hs || !hs.supported || !hs.ctx) {
@@ -42,9 +59,11 @@ function open() {
        fade: Math.round(FADE_S * RATE)}});
     s.node.connect(hs.ctx.destination);
   });
-  s.ws.onopen = () => {
+  s.ws.onopen = async () => {
     const c = config();
     if (field('voice').startsWith('Reference clip')) c.voice = null;
+    c.token = await pageToken();
+    if (s.ws.readyState !== WebSocket.OPEN) return;  // closed while it waited
     s.ws.send(JSON.stringify(c));
     s.configured = true;
     s.pending.splice(0).forEach((m) => s.ws.send(JSON.stringify(m)));
