@@ -10,8 +10,9 @@ docs/ARCHITECTURE.md). Which engines batch:
 
 * the eager torch path (a `BatchedBackend` without `FusedDecode`): always, max_batch 1 included;
 * the GPU backends with both (cubin, torch-graph): when max_batch > 1, and then every take, a lone one
-  included, runs through `decode_rows` with host sampling, so it gives the same codes alone and in any
-  batch. With max_batch 1 they run the fused single-stream path instead (the fastest single listener:
+  included, runs through `decode_rows`, so it gives the same codes alone and in any batch; the cubin
+  backend on CUDA samples those rows on the device in one launch (`Runner.device_sampling`), the others on
+  the host, with the same draws. With max_batch 1 they run the fused single-stream path instead (the fastest single listener:
   sampling on the device, one CUDA graph per step), one take at a time under the engine lock. The two
   paths compute the same math in different reduction orders, so on these backends a seed's codes from an
   engine with max_batch 1 and from one with max_batch > 1 can differ by float rounding (each is
@@ -58,9 +59,9 @@ class Engine:
     def __init__(self, model, codec, tokenizer, dims: Dims, info: EngineInfo, max_batch: int = DEFAULT_MAX_BATCH):
         self.model, self.codec, self.tokenizer, self.dims = model, codec, tokenizer, dims
         self.device = torch.device(info.device)
-        # The scheduler samples on the host. A backend with its own fused device decode keeps it for
-        # max_batch 1 (the fastest single listener) and batches every take otherwise; the torch path
-        # always goes through the scheduler (module docstring).
+        # The scheduler samples where the runner can (engine/runner.py `device_sampling`). A backend with its
+        # own fused device decode keeps it for max_batch 1 (the fastest single listener) and batches every
+        # take otherwise; the torch path always goes through the scheduler (module docstring).
         batched = isinstance(model, BatchedBackend) and (max_batch > 1 or not isinstance(model, FusedDecode))
         self.runner = Runner(model, dims, self.device, batched=batched)
         if batched:
