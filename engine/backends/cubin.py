@@ -32,10 +32,12 @@ interpreter (`kernels.ops` / `cubin_ops(InterpretedKernels(...))`) in the CPU te
 composition on the tiny checkpoint and compares it with the torch reference.
 
 Precision. "fp8" (default on 8.9 / 9.0 / 12.0): W8A8 with per-output-channel weight scales quantised at
-load and static per-tensor activation scales, calibrated once at load by running a fixed built-in prompt
-through the BF16 path (never from a user's request, so a take does not depend on which request came
-first); o_proj keeps bf16 activations (W8A16: attention output has no fused quantiser). The BF16 copies
-of quantised weights are freed after calibration. "bf16" keeps every weight in bf16.
+load and static per-tensor activation scales, calibrated once at load by running fixed built-in prompts
+(text, voice clone, long context: engine/backends/calibration.py) through the BF16 path (never a user's
+request, so a take does not depend on which request came first); the scales and the saturation and
+underflow rates under them are kept in `calibration`. o_proj keeps bf16 activations (W8A16: attention
+output has no fused quantiser). The BF16 copies of quantised weights are freed after calibration. "bf16"
+keeps every weight in bf16.
 
 Self-check. `load` trusts the kernels only after `self_check`: a fixed 32-token prompt and 8 teacher-forced
 decode steps (the last 2 also through the batched step, the first also in slot 1 of bucket 4 beside padding
@@ -55,6 +57,14 @@ import math
 import torch
 import torch.nn.functional as F
 
+from engine.backends.calibration import (  # CALIBRATION_IDS: tests/test_self_check.py reads it here
+    CALIBRATION_DECODE_STEPS,
+    CALIBRATION_IDS,  # noqa: F401
+    Calibration,
+    CalibrationPrompt,
+    Recorder,
+    calibration_prompts,
+)
 from engine.backends.cubin_steps import ROW_BUCKETS, BatchedStep, FusedStep
 from engine.backends.memory import NotEnoughMemory, check_room
 from engine.backends.self_check import SelfCheckFailed, run_self_check
@@ -64,15 +74,6 @@ from engine.model import embed_prompt
 PRECISIONS = ("fp8", "bf16")
 VARIANTS = ("v1", "v2", "v3")
 VARIANT_SAMPLER = {"v1": "cta", "v2": "cta", "v3": "grid"}
-FP8_MAX = 448.0
-# Static activation scales map the calibration amax to half the e4m3 range: one binade of headroom for
-# prompts whose activations exceed the calibration prompt's, at the cost of one bit near the top.
-CALIBRATION_HEADROOM = 2.0
-# A fixed pseudo-prompt: Qwen chat tokens around ordinary text ids, then audio rows — it exercises the
-# text table, the fused audio embedding, prefill (GEMM) and decode (GEMV) shapes.
-CALIBRATION_IDS = (151644, 872, 198, 9707, 11, 419, 374, 264, 2805, 22636, 11652, 369, 279, 7743, 1614, 13,
-                   151645, 198, 151644, 77091, 198)
-CALIBRATION_DECODE_STEPS = 16
 
 BF16 = torch.bfloat16
 
@@ -122,7 +123,8 @@ class CubinBackend(BatchedStep, FusedStep):
         self.graph = None
         self.row_graphs: dict[int, object] = {}  # bucket -> the batched step's graph
         self.info: dict = {}  # joins engine.info (kernel target and loader, set by `load`)
-        self._calib: dict | None = None
+        self._calib: Recorder | None = None  # while calibrating
+        self.calibration: Calibration | None = None  # the FP8 scales and their rates (fp8 only)
         dev = self.device
 
         def w(name):
@@ -217,23 +219,16 @@ class CubinBackend(BatchedStep, FusedStep):
         self._capture_buckets()
 
     def _calibrate_and_quantize(self, decode_steps: int) -> None:
-        """Run the built-in prompt in BF16 recording activation amax at the three quantised inputs, then
-        quantise weights per output channel and set the static activation scales."""
+        """Record the calibration prompts in BF16 (engine/backends/calibration.py; the long context followed
+        by `decode_steps` decode steps), then quantise weights per output channel and set the static
+        activation scales."""
         ops = self.ops
-        self._calib = {}
-        ids = torch.tensor(CALIBRATION_IDS, dtype=torch.long)
-        logits = self.prefill(ids, None, 0)
-        pos = len(CALIBRATION_IDS)
-        for step in range(decode_steps):
-            row = logits.argmax(-1)
-            row[step + 1:] = self.dims.boc  # the delay window: codebook k is BOC until step k
-            logits = self.decode(row, pos + step)
-        amax, self._calib = self._calib, None
+        prompts = calibration_prompts(self.dims, self.max_len, decode_steps)
+        self.calibration = self.record(prompts).result(prompts)
+        scales = self.calibration.scales
         with self._on_stream():
             for i, L in enumerate(self.layers):
-                L.x_qkv, L.x_gate_up, L.x_down = (
-                    (amax[i, k].clamp(min=1e-6) * CALIBRATION_HEADROOM / FP8_MAX).reshape(1).float()
-                    for k in ("qkv", "gate_up", "down"))
+                L.x_qkv, L.x_gate_up, L.x_down = (scales[i, k].reshape(1).to(self.device, copy=True) for k in range(3))
                 L.qkv, L.qkv_s = ops.quantize_weight_fp8(L.qkv)
                 L.o, L.o_s = ops.quantize_weight_fp8(L.o)
                 L.gate_up, L.gate_up_s = ops.quantize_weight_fp8(L.gate_up)
@@ -243,11 +238,28 @@ class CubinBackend(BatchedStep, FusedStep):
         if self.device.type == "cuda":
             torch.cuda.empty_cache()  # the bf16 copies are gone; return their blocks
 
+    def record(self, prompts: list[CalibrationPrompt]) -> Recorder:
+        """Run `prompts` through the BF16 path, each prefilled in slot 0 and followed by its decode rows (fixed
+        rows, so no logits are needed and the head does not run), recording every quantised input: the
+        calibration's pass, and on a "bf16" backend other prompts' rates under given scales (the device
+        check's held-out prompts). Not once the weights are FP8."""
+        if self.layers[0].x_qkv is not None:
+            raise ValueError("record() runs the BF16 path: a bf16 backend, or an fp8 one before it is quantised")
+        self._calib = Recorder(len(prompts), len(self.layers), self.device)
+        try:
+            for kind, prompt in enumerate(prompts):
+                self._calib.kind = kind
+                self.prefill(prompt.ids, prompt.ref_rows, 0)
+                for step, row in enumerate([] if prompt.decode is None else prompt.decode):
+                    self.decode(row, len(prompt.ids) + step)
+            return self._calib
+        finally:
+            self._calib = None
+
     def _observe(self, i: int, key: str, x: torch.Tensor) -> None:
-        """During calibration (all bf16) record the running amax of a quantised input."""
+        """During calibration (all bf16) record a quantised input."""
         if self._calib is not None:
-            a = x.float().abs().amax()
-            self._calib[i, key] = torch.maximum(self._calib[i, key], a) if (i, key) in self._calib else a
+            self._calib.observe(i, key, x)
 
     @contextlib.contextmanager
     def _on_stream(self):
@@ -288,7 +300,8 @@ class CubinBackend(BatchedStep, FusedStep):
             act = ops.silu_mul(gu, scale=L.x_down)
             self._observe(i, "down", act)
             ops.linear(act, L.down, w_scale=L.down_s, x_scale=L.x_down, residual=h, out=h)
-        ops.audio_head(h[-1], self.audio_w, self.norm_w, d.rms_eps, out=self.logits)
+        if self._calib is None:  # a calibration pass feeds fixed rows (`record`): it needs no logits
+            ops.audio_head(h[-1], self.audio_w, self.norm_w, d.rms_eps, out=self.logits)
 
     def _layers_v2(self, h: torch.Tensor, slot: int = 0) -> None:
         """`_layers` for one decode row in 5 launches per layer (kernels/fused.py), same rounding points;
