@@ -9,14 +9,20 @@
   3. benchmark: prefill ms/token at 13 and 300 tokens, TTFA of the backbone, peak VRAM, eager torch, the
      CUDA-graphed torch path, the A/B of every step variant, microbenchmarks, the batched step.
 
+The engine pass (`--engine`) instead runs the studio's engine on a full-size random checkpoint (TTFA with
+the codec, 16 takes' audio-seconds per second, 16 streams' gap-free rate) and, with `--checkpoint PATH`,
+a real checkpoint's FP8 calibration (bench/gpu_engine.py).
+
     python -m bench.gpu_check [--quick] [--out DIR]     # rows also go to DIR/rows.jsonl as they come
+    python -m bench.gpu_check --engine [--checkpoint PATH] [--out DIR]
     python -m bench.gpu_check --cpu-selftest --out DIR  # no GPU: the plumbing, with deliberate failures
 
 It always leaves figures or a reason: no usable GPU is one row and exit 2; an overrun costs its section;
 a SIGTERM or a hung call ends the run with the table (bench/gpu_run.py). This module lists the sections and
 runs them; the sections live in bench/gpu_model.py (the model, the torch path, the whole-step A/B) and
-bench/gpu_kernels.py (real shapes, microbenchmarks, the batched step), the run's machinery (budgets,
-sticky errors, the watchdog, rows.jsonl) in bench/gpu_run.py.
+bench/gpu_kernels.py (real shapes, microbenchmarks, the batched step), bench/gpu_engine.py (the engine,
+a real checkpoint), the run's machinery (budgets, sticky errors, the watchdog, rows.jsonl) in
+bench/gpu_run.py.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from pathlib import Path
 
 import torch
 
+from bench.gpu_engine import checkpoint_rows, engine_rows
 from bench.gpu_kernels import batch_rows, batch_step_rows, microbench_rows, real_shape_rows, thread_row
 from bench.gpu_model import (
     STEP_CONFIGS,
@@ -58,6 +65,7 @@ from bench.gpu_run import (
     run_sections,
 )
 from engine.config import FULL_SIZE, Dims
+from engine.demo import TINY_DIMS
 from kernels import manifest as mf
 from kernels.check import Row, kernel_rows, timed_ab_rows
 
@@ -114,8 +122,12 @@ def manifest_rows(cc: int) -> Iterable[Row]:
 
 def gpu_sections(args) -> list[Section]:
     """The quick pass (preflight, cubins, setup, floor, the headline ms/frame per precision), then, unless
-    `args.quick`, the rest. A section that needs the cubins is one SKIP row when they did not load."""
+    `args.quick`, the rest; or, with `args.engine`, the engine pass. A section that needs the cubins is one
+    SKIP row when they did not load."""
     from kernels.runtime import CubinKernels, cubin_ops, probe_driver
+
+    if getattr(args, "engine", False):
+        return engine_sections(args.checkpoint)
 
     state = {"cubin_ms": {}}    # the loader, its ops, the copy floor and the headline ms/frame, as sections make them
     full = FullModel(FULL_SIZE, args.steps)   # made when the first model section asks
@@ -183,9 +195,27 @@ def gpu_sections(args) -> list[Section]:
 BEFORE_LOADER = ("preflight", "cubins", "setup")
 
 
+def engine_sections(checkpoint: Path | None) -> list[Section]:
+    """The engine pass: the driver and the cubins' manifest, the studio's engine on a full-size random
+    checkpoint, and with `checkpoint` that real checkpoint's FP8 calibration. Both load their cubins as
+    the engine does (no loader of the check's own), so neither runs on a loader's stream. The budgets add
+    up to 295 s: writing the 8 GB checkpoint and its codec, the load (the cubin probe in a child process,
+    then the load here, each with calibration and self-check), then about a minute of takes; a real
+    checkpoint is read from its disk, calibrated, self-checked, and compared on three held-out prompts."""
+    from kernels.runtime import probe_driver
+
+    sections = [Section("preflight", 20, preflight_rows),
+                Section("cubins", 5, lambda: manifest_rows(probe_driver().cc)),
+                Section("engine", 150, lambda: engine_rows(FULL_SIZE, "cuda"))]
+    if checkpoint is not None:
+        sections.append(Section("checkpoint", 120, lambda: checkpoint_rows(checkpoint)))
+    return sections
+
+
 def selftest_sections() -> list[Section]:
     """The plumbing without a GPU: the real preflight and manifest sections, the kernels package's own CPU
-    self-test, and two stand-ins that fail on purpose (an exception, an overrun) between real sections."""
+    self-test, two stand-ins that fail on purpose (an exception, an overrun) between real sections, and the
+    engine section on a tiny checkpoint."""
     from kernels.check import selftest_rows
 
     def broken():
@@ -212,7 +242,9 @@ def selftest_sections() -> list[Section]:
             Section("batch step", 60, lambda: batch_step_rows(interpreted_ops(), SELFTEST_DIMS, cpu, takes=(1, 2),
                                                               precisions=("bf16",), context=8, steps=1)),
             Section("A/B step (stand-in figures)", 5,
-                    lambda: step_ab_rows({(p, c[0]): 1.0 for p in ("fp8", "bf16") for c in STEP_CONFIGS}))]
+                    lambda: step_ab_rows({(p, c[0]): 1.0 for p in ("fp8", "bf16") for c in STEP_CONFIGS})),
+            # the engine on a tiny random checkpoint with the tiny codec: the torch path on the CPU
+            Section("engine", 60, lambda: engine_rows(TINY_DIMS, "cpu", codec_size="tiny", frames=12, ttfa_takes=2))]
 
 
 def interpreted_ops():
@@ -237,9 +269,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="directory for rows.jsonl (one JSON row per line)")
     ap.add_argument("--append", action="store_true",
                     help="keep the rows already in DIR/rows.jsonl (scripts/gpu_check.sh writes its own first)")
+    ap.add_argument("--engine", action="store_true",
+                    help="the engine pass: the studio's engine on a full-size random checkpoint (TTFA, throughput, "
+                         "gap-free streams)")
+    ap.add_argument("--checkpoint", type=Path, default=None,
+                    help="with --engine (implied): also this real checkpoint directory's FP8 calibration")
     ap.add_argument("--cpu-selftest", action="store_true",
                     help="no GPU: run the plumbing (sections, isolation, JSON lines) with stand-in sections")
     args = ap.parse_args(argv)
+    args.engine = args.engine or args.checkpoint is not None
     report = Report(args.out, append=args.append, xfail=DELIBERATE if args.cpu_selftest else frozenset())
     if args.out is not None:
         report.trace = (args.out / "tracebacks.txt").open("a")   # where a hung or stopped call was

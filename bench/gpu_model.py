@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from bench.common import decode_weight_bytes
+from bench.gpu_engine import calibration_rows
 from engine.backends.cubin import CubinBackend
 from engine.config import FRAME_RATE, Dims
 from engine.demo import random_backbone
@@ -145,7 +146,8 @@ def headline_rows(full: FullModel, precision: str, floor: float | None, results:
 def model_rows(full: FullModel, precision: str, *, ops, stream) -> Iterator[Row]:
     """One precision of the cubin backend against eager torch on the same random weights: teacher-forced
     logits, the fused graph's greedy rows, streamed against one-shot rows; then prefill ms/token, the
-    backbone's TTFA and peak VRAM. The first of these sections makes the eager reference take."""
+    backbone's TTFA and peak VRAM; fp8's calibration. The first of these sections makes the eager reference
+    take."""
     dims, steps, ids13 = full.dims, full.steps, full.ids13
     ref = full.reference()
     torch.cuda.reset_peak_memory_stats()
@@ -195,6 +197,8 @@ def model_rows(full: FullModel, precision: str, *, ops, stream) -> Iterator[Row]
                   "INFO")
         yield Row(f"bench {precision}", "peak VRAM (load + take)", f"{torch.cuda.max_memory_allocated() / 2**30:.1f} "
                   f"GiB (load {load_s:.1f} s)", "", "INFO")
+        if be.calibration is not None:   # fp8: the scales' calibration on the random weights, and its rates
+            yield from calibration_rows(f"model {precision}", be.calibration, per_layer=False)
     finally:
         del be
         torch.cuda.empty_cache()

@@ -7,6 +7,7 @@
 # (the reason is the row).
 #
 #   scripts/gpu_check.sh [--quick] [--out DIR] [--install]  # --install: pip the cubin loader first, if missing
+#   scripts/gpu_check.sh --engine [--checkpoint PATH] [--out DIR]  # the studio's engine; a real checkpoint's FP8
 #   scripts/gpu_check.sh --cpu-selftest --out DIR            # no GPU: the plumbing (CI runs this)
 #
 # PYTHON names the interpreter; python3 by default (GPU images often have no `python`).
@@ -15,18 +16,22 @@ PY=${PYTHON:-python3}
 RUN_TIMEOUT_S=480  # the backstop over the sections' own budgets (470 s in all, bench/gpu_check.py)
 PIP_TIMEOUT_S=300  # one pip install, a PyCUDA build from source included
 
-out="" install=0 args=()
+out="" checkpoint="" install=0 args=()
 while [ $# -gt 0 ]; do
     case $1 in
         --install) install=1 ;;
         --out) out=${2-}; shift ;;
         --out=*) out=${1#--out=} ;;
+        --checkpoint) checkpoint=${2-}; shift ;;
+        --checkpoint=*) checkpoint=${1#--checkpoint=} ;;
         *) args+=("$1") ;;
     esac
     shift
 done
-case $out in "" | /*) ;; *) out=$PWD/$out ;; esac   # DIR is the caller's, not the repository's
+case $out in "" | /*) ;; *) out=$PWD/$out ;; esac   # DIR and PATH are the caller's, not the repository's
+case $checkpoint in "" | /*) ;; *) checkpoint=$PWD/$checkpoint ;; esac
 [ -n "$out" ] && args+=(--out "$out")
+[ -n "$checkpoint" ] && args+=(--checkpoint "$checkpoint")
 case $0 in */*) cd "${0%/*}/.." || exit 2 ;; *) cd .. || exit 2 ;; esac
 
 json() {   # a JSON string (bash only: this runs where Python may not)

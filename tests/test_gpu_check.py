@@ -50,6 +50,13 @@ def test_cpu_selftest_contains_deliberate_failures_and_writes_json_lines(tmp_pat
     assert sum(r["section"] == "microbench" and r["item"].startswith("A/B sampler") for r in rows) == 2
     assert any(r["item"].startswith("decode ms/frame v1 | v2 | v3 | v2+grid") for r in rows)
     assert "deliberate failures contained, later sections ran" in out.stdout and "XFAIL" in out.stdout
+    # the engine as the studio loads it, on a tiny random checkpoint (the torch path on the CPU)
+    engine = {r["item"]: r for r in rows if r["section"] == "engine"}
+    assert engine["Engine.load(backend='auto'): backend, precision, load time"]["status"] == "PASS", engine
+    assert any(i.startswith("TTFA at c=1 through the scheduler") for i in engine)
+    assert "audio-s/s" in engine["generate_batch of 16 takes (sampling, codec): audio-seconds per second"]["value"]
+    gap_free = [r for i, r in engine.items() if i.startswith("gap-free streams at c=16")]
+    assert len(gap_free) == 1 and gap_free[0]["status"] == "INFO" and "/16)" in gap_free[0]["value"]
     # rows are printed as they are produced, before the final table
     assert out.stdout.index("[FAIL] stand-in | section failed") < out.stdout.index("+---")
 
@@ -179,6 +186,17 @@ def test_nothing_is_installed_without_install_and_a_failed_pip_is_a_row_not_an_e
     # the check still ran after the failed install, and said why it could not go on
     if not runtime_available()[0]:
         assert run.returncode == 2 and rows[1]["value"].startswith("no GPU check possible here"), rows
+
+
+def test_the_checkpoint_path_is_the_callers_and_reaches_the_check(tmp_path):
+    """The script runs the check from the repository's root: a relative --checkpoint is made absolute from
+    the caller's directory first, as --out is."""
+    log = tmp_path / "python3.log"
+    bin_dir = _bin_with(tmp_path, f'#!/bin/sh\necho "$*" >> {log}\nexit 2\n')
+    subprocess.run([shutil.which("bash"), str(REPO / "scripts" / "gpu_check.sh"), "--engine", "--checkpoint", "ckpt"],
+                   cwd=tmp_path, timeout=60, capture_output=True, text=True, check=False,
+                   env={"PATH": str(bin_dir), "HOME": str(tmp_path)})
+    assert f"-m bench.gpu_check --engine --checkpoint {tmp_path}/ckpt" in log.read_text(), log.read_text()
 
 
 def test_a_sigterm_mid_run_still_prints_the_table_and_keeps_the_rows(tmp_path):
