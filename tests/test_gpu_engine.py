@@ -72,3 +72,16 @@ def test_the_engine_sections_yield_their_rows_as_they_make_them():
     makers = [gpu_engine.engine_rows, gpu_engine.streams_rows, gpu_engine.checkpoint_rows,
               gpu_engine.calibration_rows]
     assert [f.__name__ for f in makers if not inspect.isgeneratorfunction(f)] == []
+
+
+def test_the_held_out_prompts_are_one_of_each_kind_and_none_is_calibrated_on():
+    from engine.backends import calibration as cal
+    from engine.demo import TINY_DIMS
+
+    held = gpu_engine.held_out_prompts(TINY_DIMS)
+    assert [p.kind for p in held] == list(cal.CALIBRATION_PROMPTS)
+    assert [len(p.decode) for p in held] == [gpu_engine.HELD_OUT_STEPS] * 3
+    assert len(held[1].ref_rows) == gpu_engine.HELD_OUT_FRAMES + 7 and held[2].positions == gpu_engine.HELD_OUT_POSITIONS
+    calibrated = cal.calibration_prompts(TINY_DIMS, 4096, cal.CALIBRATION_DECODE_STEPS)
+    assert not any(torch.equal(h.ids, c.ids) for h in held for c in calibrated)
+    assert held[1].ref_rows.shape != calibrated[1].ref_rows.shape   # 10 s of reference audio against 6 s
