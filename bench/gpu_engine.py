@@ -7,8 +7,9 @@ cache, the self-check, the memory plan), and measures what a listener gets: TTFA
 with the codec, a 16-take `generate_batch` in audio-seconds per second, and 16 concurrent streams'
 gap-free rate (`gap_free_rate`: the share whose audio never falls more than 100 ms behind real time after
 their first chunk). `checkpoint_rows` loads a user's checkpoint through the cubin backend and reports its
-calibration (engine/backends/calibration.py) per layer and the FP8 path against the BF16 torch path on a
-prompt of each kind it was not calibrated on. Both are generators: each row is reported as it is made.
+calibration (engine/backends/calibration.py) per layer, then, on a prompt of each kind it was not
+calibrated on, the saturation and underflow under its scales and the FP8 path against the BF16 torch path.
+Both are generators: each row is reported as it is made.
 """
 
 from __future__ import annotations
