@@ -120,6 +120,20 @@ def wait_for(condition, seconds: float = 15.0) -> bool:
     return True
 
 
+def take_in_thread(engine, out, i: int, prompt, params, cancel=None):
+    """`engine.predict(prompt, params)` in a thread; its codes, or the exception it raised, land in out[i]."""
+    import threading
+
+    def run():
+        try:
+            out[i] = engine.predict(prompt=prompt, params=params, cancel=cancel)
+        except Exception as exc:  # the assertion is on what the caller got
+            out[i] = exc
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
 def ffmpeg_children() -> list[int]:
     """Pids of this process's ffmpeg children, zombies included (a zombie keeps its /proc entry)."""
     pids = []

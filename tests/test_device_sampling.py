@@ -30,6 +30,7 @@ from kernels import manifest as mf
 from kernels import ops
 from kernels.runtime import InterpretedKernels, available, cubin_ops
 from tests import interp_rounding
+from tests.helpers import take_in_thread
 
 interp_rounding.install()
 
@@ -170,14 +171,8 @@ def engine(ckpt):
 
 
 def start(engine, i, out, cancel=None):
-    def run():
-        try:
-            out[i] = engine.predict(prompt=PROMPTS[i], params=PARAMS[i], cancel=cancel)
-        except Exception as exc:  # the assertion is on what the caller got
-            out[i] = exc
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
+    """Take i in a thread; its codes, or the exception it raised, land in out[i]."""
+    return take_in_thread(engine, out, i, PROMPTS[i], PARAMS[i], cancel)
 
 
 def test_engine_takes_sampled_on_the_device_give_the_codes_of_host_sampling(engine, monkeypatch):

@@ -14,6 +14,7 @@ from engine.prompt import Prompt, zero_shot_ids
 from engine.sampling import NonFiniteLogits
 from engine.scheduler import Scheduler
 from engine.types import SamplingParams
+from tests.helpers import take_in_thread
 
 PROMPTS = [Prompt(ids=zero_shot_ids(t)) for t in ([9707, 11, 419, 374], [2805, 22636], [576, 4024, 6666])]
 PARAMS = [SamplingParams(temperature=0.8, seed=7 + i, max_frames=12, repeat_guard=None) for i in range(3)]
@@ -31,14 +32,7 @@ def alone(engine):
 
 def start(engine, i, out, cancel=None):
     """Take i in a thread; its codes, or the exception it raised, land in out[i]."""
-    def run():
-        try:
-            out[i] = engine.predict(prompt=PROMPTS[i], params=PARAMS[i], cancel=cancel)
-        except Exception as exc:  # the assertion is on what the caller got
-            out[i] = exc
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
+    return take_in_thread(engine, out, i, PROMPTS[i], PARAMS[i], cancel)
 
 
 def joined(threads, seconds=30.0):
