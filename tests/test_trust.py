@@ -130,6 +130,35 @@ def test_a_fault_behind_a_wrapping_error_is_a_kernel_fault_and_out_of_memory_win
     assert trust.classify(raised(RuntimeError("CUDA error: an illegal memory access"), oom)) == "environment"
 
 
+class Backend:
+    """A loaded cubin backend's stand-in: its step methods return "logits" or raise `fault`; it records the
+    production setup the trust child runs."""
+
+    dims = SimpleNamespace(codebooks=8, boc=1024)
+    device = torch.device("cpu")
+
+    def __init__(self, fault: BaseException | None = None, setup_fault: BaseException | None = None):
+        self.info = {"self_check": "passed"}
+        self.fault, self.setup_fault, self.setup = fault, setup_fault, []
+
+    def _step(self, *args, **kwargs):
+        if self.fault is not None:
+            raise self.fault
+        return "logits"
+
+    prefill = decode = sample_rows = begin = rows = _step
+
+    def decode_rows(self, rows, slots, positions, *, bucket=None):
+        self._step()
+        self.setup.append(("decode_rows", tuple(rows.shape), slots, positions, bucket))
+        if self.setup_fault is not None:
+            raise self.setup_fault
+        return torch.zeros(rows.shape[0], 8, 1026)
+
+    def setup_slots(self, slots):
+        self.setup.append(("setup_slots", slots))
+
+
 @pytest.mark.parametrize("error,kind", [
     (RuntimeError("CUDA error: an illegal memory access was encountered"), "kernel fault"),
     (SelfCheckFailed("the cubin kernels' self-check failed: greedy 3/64"), "self-check"),
@@ -141,12 +170,32 @@ def test_the_child_writes_the_kind_of_its_verdict(parity_dir, tmp_path, error, k
     def load(checkpoint, **kwargs):
         if error is not None:
             raise error
-        return SimpleNamespace(info={"self_check": "passed"})
+        return Backend()
 
     out = tmp_path / "verdict.json"
     assert trust.run_child(str(parity_dir / "tiny_checkpoint"), "cuda:0", "fp8", "v2", out, load=load) == (
         0 if error is None else 1)
     assert json.loads(out.read_text())["kind"] == kind
+
+
+@pytest.mark.parametrize("fault,kind", [
+    (None, "self-check"),
+    (RuntimeError("CUDA error: an illegal memory access was encountered"), "kernel fault"),
+    (RuntimeError("cuGraphLaunch failed: CUDA_ERROR_LAUNCH_FAILED"), "kernel fault"),
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB"), "environment"),
+], ids=["passes", "illegal-address", "launch-failed", "out-of-memory"])
+def test_the_child_runs_the_production_setup(parity_dir, tmp_path, fault, kind):
+    """After the self-check the child sets up the slots of the default max_batch and replays bucket 16, so a
+    fault there is the child's verdict, not the studio's crash."""
+    backend = Backend(setup_fault=fault)
+    out = tmp_path / "verdict.json"
+    assert trust.run_child(str(parity_dir / "tiny_checkpoint"), "cuda:0", "fp8", "v2", out,
+                           load=lambda checkpoint, **kw: backend) == (0 if fault is None else 1)
+    verdict = json.loads(out.read_text())
+    assert verdict["kind"] == kind and verdict["ok"] is (fault is None)
+    assert backend.setup == [("setup_slots", 16), ("decode_rows", (1, 8), [0], [0], 16)]
+    if fault is not None:
+        assert str(fault) in verdict["reason"]
 
 
 @pytest.mark.parametrize("kind", ["self-check", "kernel fault"])
@@ -226,6 +275,138 @@ def test_retrust_probes_again_and_overwrites_the_verdict(gpu, monkeypatch):
     counting(monkeypatch, writes(ok=False, reason="OutOfMemoryError: CUDA out of memory", kind="environment"))
     assert not trust.trusted(gpu, "cuda:0", "fp8", "v2", retrust=True).ok
     assert not path.exists()  # the verdict in question is not kept beside a failure that could not confirm it
+
+
+# ------------------------------------------------------------------------------------------ while serving
+def test_a_kernel_fault_while_serving_marks_the_kernels_untrusted(gpu, monkeypatch):
+    """A CUDA fault in a step after the trust passed fails the take with the reason and writes the verdict
+    untrusted (kind "kernel fault") into the same cache file, once: the next start falls back instead of
+    crash-looping. Any other failure passes through as it was."""
+    from engine.backends import cubin
+
+    calls = counting(monkeypatch, writes(ok=True, reason="passed: fp8 logits", kind="self-check"))
+    monkeypatch.setattr(cubin, "load", lambda checkpoint, **kw: Backend())
+    backend = trust.load_trusted(gpu, device="cuda:0")
+    path = trust.cache_path(trust.identity("cuda:0", "fp8", "v2"))
+    assert backend.prefill(torch.zeros(3)) == "logits" and json.loads(path.read_text())["ok"] is True
+    backend.fault = ValueError("sequence of 5000 positions exceeds the cache of 4096")
+    with pytest.raises(ValueError, match="exceeds the cache"):
+        backend.decode(torch.zeros(8), 3)
+    assert json.loads(path.read_text())["ok"] is True  # not a kernel's fault
+    written = []
+    monkeypatch.setattr(trust, "_write", lambda where, verdict, write=trust._write: written.append(verdict.kind)
+                        or write(where, verdict))
+    for method in trust.STEP_METHODS:
+        backend.fault = RuntimeError("CUDA error: an illegal memory access was encountered")
+        with pytest.raises(trust.KernelFault) as raised:
+            getattr(backend, method)(torch.zeros(1, 8), [0], [3])
+        assert str(raised.value) == (
+            "a cubin kernel faulted (RuntimeError: CUDA error: an illegal memory access was encountered); the cubin "
+            f"kernels are marked not trusted in {path}: restart the studio, which falls back")
+        assert raised.value.__cause__ is backend.fault and trust.classify(raised.value) == "kernel fault"
+    assert written == ["kernel fault"]  # once
+    data = json.loads(path.read_text())
+    assert data["ok"] is False and data["kind"] == "kernel fault" and data["identity"] == trust.identity(
+        "cuda:0", "fp8", "v2") and data["reason"].startswith("a kernel fault in the studio's process after the "
+                                                             "checks passed (RuntimeError: CUDA error: an illegal")
+    with pytest.raises(trust.Untrusted, match="the fp8 cubin kernels are not trusted \\(cached in .*a kernel fault "
+                                              "in the studio's process"):
+        trust.load_trusted(gpu, device="cuda:0")
+    assert calls == [1]  # the next start reads the verdict: no probe, no cubins
+
+
+def test_a_kernel_fault_in_the_studios_own_load_is_marked_too(gpu, monkeypatch):
+    """The studio loads the trusted cubins again (calibration and self-check in its own process): a fault
+    there is marked like one while serving, so the next start does not load them again."""
+    from engine.backends import cubin
+
+    counting(monkeypatch, writes(ok=True, reason="passed", kind="self-check"))
+
+    def faulting(checkpoint, **kw):
+        raise RuntimeError("CUDA error: misaligned address")
+
+    monkeypatch.setattr(cubin, "load", faulting)
+    with pytest.raises(trust.KernelFault, match="misaligned address.*marked not trusted in"):
+        trust.load_trusted(gpu, device="cuda:0")
+    verdict = trust.trusted(gpu, "cuda:0", "fp8", "v2")
+    assert verdict.cached and not verdict.ok and verdict.kind == "kernel fault"
+
+
+def test_a_fault_while_serving_with_a_cache_that_cannot_be_written_still_fails_the_take(gpu, monkeypatch):
+    from engine.backends import cubin
+
+    counting(monkeypatch, writes(ok=True, reason="passed", kind="self-check"))
+    monkeypatch.setattr(cubin, "load", lambda checkpoint, **kw: Backend())
+    backend = trust.load_trusted(gpu, device="cuda:0")
+
+    def refused(path, verdict):
+        raise PermissionError(f"[Errno 13] Permission denied: '{path}'")
+
+    monkeypatch.setattr(trust, "_write", refused)
+    backend.fault = RuntimeError("CUDA_ERROR_MISALIGNED_ADDRESS")
+    with pytest.raises(trust.KernelFault, match="CUDA_ERROR_MISALIGNED_ADDRESS.*the verdict could not be written"):
+        backend.rows(4)
+
+
+# ------------------------------------------------------------------------------------------ fp8 → bf16 → torch-graph
+# A child that writes the verdict its --precision is given in argv[1] ({precision: verdict}, JSON).
+BY_PRECISION = ("import json, sys; a = sys.argv; v = json.loads(a[1])[a[a.index('--precision') + 1]]; "
+                "json.dump(v, open(a[a.index('--out') + 1], 'w'))")
+
+
+def by_precision(**verdicts) -> list[str]:
+    return [sys.executable, "-c", BY_PRECISION, json.dumps({p: {"identity": {}, "seconds": 1.0, **v}
+                                                           for p, v in verdicts.items()})]
+
+
+@pytest.mark.parametrize("bf16_ok", [True, False])
+def test_auto_falls_back_from_fp8_to_bf16_cubins_then_torch_graph(gpu, monkeypatch, bf16_ok):
+    """Backend "auto" on CUDA: fp8 cubins, then bf16 cubins, then torch-graph, each failure's reason kept."""
+    from engine import backends
+    from engine.backends import cubin
+
+    calls = counting(monkeypatch, by_precision(
+        fp8={"ok": False, "reason": "SelfCheckFailed: FAILED: fp8 logits, cosine min 0.2", "kind": "self-check"},
+        bf16={"ok": bf16_ok, "reason": "passed: bf16 logits" if bf16_ok else "RuntimeError: CUDA error: misaligned "
+              "address", "kind": "self-check" if bf16_ok else "kernel fault"}))
+    loaded = []
+    monkeypatch.setattr(cubin, "load", lambda checkpoint, **kw: loaded.append(kw["precision"]) or Backend())
+    graph = object()
+    monkeypatch.setitem(backends.BACKENDS, "torch-graph", lambda checkpoint, **kw: graph)
+    model, name, reason = backends.start(
+        "cubin", backends.resolve(backends.BACKENDS["cubin"]), auto=True, reason=None, fallback="torch-graph",
+        make=lambda f: f(gpu, device="cuda:0", dtype=torch.bfloat16, max_len=64, precision=None))
+    first = ("backend 'cubin' failed to start (Untrusted: the fp8 cubin kernels are not trusted (probed in a "
+             "separate process in ")
+    assert reason.startswith(first) and "SelfCheckFailed: FAILED: fp8 logits, cosine min 0.2)" in reason
+    assert len(calls) == 2  # a verdict for each precision
+    if bf16_ok:
+        assert name == "cubin" and isinstance(model, Backend) and loaded == ["bf16"]
+        assert reason.endswith("; using the bf16 cubins")
+        assert model.info["kernel_trust"].startswith("trusted (probed") and "passed: bf16 logits" in \
+            model.info["kernel_trust"]
+    else:
+        assert name == "torch-graph" and model is graph and loaded == []
+        assert ("; the bf16 cubins failed to start (Untrusted: the bf16 cubin kernels are not trusted (probed in a "
+                "separate process in ") in reason
+        assert reason.endswith("RuntimeError: CUDA error: misaligned address); using the torch-graph path")
+
+
+def test_an_asked_for_precision_is_not_swapped(gpu, monkeypatch):
+    """precision "bf16" (or "fp8") asked for by name: a failure goes straight to torch-graph, no second try."""
+    from engine import backends
+    from engine.backends import cubin
+
+    calls = counting(monkeypatch, writes(ok=False, reason="SelfCheckFailed: FAILED", kind="self-check"))
+    monkeypatch.setattr(cubin, "load", lambda checkpoint, **kw: Backend())
+    monkeypatch.setitem(backends.BACKENDS, "torch-graph", lambda checkpoint, **kw: "graph")
+    for precision in ("bf16", "fp8"):
+        model, name, reason = backends.start(
+            "cubin", backends.resolve(backends.BACKENDS["cubin"]), auto=True, reason=None, fallback="torch-graph",
+            make=lambda f, p=precision: f(gpu, device="cuda:0", dtype=None, max_len=64, precision=p))
+        assert model == "graph" and name == "torch-graph" and "bf16 cubins" not in reason and reason.endswith("; using the torch-graph path")
+        assert f"the {precision} cubin kernels are not trusted" in reason
+    assert len(calls) == 2
 
 
 def test_the_studios_retrust_reaches_the_auto_backend(gpu, monkeypatch):

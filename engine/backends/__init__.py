@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import gc
 import importlib
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -30,10 +30,18 @@ AUTO_BACKENDS: dict[str, str | Callable] = {"cubin": "engine.backends.trust:load
 PROBES: dict[str, str | Callable] = {"cubin": "engine.backends.cubin:probe"}
 # What "auto" tries on a CUDA device, fastest first; the eager torch path is the last resort.
 AUTO_ON_CUDA = ("cubin", "torch-graph")
+# What "auto" tries after a backend failed to start, before the next one: (what it is called in the reason,
+# its factory). The cubin path at bf16 after fp8: fp8 cubins → bf16 cubins → torch-graph → torch.
+AUTO_RETRIES: dict[str, tuple[str, str | Callable]] = {
+    "cubin": ("the bf16 cubins", "engine.backends.trust:load_trusted_bf16")}
 
 
 class BackendUnavailable(ValueError):
     """A requested backend cannot run here; the message says why."""
+
+
+class NoRetry(Exception):
+    """An AUTO_RETRIES factory declines: its try would repeat the one that failed, or override the user's choice."""
 
 
 def resolve(spec: str | Callable) -> Callable:
@@ -86,10 +94,12 @@ def start(name: str, make_backend: Callable, *, auto: bool, reason: str | None, 
     driver refuses, a probe process that failed) falls back to `fallback` (which falls back to the torch
     path in turn) when the user asked for "auto", with the reason kept; asked for by name, it fails with
     one clear sentence (a kernel fault may have left this process's CUDA context unusable, so trying
-    another backend here would only cascade). The fallback is built outside the handler, after the
-    failed backend is freed: the handler's traceback holds its frames, and with them gigabytes of
-    weights on the GPU."""
-    if auto and name in AUTO_BACKENDS and make_backend is resolve(BACKENDS[name]):
+    another backend here would only cascade). Under "auto" a backend of AUTO_RETRIES is tried its other
+    way (the cubin path at bf16 after fp8) before `fallback`, unless the caller gave its own factory; every
+    failure's sentence is kept. The fallback is built outside the handler, after the failed backend is
+    freed: the handler's traceback holds its frames, and with them gigabytes of weights on the GPU."""
+    standard = name in BACKENDS and make_backend is resolve(BACKENDS[name])
+    if auto and name in AUTO_BACKENDS and standard:
         make_backend = resolve(AUTO_BACKENDS[name])
     try:
         return make(make_backend), name, reason
@@ -103,10 +113,29 @@ def start(name: str, make_backend: Callable, *, auto: bool, reason: str | None, 
             raise BackendUnavailable(f"{why}; restart with backend='torch'") from exc
     why = f"{reason}; {why}" if reason else why  # what was skipped or failed before stays said
     free_device_memory()
+    if standard and name in AUTO_RETRIES:
+        what, spec = AUTO_RETRIES[name]
+        backend, failed = _retry(make, resolve(spec))
+        if backend is not None:
+            return backend, name, f"{why}; using {what}"
+        if failed:
+            why = f"{why}; {what} failed to start ({failed})"
+            free_device_memory()
     if fallback == "torch":
         return make(resolve(BACKENDS["torch"])), "torch", f"{why}; using the torch path"
     return start(fallback, resolve(BACKENDS[fallback]), auto=True, reason=f"{why}; using the {fallback} path",
                  make=make)
+
+
+def _retry(make: Callable, make_backend: Callable):
+    """(backend, None) when `make(make_backend)` starts; (None, why not) when it fails; (None, None) when it
+    declines (NoRetry). Only the sentence leaves the handler, so a failed try's frames are freed with it."""
+    try:
+        return make(make_backend), None
+    except NoRetry:
+        return None, None
+    except Exception as exc:
+        return None, f"{type(exc).__name__}: {exc}"
 
 
 def free_device_memory() -> None:

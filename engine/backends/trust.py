@@ -15,6 +15,13 @@ kernel fault (an illegal address, a misaligned address, an illegal instruction, 
 failure of the environment (out of memory, the probe's timeout, a crash or signal without a verdict, a
 missing or mismatched package) says nothing about them, and the next start probes again.
 
+The child runs what the engine runs after load too: the KV slots of the default max_batch, every bucket's
+graph captured, and a replay of bucket 16, so a fault there costs the child as well. A kernel fault that
+still comes in the studio's process (its own load of the trusted cubins, or a take: `guard`) writes the
+verdict untrusted, kind "kernel fault", into the same cache file and fails with the reason: the next start
+falls back instead of crash-looping on the same kernels. Under backend "auto" the BF16 cubins are tried after the FP8 ones fail (`load_trusted_bf16`,
+engine/backends/__init__.py `AUTO_RETRIES`), each with its own verdict.
+
     verdict = trusted(checkpoint, device, "fp8", "v2")     # cached, or probed now (seconds to a minute)
     python -m engine.backends.trust CHECKPOINT --device cuda:0 --precision fp8 --out verdict.json
 """
@@ -33,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -61,6 +69,8 @@ FAULTS = re.compile(
 OUT_OF_MEMORY = re.compile(r"out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|OutOfMemoryError",
                            re.IGNORECASE)
 NOT_CACHED = "not cached: a failure of the environment, not of the kernels, is probed again at the next start"
+# The trusted backend's methods that launch kernels for a take: a kernel fault in one marks the kernels untrusted.
+STEP_METHODS = ("prefill", "decode", "decode_rows", "sample_rows", "begin", "rows")
 
 
 @dataclass(frozen=True)
@@ -218,27 +228,110 @@ class Untrusted(RuntimeError):
     """The cubin probe process failed: the kernels are not loaded here."""
 
 
+class KernelFault(RuntimeError):
+    """A trusted cubin kernel faulted while serving: the take fails with this, and the kernels are marked untrusted."""
+
+
 def load_trusted(checkpoint, *, device, dtype=None, max_len: int = 4096, precision: str | None = None,
                  variant: str = "v2", retrust: bool = False):
     """What backend "auto" runs for cubin: `engine.backends.cubin.load` in this process only after the same
-    load, calibration and self-check passed in a separate one (cached per GPU, driver, torch, loader,
-    manifest and sources), so a kernel fault costs that process and not the studio's CUDA context.
-    `retrust` (or RETRUST, the studio's --retrust) probes again whatever is cached."""
+    load, calibration, self-check and slot setup passed in a separate one (cached per GPU, driver, torch,
+    loader, manifest and sources), so a kernel fault costs that process and not the studio's CUDA context;
+    its step methods are guarded (`guard`). `retrust` (or RETRUST, the studio's --retrust) probes again
+    whatever is cached."""
     from engine.backends import cubin
 
-    verdict = trusted(checkpoint, device, cubin.resolve_precision(precision, dtype), variant,
-                      retrust=retrust or RETRUST)
+    resolved = cubin.resolve_precision(precision, dtype)
+    verdict = trusted(checkpoint, device, resolved, variant, retrust=retrust or RETRUST)
     if not verdict.ok:
-        raise Untrusted(f"the cubin kernels are {verdict.summary}")
-    backend = cubin.load(checkpoint, device=device, dtype=dtype, max_len=max_len, precision=precision, variant=variant)
+        raise Untrusted(f"the {resolved} cubin kernels are {verdict.summary}")
+    mark = marker(verdict.identity)  # a kernel fault here, in the load's own self-check or later, is marked too
+    backend = _guarded(cubin.load, mark)(checkpoint, device=device, dtype=dtype, max_len=max_len, precision=precision,
+                                         variant=variant)
     backend.info["kernel_trust"] = verdict.summary
+    guard(backend, mark)
     return backend
 
 
+def load_trusted_bf16(checkpoint, *, precision: str | None = None, **kwargs):
+    """Backend "auto"'s second try at the cubin path after the FP8 kernels failed to start: the BF16 ones,
+    with their own verdict (they are neither calibrated nor quantised, so they may pass where FP8 did not,
+    and still beat torch-graph). Declines with `NoRetry` when the precision was the user's choice, so a
+    failed bf16 is not tried twice and an asked-for fp8 is not swapped."""
+    from engine.backends import NoRetry
+
+    if precision not in (None, "auto"):
+        raise NoRetry(f"precision {precision!r} was asked for")
+    return load_trusted(checkpoint, precision="bf16", **kwargs)
+
+
+def marker(ident: dict) -> Callable[[BaseException], str]:
+    """What a kernel fault in this process calls once the kernels were trusted: the first call writes the
+    verdict untrusted (KERNEL_FAULT) into this identity's cache file; every call returns the sentence that
+    says so. The fault has lost this process's CUDA context, so only a restart recovers, and that restart
+    must not trust the same kernels again."""
+    path, marked = cache_path(ident), []
+
+    def mark(exc: BaseException) -> str:
+        if not marked:
+            marked.append(path)
+            reason = f"a kernel fault in the studio's process after the checks passed ({type(exc).__name__}: {exc})"
+            try:
+                _write(path, Verdict(False, reason[:500], ident, 0.0, kind=KERNEL_FAULT))
+            except OSError as err:
+                return f"the verdict could not be written to {path} ({err})"
+        return f"the cubin kernels are marked not trusted in {path}: restart the studio, which falls back"
+
+    return mark
+
+
+def guard(backend, mark: Callable[[BaseException], str]) -> None:
+    """Wrap `backend`'s STEP_METHODS so that a failure `classify` calls a kernel fault is marked (`marker`)
+    and fails the take with KernelFault naming the fault and the cache file; any other failure is raised
+    as it was."""
+    for name in STEP_METHODS:
+        method = getattr(backend, name, None)
+        if method is not None:
+            setattr(backend, name, _guarded(method, mark))
+
+
+def _guarded(method: Callable, mark: Callable[[BaseException], str]) -> Callable:
+    @functools.wraps(method)
+    def step(*args, **kwargs):
+        try:
+            return method(*args, **kwargs)
+        except Exception as exc:
+            if classify(exc) != KERNEL_FAULT:
+                raise
+            raise KernelFault(f"a cubin kernel faulted ({type(exc).__name__}: {exc}); {mark(exc)}") from exc
+    return step
+
+
+def production_setup(backend) -> None:
+    """What the engine does with a loaded backend before its first take, run in the child so a fault there
+    costs the child: the KV slots of the default max_batch as the memory plan cuts them (every bucket's
+    graph captured when there are two or more), then one take replayed in bucket 16 beside 15 padding rows,
+    whose logits must be finite."""
+    import torch
+
+    from engine.backends.cubin_steps import ROW_BUCKETS
+    from engine.backends.self_check import SelfCheckFailed
+    from engine.device import plan_memory
+    from engine.generate import DEFAULT_MAX_BATCH
+
+    dims = backend.dims
+    slots, _ = plan_memory(backend, dims, torch.device(backend.device), DEFAULT_MAX_BATCH, itemsize=2)
+    backend.setup_slots(slots)
+    row = torch.full((1, dims.codebooks), dims.boc, dtype=torch.long)
+    logits = backend.decode_rows(row, [0], [0], bucket=ROW_BUCKETS[-1])
+    if not torch.isfinite(logits).all():
+        raise SelfCheckFailed(f"bucket {ROW_BUCKETS[-1]} gave non-finite logits after setup_slots({slots})")
+
+
 def run_child(checkpoint_root: str, device: str, precision: str, variant: str, out: Path, load=None) -> int:
-    """The child's work: load the checkpoint and the cubin backend (calibration and self-check included)
-    and write the verdict, with its kind (`classify`) decided here, where the failure's type is known. A
-    Python-level failure is written as a verdict; a crash leaves none."""
+    """The child's work: load the checkpoint and the cubin backend (calibration and self-check included),
+    run `production_setup`, and write the verdict, with its kind (`classify`) decided here, where the
+    failure's type is known. A Python-level failure is written as a verdict; a crash leaves none."""
     t0 = time.perf_counter()
     try:
         from engine.checkpoint import load_checkpoint
@@ -247,6 +340,7 @@ def run_child(checkpoint_root: str, device: str, precision: str, variant: str, o
             from engine.backends.cubin import load
         backend = load(load_checkpoint(checkpoint_root, progress=False), device=device, precision=precision,
                        variant=variant)
+        production_setup(backend)
         verdict = Verdict(True, backend.info.get("self_check", "loaded"), {}, time.perf_counter() - t0)
     except Exception as exc:  # the verdict is the point: every failure is one
         verdict = Verdict(False, f"{type(exc).__name__}: {exc}"[:500], {}, time.perf_counter() - t0,
