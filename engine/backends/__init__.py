@@ -134,7 +134,7 @@ def _retry(make: Callable, make_backend: Callable):
         return make(make_backend), None
     except NoRetry:
         return None, None
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 — whatever stops the retry, the next backend is tried with its sentence
         return None, f"{type(exc).__name__}: {exc}"
 
 
