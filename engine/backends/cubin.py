@@ -39,10 +39,11 @@ underflow rates under them are kept in `calibration`. o_proj keeps bf16 activati
 output has no fused quantiser). The BF16 copies of quantised weights are freed after calibration. "bf16"
 keeps every weight in bf16.
 
-Self-check. `load` trusts the kernels only after `self_check`: a fixed 32-token prompt and 8 teacher-forced
-decode steps (the last 2 also through the batched step, the first also in slot 1 of bucket 4 beside padding
-rows) through this backend and through the torch path on the same device and weights, compared by logit
-cosine and greedy agreement against documented thresholds; then greedy `rows(4)` through the fused step.
+Self-check. `load` trusts the kernels only after `self_check` (engine/backends/self_check.py): a fixed
+prompt and teacher-forced decode steps, the batched step's buckets, greedy and sampled fused rows, and a
+long context (a kept prefix, a prefill at an offset with reference audio rows, a decode step at position
+1000), through this backend and through the torch path on the same device and weights, compared against
+documented thresholds.
 A failure raises `SelfCheckFailed`, which the engine turns into the torch path under backend "auto" (with
 the figures as the reason) and into an error when "cubin" was asked for; a pass puts the figures in
 `engine.info["self_check"]` (engine/backends/self_check.py). Under "auto" all of it first runs in a
