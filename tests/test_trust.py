@@ -1,7 +1,10 @@
 """The cached trust in the cubin path cannot go stale, on the CPU: the verdict is keyed by the loader, its
 packages and the sources too; only a verdict about the kernels (a self-check, a kernel fault) is cached,
 never the environment's failure (out of memory, a timeout, a crash, a missing package); --retrust probes
-again; the summary names the cache file or says why there is none."""
+again; the summary names the cache file or says why there is none. The child runs the production setup
+(slots, a bucket-16 replay) too; a kernel fault in the studio's process after the trust marks the kernels
+untrusted in the same file and fails with the reason; backend "auto" tries the bf16 cubins after the fp8
+ones, then torch-graph, each failure's reason kept."""
 
 from __future__ import annotations
 
