@@ -348,7 +348,8 @@ def test_load_runs_the_check_and_reports_it(monkeypatch):
         loader_name, loader_reason, stream = "cuda.core", "PyCUDA is not installed", None
 
     class Backend:
-        info: dict = {}
+        def __init__(self):
+            self.info: dict = {}
 
     ckpt = type("C", (), {"dims": None, "backbone": None})()
     monkeypatch.setattr("kernels.runtime.CubinKernels", lambda index: Kernels())
