@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("triton", reason="Triton is not installed (pip install -r requirements-dev.txt)")
 
 from engine import backends
-from engine.backends import cubin, self_check
+from engine.backends import calibration, cubin, self_check
 from engine.checkpoint import load_checkpoint
 from engine.model import HiggsModel
 from kernels import manifest as mf
@@ -314,7 +314,7 @@ def load_dims():
 
 def test_the_check_prompt_starts_with_the_calibration_prompt():
     ids = self_check.SELF_CHECK_IDS
-    assert len(ids) == 32 and ids[:len(cubin.CALIBRATION_IDS)] == cubin.CALIBRATION_IDS
+    assert len(ids) == 32 and ids[:len(calibration.CALIBRATION_IDS)] == calibration.CALIBRATION_IDS
 
 
 def test_failed_check_falls_back_under_auto_and_raises_when_explicit(monkeypatch):

@@ -58,9 +58,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from engine.backends.calibration import (  # CALIBRATION_IDS: tests/test_self_check.py reads it here
+from engine.backends.calibration import (
     CALIBRATION_DECODE_STEPS,
-    CALIBRATION_IDS,  # noqa: F401
     Calibration,
     CalibrationPrompt,
     Recorder,

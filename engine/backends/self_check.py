@@ -38,7 +38,7 @@ from engine.types import DEFAULT_TEMPERATURE, DEFAULT_TOP_K, DEFAULT_TOP_P
 BF16 = torch.bfloat16
 
 # A fixed prompt of 32 tokens: the cubin backend's calibration prompt (Qwen chat tokens around ordinary text
-# ids, engine/backends/cubin.py `CALIBRATION_IDS`), then more ordinary text ids, so prefill runs the GEMM
+# ids, engine/backends/calibration.py `CALIBRATION_IDS`), then more ordinary text ids, so prefill runs the GEMM
 # path on a tile boundary's worth of rows; then SELF_CHECK_STEPS teacher-forced decode steps (GEMV).
 SELF_CHECK_IDS = (151644, 872, 198, 9707, 11, 419, 374, 264, 2805, 22636, 11652, 369, 279, 7743, 1614, 13,
                   151645, 198, 151644, 77091, 198, 576, 4024, 6666, 2937, 8730, 311, 6351, 13, 151645, 198, 151644)
