@@ -71,6 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="longest text a visitor of a public page may speak at once (env HIGGS_PUBLIC_MAX_CHARS)")
     p.add_argument("--public-max-seconds", type=int, default=int(env.get("HIGGS_PUBLIC_MAX_SECONDS") or 60),
                    help="longest take a visitor of a public page may make (env HIGGS_PUBLIC_MAX_SECONDS)")
+    p.add_argument("--public-upload-mb", type=int, default=int(env.get("HIGGS_PUBLIC_UPLOAD_MB") or 100),
+                   help="megabytes a visitor of a public page may upload in two hours, as long as Gradio keeps an "
+                        "upload (env HIGGS_PUBLIC_UPLOAD_MB; all visitors together: 2 GB; studio/api/uploads.py)")
     p.add_argument("--voices-dir", default=env.get("HIGGS_VOICES_DIR"), help="where saved voices live")
     p.add_argument("--voices-presets", default=env.get("HIGGS_VOICE_PRESETS") or _bundled_presets(),
                    help="the owner's preset voices, read-only for everyone: a folder with config.json "
@@ -297,9 +300,11 @@ def main(argv: list[str] | None = None) -> None:
         service = StudioService(engine, voices, presets, aliases=aliases, visitor_concurrency=args.visitor_concurrency,
                                 visitor_queue=args.visitor_queue, limits=limits,
                                 dictionary=DictionaryStore(voices.root / "dictionary.json"))
+        if args.public_upload_mb < 1:
+            raise ValueError(f"a visitor's uploads must be allowed at least 1 MB, not {args.public_upload_mb}")
     except ValueError as exc:
         sys.exit(f"Cannot start the studio: {exc} (--visitor-concurrency, --visitor-queue, --max-input-chars, "
-                 "--public-max-chars, --public-max-seconds, --queue-size)")
+                 "--public-max-chars, --public-max-seconds, --public-upload-mb, --queue-size)")
     warm_voices(service)  # saved voices' prompt prefixes, in the background after any real take's prefill
     asr = Transcriber.from_flag(args.asr or ("none" if args.demo else "auto"), zerogpu=zerogpu.active())
     try:
@@ -325,6 +330,7 @@ def main(argv: list[str] | None = None) -> None:
     # public page (where only the owner may import, and not from the page) a reference clip.
     max_upload = MAX_UPLOAD_BYTES if access.api_key and access.public_page else MAX_IMPORT_BYTES
     from studio import api
+    from studio.api.uploads import upload_budget
     from studio.views import assets
 
     @contextlib.asynccontextmanager
@@ -349,7 +355,9 @@ def main(argv: list[str] | None = None) -> None:
                     prevent_thread_lock=True, show_error=False, allowed_paths=[str(page.out_dir)], quiet=True,
                     max_file_size=max_upload, **access.launch_kwargs(), **launch_kwargs(),
                     app_kwargs={"middleware": host_guard(args.host, args.api_key, args.allowed_hosts.split(","),
-                                                         args.share), "lifespan": our_routes})
+                                                         args.share)
+                                + upload_budget(access, max_upload, args.public_upload_mb << 20),
+                                "lifespan": our_routes})
     except OSError as exc:
         sys.exit(f"Cannot listen on {args.host}:{args.port} ({exc}). Pick another port with --port or PORT.")
     # quiet=True: Gradio's own lines end with a hint to set share=True, which --share already offers.

@@ -1,0 +1,145 @@
+"""What a public page's visitors may upload, over time: Gradio refuses one file over the size limit as it
+arrives (`max_file_size`), and keeps every upload in its cache until `delete_cache` drops it (files older
+than an hour, checked hourly: up to two hours on disk). Without a budget over time, a visitor posting one
+10 MB clip after another to `/gradio_api/upload` fills the server's disk within that window.
+
+So, on a public page, uploads by anyone but the owner (who carries the key) are counted in a sliding window
+as long as a file can stay on disk (`WINDOW_S`): each visitor (known by address, studio/api/access.py
+`client_address`) may send `VISITOR_BYTES` in it, and all visitors together `VISITORS_BYTES`. An upload
+that would pass either is refused before its body is read (429, with Retry-After: when enough of what was
+counted leaves the window), and the page shows the sentence. Memory: a visitor's uploads within a minute are
+one entry, so at most MAX_VISITORS × 120 entries. What an upload really sent is counted (its
+body's bytes as they pass, whatever its Content-Length said); one without a length is admitted as if it
+were the largest file the server takes. The owner's uploads (bundles, books) are not counted here: the
+owner's disk is the owner's."""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+
+from studio.api.access import Access, client_address
+
+UPLOAD_PATH = "/gradio_api/upload"
+WINDOW_S = 2 * 3600  # delete_cache=(3600, 3600) (studio/views/page.py): a file lives up to two hours
+VISITOR_BYTES = 100 << 20  # ten of the public page's largest reference clips, per visitor per window (--public-upload-mb)
+VISITORS_BYTES = 2 << 30   # every visitor together, per window
+MAX_VISITORS = 4096        # visitors remembered in the window; past it the least recent are forgotten first
+BUCKET_S = 60              # a visitor's uploads within a minute are one entry: at most 120 entries each
+
+TOO_MUCH = ("You have uploaded {used} MB in the last two hours, the most this page takes from one visitor; "
+            "try again in {wait} minutes.")
+FULL = "This page has taken all the uploads it can keep for now; try again in {wait} minutes."
+
+
+class UploadBudget:
+    """ASGI middleware: visitors' uploads to Gradio's upload route within their budgets (module docstring).
+    `max_file_size` is the largest file Gradio takes (an upload without a Content-Length counts as that);
+    `clock` is for the tests."""
+
+    def __init__(self, app, *, access: Access, max_file_size: int, visitor_bytes: int = VISITOR_BYTES,
+                 visitors_bytes: int = VISITORS_BYTES, window_s: float = WINDOW_S, clock=time.monotonic):
+        self.app, self.access, self.max_file_size = app, access, max_file_size
+        self.visitor_bytes, self.visitors_bytes, self.window_s, self.clock = (visitor_bytes, visitors_bytes,
+                                                                             window_s, clock)
+        self.sent: collections.OrderedDict[str, collections.deque] = collections.OrderedDict()  # (time, bytes)
+        self.total = 0  # every visitor's bytes in the window
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope.get("method") != "POST" or not scope["path"].endswith(UPLOAD_PATH):
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers", ())}
+        if not (self.access.api_key and self.access.public_page) or self.access.bearer_ok(
+                headers.get("authorization")):
+            return await self.app(scope, receive, send)
+        who = client_address(headers, (scope.get("client") or (None,))[0]) or "unknown"
+        try:
+            announced = int(headers.get("content-length", ""))
+        except ValueError:
+            announced = self.max_file_size
+        now = self.clock()
+        self._forget(now)
+        refusal = self._refusal(who, min(announced, self.max_file_size), now)
+        if refusal is not None:
+            return await _refuse(send, *refusal)
+        counted = 0
+
+        async def counting():
+            nonlocal counted
+            message = await receive()
+            if message["type"] == "http.request":
+                counted += len(message.get("body", b""))
+            return message
+
+        try:
+            await self.app(scope, counting, send)
+        finally:
+            self._charge(who, counted, now)
+
+    def _refusal(self, who: str, size: int, now: float) -> tuple[str, int] | None:
+        """(the sentence, seconds to wait) when `size` more bytes from `who` would pass a budget, else None."""
+        mine = self.sent.get(who, ())
+        used = sum(n for _, n in mine)
+        if used + size > self.visitor_bytes:
+            wait = _wait(mine, used + size - self.visitor_bytes, now, self.window_s)
+            return TOO_MUCH.format(used=math.ceil(used / 2**20), wait=math.ceil(wait / 60)), wait
+        if self.total + size > self.visitors_bytes:
+            oldest = sorted((t, n) for sent in self.sent.values() for t, n in sent)
+            wait = _wait(oldest, self.total + size - self.visitors_bytes, now, self.window_s)
+            return FULL.format(wait=math.ceil(wait / 60)), wait
+        return None
+
+    def _charge(self, who: str, size: int, now: float) -> None:
+        if size:
+            sent = self.sent.setdefault(who, collections.deque())
+            if sent and now - sent[-1][0] < BUCKET_S:  # leaves with the minute's first: at most a minute early
+                sent[-1] = (sent[-1][0], sent[-1][1] + size)
+            else:
+                sent.append((now, size))
+            self.sent.move_to_end(who)
+            self.total += size
+        while len(self.sent) > MAX_VISITORS:
+            _, forgotten = self.sent.popitem(last=False)
+            self.total -= sum(n for _, n in forgotten)
+
+    def _forget(self, now: float) -> None:
+        """Drop what left the window."""
+        for who in list(self.sent):
+            sent = self.sent[who]
+            while sent and sent[0][0] <= now - self.window_s:
+                self.total -= sent.popleft()[1]
+            if not sent:
+                del self.sent[who]
+
+
+def _wait(sent, excess: int, now: float, window_s: float) -> int:
+    """Seconds until enough of `sent` ((time, bytes), oldest first) leaves the window to free `excess` bytes."""
+    freed = 0
+    for t, n in sent:
+        freed += n
+        if freed >= excess:
+            return max(1, math.ceil(t + window_s - now))
+    return math.ceil(window_s)
+
+
+async def _refuse(send, sentence: str, wait: int) -> None:
+    # Plain text, as Gradio's own refusal of an upload (413) is: the page shows it as the upload's error.
+    body = sentence.encode()
+    await send({"type": "http.response.start", "status": 429,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"), (b"retry-after", str(wait).encode()),
+                            (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def upload_budget(access: Access, max_file_size: int, visitor_bytes: int = VISITOR_BYTES) -> list:
+    """The middleware for `Blocks.launch(app_kwargs={"middleware": ...})`: an `UploadBudget` on a public page,
+    else none (without one, everyone who can reach the upload route is the owner)."""
+    from starlette.middleware import Middleware
+
+    if not (access.api_key and access.public_page):
+        return []
+    return [Middleware(UploadBudget, access=access, max_file_size=max_file_size, visitor_bytes=visitor_bytes)]
+
+
+__all__ = ["UPLOAD_PATH", "VISITORS_BYTES", "VISITOR_BYTES", "WINDOW_S", "UploadBudget", "upload_budget"]
