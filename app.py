@@ -330,8 +330,10 @@ def main(argv: list[str] | None = None) -> None:
     # public page (where only the owner may import, and not from the page) a reference clip.
     max_upload = MAX_UPLOAD_BYTES if access.api_key and access.public_page else MAX_IMPORT_BYTES
     from studio import api
-    from studio.api.uploads import upload_budget
+    from studio.api.uploads import refuse_url_files, upload_budget
     from studio.views import assets
+
+    refuse_url_files()  # nor does Gradio fetch a file input given as an address, of any size, for anyone
 
     @contextlib.asynccontextmanager
     async def our_routes(app):

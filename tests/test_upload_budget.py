@@ -122,3 +122,29 @@ def test_a_minutes_uploads_are_one_entry_and_forgotten_visitors_free_their_share
     assert len(budget.sent["a"]) == 2
     budget._forget(clock.now + uploads.WINDOW_S - uploads.BUCKET_S + 1)  # the first minute left the window
     assert [n for _, n in budget.sent["a"]] == [10] and budget.total == 10
+
+
+def test_a_file_input_given_as_an_address_is_refused_with_a_sentence_not_fetched(blocks, monkeypatch):
+    """Gradio would fetch it into its cache, of any size (the whole body in memory first): the studio fetches
+    nothing from addresses, for anyone (app.py installs this at start)."""
+    import asyncio
+
+    from gradio import processing_utils
+
+    fetched = []
+
+    async def fetch(url, cache_dir):  # what Gradio would do: a download, here only noted
+        fetched.append(url)
+        return "/tmp/never"
+
+    monkeypatch.setattr(processing_utils, "async_ssrf_protected_download", fetch)
+    audio = gr.Audio(type="filepath")
+    payload = {"path": "https://example.com/huge.wav", "meta": {"_type": "gradio.FileData"}}
+    asyncio.run(processing_utils.async_move_files_to_cache(payload, audio, check_in_upload_folder=True))
+    assert fetched == ["https://example.com/huge.wav"]  # Gradio's own behaviour, without the refusal
+
+    uploads.refuse_url_files()  # undone by monkeypatch at the end: it set the attribute first
+    with pytest.raises(gr.Error) as refused:
+        asyncio.run(processing_utils.async_move_files_to_cache(payload, audio, check_in_upload_folder=True))
+    assert refused.value.message.startswith("This studio does not fetch files from addresses (https://example.com/")
+    assert fetched == ["https://example.com/huge.wav"]

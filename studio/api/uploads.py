@@ -132,6 +132,26 @@ async def _refuse(send, sentence: str, wait: int) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
+NO_URLS = ("This studio does not fetch files from addresses ({url}); send the file itself (gradio_client: "
+           "handle_file() of a local path uploads it).")
+
+
+def refuse_url_files() -> None:
+    """Gradio fetches a file input given as an http(s) address (a `FileData` whose path is a URL, which any
+    caller of the queue can send) into its cache: protected against private addresses, but with no size
+    limit and past every upload budget above (the whole body is read into memory, then written). The studio
+    needs no file from an address, so it refuses them all with a sentence (a `gr.Error`, which the caller
+    sees). Gradio looks the function up on its module at each call (gradio/blocks.py
+    `async_move_resource_to_block_cache`), so replacing it there is enough; call once at start."""
+    import gradio as gr
+    from gradio import processing_utils
+
+    async def refuse(url: str, cache_dir: str) -> str:
+        raise gr.Error(NO_URLS.format(url=url[:80]))
+
+    processing_utils.async_ssrf_protected_download = refuse
+
+
 def upload_budget(access: Access, max_file_size: int, visitor_bytes: int = VISITOR_BYTES) -> list:
     """The middleware for `Blocks.launch(app_kwargs={"middleware": ...})`: an `UploadBudget` on a public page,
     else none (without one, everyone who can reach the upload route is the owner)."""
@@ -142,4 +162,5 @@ def upload_budget(access: Access, max_file_size: int, visitor_bytes: int = VISIT
     return [Middleware(UploadBudget, access=access, max_file_size=max_file_size, visitor_bytes=visitor_bytes)]
 
 
-__all__ = ["UPLOAD_PATH", "VISITORS_BYTES", "VISITOR_BYTES", "WINDOW_S", "UploadBudget", "upload_budget"]
+__all__ = ["UPLOAD_PATH", "VISITORS_BYTES", "VISITOR_BYTES", "WINDOW_S", "UploadBudget", "refuse_url_files",
+           "upload_budget"]
