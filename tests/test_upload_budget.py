@@ -1,8 +1,9 @@
 """A public page's visitors upload within a budget over time (studio/api/uploads.py), against Gradio's own upload
 route in process: a visitor's uploads pass until their budget is spent, the next is refused before its body is
 read (429, a sentence, Retry-After), and passes again once the window moves on; every visitor together have one
-budget; what a chunked upload really sent is counted; the owner's key and a page that is not public are not
-counted; a minute's uploads are one entry, so the books stay small."""
+budget; uploads sent at once cannot all pass one check; what a chunked upload really sent is counted; the
+owner's key and a page that is not public are not counted; a minute's uploads are one entry, so the books
+stay small; a file input given as an address is refused, never fetched."""
 
 from __future__ import annotations
 
@@ -110,18 +111,64 @@ def test_the_owners_key_and_a_page_that_is_not_public_are_not_counted(blocks):
     assert [m.cls for m in uploads.upload_budget(Access(KEY, public_page=True), MB)] == [uploads.UploadBudget]
 
 
-def test_a_minutes_uploads_are_one_entry_and_forgotten_visitors_free_their_share():
+def test_uploads_sent_at_once_cannot_all_pass_one_check():
+    """Each upload's size is reserved as it is admitted: of two sent together that fit only one at a time, the
+    second is refused while the first is still arriving; its reservation becomes what it sent."""
+    import asyncio
+
+    clock = Clock()
+    arriving = asyncio.Event
+
+    async def run():
+        release, statuses = arriving(), []
+
+        async def gradio(scope, receive, send):  # Gradio's route: reads the body, then waits, then answers
+            while (await receive()).get("more_body"):
+                pass
+            await release.wait()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"[]"})
+
+        budget = uploads.UploadBudget(gradio, access=Access(KEY, public_page=True), max_file_size=2 * MB,
+                                      visitor_bytes=3 * MB, clock=clock)
+
+        async def post(size):
+            scope = {"type": "http", "method": "POST", "path": uploads.UPLOAD_PATH, "client": ("203.0.113.7", 1),
+                     "headers": [(b"content-length", str(size).encode())]}
+
+            async def receive():
+                return {"type": "http.request", "body": b"\0" * (size // 2), "more_body": False}
+
+            async def send(message):
+                if message["type"] == "http.response.start":
+                    statuses.append(message["status"])
+            await budget(scope, receive, send)
+
+        first = asyncio.create_task(post(2 * MB))
+        await asyncio.sleep(0.01)
+        await post(2 * MB)  # refused at once: 2 MB is reserved for the first
+        release.set()
+        await first
+        assert statuses == [429, 200]
+        assert budget.total == MB and [n for _, n, _ in budget.sent["203.0.113.7"]] == [MB]  # what it sent
+        await post(2 * MB)  # 1 MB sent + 2 MB fits in 3 MB now
+        assert statuses[-1] == 200
+
+    asyncio.run(run())
+
+
+def test_a_minutes_uploads_are_one_entry_and_what_left_the_window_is_forgotten():
     clock = Clock()
     budget = uploads.UploadBudget(None, access=Access(KEY, public_page=True), max_file_size=MB, clock=clock)
     for _ in range(1000):
         budget._charge("a", 10, clock.now)
         clock.now += 0.05
-    assert len(budget.sent["a"]) == 1 and budget.total == 10_000
+    assert len(budget.sent["a"]) == 1 and len(budget.everyone) == 1 and budget.total == 10_000
     clock.now += uploads.BUCKET_S
     budget._charge("a", 10, clock.now)
     assert len(budget.sent["a"]) == 2
     budget._forget(clock.now + uploads.WINDOW_S - uploads.BUCKET_S + 1)  # the first minute left the window
-    assert [n for _, n in budget.sent["a"]] == [10] and budget.total == 10
+    assert [n for _, n, _ in budget.sent["a"]] == [10] and budget.total == 10
 
 
 def test_a_file_input_given_as_an_address_is_refused_with_a_sentence_not_fetched(blocks, monkeypatch):

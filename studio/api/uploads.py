@@ -7,11 +7,12 @@ So, on a public page, uploads by anyone but the owner (who carries the key) are 
 as long as a file can stay on disk (`WINDOW_S`): each visitor (known by address, studio/api/access.py
 `client_address`) may send `VISITOR_BYTES` in it, and all visitors together `VISITORS_BYTES`. An upload
 that would pass either is refused before its body is read (429, with Retry-After: when enough of what was
-counted leaves the window), and the page shows the sentence. Memory: a visitor's uploads within a minute are
-one entry, so at most MAX_VISITORS × 120 entries. What an upload really sent is counted (its
-body's bytes as they pass, whatever its Content-Length said); one without a length is admitted as if it
-were the largest file the server takes. The owner's uploads (bundles, books) are not counted here: the
-owner's disk is the owner's."""
+counted leaves the window), and the page shows the sentence. An upload's largest size is reserved as it is
+admitted (uploads sent at once cannot all pass one check) and set to what it really sent when it ends: its
+body's bytes as they pass, whatever its Content-Length said; one without a length is reserved as the
+largest file the server takes. Memory and event-loop time: a visitor's uploads within a minute are one
+entry, so at most 120 entries each, and MAX_VISITORS visitors. The owner's uploads (bundles, books) are not
+counted here: the owner's disk is the owner's."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from studio.api.access import Access, client_address
 
 UPLOAD_PATH = "/gradio_api/upload"
 WINDOW_S = 2 * 3600  # delete_cache=(3600, 3600) (studio/views/page.py): a file lives up to two hours
-VISITOR_BYTES = 100 << 20  # ten of the public page's largest reference clips, per visitor per window (--public-upload-mb)
+VISITOR_BYTES = 100 << 20  # ten of a public page's largest clips, per visitor per window (--public-upload-mb)
 VISITORS_BYTES = 2 << 30   # every visitor together, per window
 MAX_VISITORS = 4096        # visitors remembered in the window; past it the least recent are forgotten first
 BUCKET_S = 60              # a visitor's uploads within a minute are one entry: at most 120 entries each
@@ -43,8 +44,11 @@ class UploadBudget:
         self.app, self.access, self.max_file_size = app, access, max_file_size
         self.visitor_bytes, self.visitors_bytes, self.window_s, self.clock = (visitor_bytes, visitors_bytes,
                                                                              window_s, clock)
-        self.sent: collections.OrderedDict[str, collections.deque] = collections.OrderedDict()  # (time, bytes)
-        self.total = 0  # every visitor's bytes in the window
+        # The books: [time, bytes, in the window] per minute, for each visitor and for everyone (what is on
+        # disk, whoever sent it: a visitor forgotten past MAX_VISITORS still counts there).
+        self.sent: collections.OrderedDict[str, collections.deque] = collections.OrderedDict()
+        self.everyone: collections.deque = collections.deque()
+        self.total = 0  # the bytes in `everyone`
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope.get("method") != "POST" or not scope["path"].endswith(UPLOAD_PATH):
@@ -60,9 +64,12 @@ class UploadBudget:
             announced = self.max_file_size
         now = self.clock()
         self._forget(now)
-        refusal = self._refusal(who, min(announced, self.max_file_size), now)
+        # Reserved now, so uploads sent at once cannot all pass the same check; set to what was sent at the end.
+        reserved = min(announced, self.max_file_size)
+        refusal = self._refusal(who, reserved, now)
         if refusal is not None:
             return await _refuse(send, *refusal)
+        buckets = self._charge(who, reserved, now)
         counted = 0
 
         async def counting():
@@ -75,48 +82,55 @@ class UploadBudget:
         try:
             await self.app(scope, counting, send)
         finally:
-            self._charge(who, counted, now)
+            for bucket in buckets:
+                if bucket[2]:  # still in the window
+                    bucket[1] += counted - reserved
+            if buckets[1][2]:
+                self.total += counted - reserved
 
     def _refusal(self, who: str, size: int, now: float) -> tuple[str, int] | None:
         """(the sentence, seconds to wait) when `size` more bytes from `who` would pass a budget, else None."""
         mine = self.sent.get(who, ())
-        used = sum(n for _, n in mine)
+        used = sum(n for _, n, _ in mine)
         if used + size > self.visitor_bytes:
             wait = _wait(mine, used + size - self.visitor_bytes, now, self.window_s)
             return TOO_MUCH.format(used=math.ceil(used / 2**20), wait=math.ceil(wait / 60)), wait
         if self.total + size > self.visitors_bytes:
-            oldest = sorted((t, n) for sent in self.sent.values() for t, n in sent)
-            wait = _wait(oldest, self.total + size - self.visitors_bytes, now, self.window_s)
+            wait = _wait(self.everyone, self.total + size - self.visitors_bytes, now, self.window_s)
             return FULL.format(wait=math.ceil(wait / 60)), wait
         return None
 
-    def _charge(self, who: str, size: int, now: float) -> None:
-        if size:
-            sent = self.sent.setdefault(who, collections.deque())
-            if sent and now - sent[-1][0] < BUCKET_S:  # leaves with the minute's first: at most a minute early
-                sent[-1] = (sent[-1][0], sent[-1][1] + size)
+    def _charge(self, who: str, size: int, now: float) -> tuple[list, list]:
+        """`size` bytes into `who`'s book and everyone's; the two buckets they went to."""
+        buckets = []
+        for book in (self.sent.setdefault(who, collections.deque()), self.everyone):
+            if book and now - book[-1][0] < BUCKET_S:  # leaves with the minute's first: at most a minute early
+                book[-1][1] += size
             else:
-                sent.append((now, size))
-            self.sent.move_to_end(who)
-            self.total += size
+                book.append([now, size, True])
+            buckets.append(book[-1])
+        self.sent.move_to_end(who)
+        self.total += size
         while len(self.sent) > MAX_VISITORS:
-            _, forgotten = self.sent.popitem(last=False)
-            self.total -= sum(n for _, n in forgotten)
+            self.sent.popitem(last=False)
+        return buckets[0], buckets[1]
 
     def _forget(self, now: float) -> None:
         """Drop what left the window."""
-        for who in list(self.sent):
-            sent = self.sent[who]
-            while sent and sent[0][0] <= now - self.window_s:
-                self.total -= sent.popleft()[1]
-            if not sent:
-                del self.sent[who]
+        for book in (*self.sent.values(), self.everyone):
+            while book and book[0][0] <= now - self.window_s:
+                bucket = book.popleft()
+                bucket[2] = False
+                if book is self.everyone:
+                    self.total -= bucket[1]
+        for who in [who for who, book in self.sent.items() if not book]:
+            del self.sent[who]
 
 
-def _wait(sent, excess: int, now: float, window_s: float) -> int:
-    """Seconds until enough of `sent` ((time, bytes), oldest first) leaves the window to free `excess` bytes."""
+def _wait(book, excess: int, now: float, window_s: float) -> int:
+    """Seconds until enough of `book` ([time, bytes, …], oldest first) leaves the window to free `excess` bytes."""
     freed = 0
-    for t, n in sent:
+    for t, n, _ in book:
         freed += n
         if freed >= excess:
             return max(1, math.ceil(t + window_s - now))
