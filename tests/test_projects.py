@@ -199,6 +199,25 @@ def test_a_render_writes_each_segments_row_once(studio, monkeypatch):
     assert len(keyed) == len(set(keyed)) == 5
 
 
+def test_chapters_added_to_a_job_as_it_finishes_are_rendered_by_it(studio, monkeypatch):
+    """A render request widens the unfinished job; one that lands just as the worker finds nothing left (after
+    it read the job's chapters, before it marks the job done) is rendered by that job, not left waiting."""
+    projects, runner = studio
+    project = projects.create("owner", importing.from_text(BOOK, markdown=True), PROJECT_SETTINGS)
+    update_job, widened = projects.store.update_job, []
+
+    def update(job_id, **fields):  # the worker's count just before it decides: none of the chapters read is left
+        if not widened and fields.get("total") and fields.get("done") == fields["total"]:
+            widened.append(runner.render(project.id, [1]).id)
+        return update_job(job_id, **fields)
+
+    monkeypatch.setattr(projects.store, "update_job", update)
+    job = runner.render(project.id, [0]).id
+    view = wait_job(runner, job)
+    assert widened == [job] and view["state"] == "done" and view["chapters"] == [0, 1]
+    assert [c["state"] for c in projects.view(project.id)["chapters"]] == ["done", "done", "not started"]
+
+
 def test_segment_files_are_complete_flac_and_codes(studio):
     projects, runner = studio
     book = importing.from_text("One line here. And one more line after it.")

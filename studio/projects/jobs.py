@@ -226,7 +226,12 @@ class JobRunner:
                 pending = [p for p in selected if p.key not in renders]
                 self.store.update_job(job_id, done=len(selected) - len(pending), total=len(selected))
                 if not pending:
-                    self.store.update_job(job_id, state="done", only_if=["running"])
+                    # A render widening this job holds the control lock: the job ends only if its chapters are
+                    # still those just read; widened meanwhile, it goes on with the new ones.
+                    with self._control:
+                        if self.store.job(job_id).chapters != job.chapters:
+                            continue
+                        self.store.update_job(job_id, state="done", only_if=["running"])
                     return
                 target = next((p for p in pending if p.key is not None), None)
                 if target is None:
