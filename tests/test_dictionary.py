@@ -97,6 +97,19 @@ def test_the_speech_api_reads_a_recipes_rules_instead_of_the_studios(studio):
         assert bad.status_code == 400 and "Rule 1" in bad.json()["error"]["message"]
 
 
+def test_a_projects_rules_and_the_owners_each_within_the_caps_work_together(studio):
+    """Each dictionary is held to the caps when it is saved; a project's take uses both, so together they may
+    hold twice as many (a project whose rules pushed the sum past one cap used to fail every take)."""
+    from studio.text.respell import MAX_REGEX_RULES
+
+    service, store = studio
+    store.replace(Dictionary([Rule.make(rf"\bx{n}\b", "y", regex=True) for n in range(MAX_REGEX_RULES)]))
+    project = Dictionary([Rule.make(rf"\bv(\d+)z{n}\b", r"version \1", regex=True) for n in range(10)])
+    assert service.respell("x3 and v2z7", project=project) == "y and version 2"
+    with pytest.raises(PronunciationError, match=f"at most {MAX_REGEX_RULES} regular"):
+        merged(store.dictionary, project)  # one dictionary saved as one keeps one cap
+
+
 def test_changing_a_rule_marks_exactly_the_segments_holding_its_word():
     segments = ["Nguyen opened the door.", "The hall was dark.", "Ms. NGUYEN lit a lamp.", "SQL is a language.",
                 "Nguyenville is a town."]

@@ -157,7 +157,7 @@ class StudioService:
         with self._rules_lock:
             found = self._merged.get(key)
         if found is None:
-            found = merged(owner, project)
+            found = merged(owner, project, sets=2)  # each within the caps; together up to twice them
             with self._rules_lock:
                 if len(self._merged) >= 16:
                     self._merged.clear()

@@ -117,14 +117,16 @@ class Dictionary:
     rules: tuple[Rule, ...] = ()
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
 
-    def __init__(self, rules: Iterable[Rule] = ()):
+    def __init__(self, rules: Iterable[Rule] = (), *, sets: int = 1):
+        """`sets`: how many dictionaries' rules these are, each within the caps (a project's take uses the
+        owner's and the project's: 2); the caps are that many times one dictionary's."""
         rules = tuple(rules)
-        if len(rules) > MAX_RULES:
+        if len(rules) > MAX_RULES * sets:
             raise PronunciationError(f"A dictionary holds at most {MAX_RULES} rules (got {len(rules)}).")
         if not all(isinstance(r, Rule) for r in rules):
             raise PronunciationError("A dictionary holds Rule values (Rule.make builds them).")
         patterns = sum(r.regex for r in rules)
-        if patterns > MAX_REGEX_RULES:
+        if patterns > MAX_REGEX_RULES * sets:
             raise PronunciationError(f"A dictionary holds at most {MAX_REGEX_RULES} regular-expression rules (got "
                                      f"{patterns}); write the others as words or phrases, which cost far less.")
         object.__setattr__(self, "rules", rules)
@@ -216,9 +218,11 @@ def digest(rules: Sequence[Rule]) -> str:
     return hashlib.sha256(_canonical(rules).encode()).hexdigest()[:16] if rules else ""
 
 
-def merged(*dictionaries: Dictionary) -> Dictionary:
-    """One dictionary of several, the later ones winning (the owner's global rules, then a project's)."""
-    return Dictionary(rule for d in dictionaries for rule in d.rules)
+def merged(*dictionaries: Dictionary, sets: int = 1) -> Dictionary:
+    """One dictionary of several, the later ones winning (the owner's global rules, then a project's), within
+    the caps of `sets` dictionaries: 1 for one that is saved as one (the editor's import), the number of parts
+    for one a take uses (each part was held to the caps when it was saved)."""
+    return Dictionary((rule for d in dictionaries for rule in d.rules), sets=sets)
 
 
 def changed(old: Dictionary, new: Dictionary, texts: Sequence[str], *, voice: Sequence[str] = (),

@@ -30,6 +30,7 @@ import re2
 from engine.tokenizer import TAG_RE
 
 MAX_REGEX_RULES = 200  # regular expressions in one dictionary: with RULE_MAX_MEM, at most 50 MiB of RE2 state
+# (a project's take uses the owner's dictionary and the project's: 100 MiB)
 # RE2's memory for one rule, its program and its match caches: a larger pattern is refused. 256 KiB holds ~14,000
 # instructions (`\pL{12}` in any case), compiled in 10 ms, which RE2 does holding the GIL; 200 rules of 4,000
 # instructions compile in 0.7 s and run over 4,096 characters in 0.2 s (measured on 2 shared cores).
@@ -62,8 +63,8 @@ def _options(case_sensitive: bool) -> re2.Options:
 
 # RE2 compiles holding the GIL (2-3 ms for a 4,000-instruction pattern), which every other thread, the event loop
 # included, waits out: a dictionary's patterns, checked when it is sent, read back from its file and applied,
-# compile once (at most MAX_REGEX_RULES × RULE_MAX_MEM kept), and the GIL is offered to the others after each.
-@functools.lru_cache(maxsize=MAX_REGEX_RULES)
+# compile once (at most 2 × MAX_REGEX_RULES × RULE_MAX_MEM kept), and the GIL is offered to the others after each.
+@functools.lru_cache(maxsize=2 * MAX_REGEX_RULES)  # a project's take: the owner's patterns and the project's
 def _compiled(pattern: str, case_sensitive: bool):
     try:
         return re2.compile(pattern, _options(case_sensitive))
