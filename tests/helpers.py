@@ -134,6 +134,15 @@ def take_in_thread(engine, out, i: int, prompt, params, cancel=None):
     return thread
 
 
+def held_pair(engine, start, out, cancel) -> list:
+    """Takes 0 and 1 (`start(engine, i, out[, cancel])`) submitted while the scheduler is held, so they join
+    its line together and decode from the same first step; their threads."""
+    with engine.scheduler.held():
+        threads = [start(engine, 0, out), start(engine, 1, out, cancel)]
+        assert wait_for(lambda: len(engine.scheduler.waiting) >= 2, 30)
+    return threads
+
+
 def ffmpeg_children() -> list[int]:
     """Pids of this process's ffmpeg children, zombies included (a zombie keeps its /proc entry)."""
     pids = []

@@ -8,7 +8,6 @@ engine samples on the device by default and gives host sampling's codes."""
 
 import copy
 import threading
-import time
 
 import pytest
 import torch
@@ -30,7 +29,7 @@ from kernels import manifest as mf
 from kernels import ops
 from kernels.runtime import InterpretedKernels, available, cubin_ops
 from tests import interp_rounding
-from tests.helpers import take_in_thread
+from tests.helpers import held_pair, take_in_thread, wait_for
 
 interp_rounding.install()
 
@@ -209,13 +208,8 @@ def test_engine_takes_sampled_on_the_device_give_the_codes_of_host_sampling(engi
     monkeypatch.setattr(engine.runner, "decode_rows", hooked)
     monkeypatch.setattr(engine.runner, "sample_rows", counted)
     monkeypatch.setattr(engine.runner, "device_sampling", True)
-    with engine.scheduler.held():
-        threads += [start(engine, 0, out), start(engine, 1, out, cancel)]
-        while len(engine.scheduler.waiting) < 2:
-            time.sleep(0.005)
-    deadline = time.monotonic() + 120
-    while len(threads) < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    threads += held_pair(engine, start, out, cancel)
+    wait_for(lambda: len(threads) >= 4, 120)
     for t in threads:
         t.join(120)
     assert isinstance(out[3], NonFiniteLogits) and "NaN or inf" in str(out[3]), out[3]

@@ -14,7 +14,7 @@ from engine.prompt import Prompt, zero_shot_ids
 from engine.sampling import NonFiniteLogits
 from engine.scheduler import Scheduler
 from engine.types import SamplingParams
-from tests.helpers import take_in_thread
+from tests.helpers import held_pair, take_in_thread, wait_for
 
 PROMPTS = [Prompt(ids=zero_shot_ids(t)) for t in ([9707, 11, 419, 374], [2805, 22636], [576, 4024, 6666])]
 PARAMS = [SamplingParams(temperature=0.8, seed=7 + i, max_frames=12, repeat_guard=None) for i in range(3)]
@@ -173,13 +173,8 @@ def test_joins_and_cancels_forced_at_each_step_boundary_change_no_codes(engine, 
 
     rejoin = {}
     monkeypatch.setattr(engine.runner, "decode_rows", hooked)
-    with engine.scheduler.held():
-        threads += [start(engine, 0, out), start(engine, 1, out, cancel)]
-        while len(engine.scheduler.waiting) < 2:
-            time.sleep(0.005)
-    deadline = time.monotonic() + 60
-    while len(threads) < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    threads += held_pair(engine, start, out, cancel)
+    wait_for(lambda: len(threads) >= 4, 60)
     joined(threads)
     assert torch.equal(out[0], alone[0]) and torch.equal(out[2], alone[2]), out
     assert torch.equal(rejoin[1], alone[1])
