@@ -14,6 +14,15 @@ from pathlib import Path
 LOOP_STALL_LIMIT_S = 0.1  # no one request may hold the event loop longer than this
 
 
+def loop_held(waits: list[float]) -> bool:
+    """Whether the server's event loop was held past LOOP_STALL_LIMIT_S, from how long `/health` (or another
+    quick answer) waited, polled all along. One wait a little past the limit (under 3×) is the loaded 2-core
+    machine's own scheduling (the test's process, Chromium and two workers share it), not a hold: a hold shows
+    as several waits past the limit or one far past it (the holes these tests guard against held it 1.6-24 s)."""
+    over = [w for w in waits if w >= LOOP_STALL_LIMIT_S]
+    return not waits or len(over) > 1 or any(w >= 3 * LOOP_STALL_LIMIT_S for w in over)
+
+
 def server_pid(url: str) -> int:
     """The pid of the `app.py` child serving `url`."""
     port = url.rsplit(":", 1)[1]
@@ -105,4 +114,4 @@ def health_latency(url: str, period_s: float = 0.02, headers: dict | None = None
         reader.join(10)
 
 
-__all__ = ["LOOP_STALL_LIMIT_S", "health_latency", "memory_kb", "peak_growth_mb", "server_pid", "thread_count"]
+__all__ = ["LOOP_STALL_LIMIT_S", "health_latency", "loop_held", "memory_kb", "peak_growth_mb", "server_pid", "thread_count"]

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from studio.text.pronounce import Dictionary, PronunciationError, Rule
-from tests.probes import LOOP_STALL_LIMIT_S, health_latency
+from tests.probes import health_latency, loop_held
 from tests.studio_server import KEY
 
 BEARER = {"Authorization": f"Bearer {KEY}"}
@@ -138,7 +138,7 @@ def test_backtracking_rules_leave_the_event_loop_free(keyed):
         applied = keyed.post("/v1/dictionary/apply", json={"input": "a" * 4000}, headers=BEARER)
     assert put.status_code == 200, put.text
     assert applied.status_code == 200 and applied.json()["spoken"] == "a" * 4000
-    assert max(latencies) < LOOP_STALL_LIMIT_S, f"/health waited {max(latencies):.2f} s"
+    assert not loop_held(latencies), f"/health waited {sorted(latencies)[-3:]} s"
 
 
 def test_a_dictionary_at_its_limits_leaves_the_event_loop_free(keyed):
@@ -165,7 +165,7 @@ def test_a_dictionary_at_its_limits_leaves_the_event_loop_free(keyed):
     assert put.status_code == 200, put.text[:300]
     assert applied.status_code == 200, applied.text[:300]
     assert len(applied.json()["rules"]) == 30 + len(range(0, MAX_REGEX_RULES, 20))
-    assert max(latencies) < LOOP_STALL_LIMIT_S, f"/health waited {max(latencies):.2f} s"
+    assert not loop_held(latencies), f"/health waited {sorted(latencies)[-3:]} s"
     over = _put(keyed, rules[1:] + [{"word": r"\bz\b", "respelling": "zed", "regex": True}])
     assert over.status_code == 400 and f"at most {MAX_REGEX_RULES} regular" in over.json()["error"]["message"]
 

@@ -31,7 +31,7 @@ from studio.takes.sentences import MAX_SENTENCE_CHARS, SentenceBuffer
 from studio.takes.service import StudioService
 from studio.api.wyoming import MAX_CONNECTIONS_PER_ADDRESS, WyomingServer
 from tests.fakes import FakeEngine
-from tests.probes import LOOP_STALL_LIMIT_S, health_latency, peak_growth_mb, server_pid, thread_count
+from tests.probes import health_latency, loop_held, peak_growth_mb, server_pid, thread_count
 from tests.studio_server import free_port
 
 WAIT = 60.0  # seconds any one answer may take on a busy 2-core machine
@@ -176,7 +176,7 @@ def test_a_reply_in_thousands_of_tiny_messages_never_holds_the_event_loop(demo_s
         took = asyncio.run(run())
     print(f"\n7,475 messages read in {took:.2f} s; /health's worst latency {1e3 * max(latencies):.0f} ms over "
           f"{len(latencies)} polls")
-    assert latencies and max(latencies) < LOOP_STALL_LIMIT_S
+    assert not loop_held(latencies), sorted(latencies)[-3:]
 
 
 # ------------------------------------------------------------------------------------------ malformed JSON
@@ -336,4 +336,4 @@ def test_a_reply_in_thousands_of_tiny_wyoming_chunks_never_holds_up_another_clie
 
     waits = asyncio.run(run())
     print(f"\nanother client's describe: worst {1e3 * max(waits):.0f} ms over {len(waits)} answers")
-    assert waits and max(waits) < LOOP_STALL_LIMIT_S
+    assert not loop_held(waits), sorted(waits)[-3:]
