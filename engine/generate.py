@@ -10,13 +10,12 @@ docs/ARCHITECTURE.md). Which engines batch:
 
 * the eager torch path (a `BatchedBackend` without `FusedDecode`): always, max_batch 1 included;
 * the GPU backends with both (cubin, torch-graph): when max_batch > 1, and then every take, a lone one
-  included, runs through `decode_rows`, so it gives the same codes alone and in any batch; the cubin
-  backend on CUDA samples those rows on the device in one launch (`Runner.device_sampling`), the others on
-  the host, with the same draws. With max_batch 1 they run the fused single-stream path instead (the fastest single listener:
-  sampling on the device, one CUDA graph per step), one take at a time under the engine lock. The two
-  paths compute the same math in different reduction orders, so on these backends a seed's codes from an
-  engine with max_batch 1 and from one with max_batch > 1 can differ by float rounding (each is
-  reproducible).
+  included, runs through `decode_rows` (same codes alone and in any batch; cubin on CUDA samples the rows
+  on the device in one launch, `Runner.device_sampling`, the others on the host, with the same draws). With
+  max_batch 1 they run the fused single-stream path instead (the fastest single listener: sampling on the
+  device, one CUDA graph per step), one take at a time under the engine lock. The two paths compute the same
+  math in different reduction orders, so a seed's codes from max_batch 1 and max_batch > 1 can differ by
+  float rounding (each is reproducible).
 """
 
 from __future__ import annotations

@@ -116,8 +116,7 @@ class Runner:
         out = []
         for rule, got in zip(rules, to_host(self.model.sample_rows(logits, draws), stream).tolist()):
             if not got[k + 1]:
-                out.append(NonFiniteLogits(f"the model's logits for row {rule.step} hold NaN or inf, so the step "
-                                           "that computed them is faulty; nothing can be sampled from them"))
+                out.append(NonFiniteLogits.at(rule.step))
                 continue
             row = rule.push(got[:k])
             if bool(got[k]) != (rule.stop_reason == "eoc"):

@@ -117,10 +117,14 @@ def sample_row(logits: torch.Tensor, u: torch.Tensor, rule, temperature: float, 
     raise `NonFiniteLogits` here: `sample` would otherwise fail inside top-k with "index 1026 is out of
     bounds" (no finite entry is kept, so the candidate search runs off the vocabulary) or pick garbage."""
     if not math.isfinite(float(logits.sum())):  # NaN, +inf or -inf anywhere; a tenth of isfinite().all()'s cost
-        raise NonFiniteLogits(f"the model's logits for row {rule.step} hold NaN or inf, so the step that computed "
-                              "them is faulty; nothing can be sampled from them")
+        raise NonFiniteLogits.at(rule.step)
     return rule.push(sample(logits, u[rule.step], temperature, top_k, top_p).tolist())
 
 
 class NonFiniteLogits(RuntimeError):
     """A take's logits are not finite: the device step that gave them failed silently."""
+
+    @classmethod
+    def at(cls, step: int) -> NonFiniteLogits:
+        return cls(f"the model's logits for row {step} hold NaN or inf, so the step that computed them is faulty; "
+                   "nothing can be sampled from them")
